@@ -1,0 +1,27 @@
+//! skiff-proto: skiff's wire format and its sans-I/O state machines.
+//!
+//! This crate does no I/O. It owns no sockets, threads or clocks and draws no
+//! randomness from the OS: time arrives as a `now: Instant` argument and bytes
+//! move in and out through the caller's buffers, in the style of `quinn-proto`
+//! and `rustls`. The I/O drivers that run these machines live in the `skiff`
+//! crate.
+//!
+//! - [`wire`]: the versioned datagram format (a header and a batch of
+//!   [`Message`]s). Decoders are total and bounded.
+//! - [`batcher`]: CMQ's per-destination batching (flush on `qthresh` bytes, on
+//!   a timeout, or when the next message would overflow the datagram).
+//! - [`loss`]: per-source sequence tracking on the receiving side: gaps are
+//!   counted as lost, duplicates and stale messages are dropped.
+#![forbid(unsafe_code)]
+
+pub mod batcher;
+pub mod error;
+pub mod loss;
+pub mod message;
+pub mod varint;
+pub mod wire;
+
+pub use batcher::{Batcher, BatcherConfig, Dest, Transmit};
+pub use error::{Error, LimitError, UsageError, WireError};
+pub use loss::{LossDetector, Verdict};
+pub use message::{Field, Message, Meta, Value};

@@ -1,0 +1,106 @@
+//! LEB128 variable-length unsigned integers, as used throughout the wire
+//! format: 7 bits a byte, low bits first, at most 10 bytes for a `u64`.
+//!
+//! The decoder is total: it rejects truncated input and encodings that do not
+//! fit in 64 bits, and never reads past the slice it is given.
+
+use crate::error::WireError;
+
+/// The largest number of bytes a `u64` takes.
+pub const MAX_LEN: usize = 10;
+
+/// Number of bytes `v` takes when encoded.
+#[inline]
+pub fn len(v: u64) -> usize {
+    // 1 + floor(bits / 7), with 0 taking one byte.
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Appends `v` to `out`.
+#[inline]
+pub fn put(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Reads a varint from the front of `buf`, returning the value and the number
+/// of bytes it took.
+#[inline]
+pub fn get(buf: &[u8]) -> Result<(u64, usize), WireError> {
+    let mut v: u64 = 0;
+    for (i, &b) in buf.iter().enumerate().take(MAX_LEN) {
+        if i == MAX_LEN - 1 && b > 1 {
+            return Err(WireError::VarintOverflow);
+        }
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            return Ok((v, i + 1));
+        }
+    }
+    if buf.len() >= MAX_LEN {
+        Err(WireError::VarintOverflow)
+    } else {
+        Err(WireError::Truncated { what: "varint" })
+    }
+}
+
+/// Maps a signed integer to an unsigned one so that small magnitudes stay
+/// small (protobuf's zigzag).
+#[inline]
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// Inverse of [`zigzag`].
+#[inline]
+pub fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trips(v: u64) {
+            let mut out = Vec::new();
+            put(&mut out, v);
+            prop_assert_eq!(out.len(), len(v));
+            prop_assert_eq!(get(&out).unwrap(), (v, out.len()));
+        }
+
+        #[test]
+        fn zigzag_round_trips(v: i64) {
+            prop_assert_eq!(unzigzag(zigzag(v)), v);
+        }
+
+        #[test]
+        fn never_panics(buf: Vec<u8>) {
+            let _ = get(&buf);
+        }
+    }
+
+    #[test]
+    fn rejects_overflow_and_truncation() {
+        assert_eq!(get(&[0x80; 10]), Err(WireError::VarintOverflow));
+        assert_eq!(
+            get(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]),
+            Err(WireError::VarintOverflow)
+        );
+        assert_eq!(
+            get(&[0x80, 0x80]),
+            Err(WireError::Truncated { what: "varint" })
+        );
+        assert_eq!(get(&[]), Err(WireError::Truncated { what: "varint" }));
+        let mut out = Vec::new();
+        put(&mut out, u64::MAX);
+        assert_eq!(out.len(), 10);
+        assert_eq!(get(&out), Ok((u64::MAX, 10)));
+    }
+}

@@ -1,0 +1,474 @@
+//! The wire format: a datagram is a fixed header followed by a batch of
+//! messages. The full specification, with byte diagrams, is `docs/wire.md`;
+//! this module is its only implementation.
+//!
+//! ```text
+//!  0       2     3      4                              12
+//! +-------+-----+------+-------------------------------+
+//! | magic | ver | kind |   source (u64, little end.)   |
+//! +-------+-----+------+---------------+---------------+
+//! 12                     16                            24     26
+//! | endpoint (u32 LE)    |   base seq (u64 LE)          | count |
+//! +----------------------+------------------------------+-------+
+//! | message 0 | message 1 | ... | message count-1 | zero padding |
+//! ```
+//!
+//! Message `i` has sequence number `base seq + i`. Each message is:
+//!
+//! ```text
+//! +-------+-------------------------+---------------+----------+---------------------+
+//! | flags | [subject: varint len+b] | [type: u8+b]  | [fields] | payload: varint+b   |
+//! +-------+-------------------------+---------------+----------+---------------------+
+//! flags: bit0 S subject follows; bit1 R subject repeats the previous message's;
+//!        bit2 T type follows;    bit3 F fields follow;  bits 4..7 reserved (0).
+//! ```
+//!
+//! Decoders are total and bounded: every length is checked against both its
+//! limit and the bytes that remain before anything is sliced or allocated,
+//! and a datagram decodes whole or not at all.
+
+use bytes::Bytes;
+use bytestring::ByteString;
+
+use crate::error::{UsageError, WireError};
+use crate::message::{Field, Message, Meta, Value};
+use crate::varint;
+
+/// The two bytes every skiff datagram starts with: `SK`.
+pub const MAGIC: [u8; 2] = *b"SK";
+/// The wire version this build writes and reads.
+pub const VERSION: u8 = 1;
+/// Size of the datagram header in bytes.
+pub const HEADER_LEN: usize = 26;
+/// Longest subject, in bytes.
+pub const MAX_SUBJECT: usize = 1024;
+/// Longest type, in bytes (its length is one byte on the wire).
+pub const MAX_KIND: usize = 255;
+/// Most fields on one message.
+pub const MAX_FIELDS: usize = 64;
+/// Longest field key, in bytes.
+pub const MAX_FIELD_KEY: usize = 255;
+/// Largest UDP payload over IPv4, and so the largest datagram skiff builds.
+pub const MAX_DATAGRAM: usize = 65_507;
+/// Most messages in one datagram (the count is a `u16`).
+pub const MAX_COUNT: usize = u16::MAX as usize;
+
+const F_SUBJECT: u8 = 1;
+const F_REPEAT: u8 = 2;
+const F_KIND: u8 = 4;
+const F_FIELDS: u8 = 8;
+const F_RESERVED: u8 = 0xf0;
+
+const TAG_BOOL: u8 = 0;
+const TAG_INT: u8 = 1;
+const TAG_FLOAT: u8 = 2;
+const TAG_STR: u8 = 3;
+const TAG_BYTES: u8 = 4;
+
+/// What a datagram carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A batch of best-effort messages (CMQ).
+    Batch = 1,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Result<Kind, WireError> {
+        match b {
+            1 => Ok(Kind::Batch),
+            other => Err(WireError::Kind(other)),
+        }
+    }
+}
+
+/// The fixed 26-byte datagram header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What follows the header.
+    pub kind: Kind,
+    /// The sending queue's random identity; sequence numbers are per source
+    /// and destination.
+    pub source: u64,
+    /// The endpoint id the datagram is for ([`crate::Dest::ANY`] for any).
+    pub endpoint: u32,
+    /// Sequence number of the first message.
+    pub base_seq: u64,
+    /// Number of messages.
+    pub count: u16,
+}
+
+impl Header {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`HEADER_LEN`]; callers reserve it first.
+    pub fn write(&self, out: &mut [u8]) {
+        out[0..2].copy_from_slice(&MAGIC);
+        out[2] = VERSION;
+        out[3] = self.kind as u8;
+        out[4..12].copy_from_slice(&self.source.to_le_bytes());
+        out[12..16].copy_from_slice(&self.endpoint.to_le_bytes());
+        out[16..24].copy_from_slice(&self.base_seq.to_le_bytes());
+        out[24..26].copy_from_slice(&self.count.to_le_bytes());
+    }
+
+    /// Reads a header from the front of `buf`.
+    pub fn read(buf: &[u8]) -> Result<Header, WireError> {
+        if buf.len() < 2 || buf[0..2] != MAGIC {
+            return Err(if buf.len() < 2 && MAGIC.starts_with(buf) {
+                WireError::Truncated { what: "header" }
+            } else {
+                WireError::Foreign
+            });
+        }
+        if buf.len() < 3 {
+            return Err(WireError::Truncated { what: "header" });
+        }
+        if buf[2] != VERSION {
+            return Err(WireError::Version(buf[2]));
+        }
+        if buf.len() < HEADER_LEN {
+            return Err(WireError::Truncated { what: "header" });
+        }
+        let kind = Kind::from_u8(buf[3])?;
+        let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Header {
+            kind,
+            source: u64_at(4),
+            endpoint: u32::from_le_bytes(buf[12..16].try_into().expect("4 bytes")),
+            base_seq: u64_at(16),
+            count: u16::from_le_bytes([buf[24], buf[25]]),
+        })
+    }
+}
+
+/// Checks a message against the wire limits before it is queued, so that a
+/// bad message is refused at `push`, not discovered by the receiver.
+pub fn check(msg: &Message) -> Result<(), UsageError> {
+    let too_long = |what, len, max| UsageError::FieldTooLong { what, len, max };
+    if msg.subject.len() > MAX_SUBJECT {
+        return Err(too_long("subject", msg.subject.len(), MAX_SUBJECT));
+    }
+    if let Some(k) = &msg.kind {
+        if k.len() > MAX_KIND {
+            return Err(too_long("type", k.len(), MAX_KIND));
+        }
+    }
+    if msg.fields.len() > MAX_FIELDS {
+        return Err(UsageError::TooManyFields(msg.fields.len()));
+    }
+    for f in &msg.fields {
+        if f.key.len() > MAX_FIELD_KEY {
+            return Err(too_long("field key", f.key.len(), MAX_FIELD_KEY));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes `msg` takes encoded; `repeat` when its subject equals the previous
+/// message's in the same datagram.
+pub fn encoded_len(msg: &Message, repeat: bool) -> usize {
+    let mut n = 1;
+    if !repeat && !msg.subject.is_empty() {
+        n += varint::len(msg.subject.len() as u64) + msg.subject.len();
+    }
+    if let Some(k) = &msg.kind {
+        n += 1 + k.len();
+    }
+    if !msg.fields.is_empty() {
+        n += varint::len(msg.fields.len() as u64);
+        for f in &msg.fields {
+            n += 1 + f.key.len() + 1 + value_len(&f.value);
+        }
+    }
+    n + varint::len(msg.payload.len() as u64) + msg.payload.len()
+}
+
+fn value_len(v: &Value) -> usize {
+    match v {
+        Value::Bool(_) => 1,
+        Value::Int(i) => varint::len(varint::zigzag(*i)),
+        Value::Float(_) => 8,
+        Value::Str(s) => varint::len(s.len() as u64) + s.len(),
+        Value::Bytes(b) => varint::len(b.len() as u64) + b.len(),
+    }
+}
+
+/// Appends `msg` to `out`. The caller has checked it with [`check`]; `repeat`
+/// as for [`encoded_len`].
+pub fn encode_message(out: &mut Vec<u8>, msg: &Message, repeat: bool) {
+    let mut flags = 0;
+    let subject = !repeat && !msg.subject.is_empty();
+    if subject {
+        flags |= F_SUBJECT;
+    }
+    if repeat {
+        flags |= F_REPEAT;
+    }
+    if msg.kind.is_some() {
+        flags |= F_KIND;
+    }
+    if !msg.fields.is_empty() {
+        flags |= F_FIELDS;
+    }
+    out.push(flags);
+    if subject {
+        varint::put(out, msg.subject.len() as u64);
+        out.extend_from_slice(msg.subject.as_bytes());
+    }
+    if let Some(k) = &msg.kind {
+        out.push(k.len() as u8);
+        out.extend_from_slice(k.as_bytes());
+    }
+    if !msg.fields.is_empty() {
+        varint::put(out, msg.fields.len() as u64);
+        for f in &msg.fields {
+            out.push(f.key.len() as u8);
+            out.extend_from_slice(f.key.as_bytes());
+            match &f.value {
+                Value::Bool(b) => out.extend_from_slice(&[TAG_BOOL, u8::from(*b)]),
+                Value::Int(i) => {
+                    out.push(TAG_INT);
+                    varint::put(out, varint::zigzag(*i));
+                }
+                Value::Float(x) => {
+                    out.push(TAG_FLOAT);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Str(s) => {
+                    out.push(TAG_STR);
+                    varint::put(out, s.len() as u64);
+                    out.extend_from_slice(s.as_bytes());
+                }
+                Value::Bytes(b) => {
+                    out.push(TAG_BYTES);
+                    varint::put(out, b.len() as u64);
+                    out.extend_from_slice(b);
+                }
+            }
+        }
+    }
+    varint::put(out, msg.payload.len() as u64);
+    out.extend_from_slice(&msg.payload);
+}
+
+/// Encodes a whole datagram from a header and messages (subjects repeated
+/// between neighbours are sent once). For tests, tools and fuzz seeds; the
+/// batcher builds datagrams incrementally.
+pub fn encode_datagram(
+    source: u64,
+    endpoint: u32,
+    base_seq: u64,
+    msgs: &[Message],
+) -> Result<Vec<u8>, UsageError> {
+    let mut out = vec![0; HEADER_LEN];
+    let mut prev: Option<&ByteString> = None;
+    for m in msgs {
+        check(m)?;
+        let repeat = prev.is_some_and(|p| !p.is_empty() && *p == m.subject);
+        encode_message(&mut out, m, repeat);
+        prev = Some(&m.subject);
+    }
+    let count = u16::try_from(msgs.len()).map_err(|_| UsageError::TooManyFields(msgs.len()))?;
+    Header {
+        kind: Kind::Batch,
+        source,
+        endpoint,
+        base_seq,
+        count,
+    }
+    .write(&mut out);
+    Ok(out)
+}
+
+/// A cursor over a datagram that hands out zero-copy slices of it.
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        let b = *self
+            .buf
+            .get(self.pos)
+            .ok_or(WireError::Truncated { what })?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
+        let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
+            WireError::Truncated { .. } => WireError::Truncated { what },
+            e => e,
+        })?;
+        self.pos += n;
+        Ok(v)
+    }
+
+    /// `len` bytes as a slice of the datagram, checked against `max` and
+    /// against what remains.
+    fn bytes(&mut self, len: u64, max: usize, what: &'static str) -> Result<Bytes, WireError> {
+        if len > max as u64 {
+            return Err(WireError::TooLong { what, len, max });
+        }
+        let len = len as usize;
+        if self.buf.len() - self.pos < len {
+            return Err(WireError::Truncated { what });
+        }
+        let b = self.buf.slice(self.pos..self.pos + len);
+        self.pos += len;
+        Ok(b)
+    }
+
+    fn string(
+        &mut self,
+        len: u64,
+        max: usize,
+        what: &'static str,
+    ) -> Result<ByteString, WireError> {
+        let b = self.bytes(len, max, what)?;
+        ByteString::try_from(b).map_err(|_| WireError::Utf8(what))
+    }
+
+    fn message(&mut self, prev: Option<&ByteString>) -> Result<Message, WireError> {
+        let flags = self.u8("message flags")?;
+        if flags & F_RESERVED != 0 {
+            return Err(WireError::Malformed("reserved message flag bits set"));
+        }
+        let subject = match (flags & F_SUBJECT != 0, flags & F_REPEAT != 0) {
+            (true, true) => return Err(WireError::Malformed("subject both sent and repeated")),
+            (true, false) => {
+                let n = self.varint("subject length")?;
+                if n == 0 {
+                    return Err(WireError::Malformed("empty subject sent explicitly"));
+                }
+                self.string(n, MAX_SUBJECT, "subject")?
+            }
+            (false, true) => match prev {
+                Some(p) if !p.is_empty() => p.clone(),
+                _ => {
+                    return Err(WireError::Malformed(
+                        "repeated subject with no previous subject",
+                    ))
+                }
+            },
+            (false, false) => ByteString::new(),
+        };
+        let kind = if flags & F_KIND != 0 {
+            let n = self.u8("type length")?;
+            Some(self.string(u64::from(n), MAX_KIND, "type")?)
+        } else {
+            None
+        };
+        let mut fields = Vec::new();
+        if flags & F_FIELDS != 0 {
+            let n = self.varint("field count")?;
+            if n == 0 || n > MAX_FIELDS as u64 {
+                return Err(WireError::TooLong {
+                    what: "field count",
+                    len: n,
+                    max: MAX_FIELDS,
+                });
+            }
+            // Each field takes at least 3 bytes, so a claimed count cannot
+            // make us allocate more than the datagram could hold.
+            fields.reserve((n as usize).min((self.buf.len() - self.pos) / 3));
+            for _ in 0..n {
+                let klen = self.u8("field key length")?;
+                let key = self.string(u64::from(klen), MAX_FIELD_KEY, "field key")?;
+                let value = match self.u8("field tag")? {
+                    TAG_BOOL => match self.u8("bool")? {
+                        0 => Value::Bool(false),
+                        1 => Value::Bool(true),
+                        _ => return Err(WireError::Malformed("bool is neither 0 nor 1")),
+                    },
+                    TAG_INT => Value::Int(varint::unzigzag(self.varint("int")?)),
+                    TAG_FLOAT => {
+                        let b = self.bytes(8, 8, "float")?;
+                        Value::Float(f64::from_le_bytes(b[..].try_into().expect("8 bytes")))
+                    }
+                    TAG_STR => {
+                        let n = self.varint("string length")?;
+                        Value::Str(self.string(n, MAX_DATAGRAM, "string field")?)
+                    }
+                    TAG_BYTES => {
+                        let n = self.varint("bytes length")?;
+                        Value::Bytes(self.bytes(n, MAX_DATAGRAM, "bytes field")?)
+                    }
+                    _ => return Err(WireError::Malformed("unknown field tag")),
+                };
+                fields.push(Field { key, value });
+            }
+        }
+        let n = self.varint("payload length")?;
+        let payload = self.bytes(n, MAX_DATAGRAM, "payload")?;
+        Ok(Message {
+            subject,
+            kind,
+            fields,
+            payload,
+            meta: Meta::default(),
+        })
+    }
+}
+
+/// Decodes a whole datagram, appending its messages to `out` with their
+/// sequence numbers and source filled in. On error nothing is appended:
+/// a datagram is accepted whole or dropped whole.
+pub fn decode_into(buf: &Bytes, out: &mut Vec<Message>) -> Result<Header, WireError> {
+    let header = Header::read(buf)?;
+    if buf.len() > MAX_DATAGRAM {
+        return Err(WireError::TooLong {
+            what: "datagram",
+            len: buf.len() as u64,
+            max: MAX_DATAGRAM,
+        });
+    }
+    let start = out.len();
+    let res = decode_body(buf, &header, out);
+    if res.is_err() {
+        out.truncate(start);
+    }
+    res.map(|()| header)
+}
+
+fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), WireError> {
+    if h.count == 0 {
+        return Err(WireError::Malformed("empty batch"));
+    }
+    // A message takes at least 2 bytes (flags and a payload length).
+    if usize::from(h.count) > (buf.len() - HEADER_LEN) / 2 {
+        return Err(WireError::Truncated { what: "batch" });
+    }
+    out.reserve(usize::from(h.count));
+    let mut r = Reader {
+        buf,
+        pos: HEADER_LEN,
+    };
+    let mut prev: Option<ByteString> = None;
+    for i in 0..u64::from(h.count) {
+        let mut m = r.message(prev.as_ref())?;
+        m.meta = Meta {
+            seq: h.base_seq.wrapping_add(i),
+            source: h.source,
+            from: None,
+        };
+        prev = Some(m.subject.clone());
+        out.push(m);
+    }
+    if buf[r.pos..].iter().any(|&b| b != 0) {
+        return Err(WireError::Malformed(
+            "trailing bytes after the last message",
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes a datagram into a new vector (see [`decode_into`]).
+pub fn decode(buf: &Bytes) -> Result<(Header, Vec<Message>), WireError> {
+    let mut out = Vec::new();
+    let h = decode_into(buf, &mut out)?;
+    Ok((h, out))
+}
