@@ -1,1 +1,20 @@
-pub fn x() {}
+//! skiff: messaging middleware for clusters and clouds.
+//!
+//! This crate holds the I/O drivers and the application API. Applications
+//! exchange [`Message`]s by name or address; the locator string given to
+//! each object picks the transport at run time (`udp://…` today).
+//!
+//! - [`Queue`]: CMQ's batched datagram queue — `push` to an address without
+//!   waiting on the network, `try_pop`/`pop` what arrived, loss counted.
+//!
+//! The wire format and the state machines live in `skiff-proto`, which
+//! does no I/O; this crate owns sockets, threads and clocks.
+
+pub mod error;
+pub mod locator;
+// pub mod queue; (enabled once udp.rs lands)
+
+pub use error::{Error, LocatorError};
+pub use locator::Locator;
+// pub use queue::{decode_typed, typed_message, Drops, Queue, QueueConfig, QueueStats};
+pub use skiff_proto::{Dest, Field, Message, Meta, Value};

@@ -1,0 +1,134 @@
+//! The one public error of the `skiff` crate, grouped by who is at fault
+//! (the rustls habit): the caller ([`Error::Locator`], [`Error::Usage`]),
+//! a limit ([`Error::Limit`]), the system ([`Error::Io`]), or the state of
+//! the object ([`Error::Closed`], [`Error::Timeout`]).
+
+use std::io;
+
+use skiff_proto::error::{LimitError, UsageError};
+
+/// Any error the `skiff` API reports.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The locator string or one of its options is wrong.
+    #[error(transparent)]
+    Locator(#[from] LocatorError),
+    /// The call can never succeed as made (e.g. a message too large).
+    #[error("{0}")]
+    Usage(#[from] UsageError),
+    /// A configured limit was reached.
+    #[error("{0}")]
+    Limit(#[from] LimitError),
+    /// A typed message did not serialize or deserialize.
+    #[error("typed message: {0}")]
+    Codec(String),
+    /// A typed pop found a message of another type.
+    #[error("expected a message of type {expected:?} but got {found:?}")]
+    TypeMismatch {
+        /// The type asked for.
+        expected: String,
+        /// The type the message carried.
+        found: Option<String>,
+    },
+    /// The operating system refused; the message says which call.
+    #[error("{what}: {source}")]
+    Io {
+        /// The operation that failed.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The object was closed.
+    #[error("closed")]
+    Closed,
+    /// Nothing arrived in time.
+    #[error("timed out")]
+    Timeout,
+}
+
+impl From<skiff_proto::Error> for Error {
+    fn from(e: skiff_proto::Error) -> Self {
+        match e {
+            skiff_proto::Error::Usage(u) => Error::Usage(u),
+            skiff_proto::Error::Limit(l) => Error::Limit(l),
+            // The batcher never reports wire errors on push; keep the text.
+            other => Error::Codec(other.to_string()),
+        }
+    }
+}
+
+impl Error {
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Io { what, source }
+    }
+}
+
+/// What is wrong with a locator string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocatorError {
+    /// The string has no `scheme://`.
+    #[error("locator {0:?} has no scheme; write it as scheme://address, e.g. udp://0.0.0.0:4711")]
+    NoScheme(String),
+    /// The scheme is unknown or not usable for this object.
+    #[error("scheme {scheme:?} is not accepted here; accepted: {accepted}")]
+    Scheme {
+        /// The scheme given.
+        scheme: String,
+        /// The schemes this object accepts.
+        accepted: &'static str,
+    },
+    /// The address part did not parse or resolve.
+    #[error("address {addr:?} is not valid: {why} (expected host:port, e.g. 127.0.0.1:4711 or [::1]:4711)")]
+    Address {
+        /// The address given.
+        addr: String,
+        /// Why it was refused.
+        why: String,
+    },
+    /// An option name is unknown.
+    #[error("unknown option {name:?}; accepted options: {accepted}")]
+    UnknownOption {
+        /// The option given.
+        name: String,
+        /// The options accepted.
+        accepted: &'static str,
+    },
+    /// An option's value did not parse.
+    #[error("option {name}={value:?} is not valid: expected {expected}")]
+    BadValue {
+        /// The option.
+        name: String,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_formats() {
+        let all = vec![
+            Error::Locator(LocatorError::NoScheme("x".into())),
+            Error::Locator(LocatorError::Scheme { scheme: "ftp".into(), accepted: "udp" }),
+            Error::Locator(LocatorError::Address { addr: "x".into(), why: "no port".into() }),
+            Error::Locator(LocatorError::UnknownOption { name: "q".into(), accepted: "qthresh" }),
+            Error::Locator(LocatorError::BadValue { name: "qthresh".into(), value: "x".into(), expected: "bytes" }),
+            Error::Usage(UsageError::TooManyFields(99)),
+            Error::Limit(LimitError::Destinations { max: 3 }),
+            Error::Codec("bad".into()),
+            Error::TypeMismatch { expected: "A".into(), found: None },
+            Error::Io { what: "bind", source: io::Error::other("nope") },
+            Error::Closed,
+            Error::Timeout,
+        ];
+        for e in all {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+}

@@ -1,0 +1,848 @@
+//! The datagram queue (CMQ): `push` to an address, `pop` what arrived.
+//!
+//! A [`Queue`] owns one UDP socket. `push` copies the message into its
+//! destination's batch (a [`Batcher`]) and never waits on the network; a
+//! batch leaves as one datagram when it reaches `qthresh` bytes, when its
+//! oldest message is `timeout` old, when the next message would not fit, or
+//! on [`Queue::flush`]. `try_pop` never blocks either (CMQ's `cwPop`): it
+//! hands out what was already received, else reads whatever the socket holds
+//! in one `recvmmsg`, else returns `None`.
+//!
+//! **Natural batching** (`timeout=0`, the default): a push that finds the
+//! path idle sends at once on the caller's thread, so a lone message costs
+//! one system call and no hand-off; while a send is in flight (or one has
+//! just finished), pushes only append, and a flusher thread sends whatever
+//! accumulated as one batch. Low latency at low load, full datagrams at high
+//! load, nothing to tune.
+//!
+//! Delivery is best effort. What is guaranteed: a message is delivered at
+//! most once; each message a source numbered for this queue is either
+//! delivered or counted in [`QueueStats::lost`]; every datagram or message
+//! dropped on purpose is counted in [`QueueStats::dropped`] under its
+//! reason, including the kernel's own receive-buffer drops.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+use serde::{de::DeserializeOwned, Serialize};
+use skiff_proto::error::Reason;
+use skiff_proto::loss::LossDetector;
+use skiff_proto::{wire, Batcher, BatcherConfig, Dest, Message, Verdict};
+
+use crate::error::{Error, LocatorError};
+use crate::locator::{self, Locator};
+use crate::udp::{Outgoing, RecvBatch, UdpConfig, UdpSocket};
+
+/// Options of a `udp://` queue locator, with their defaults.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Address to bind.
+    pub bind: SocketAddr,
+    /// Seal a batch at this many bytes (`qthresh`); default: `max_datagram`.
+    pub qthresh: usize,
+    /// Seal a batch when its oldest message is this old (`timeout`); zero is
+    /// natural batching (the default).
+    pub timeout: Duration,
+    /// Largest datagram built (`max_datagram`), default 1472 (one Ethernet
+    /// frame over IPv4); up to 65507.
+    pub max_datagram: usize,
+    /// This queue's endpoint id (`endpoint`); datagrams for another id are
+    /// dropped. Default 0.
+    pub endpoint: u32,
+    /// Most destinations with batching state (`max_destinations`).
+    pub max_destinations: usize,
+    /// Most sources whose sequence numbers are tracked (`max_sources`).
+    pub max_sources: usize,
+    /// Bytes of datagrams that may wait for a full socket send buffer
+    /// before further ones are dropped and counted (`max_backlog`).
+    pub max_backlog: usize,
+    /// Socket options.
+    pub udp: UdpConfig,
+    /// Multicast groups to join at bind (`join`, repeatable).
+    pub join: Vec<IpAddr>,
+}
+
+const OPTIONS: &str = "qthresh, timeout, max_datagram, endpoint, max_destinations, max_sources, max_backlog, \
+                       sndbuf, rcvbuf, gso, gro, multicast_loop, ttl, reuse, join";
+
+impl QueueConfig {
+    /// Parses a `udp://host:port?…` locator.
+    pub fn from_locator(s: &str) -> Result<QueueConfig, LocatorError> {
+        let l: Locator = s.parse()?;
+        l.expect_scheme("udp")?;
+        let mut c = QueueConfig {
+            bind: l.socket_addr()?,
+            qthresh: 0,
+            timeout: Duration::ZERO,
+            max_datagram: 1472,
+            endpoint: 0,
+            max_destinations: 1 << 20,
+            max_sources: 4096,
+            max_backlog: 4 << 20,
+            udp: UdpConfig::default(),
+            join: Vec::new(),
+        };
+        l.options(OPTIONS, |k, v| {
+            match k {
+                "qthresh" => c.qthresh = locator::parse_bytes(k, v)?,
+                "timeout" => c.timeout = locator::parse_duration(k, v)?,
+                "max_datagram" => {
+                    c.max_datagram = locator::parse_bytes(k, v)?;
+                    if !(wire::HEADER_LEN + 16..=wire::MAX_DATAGRAM).contains(&c.max_datagram) {
+                        return Err(LocatorError::BadValue {
+                            name: k.into(),
+                            value: v.into(),
+                            expected: "a datagram size from 42 to 65507 bytes",
+                        });
+                    }
+                }
+                "endpoint" => c.endpoint = locator::parse_uint(k, v, "an endpoint id from 0 to 4294967294")?,
+                "max_destinations" => c.max_destinations = locator::parse_uint(k, v, "a positive count")?,
+                "max_sources" => c.max_sources = locator::parse_uint(k, v, "a positive count")?,
+                "max_backlog" => c.max_backlog = locator::parse_bytes(k, v)?,
+                "sndbuf" => c.udp.send_buffer = Some(locator::parse_bytes(k, v)?),
+                "rcvbuf" => c.udp.recv_buffer = Some(locator::parse_bytes(k, v)?),
+                "gso" => c.udp.gso = locator::parse_bool(k, v)?,
+                "gro" => c.udp.gro = locator::parse_bool(k, v)?,
+                "multicast_loop" => c.udp.multicast_loop = locator::parse_bool(k, v)?,
+                "ttl" => c.udp.multicast_ttl = locator::parse_uint(k, v, "a TTL from 0 to 255")?,
+                "reuse" => c.udp.reuse_addr = locator::parse_bool(k, v)?,
+                "join" => c.join.push(v.parse().map_err(|_| LocatorError::BadValue {
+                    name: k.into(),
+                    value: v.into(),
+                    expected: "a multicast group address such as 239.1.2.3 or ff02::1:5",
+                })?),
+                "reliable" => {
+                    return Err(LocatorError::BadValue {
+                        name: k.into(),
+                        value: v.into(),
+                        expected: "nothing yet: reliable queues over associations are not in this build",
+                    })
+                }
+                _ => return Ok(false),
+            }
+            Ok(true)
+        })?;
+        if c.endpoint == Dest::ANY {
+            return Err(LocatorError::BadValue {
+                name: "endpoint".into(),
+                value: c.endpoint.to_string(),
+                expected: "an endpoint id from 0 to 4294967294 (4294967295 means any)",
+            });
+        }
+        if c.qthresh == 0 || c.qthresh > c.max_datagram {
+            c.qthresh = c.max_datagram;
+        }
+        Ok(c)
+    }
+}
+
+/// Counters of one queue. Everything dropped on purpose is in `dropped`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStats {
+    /// Messages handed to the kernel.
+    pub sent_messages: u64,
+    /// Bytes handed to the kernel (datagram bytes, headers included).
+    pub sent_bytes: u64,
+    /// Datagrams handed to the kernel.
+    pub sent_batches: u64,
+    /// System calls that sent (one may carry many datagrams).
+    pub send_calls: u64,
+    /// Messages delivered to `pop`.
+    pub recv_messages: u64,
+    /// Bytes of accepted datagrams.
+    pub recv_bytes: u64,
+    /// Datagrams accepted.
+    pub recv_batches: u64,
+    /// Messages numbered by a source for this queue that never arrived.
+    pub lost: u64,
+    /// Gaps later filled by a late (reordered) message.
+    pub recovered: u64,
+    /// Drops by reason.
+    pub dropped: Drops,
+}
+
+/// Drop counters by reason. Datagram-level reasons count datagrams;
+/// message-level ones count messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Drops {
+    /// Datagrams not starting with skiff's magic.
+    pub foreign: u64,
+    /// Datagrams of another wire version.
+    pub version: u64,
+    /// Datagrams of a frame kind this queue does not handle.
+    pub kind: u64,
+    /// Datagrams cut short.
+    pub truncated: u64,
+    /// Datagrams that do not decode.
+    pub malformed: u64,
+    /// Datagrams with a length over a limit.
+    pub oversized: u64,
+    /// Datagrams for another endpoint id.
+    pub endpoint: u64,
+    /// Messages received twice.
+    pub duplicate: u64,
+    /// Messages older than the reorder window (already counted lost).
+    pub stale: u64,
+    /// Datagrams the kernel dropped because the receive buffer was full.
+    pub kernel: u64,
+    /// Outgoing messages dropped because the send backlog was full.
+    pub backlog: u64,
+    /// Outgoing messages dropped because the kernel refused the send.
+    pub send_error: u64,
+    /// Sources forgotten because `max_sources` was reached.
+    pub sources_evicted: u64,
+}
+
+impl Drops {
+    fn count_wire(&mut self, reason: &str) {
+        match reason {
+            "foreign" => self.foreign += 1,
+            "version" => self.version += 1,
+            "kind" => self.kind += 1,
+            "truncated" => self.truncated += 1,
+            "oversized" => self.oversized += 1,
+            _ => self.malformed += 1,
+        }
+    }
+
+    /// Sum over all reasons.
+    pub fn total(&self) -> u64 {
+        self.foreign
+            + self.version
+            + self.kind
+            + self.truncated
+            + self.malformed
+            + self.oversized
+            + self.endpoint
+            + self.duplicate
+            + self.stale
+            + self.kernel
+            + self.backlog
+            + self.send_error
+    }
+}
+
+/// A datagram ready to go.
+#[derive(Debug)]
+struct Pending {
+    dest: SocketAddr,
+    buf: Vec<u8>,
+    segment_size: Option<usize>,
+    segments: usize,
+    messages: usize,
+}
+
+#[derive(Debug)]
+struct Tx {
+    batcher: Batcher,
+    out: VecDeque<Pending>,
+    out_bytes: usize,
+    pool: Vec<Vec<u8>>,
+    /// One thread at a time sends, so datagrams to a destination leave in
+    /// order; the others only append.
+    in_flight: bool,
+    last_send_end: Option<Instant>,
+    /// Smoothed duration of one send system call: the "path is busy" window.
+    send_cost: Duration,
+    flusher_parked: bool,
+    flusher_until: Option<Instant>,
+    last_error: Option<String>,
+    stats: QueueStats,
+}
+
+#[derive(Debug)]
+struct Rx {
+    batch: RecvBatch,
+    ready: Vec<Message>,
+    next: usize,
+    loss: LossDetector,
+    stats: QueueStats,
+    kernel_base: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: QueueConfig,
+    socket: UdpSocket,
+    local: SocketAddr,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    wake: Condvar,
+    /// Set by a push while the flusher spins, so it need not take the lock.
+    pushed: AtomicBool,
+    shutdown: AtomicBool,
+    async_fd: OnceLock<tokio::io::unix::AsyncFd<Fd>>,
+}
+
+#[derive(Debug)]
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// A batched, asynchronous datagram queue; see the module documentation.
+///
+/// `Queue` is `Send + Sync`: share it with `Arc` to push and pop from
+/// several threads. Dropping it flushes what is queued and stops its
+/// flusher thread.
+#[derive(Debug)]
+pub struct Queue {
+    inner: Arc<Inner>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+/// How long the flusher spins for more work before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+/// Datagrams per `sendmmsg`.
+const SEND_BATCH: usize = 64;
+/// Datagrams per `recvmmsg`.
+const RECV_SLOTS: usize = 32;
+
+impl Queue {
+    /// Binds a queue: `udp://0.0.0.0:4711?qthresh=512&timeout=200ms`.
+    /// Options are listed on [`QueueConfig`].
+    pub fn bind(locator: &str) -> Result<Queue, Error> {
+        Queue::with_config(QueueConfig::from_locator(locator)?)
+    }
+
+    /// Binds a queue with an explicit configuration.
+    pub fn with_config(config: QueueConfig) -> Result<Queue, Error> {
+        let socket = UdpSocket::bind(config.bind, &config.udp).map_err(Error::io("bind UDP socket"))?;
+        for g in &config.join {
+            socket.join_multicast(*g, None).map_err(Error::io("join multicast group"))?;
+        }
+        let local = socket.local_addr().map_err(Error::io("read local address"))?;
+        let source = rand::random::<u64>();
+        let batcher = Batcher::new(BatcherConfig {
+            qthresh: config.qthresh,
+            timeout: config.timeout,
+            max_datagram: config.max_datagram,
+            max_destinations: config.max_destinations,
+            source,
+        });
+        let slot = if config.udp.gro { 65_536 } else { wire::MAX_DATAGRAM + 1 };
+        let inner = Arc::new(Inner {
+            tx: Mutex::new(Tx {
+                batcher,
+                out: VecDeque::new(),
+                out_bytes: 0,
+                pool: Vec::new(),
+                in_flight: false,
+                last_send_end: None,
+                send_cost: Duration::from_micros(5),
+                flusher_parked: false,
+                flusher_until: None,
+                last_error: None,
+                stats: QueueStats::default(),
+            }),
+            rx: Mutex::new(Rx {
+                batch: RecvBatch::new(RECV_SLOTS, slot),
+                ready: Vec::new(),
+                next: 0,
+                loss: LossDetector::new(config.max_sources),
+                stats: QueueStats::default(),
+                kernel_base: 0,
+            }),
+            config,
+            socket,
+            local,
+            wake: Condvar::new(),
+            pushed: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            async_fd: OnceLock::new(),
+        });
+        let i = inner.clone();
+        let flusher = std::thread::Builder::new()
+            .name("skiff-flusher".into())
+            .spawn(move || i.flusher())
+            .map_err(Error::io("spawn flusher thread"))?;
+        Ok(Queue { inner, flusher: Some(flusher) })
+    }
+
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &QueueConfig {
+        &self.inner.config
+    }
+
+    /// Queues `msg` for `dest` (a `SocketAddr` works: any endpoint there).
+    /// Copies the message into the destination's batch; never waits on the
+    /// network. Fails only if the message can never be sent as it is (too
+    /// large: the error names the limit) or a limit is reached.
+    pub fn push(&self, dest: impl Into<Dest>, msg: &Message) -> Result<(), Error> {
+        self.inner.push(dest.into(), msg)
+    }
+
+    /// Serializes `value` (postcard) and pushes it with its Rust type name as
+    /// the message type, for [`Queue::try_pop_typed`] (CMQ's polymorphic
+    /// queue).
+    pub fn push_typed<T: Serialize>(&self, dest: impl Into<Dest>, value: &T) -> Result<(), Error> {
+        self.push(dest, &typed_message(value)?)
+    }
+
+    /// Sends everything queued now, whatever its age or size.
+    pub fn flush(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        let mut tx = inner.tx.lock();
+        tx.batcher.flush();
+        inner.collect(&mut tx);
+        inner.drain(tx, true);
+        match inner.tx.lock().last_error.take() {
+            Some(e) => Err(Error::Io { what: "send", source: io::Error::other(e) }),
+            None => Ok(()),
+        }
+    }
+
+    /// The next received message, or `None` at once if there is none
+    /// (CMQ's `cwPop`).
+    pub fn try_pop(&self) -> Option<Message> {
+        self.inner.try_pop()
+    }
+
+    /// Moves up to `max` received messages into `out` without blocking;
+    /// returns how many. Cheaper per message than `try_pop` in a loop.
+    pub fn try_pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
+        self.inner.pop_many(out, max)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for a message.
+    pub fn pop_blocking(&self, timeout: Option<Duration>) -> Option<Message> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(m) = self.try_pop() {
+                return Some(m);
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    Some(d - now)
+                }
+                None => None,
+            };
+            if self.inner.socket.wait_readable(left).is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Waits for the next message (tokio). Must be called inside a tokio
+    /// runtime with I/O enabled.
+    pub async fn pop(&self) -> Result<Message, Error> {
+        let fd = match self.inner.async_fd.get() {
+            Some(fd) => fd,
+            None => {
+                let fd = tokio::io::unix::AsyncFd::with_interest(Fd(self.inner.socket.as_raw_fd()), tokio::io::Interest::READABLE)
+                    .map_err(Error::io("register socket with tokio"))?;
+                let _ = self.inner.async_fd.set(fd);
+                self.inner.async_fd.get().expect("just set")
+            }
+        };
+        loop {
+            if let Some(m) = self.try_pop() {
+                return Ok(m);
+            }
+            let mut guard = fd.readable().await.map_err(Error::io("wait for datagrams"))?;
+            if let Some(m) = self.try_pop() {
+                return Ok(m);
+            }
+            guard.clear_ready();
+        }
+    }
+
+    /// Pops the next message and deserializes it as `T`; `None` if nothing
+    /// is waiting. A message of another type is consumed and reported as
+    /// [`Error::TypeMismatch`].
+    pub fn try_pop_typed<T: DeserializeOwned>(&self) -> Option<Result<T, Error>> {
+        self.try_pop().map(|m| decode_typed(&m))
+    }
+
+    /// Joins a multicast group on this queue's socket.
+    pub fn join_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        self.inner.socket.join_multicast(group, None).map_err(Error::io("join multicast group"))
+    }
+
+    /// Leaves a multicast group.
+    pub fn leave_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        self.inner.socket.leave_multicast(group, None).map_err(Error::io("leave multicast group"))
+    }
+
+    /// Counters: sent, received, lost, dropped by reason.
+    pub fn stats(&self) -> QueueStats {
+        let tx = self.inner.tx.lock().stats.clone();
+        let rx = {
+            let rx = self.inner.rx.lock();
+            let mut s = rx.stats.clone();
+            let l = rx.loss.stats();
+            s.lost = l.lost;
+            s.recovered = l.recovered;
+            s.dropped.duplicate = l.duplicates;
+            s.dropped.stale = l.stale;
+            s.dropped.sources_evicted = l.evicted;
+            s.dropped.kernel = rx.batch.kernel_drops().saturating_sub(rx.kernel_base);
+            s
+        };
+        QueueStats {
+            sent_messages: tx.sent_messages,
+            sent_bytes: tx.sent_bytes,
+            sent_batches: tx.sent_batches,
+            send_calls: tx.send_calls,
+            dropped: Drops { backlog: tx.dropped.backlog, send_error: tx.dropped.send_error, ..rx.dropped },
+            ..rx
+        }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        {
+            let _tx = self.inner.tx.lock();
+            self.inner.wake.notify_all();
+        }
+        if let Some(h) = self.flusher.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Builds a message carrying `value` serialized with postcard, typed with
+/// its Rust type name.
+pub fn typed_message<T: Serialize>(value: &T) -> Result<Message, Error> {
+    let payload = postcard::to_allocvec(value).map_err(|e| Error::Codec(e.to_string()))?;
+    Ok(Message::from_payload(payload).with_kind(type_tag::<T>()))
+}
+
+/// Deserializes a message built by [`typed_message`] as `T`, checking the
+/// type first.
+pub fn decode_typed<T: DeserializeOwned>(msg: &Message) -> Result<T, Error> {
+    let tag = type_tag::<T>();
+    if msg.kind.as_deref() != Some(tag) {
+        return Err(Error::TypeMismatch { expected: tag.to_string(), found: msg.kind.as_ref().map(|k| k.to_string()) });
+    }
+    postcard::from_bytes(&msg.payload).map_err(|e| Error::Codec(e.to_string()))
+}
+
+fn type_tag<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    if name.len() <= wire::MAX_KIND {
+        return name;
+    }
+    let mut end = wire::MAX_KIND;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+impl Inner {
+    fn natural(&self) -> bool {
+        self.config.timeout.is_zero()
+    }
+
+    fn push(&self, dest: Dest, msg: &Message) -> Result<(), Error> {
+        let now = Instant::now();
+        let mut tx = self.tx.lock();
+        let opened = tx.batcher.queued() == 0;
+        tx.batcher.push(now, dest, msg)?;
+        if tx.in_flight {
+            // The thread sending now picks this up when its call returns.
+            self.pushed.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.natural() {
+            let busy = tx.last_send_end.is_some_and(|t| now.saturating_duration_since(t) < tx.send_cost * 2);
+            if busy || tx.out_bytes > 0 {
+                self.pushed.store(true, Ordering::Relaxed);
+                if tx.flusher_parked {
+                    self.wake.notify_one();
+                }
+                return Ok(());
+            }
+            tx.batcher.flush();
+        } else if !tx.batcher.has_transmit() {
+            // A new batch has a deadline; the flusher must know if it sleeps
+            // longer than that.
+            if opened && tx.flusher_until.is_none_or(|u| u > now + self.config.timeout) {
+                self.wake.notify_one();
+            }
+            return Ok(());
+        }
+        self.collect(&mut tx);
+        self.drain(tx, false);
+        Ok(())
+    }
+
+    /// Moves sealed batches from the batcher to the send queue.
+    fn collect(&self, tx: &mut Tx) {
+        let segs = self.socket.max_segments().max(1);
+        loop {
+            let mut buf = tx.pool.pop().unwrap_or_default();
+            let Some(t) = tx.batcher.poll_transmit(&mut buf, segs) else {
+                tx.pool.push(buf);
+                break;
+            };
+            tx.out_bytes += t.size;
+            tx.out.push_back(Pending {
+                dest: t.dest.addr,
+                buf,
+                segment_size: t.segment_size,
+                segments: t.segments,
+                messages: t.messages,
+            });
+        }
+        // Over the backlog limit, drop the oldest datagrams and count them.
+        while tx.out_bytes > self.config.max_backlog {
+            let Some(p) = tx.out.pop_front() else { break };
+            tx.out_bytes -= p.buf.len();
+            tx.stats.dropped.backlog += p.messages as u64;
+            tx.pool.push(p.buf);
+        }
+    }
+
+    /// Sends the send queue, releasing the lock during system calls. Only one
+    /// thread sends at a time. With `wait`, waits for another sender to
+    /// finish rather than leaving the work to it.
+    fn drain(&self, mut tx: parking_lot::MutexGuard<'_, Tx>, wait: bool) {
+        if tx.in_flight {
+            if !wait {
+                return;
+            }
+            while tx.in_flight {
+                drop(tx);
+                std::thread::yield_now();
+                tx = self.tx.lock();
+            }
+        }
+        while !tx.out.is_empty() {
+            tx.in_flight = true;
+            let n = tx.out.len().min(SEND_BATCH);
+            let batch: Vec<Pending> = tx.out.drain(..n).collect();
+            drop(tx);
+            let started = Instant::now();
+            let mut sent = 0;
+            let mut result = Ok(());
+            let mut calls = 0;
+            while sent < batch.len() {
+                let out: Vec<Outgoing<'_>> = batch[sent..]
+                    .iter()
+                    .map(|p| Outgoing { dest: p.dest, data: &p.buf, segment_size: p.segment_size })
+                    .collect();
+                calls += 1;
+                match self.socket.send(&out) {
+                    Ok(k) => sent += k.max(1).min(out.len()),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            let ended = Instant::now();
+            tx = self.tx.lock();
+            tx.in_flight = false;
+            tx.stats.send_calls += calls;
+            let cost = (ended - started) / calls.max(1) as u32;
+            tx.send_cost = (tx.send_cost * 7 + cost) / 8;
+            tx.last_send_end = Some(ended);
+            let mut rest = batch.into_iter();
+            for p in rest.by_ref().take(sent) {
+                tx.out_bytes -= p.buf.len();
+                tx.stats.sent_messages += p.messages as u64;
+                tx.stats.sent_bytes += p.buf.len() as u64;
+                tx.stats.sent_batches += p.segments as u64;
+                tx.pool.push(p.buf);
+            }
+            if let Err(e) = result {
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    // Keep the rest, in order, for the flusher to retry.
+                    let rest: Vec<Pending> = rest.collect();
+                    for p in rest.into_iter().rev() {
+                        tx.out.push_front(p);
+                    }
+                    self.wake.notify_one();
+                    return;
+                }
+                // The first datagram was refused (e.g. unreachable or too big
+                // for the path): drop it, count it, go on with the rest.
+                if let Some(p) = rest.next() {
+                    tx.out_bytes -= p.buf.len();
+                    tx.stats.dropped.send_error += p.messages as u64;
+                    tx.pool.push(p.buf);
+                }
+                tx.last_error = Some(e.to_string());
+                let rest: Vec<Pending> = rest.collect();
+                for p in rest.into_iter().rev() {
+                    tx.out.push_front(p);
+                }
+            }
+            if tx.pool.len() > 256 {
+                tx.pool.truncate(256);
+            }
+            // In natural batching, what was pushed during the call leaves now.
+            if self.natural() && tx.batcher.queued() > 0 {
+                tx.batcher.flush();
+                self.collect(&mut tx);
+            }
+        }
+    }
+
+    fn flusher(&self) {
+        let mut tx = self.tx.lock();
+        loop {
+            let now = Instant::now();
+            let stopping = self.shutdown.load(Ordering::Acquire);
+            if self.natural() || stopping {
+                tx.batcher.flush();
+            } else {
+                tx.batcher.handle_timeout(now);
+            }
+            self.collect(&mut tx);
+            if !tx.out.is_empty() && !tx.in_flight {
+                let before = tx.out.len();
+                self.drain(tx, stopping);
+                tx = self.tx.lock();
+                if tx.out.len() < before || tx.out.is_empty() {
+                    continue;
+                }
+                // The socket was full: wait a little before retrying.
+                if stopping {
+                    return;
+                }
+                tx.flusher_until = Some(now + Duration::from_micros(200));
+                let _ = self.wake.wait_for(&mut tx, Duration::from_micros(200));
+                continue;
+            }
+            if stopping {
+                return;
+            }
+            if self.natural() {
+                // Spin briefly: under load the next push comes within
+                // microseconds, and a sleep and wake-up would cost more.
+                drop(tx);
+                let spin_end = Instant::now() + SPIN;
+                while Instant::now() < spin_end && !self.pushed.swap(false, Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                tx = self.tx.lock();
+                if tx.batcher.queued() > 0 || !tx.out.is_empty() || self.shutdown.load(Ordering::Acquire) {
+                    continue;
+                }
+                tx.flusher_parked = true;
+                tx.flusher_until = None;
+                self.wake.wait(&mut tx);
+                tx.flusher_parked = false;
+            } else {
+                let until = tx.batcher.poll_timeout();
+                tx.flusher_until = until;
+                tx.flusher_parked = true;
+                match until {
+                    Some(t) => {
+                        let _ = self.wake.wait_until(&mut tx, t);
+                    }
+                    None => self.wake.wait(&mut tx),
+                }
+                tx.flusher_parked = false;
+            }
+        }
+    }
+
+    fn try_pop(&self) -> Option<Message> {
+        let mut rx = self.rx.lock();
+        if rx.next == rx.ready.len() {
+            self.fill(&mut rx);
+        }
+        let rx = &mut *rx;
+        let m = rx.ready.get_mut(rx.next).map(std::mem::take);
+        if m.is_some() {
+            rx.next += 1;
+        }
+        m
+    }
+
+    fn pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
+        let mut rx = self.rx.lock();
+        if rx.next == rx.ready.len() {
+            self.fill(&mut rx);
+        }
+        let rx = &mut *rx;
+        let n = (rx.ready.len() - rx.next).min(max);
+        out.extend(rx.ready[rx.next..rx.next + n].iter_mut().map(std::mem::take));
+        rx.next += n;
+        n
+    }
+
+    /// Reads what the socket holds in one `recvmmsg` and decodes it.
+    fn fill(&self, rx: &mut Rx) {
+        rx.ready.clear();
+        rx.next = 0;
+        let Rx { batch, ready, loss, stats, .. } = rx;
+        if self.socket.recv(batch).is_err() {
+            return;
+        }
+        for d in batch.drain() {
+            if d.truncated {
+                stats.dropped.truncated += 1;
+                continue;
+            }
+            match d.segment_size {
+                Some(seg) if seg > 0 && d.data.len() > seg => {
+                    let mut at = 0;
+                    while at < d.data.len() {
+                        let end = (at + seg).min(d.data.len());
+                        accept(&self.config, d.from, d.data.slice(at..end), ready, loss, stats);
+                        at = end;
+                    }
+                }
+                _ => accept(&self.config, d.from, d.data, ready, loss, stats),
+            }
+        }
+    }
+}
+
+/// Decodes one datagram into `ready`, keeping only messages the loss
+/// detector admits; counts everything else.
+fn accept(config: &QueueConfig, from: SocketAddr, data: Bytes, ready: &mut Vec<Message>, loss: &mut LossDetector, stats: &mut QueueStats) {
+    let start = ready.len();
+    let header = match wire::decode_into(&data, ready) {
+        Ok(h) => h,
+        Err(e) => {
+            stats.dropped.count_wire(e.reason());
+            return;
+        }
+    };
+    if header.endpoint != config.endpoint && header.endpoint != Dest::ANY {
+        ready.truncate(start);
+        stats.dropped.endpoint += 1;
+        return;
+    }
+    let mut keep = start;
+    for i in start..ready.len() {
+        if loss.check(header.source, ready[i].meta.seq) == Verdict::Deliver {
+            ready[i].meta.from = Some(from);
+            ready.swap(keep, i);
+            keep += 1;
+        }
+    }
+    ready.truncate(keep);
+    stats.recv_messages += (keep - start) as u64;
+    stats.recv_batches += 1;
+    stats.recv_bytes += data.len() as u64;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every skiff test: format, lints, unit/property/multi-process tests,
+# the network-namespace tests (when this machine allows them) and a bounded
+# fuzz run. Installs what it needs. Usage: scripts/test.sh [FUZZ_SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzz_secs=${1:-${SKIFF_FUZZ_SECONDS:-15}}
+
+need_apt=()
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v iptables >/dev/null || need_apt+=(iptables)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]} from Debian"
+  if [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q "${need_apt[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "${need_apt[@]}" >/dev/null; }
+  else
+    echo "   not root: cannot install ${need_apt[*]}; the namespace tests will report themselves skipped"
+  fi
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
+echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
+if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
+  ip netns del skiff-probe-$$
+  cargo test -p skiff-cli --test netns --quiet -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.txt
+else
+  echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
+fi
+echo "== fuzz (${fuzz_secs}s per target)"
+if [ "$fuzz_secs" -gt 0 ] && [ -x scripts/fuzz.sh ]; then
+  scripts/fuzz.sh "$fuzz_secs"
+fi
+passed=$(grep -Eo '[0-9]+ passed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+skipped=$(grep -Eo '[0-9]+ ignored' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+echo "tests: $passed passed, $failed failed, $skipped skipped"
