@@ -258,7 +258,10 @@ impl Batcher {
         }
         let start = queue.buf.len();
         wire::encode_message(&mut queue.buf, msg, repeat);
-        if !repeat && !subj.is_empty() {
+        if subj.is_empty() {
+            // A repeat refers to the previous message's subject only.
+            queue.last_subject = (0, 0);
+        } else if !repeat {
             // flags byte, then the subject's varint length, then the subject
             let at = queue.buf.len() - len + 1 + crate::varint::len(subj.len() as u64);
             queue.last_subject = (at, at + subj.len());

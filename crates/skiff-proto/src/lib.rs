@@ -18,6 +18,7 @@ pub mod batcher;
 pub mod error;
 pub mod loss;
 pub mod message;
+pub mod router;
 pub mod varint;
 pub mod wire;
 

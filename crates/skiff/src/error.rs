@@ -115,15 +115,34 @@ mod tests {
     fn every_variant_formats() {
         let all = vec![
             Error::Locator(LocatorError::NoScheme("x".into())),
-            Error::Locator(LocatorError::Scheme { scheme: "ftp".into(), accepted: "udp" }),
-            Error::Locator(LocatorError::Address { addr: "x".into(), why: "no port".into() }),
-            Error::Locator(LocatorError::UnknownOption { name: "q".into(), accepted: "qthresh" }),
-            Error::Locator(LocatorError::BadValue { name: "qthresh".into(), value: "x".into(), expected: "bytes" }),
+            Error::Locator(LocatorError::Scheme {
+                scheme: "ftp".into(),
+                accepted: "udp",
+            }),
+            Error::Locator(LocatorError::Address {
+                addr: "x".into(),
+                why: "no port".into(),
+            }),
+            Error::Locator(LocatorError::UnknownOption {
+                name: "q".into(),
+                accepted: "qthresh",
+            }),
+            Error::Locator(LocatorError::BadValue {
+                name: "qthresh".into(),
+                value: "x".into(),
+                expected: "bytes",
+            }),
             Error::Usage(UsageError::TooManyFields(99)),
             Error::Limit(LimitError::Destinations { max: 3 }),
             Error::Codec("bad".into()),
-            Error::TypeMismatch { expected: "A".into(), found: None },
-            Error::Io { what: "bind", source: io::Error::other("nope") },
+            Error::TypeMismatch {
+                expected: "A".into(),
+                found: None,
+            },
+            Error::Io {
+                what: "bind",
+                source: io::Error::other("nope"),
+            },
             Error::Closed,
             Error::Timeout,
         ];

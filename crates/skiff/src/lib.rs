@@ -12,9 +12,11 @@
 
 pub mod error;
 pub mod locator;
-// pub mod queue; (enabled once udp.rs lands)
+pub mod queue;
+mod sys;
+pub mod udp;
 
 pub use error::{Error, LocatorError};
 pub use locator::Locator;
-// pub use queue::{decode_typed, typed_message, Drops, Queue, QueueConfig, QueueStats};
+pub use queue::{decode_typed, typed_message, Drops, Queue, QueueConfig, QueueStats};
 pub use skiff_proto::{Dest, Field, Message, Meta, Value};

@@ -30,8 +30,14 @@ impl FromStr for Locator {
     type Err = LocatorError;
 
     fn from_str(s: &str) -> Result<Locator, LocatorError> {
-        let (scheme, rest) = s.split_once("://").ok_or_else(|| LocatorError::NoScheme(s.to_string()))?;
-        if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-') {
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| LocatorError::NoScheme(s.to_string()))?;
+        if scheme.is_empty()
+            || !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-')
+        {
             return Err(LocatorError::NoScheme(s.to_string()));
         }
         let (address, query) = match rest.split_once('?') {
@@ -39,11 +45,19 @@ impl FromStr for Locator {
             None => (rest, None),
         };
         let mut options = Vec::new();
-        for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+        for pair in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|p| !p.is_empty())
+        {
             let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
             options.push((k.to_string(), v.to_string()));
         }
-        Ok(Locator { scheme: scheme.to_ascii_lowercase(), address: address.to_string(), options })
+        Ok(Locator {
+            scheme: scheme.to_ascii_lowercase(),
+            address: address.to_string(),
+            options,
+        })
     }
 }
 
@@ -54,7 +68,10 @@ impl Locator {
         if accepted.split(", ").any(|a| a == self.scheme) {
             Ok(())
         } else {
-            Err(LocatorError::Scheme { scheme: self.scheme.clone(), accepted })
+            Err(LocatorError::Scheme {
+                scheme: self.scheme.clone(),
+                accepted,
+            })
         }
     }
 
@@ -73,7 +90,10 @@ impl Locator {
     ) -> Result<(), LocatorError> {
         for (k, v) in &self.options {
             if !f(k, v)? {
-                return Err(LocatorError::UnknownOption { name: k.clone(), accepted });
+                return Err(LocatorError::UnknownOption {
+                    name: k.clone(),
+                    accepted,
+                });
             }
         }
         Ok(())
@@ -82,7 +102,10 @@ impl Locator {
 
 /// Resolves `host:port` (or `host`, meaning [`DEFAULT_PORT`]) to one address.
 pub fn resolve(addr: &str) -> Result<SocketAddr, LocatorError> {
-    let bad = |why: &str| LocatorError::Address { addr: addr.to_string(), why: why.to_string() };
+    let bad = |why: &str| LocatorError::Address {
+        addr: addr.to_string(),
+        why: why.to_string(),
+    };
     if addr.is_empty() {
         return Err(bad("empty address"));
     }
@@ -91,7 +114,8 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, LocatorError> {
     }
     let with_port = if addr.parse::<std::net::Ipv6Addr>().is_ok() {
         format!("[{addr}]:{DEFAULT_PORT}")
-    } else if addr.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) && !addr.starts_with('[') {
+    } else if addr.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) && !addr.starts_with('[')
+    {
         addr.to_string()
     } else if addr.starts_with('[') && addr.ends_with(']') {
         format!("{addr}:{DEFAULT_PORT}")
@@ -101,7 +125,8 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, LocatorError> {
         addr.to_string()
     };
     if let Some((_, port)) = with_port.rsplit_once(':') {
-        port.parse::<u16>().map_err(|_| bad("the port is not a number from 0 to 65535"))?;
+        port.parse::<u16>()
+            .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
     }
     with_port
         .to_socket_addrs()
@@ -125,7 +150,10 @@ pub fn parse_bytes(name: &str, value: &str) -> Result<usize, LocatorError> {
     } else {
         (v.strip_suffix('b').unwrap_or(&v), 1)
     };
-    num.parse::<usize>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(bad)
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(bad)
 }
 
 /// Parses a duration: `0`, `200ms`, `50us`, `1s`, `2m`.
@@ -139,7 +167,9 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration, LocatorError>
     if v == "0" {
         return Ok(Duration::ZERO);
     }
-    let split = v.find(|c: char| !c.is_ascii_digit() && c != '.').ok_or_else(bad)?;
+    let split = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .ok_or_else(bad)?;
     let (num, unit) = v.split_at(split);
     let n: f64 = num.parse().map_err(|_| bad())?;
     let secs = match unit {
@@ -161,13 +191,28 @@ pub fn parse_bool(name: &str, value: &str) -> Result<bool, LocatorError> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(LocatorError::BadValue { name: name.to_string(), value: value.to_string(), expected: "true or false" }),
+        _ => Err(LocatorError::BadValue {
+            name: name.to_string(),
+            value: value.to_string(),
+            expected: "true or false",
+        }),
     }
 }
 
 /// Parses an unsigned integer that fits `T`.
-pub fn parse_uint<T: FromStr>(name: &str, value: &str, expected: &'static str) -> Result<T, LocatorError> {
-    value.trim().parse::<T>().map_err(|_| LocatorError::BadValue { name: name.to_string(), value: value.to_string(), expected })
+pub fn parse_uint<T: FromStr>(
+    name: &str,
+    value: &str,
+    expected: &'static str,
+) -> Result<T, LocatorError> {
+    value
+        .trim()
+        .parse::<T>()
+        .map_err(|_| LocatorError::BadValue {
+            name: name.to_string(),
+            value: value.to_string(),
+            expected,
+        })
 }
 
 #[cfg(test)]
@@ -176,12 +221,18 @@ mod tests {
 
     #[test]
     fn parses_scheme_address_and_options() {
-        let l: Locator = "udp://0.0.0.0:4711?qthresh=512&timeout=200ms&reliable".parse().unwrap();
+        let l: Locator = "udp://0.0.0.0:4711?qthresh=512&timeout=200ms&reliable"
+            .parse()
+            .unwrap();
         assert_eq!(l.scheme, "udp");
         assert_eq!(l.address, "0.0.0.0:4711");
         assert_eq!(
             l.options,
-            vec![("qthresh".into(), "512".into()), ("timeout".into(), "200ms".into()), ("reliable".into(), "true".into())]
+            vec![
+                ("qthresh".into(), "512".into()),
+                ("timeout".into(), "200ms".into()),
+                ("reliable".into(), "true".into())
+            ]
         );
         assert_eq!(l.socket_addr().unwrap(), "0.0.0.0:4711".parse().unwrap());
     }
@@ -190,9 +241,17 @@ mod tests {
     fn resolves_addresses() {
         assert_eq!(resolve("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
         assert_eq!(resolve("::1").unwrap(), "[::1]:4747".parse().unwrap());
-        assert_eq!(resolve("127.0.0.1").unwrap(), "127.0.0.1:4747".parse().unwrap());
+        assert_eq!(
+            resolve("127.0.0.1").unwrap(),
+            "127.0.0.1:4747".parse().unwrap()
+        );
         assert_eq!(resolve("localhost:80").unwrap().port(), 80);
-        for bad in ["", "127.0.0.1:99999", "127.0.0.1:x", "no such host.invalid:1"] {
+        for bad in [
+            "",
+            "127.0.0.1:99999",
+            "127.0.0.1:x",
+            "no such host.invalid:1",
+        ] {
             let e = resolve(bad).unwrap_err();
             assert!(matches!(e, LocatorError::Address { .. }), "{bad}: {e}");
         }
@@ -206,10 +265,16 @@ mod tests {
         let e = l.expect_scheme("udp").unwrap_err().to_string();
         assert!(e.contains("ftp") && e.contains("accepted: udp"), "{e}");
         let l: Locator = "udp://x?color=red".parse().unwrap();
-        let e = l.options("qthresh, timeout", |_, _| Ok(false)).unwrap_err().to_string();
+        let e = l
+            .options("qthresh, timeout", |_, _| Ok(false))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("color") && e.contains("qthresh, timeout"), "{e}");
         let e = parse_bytes("qthresh", "lots").unwrap_err().to_string();
-        assert!(e.contains("qthresh") && e.contains("lots") && e.contains("byte count"), "{e}");
+        assert!(
+            e.contains("qthresh") && e.contains("lots") && e.contains("byte count"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -220,9 +285,18 @@ mod tests {
         assert!(parse_bytes("x", "-1").is_err());
         assert!(parse_bytes("x", "99999999999999999999k").is_err());
         assert_eq!(parse_duration("t", "0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("t", "200ms").unwrap(), Duration::from_millis(200));
-        assert_eq!(parse_duration("t", "50us").unwrap(), Duration::from_micros(50));
-        assert_eq!(parse_duration("t", "1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(
+            parse_duration("t", "200ms").unwrap(),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            parse_duration("t", "50us").unwrap(),
+            Duration::from_micros(50)
+        );
+        assert_eq!(
+            parse_duration("t", "1.5s").unwrap(),
+            Duration::from_millis(1500)
+        );
         for bad in ["", "ms", "5", "5h", "-3ms", "1e400s", "NaNs"] {
             assert!(parse_duration("t", bad).is_err(), "{bad}");
         }

@@ -24,7 +24,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -39,7 +39,7 @@ use skiff_proto::{wire, Batcher, BatcherConfig, Dest, Message, Verdict};
 
 use crate::error::{Error, LocatorError};
 use crate::locator::{self, Locator};
-use crate::udp::{Outgoing, RecvBatch, UdpConfig, UdpSocket};
+use crate::udp::{MulticastInterface, Outgoing, RecvBatch, UdpConfig, UdpSocket};
 
 /// Options of a `udp://` queue locator, with their defaults.
 #[derive(Debug, Clone)]
@@ -68,10 +68,14 @@ pub struct QueueConfig {
     pub udp: UdpConfig,
     /// Multicast groups to join at bind (`join`, repeatable).
     pub join: Vec<IpAddr>,
+    /// The IPv4 interface address for multicast joins and sends
+    /// (`interface`), e.g. 127.0.0.1; default: the kernel's choice.
+    pub interface: Option<std::net::Ipv4Addr>,
 }
 
-const OPTIONS: &str = "qthresh, timeout, max_datagram, endpoint, max_destinations, max_sources, max_backlog, \
-                       sndbuf, rcvbuf, gso, gro, multicast_loop, ttl, reuse, join";
+const OPTIONS: &str =
+    "qthresh, timeout, max_datagram, endpoint, max_destinations, max_sources, max_backlog, \
+                       sndbuf, rcvbuf, gso, gro, multicast_loop, ttl, reuse, join, interface";
 
 impl QueueConfig {
     /// Parses a `udp://host:port?…` locator.
@@ -89,6 +93,7 @@ impl QueueConfig {
             max_backlog: 4 << 20,
             udp: UdpConfig::default(),
             join: Vec::new(),
+            interface: None,
         };
         l.options(OPTIONS, |k, v| {
             match k {
@@ -104,8 +109,12 @@ impl QueueConfig {
                         });
                     }
                 }
-                "endpoint" => c.endpoint = locator::parse_uint(k, v, "an endpoint id from 0 to 4294967294")?,
-                "max_destinations" => c.max_destinations = locator::parse_uint(k, v, "a positive count")?,
+                "endpoint" => {
+                    c.endpoint = locator::parse_uint(k, v, "an endpoint id from 0 to 4294967294")?
+                }
+                "max_destinations" => {
+                    c.max_destinations = locator::parse_uint(k, v, "a positive count")?
+                }
                 "max_sources" => c.max_sources = locator::parse_uint(k, v, "a positive count")?,
                 "max_backlog" => c.max_backlog = locator::parse_bytes(k, v)?,
                 "sndbuf" => c.udp.send_buffer = Some(locator::parse_bytes(k, v)?),
@@ -120,11 +129,19 @@ impl QueueConfig {
                     value: v.into(),
                     expected: "a multicast group address such as 239.1.2.3 or ff02::1:5",
                 })?),
+                "interface" => {
+                    c.interface = Some(v.parse().map_err(|_| LocatorError::BadValue {
+                        name: k.into(),
+                        value: v.into(),
+                        expected: "the IPv4 address of a local interface, e.g. 127.0.0.1",
+                    })?)
+                }
                 "reliable" => {
                     return Err(LocatorError::BadValue {
                         name: k.into(),
                         value: v.into(),
-                        expected: "nothing yet: reliable queues over associations are not in this build",
+                        expected:
+                            "nothing yet: reliable queues over associations are not in this build",
                     })
                 }
                 _ => return Ok(false),
@@ -280,16 +297,7 @@ struct Inner {
     /// Set by a push while the flusher spins, so it need not take the lock.
     pushed: AtomicBool,
     shutdown: AtomicBool,
-    async_fd: OnceLock<tokio::io::unix::AsyncFd<Fd>>,
-}
-
-#[derive(Debug)]
-struct Fd(RawFd);
-
-impl AsRawFd for Fd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
+    async_fd: OnceLock<tokio::io::unix::AsyncFd<OwnedFd>>,
 }
 
 /// A batched, asynchronous datagram queue; see the module documentation.
@@ -319,11 +327,22 @@ impl Queue {
 
     /// Binds a queue with an explicit configuration.
     pub fn with_config(config: QueueConfig) -> Result<Queue, Error> {
-        let socket = UdpSocket::bind(config.bind, &config.udp).map_err(Error::io("bind UDP socket"))?;
-        for g in &config.join {
-            socket.join_multicast(*g, None).map_err(Error::io("join multicast group"))?;
+        let socket =
+            UdpSocket::bind(config.bind, &config.udp).map_err(Error::io("bind UDP socket"))?;
+        let iface = config.interface.map(MulticastInterface::Addr);
+        if let Some(i) = iface {
+            socket
+                .set_multicast_interface(i)
+                .map_err(Error::io("set multicast interface"))?;
         }
-        let local = socket.local_addr().map_err(Error::io("read local address"))?;
+        for g in &config.join {
+            socket
+                .join_multicast(*g, iface)
+                .map_err(Error::io("join multicast group"))?;
+        }
+        let local = socket
+            .local_addr()
+            .map_err(Error::io("read local address"))?;
         let source = rand::random::<u64>();
         let batcher = Batcher::new(BatcherConfig {
             qthresh: config.qthresh,
@@ -332,7 +351,11 @@ impl Queue {
             max_destinations: config.max_destinations,
             source,
         });
-        let slot = if config.udp.gro { 65_536 } else { wire::MAX_DATAGRAM + 1 };
+        let slot = if config.udp.gro {
+            65_536
+        } else {
+            wire::MAX_DATAGRAM + 1
+        };
         let inner = Arc::new(Inner {
             tx: Mutex::new(Tx {
                 batcher,
@@ -368,7 +391,10 @@ impl Queue {
             .name("skiff-flusher".into())
             .spawn(move || i.flusher())
             .map_err(Error::io("spawn flusher thread"))?;
-        Ok(Queue { inner, flusher: Some(flusher) })
+        Ok(Queue {
+            inner,
+            flusher: Some(flusher),
+        })
     }
 
     /// The bound address (with the port the OS chose for port 0).
@@ -396,15 +422,31 @@ impl Queue {
         self.push(dest, &typed_message(value)?)
     }
 
-    /// Sends everything queued now, whatever its age or size.
+    /// Hands everything queued to the kernel now, whatever its age or
+    /// size, waiting while the socket's send buffer is full. Reports the
+    /// last send error since the previous flush, if any (the messages
+    /// concerned are counted in `dropped.send_error`).
     pub fn flush(&self) -> Result<(), Error> {
         let inner = &self.inner;
-        let mut tx = inner.tx.lock();
-        tx.batcher.flush();
-        inner.collect(&mut tx);
-        inner.drain(tx, true);
+        loop {
+            let mut tx = inner.tx.lock();
+            tx.batcher.flush();
+            inner.collect(&mut tx);
+            if tx.out.is_empty() && !tx.in_flight {
+                break;
+            }
+            inner.drain(tx, true);
+            let tx = inner.tx.lock();
+            if !tx.out.is_empty() {
+                drop(tx);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
         match inner.tx.lock().last_error.take() {
-            Some(e) => Err(Error::Io { what: "send", source: io::Error::other(e) }),
+            Some(e) => Err(Error::Io {
+                what: "send",
+                source: io::Error::other(e),
+            }),
             None => Ok(()),
         }
     }
@@ -450,7 +492,10 @@ impl Queue {
         let fd = match self.inner.async_fd.get() {
             Some(fd) => fd,
             None => {
-                let fd = tokio::io::unix::AsyncFd::with_interest(Fd(self.inner.socket.as_raw_fd()), tokio::io::Interest::READABLE)
+                let fd = self
+                    .inner
+                    .socket
+                    .register_async(tokio::io::Interest::READABLE)
                     .map_err(Error::io("register socket with tokio"))?;
                 let _ = self.inner.async_fd.set(fd);
                 self.inner.async_fd.get().expect("just set")
@@ -460,7 +505,10 @@ impl Queue {
             if let Some(m) = self.try_pop() {
                 return Ok(m);
             }
-            let mut guard = fd.readable().await.map_err(Error::io("wait for datagrams"))?;
+            let mut guard = fd
+                .readable()
+                .await
+                .map_err(Error::io("wait for datagrams"))?;
             if let Some(m) = self.try_pop() {
                 return Ok(m);
             }
@@ -477,12 +525,22 @@ impl Queue {
 
     /// Joins a multicast group on this queue's socket.
     pub fn join_multicast(&self, group: IpAddr) -> Result<(), Error> {
-        self.inner.socket.join_multicast(group, None).map_err(Error::io("join multicast group"))
+        self.inner
+            .socket
+            .join_multicast(group, self.iface())
+            .map_err(Error::io("join multicast group"))
     }
 
     /// Leaves a multicast group.
     pub fn leave_multicast(&self, group: IpAddr) -> Result<(), Error> {
-        self.inner.socket.leave_multicast(group, None).map_err(Error::io("leave multicast group"))
+        self.inner
+            .socket
+            .leave_multicast(group, self.iface())
+            .map_err(Error::io("leave multicast group"))
+    }
+
+    fn iface(&self) -> Option<MulticastInterface> {
+        self.inner.config.interface.map(MulticastInterface::Addr)
     }
 
     /// Counters: sent, received, lost, dropped by reason.
@@ -505,7 +563,11 @@ impl Queue {
             sent_bytes: tx.sent_bytes,
             sent_batches: tx.sent_batches,
             send_calls: tx.send_calls,
-            dropped: Drops { backlog: tx.dropped.backlog, send_error: tx.dropped.send_error, ..rx.dropped },
+            dropped: Drops {
+                backlog: tx.dropped.backlog,
+                send_error: tx.dropped.send_error,
+                ..rx.dropped
+            },
             ..rx
         }
     }
@@ -536,7 +598,10 @@ pub fn typed_message<T: Serialize>(value: &T) -> Result<Message, Error> {
 pub fn decode_typed<T: DeserializeOwned>(msg: &Message) -> Result<T, Error> {
     let tag = type_tag::<T>();
     if msg.kind.as_deref() != Some(tag) {
-        return Err(Error::TypeMismatch { expected: tag.to_string(), found: msg.kind.as_ref().map(|k| k.to_string()) });
+        return Err(Error::TypeMismatch {
+            expected: tag.to_string(),
+            found: msg.kind.as_ref().map(|k| k.to_string()),
+        });
     }
     postcard::from_bytes(&msg.payload).map_err(|e| Error::Codec(e.to_string()))
 }
@@ -569,7 +634,9 @@ impl Inner {
             return Ok(());
         }
         if self.natural() {
-            let busy = tx.last_send_end.is_some_and(|t| now.saturating_duration_since(t) < tx.send_cost * 2);
+            let busy = tx
+                .last_send_end
+                .is_some_and(|t| now.saturating_duration_since(t) < tx.send_cost * 2);
             if busy || tx.out_bytes > 0 {
                 self.pushed.store(true, Ordering::Relaxed);
                 if tx.flusher_parked {
@@ -581,7 +648,11 @@ impl Inner {
         } else if !tx.batcher.has_transmit() {
             // A new batch has a deadline; the flusher must know if it sleeps
             // longer than that.
-            if opened && tx.flusher_until.is_none_or(|u| u > now + self.config.timeout) {
+            if opened
+                && tx
+                    .flusher_until
+                    .is_none_or(|u| u > now + self.config.timeout)
+            {
                 self.wake.notify_one();
             }
             return Ok(());
@@ -621,7 +692,7 @@ impl Inner {
     /// Sends the send queue, releasing the lock during system calls. Only one
     /// thread sends at a time. With `wait`, waits for another sender to
     /// finish rather than leaving the work to it.
-    fn drain(&self, mut tx: parking_lot::MutexGuard<'_, Tx>, wait: bool) {
+    fn drain<'a>(&'a self, mut tx: parking_lot::MutexGuard<'a, Tx>, wait: bool) {
         if tx.in_flight {
             if !wait {
                 return;
@@ -644,11 +715,19 @@ impl Inner {
             while sent < batch.len() {
                 let out: Vec<Outgoing<'_>> = batch[sent..]
                     .iter()
-                    .map(|p| Outgoing { dest: p.dest, data: &p.buf, segment_size: p.segment_size })
+                    .map(|p| Outgoing {
+                        dest: p.dest,
+                        data: &p.buf,
+                        segment_size: p.segment_size,
+                    })
                     .collect();
                 calls += 1;
                 match self.socket.send(&out) {
-                    Ok(k) => sent += k.max(1).min(out.len()),
+                    Ok(0) => {
+                        result = Err(io::ErrorKind::WouldBlock.into());
+                        break;
+                    }
+                    Ok(k) => sent += k.min(out.len()),
                     Err(e) => {
                         result = Err(e);
                         break;
@@ -742,7 +821,10 @@ impl Inner {
                     std::hint::spin_loop();
                 }
                 tx = self.tx.lock();
-                if tx.batcher.queued() > 0 || !tx.out.is_empty() || self.shutdown.load(Ordering::Acquire) {
+                if tx.batcher.queued() > 0
+                    || !tx.out.is_empty()
+                    || self.shutdown.load(Ordering::Acquire)
+                {
                     continue;
                 }
                 tx.flusher_parked = true;
@@ -784,7 +866,11 @@ impl Inner {
         }
         let rx = &mut *rx;
         let n = (rx.ready.len() - rx.next).min(max);
-        out.extend(rx.ready[rx.next..rx.next + n].iter_mut().map(std::mem::take));
+        out.extend(
+            rx.ready[rx.next..rx.next + n]
+                .iter_mut()
+                .map(std::mem::take),
+        );
         rx.next += n;
         n
     }
@@ -793,7 +879,13 @@ impl Inner {
     fn fill(&self, rx: &mut Rx) {
         rx.ready.clear();
         rx.next = 0;
-        let Rx { batch, ready, loss, stats, .. } = rx;
+        let Rx {
+            batch,
+            ready,
+            loss,
+            stats,
+            ..
+        } = rx;
         if self.socket.recv(batch).is_err() {
             return;
         }
@@ -802,16 +894,8 @@ impl Inner {
                 stats.dropped.truncated += 1;
                 continue;
             }
-            match d.segment_size {
-                Some(seg) if seg > 0 && d.data.len() > seg => {
-                    let mut at = 0;
-                    while at < d.data.len() {
-                        let end = (at + seg).min(d.data.len());
-                        accept(&self.config, d.from, d.data.slice(at..end), ready, loss, stats);
-                        at = end;
-                    }
-                }
-                _ => accept(&self.config, d.from, d.data, ready, loss, stats),
+            for data in d.datagrams() {
+                accept(&self.config, d.from, data, ready, loss, stats);
             }
         }
     }
@@ -819,7 +903,14 @@ impl Inner {
 
 /// Decodes one datagram into `ready`, keeping only messages the loss
 /// detector admits; counts everything else.
-fn accept(config: &QueueConfig, from: SocketAddr, data: Bytes, ready: &mut Vec<Message>, loss: &mut LossDetector, stats: &mut QueueStats) {
+fn accept(
+    config: &QueueConfig,
+    from: SocketAddr,
+    data: Bytes,
+    ready: &mut Vec<Message>,
+    loss: &mut LossDetector,
+    stats: &mut QueueStats,
+) {
     let start = ready.len();
     let header = match wire::decode_into(&data, ready) {
         Ok(h) => h,

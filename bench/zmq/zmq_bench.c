@@ -1,0 +1,172 @@
+/*
+ * zmq_bench: the ZeroMQ baseline of `skiff bench queue`.
+ *
+ * PUSH/PULL over TCP on 127.0.0.1 with libzmq from Debian. A sender thread
+ * PUSHes MESSAGES messages of SIZE bytes (or as many as fit in
+ * DURATION_SECS), then one empty message as an end marker; the main thread
+ * PULLs them. The clock starts when the sender starts sending and stops at
+ * the last data message received, the same rule skiff's own rows use.
+ *
+ * Prints one JSON line in the `skiff bench` row schema:
+ *   {"test":"zmq","mode":"push-pull-tcp","size":..,"messages":..,
+ *    "msgs_per_s":..,"mb_per_s":..,"p50_us":null,"p99_us":null,
+ *    "lost":0,"cpu_pct":..,"elapsed_s":..,"options":"..."}
+ *
+ * usage: zmq_bench SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS]]]
+ *   IO_THREADS  libzmq I/O threads per context (default 1)
+ *   CONTEXTS    1: both sockets share one context (default);
+ *               2: one context each, as two processes would have
+ *
+ * Build: bench/zmq/build.sh (installs libzmq3-dev and gcc if missing).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <zmq.h>
+
+struct sender_args {
+    void *ctx;
+    char endpoint[256];
+    size_t size;
+    uint64_t messages;
+    double duration;
+    uint64_t sent;
+    struct timespec start;
+    int error;
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static double ts_s(struct timespec t) { return (double)t.tv_sec + (double)t.tv_nsec / 1e9; }
+
+static double cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "zmq_bench: %s: %s\n", what, zmq_strerror(zmq_errno()));
+    exit(1);
+}
+
+static void *sender(void *p) {
+    struct sender_args *a = p;
+    void *push = zmq_socket(a->ctx, ZMQ_PUSH);
+    if (!push || zmq_connect(push, a->endpoint) != 0) {
+        a->error = zmq_errno();
+        return NULL;
+    }
+    char *buf = malloc(a->size ? a->size : 1);
+    memset(buf, 0xA5, a->size);
+    clock_gettime(CLOCK_MONOTONIC, &a->start);
+    double deadline = ts_s(a->start) + a->duration;
+    uint64_t n = 0;
+    while (n < a->messages) {
+        if (zmq_send(push, buf, a->size, 0) < 0) {
+            if (zmq_errno() == EINTR) continue;
+            a->error = zmq_errno();
+            break;
+        }
+        n++;
+        if ((n & 1023) == 0 && now_s() >= deadline) break;
+    }
+    a->sent = n;
+    /* The end marker: an empty message. */
+    while (zmq_send(push, "", 0, 0) < 0 && zmq_errno() == EINTR) {
+    }
+    free(buf);
+    zmq_close(push); /* default linger: delivers what is queued */
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS]]]\n", argv[0]);
+        return 2;
+    }
+    size_t size = strtoull(argv[1], NULL, 10);
+    uint64_t messages = strtoull(argv[2], NULL, 10);
+    double duration = argc > 3 ? atof(argv[3]) : 1e9;
+    int io_threads = argc > 4 ? atoi(argv[4]) : 1;
+    int contexts = argc > 5 ? atoi(argv[5]) : 1;
+    if (size == 0 || messages == 0 || duration <= 0 || io_threads < 1 || contexts < 1 || contexts > 2) {
+        fprintf(stderr, "zmq_bench: SIZE and MESSAGES must be positive, CONTEXTS 1 or 2\n");
+        return 2;
+    }
+
+    void *rctx = zmq_ctx_new();
+    zmq_ctx_set(rctx, ZMQ_IO_THREADS, io_threads);
+    void *sctx = rctx;
+    if (contexts == 2) {
+        sctx = zmq_ctx_new();
+        zmq_ctx_set(sctx, ZMQ_IO_THREADS, io_threads);
+    }
+    void *pull = zmq_socket(rctx, ZMQ_PULL);
+    if (!pull) die("zmq_socket");
+    if (zmq_bind(pull, "tcp://127.0.0.1:*") != 0) die("zmq_bind");
+    int hwm = 0;
+    size_t hwm_len = sizeof hwm;
+    zmq_getsockopt(pull, ZMQ_RCVHWM, &hwm, &hwm_len);
+
+    struct sender_args a;
+    memset(&a, 0, sizeof a);
+    a.ctx = sctx;
+    a.size = size;
+    a.messages = messages;
+    a.duration = duration;
+    size_t ep_len = sizeof a.endpoint;
+    if (zmq_getsockopt(pull, ZMQ_LAST_ENDPOINT, a.endpoint, &ep_len) != 0) die("ZMQ_LAST_ENDPOINT");
+
+    char *buf = malloc(size + 1);
+    double cpu0 = cpu_s(), wall0 = now_s();
+    pthread_t t;
+    if (pthread_create(&t, NULL, sender, &a) != 0) {
+        perror("pthread_create");
+        return 1;
+    }
+    uint64_t received = 0;
+    struct timespec last = {0, 0};
+    for (;;) {
+        int n = zmq_recv(pull, buf, size + 1, 0);
+        if (n < 0) {
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_recv");
+        }
+        if (n == 0) break;
+        received++;
+        clock_gettime(CLOCK_MONOTONIC, &last); /* vDSO: tens of ns */
+    }
+    pthread_join(t, NULL);
+    double cpu_pct = (cpu_s() - cpu0) / (now_s() - wall0) * 100.0;
+    if (a.error) {
+        fprintf(stderr, "zmq_bench: sender: %s\n", zmq_strerror(a.error));
+        return 1;
+    }
+    double elapsed = ts_s(last) - ts_s(a.start);
+    if (elapsed <= 0) elapsed = 1e-9;
+    double rate = (double)received / elapsed;
+    printf("{\"test\":\"zmq\",\"mode\":\"push-pull-tcp\",\"size\":%zu,\"messages\":%llu,"
+           "\"msgs_per_s\":%.1f,\"mb_per_s\":%.3f,\"p50_us\":null,\"p99_us\":null,"
+           "\"lost\":%llu,\"cpu_pct\":%.1f,\"elapsed_s\":%.6f,"
+           "\"options\":\"tcp://127.0.0.1 hwm=%d io_threads=%d contexts=%d libzmq %d.%d.%d\"}\n",
+           size, (unsigned long long)a.sent, rate, rate * (double)size / 1e6, (unsigned long long)(a.sent - received),
+           cpu_pct, elapsed, hwm, io_threads, contexts, ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR,
+           ZMQ_VERSION_PATCH);
+    free(buf);
+    zmq_close(pull);
+    if (sctx != rctx) zmq_ctx_term(sctx);
+    zmq_ctx_term(rctx);
+    return 0;
+}

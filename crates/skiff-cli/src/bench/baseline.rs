@@ -1,0 +1,232 @@
+//! The floors every skiff figure is compared with, measured in the same run
+//! with plain sockets and nothing of skiff's:
+//!
+//! - `udp` / `datagram-per-msg`: a sender thread sends each message as its
+//!   own datagram (one `send` per message) to a receiver thread on
+//!   127.0.0.1 that reads one datagram per `recv`. Loopback never blocks
+//!   the sender, so what the receiver cannot keep up with is lost in the
+//!   kernel and reported as `lost`.
+//! - `udp-pingpong` / `blocking`: one datagram each way between two threads
+//!   blocked in `recv`; the round trip is the latency floor of any
+//!   datagram protocol on this machine.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::report::{CpuMeter, Row};
+use super::{round_trips, Limits, QUIET};
+
+/// A UDP socket bound to 127.0.0.1 on a free port with both socket
+/// buffers asked to be `sockbuf` bytes (the kernel caps this at
+/// `net.core.rmem_max`/`wmem_max`).
+fn socket(sockbuf: usize) -> io::Result<UdpSocket> {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_recv_buffer_size(sockbuf)?;
+    s.set_send_buffer_size(sockbuf)?;
+    s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+    Ok(s.into())
+}
+
+/// Throughput of one datagram per message: `limits.messages` datagrams of
+/// `size` bytes, or as many as fit in `limits.duration`.
+pub(crate) fn udp_throughput(
+    size: usize,
+    limits: Limits,
+    sockbuf: usize,
+    pb: &ProgressBar,
+) -> io::Result<Row> {
+    let rx = socket(sockbuf)?;
+    let tx = socket(sockbuf)?;
+    tx.connect(rx.local_addr()?)?;
+    rx.set_read_timeout(Some(Duration::from_millis(20)))?;
+
+    let sent = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(2));
+    let cpu = CpuMeter::start();
+
+    let sender = {
+        let (sent, done, barrier) = (sent.clone(), done.clone(), barrier.clone());
+        thread::spawn(move || -> io::Result<()> {
+            let buf = vec![0xA5u8; size];
+            barrier.wait();
+            let start = Instant::now();
+            let mut n = 0u64;
+            while n < limits.messages {
+                // One system call per message is the point of this floor;
+                // a full buffer (ENOBUFS) loses the message like the wire.
+                match tx.send(&buf) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                    Err(e) => return Err(e),
+                }
+                n += 1;
+                if n.is_multiple_of(1024) {
+                    sent.store(n, Ordering::Release);
+                    if start.elapsed() >= limits.duration {
+                        break;
+                    }
+                }
+            }
+            sent.store(n, Ordering::Release);
+            done.store(true, Ordering::Release);
+            Ok(())
+        })
+    };
+
+    let mut buf = vec![0u8; 65536];
+    barrier.wait();
+    let start = Instant::now();
+    let mut last = start;
+    let mut received = 0u64;
+    let mut shown = 0u64;
+    loop {
+        match rx.recv(&mut buf) {
+            Ok(_) => {
+                received += 1;
+                last = Instant::now();
+                if received - shown >= 4096 {
+                    pb.inc(received - shown);
+                    shown = received;
+                }
+                continue;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        // The socket was empty for a read timeout.
+        if done.load(Ordering::Acquire)
+            && (received >= sent.load(Ordering::Acquire) || last.elapsed() >= QUIET)
+        {
+            break;
+        }
+    }
+    let end = if received > 0 {
+        last.max(start)
+    } else {
+        Instant::now()
+    };
+    sender
+        .join()
+        .map_err(|_| io::Error::other("udp sender thread panicked"))??;
+    pb.inc(received - shown);
+    let messages = sent.load(Ordering::Acquire);
+
+    let mut row = Row::new("udp", "datagram-per-msg", size);
+    row.messages = messages;
+    row.set_throughput(received, end - start);
+    row.batches = Some(messages);
+    row.lost = Some(messages.saturating_sub(received));
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(format!(
+        "127.0.0.1 send()/recv() per message, rcvbuf={sockbuf}"
+    ));
+    Ok(row)
+}
+
+/// Round trips of one `size`-byte datagram each way between two threads.
+pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io::Result<Row> {
+    let a = socket(1 << 20)?;
+    let b = socket(1 << 20)?;
+    a.connect(b.local_addr()?)?;
+    b.connect(a.local_addr()?)?;
+    b.set_read_timeout(Some(Duration::from_millis(50)))?;
+    a.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        thread::spawn(move || -> io::Result<()> {
+            let mut buf = vec![0u8; 65536];
+            while !stop.load(Ordering::Relaxed) {
+                match b.recv(&mut buf) {
+                    Ok(n) => {
+                        b.send(&buf[..n])?;
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock
+                                | io::ErrorKind::TimedOut
+                                | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+    };
+    let ping = vec![0x5Au8; size];
+    let mut buf = vec![0u8; 65536];
+    let cpu = CpuMeter::start();
+    let result = round_trips(limits, pb, || {
+        a.send(&ping)?;
+        loop {
+            match a.recv(&mut buf) {
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join()
+        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
+    let (hist, lost) = result?;
+    let mut row = Row::new("udp-pingpong", "blocking", size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some("127.0.0.1 one datagram each way, blocking recv".into());
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_throughput_counts_every_message() {
+        let limits = Limits {
+            messages: 2000,
+            duration: Duration::from_secs(5),
+        };
+        let row = udp_throughput(64, limits, 1 << 20, &ProgressBar::hidden()).unwrap();
+        assert_eq!(row.messages, 2000);
+        let received = (row.msgs_per_s.unwrap() * row.elapsed_s.unwrap()).round() as u64;
+        assert_eq!(received + row.lost.unwrap(), 2000);
+        assert!(row.mb_per_s.is_some() && row.p50_us.is_none());
+    }
+
+    #[test]
+    fn udp_pingpong_times_round_trips() {
+        let limits = Limits {
+            messages: 200,
+            duration: Duration::from_secs(5),
+        };
+        let row = udp_pingpong(8, limits, &ProgressBar::hidden()).unwrap();
+        assert_eq!(row.messages + row.lost.unwrap(), 200);
+        assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
+        assert!(row.msgs_per_s.is_none());
+    }
+}

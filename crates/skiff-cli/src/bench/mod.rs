@@ -1,0 +1,202 @@
+//! `skiff bench`: end-to-end benchmarks, each run side by side with its
+//! baselines in one process and one run, so every figure has its floor
+//! measured under the same conditions.
+//!
+//! Every subcommand prints the same rows ([`report::Row`]): an aligned
+//! table by default, one JSON object per line with `--json`, and with
+//! `--plot FILE.svg` a chart of msgs/s and MB/s against message size. A
+//! progress bar runs on stderr while a test runs, when stderr is a
+//! terminal and `--json` is off.
+//!
+//! - `queue`: the batched datagram queue (CMQ) against one UDP datagram per
+//!   message, ZeroMQ PUSH/PULL over TCP and ping-pong latency floors.
+
+use std::error::Error;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+
+mod baseline;
+mod plot;
+mod queue;
+mod report;
+
+use report::{Histogram, Reporter};
+
+/// `skiff bench …`
+#[derive(clap::Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Which benchmark to run.
+    #[command(subcommand)]
+    pub(crate) command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum BenchCommand {
+    /// The batched datagram queue against plain UDP, ZeroMQ and ping-pong
+    /// latency floors, at several message sizes.
+    Queue(queue::QueueArgs),
+}
+
+/// Output options every benchmark takes.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct OutputArgs {
+    /// Print one JSON object per row and line instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also draw msgs/s and MB/s against message size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+    /// Also write the rows as a Markdown table into this file (for
+    /// bench/RESULTS.md).
+    #[arg(long, value_name = "FILE.md")]
+    pub(crate) markdown: Option<PathBuf>,
+}
+
+/// Runs `skiff bench …`.
+pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
+    let (output, title) = match &args.command {
+        BenchCommand::Queue(a) => (a.output.clone(), "skiff bench queue"),
+    };
+    let mut reporter = Reporter::new(output.json);
+    let result = match &args.command {
+        BenchCommand::Queue(a) => queue::run(a, &mut reporter),
+    };
+    let notes = match &args.command {
+        BenchCommand::Queue(_) => queue::targets(reporter.rows()),
+    };
+    // Whatever was measured before a failure is still shown.
+    reporter.finish(&notes)?;
+    if let Some(path) = &output.plot {
+        std::fs::write(path, plot::svg(reporter.rows(), title))
+            .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if let Some(path) = &output.markdown {
+        std::fs::write(path, report::markdown(reporter.rows(), &notes))
+            .map_err(|e| format!("cannot write the table to {}: {e}", path.display()))?;
+        eprintln!("markdown table written to {}", path.display());
+    }
+    result
+}
+
+/// When a test stops: after `messages` messages (or round trips) or after
+/// `duration`, whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Most messages sent, or round trips timed.
+    pub(crate) messages: u64,
+    /// Longest time spent sending, or timing round trips.
+    pub(crate) duration: Duration,
+}
+
+/// How long a receiver waits with nothing arriving, after its sender has
+/// finished, before it takes the rest as lost.
+pub(crate) const QUIET: Duration = Duration::from_millis(300);
+
+/// Round trips before timing starts (or until a tenth of the duration has
+/// passed): they fill caches, fault in buffers and wake the CPUs.
+const WARMUP: u64 = 1000;
+
+/// Times round trips: calls `round_trip` (which sends one message and waits
+/// for its answer, returning `false` if the answer timed out) first to warm
+/// up, then within `limits`. Returns the histogram of answered round trips
+/// in nanoseconds and the number that timed out.
+pub(crate) fn round_trips<E>(
+    limits: Limits,
+    pb: &ProgressBar,
+    mut round_trip: impl FnMut() -> Result<bool, E>,
+) -> Result<(Histogram, u64), E> {
+    let start = Instant::now();
+    for _ in 0..WARMUP.min(limits.messages) {
+        if start.elapsed() >= limits.duration / 10 {
+            break;
+        }
+        round_trip()?;
+    }
+    let mut hist = report::histogram();
+    let mut lost = 0u64;
+    let start = Instant::now();
+    while hist.len() + lost < limits.messages && start.elapsed() < limits.duration {
+        let t = Instant::now();
+        if round_trip()? {
+            report::record(&mut hist, t.elapsed());
+        } else {
+            lost += 1;
+        }
+        pb.inc(1);
+    }
+    Ok((hist, lost))
+}
+
+/// Parses a message size: `512`, `4k`/`4K`/`4KiB` (×1024), `1m` (×2^20).
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let v = s.trim().to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = v.strip_suffix("kib").or_else(|| v.strip_suffix('k')) {
+        (n, 1usize << 10)
+    } else if let Some(n) = v.strip_suffix("mib").or_else(|| v.strip_suffix('m')) {
+        (n, 1 << 20)
+    } else {
+        (v.strip_suffix('b').unwrap_or(&v), 1)
+    };
+    match num.parse::<usize>().ok().and_then(|n| n.checked_mul(mult)) {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a message size: expected a positive byte count such as 8, 512, 4k or 16k"
+        )),
+    }
+}
+
+/// Parses a duration in seconds (fractions allowed).
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            format!(
+                "`{s}` is not a duration: expected a positive number of seconds such as 3 or 0.5"
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("16KiB"), Ok(16384));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("0").unwrap_err().contains("positive byte count"));
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_secs("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_secs("-1").is_err());
+        assert!(parse_secs("abc").unwrap_err().contains("seconds"));
+    }
+
+    #[test]
+    fn round_trips_stop_at_the_count_and_count_timeouts() {
+        let limits = Limits {
+            messages: 10,
+            duration: Duration::from_secs(10),
+        };
+        let mut n = 0;
+        let (hist, lost) = round_trips::<()>(limits, &ProgressBar::hidden(), || {
+            n += 1;
+            Ok(n % 5 != 0)
+        })
+        .unwrap();
+        assert_eq!(hist.len() + lost, 10);
+        assert!(lost >= 1);
+    }
+}

@@ -1,0 +1,581 @@
+//! `skiff bench queue`: the batched datagram queue against its floors, in
+//! one run.
+//!
+//! Throughput rows, at every size in `--sizes` (interleaved by size, so the
+//! rows compared at one size ran close together in time):
+//! - `queue` in each `--modes` mode: a sender thread pushes `--messages`
+//!   messages (or as many as fit in `--duration-secs`) and flushes; the
+//!   receiver pops until it has them all or nothing arrives for a quiet
+//!   period. msgs/s is messages received over the time from the start to
+//!   the last one received; what never arrived is `lost`, what the queues
+//!   dropped and counted (kernel buffer overflow, full send backlog) is
+//!   `dropped`.
+//! - `udp`: one datagram per message ([`super::baseline`]).
+//! - `zmq`: ZeroMQ PUSH/PULL over TCP, run as a child process
+//!   (`bench/zmq/build.sh` builds it).
+//!
+//! Latency rows, at every size in `--latency-sizes`: `queue-pingpong` in
+//! each mode (one message each way, no `flush`: with natural batching a
+//! lone message leaves at once; with `timeout=200ms` it waits for the
+//! timeout on both sides, which is what the row is there to show) and
+//! `udp-pingpong`, the floor.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use indicatif::ProgressBar;
+use skiff::{Message, Queue};
+
+use super::report::{self, CpuMeter, Reporter, Row};
+use super::{baseline, parse_secs, parse_size, round_trips, Limits, OutputArgs, QUIET};
+
+/// The tests `skiff bench queue` can run.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Test {
+    /// skiff queue throughput, in each mode.
+    Queue,
+    /// One UDP datagram per message.
+    Udp,
+    /// ZeroMQ PUSH/PULL over TCP.
+    Zmq,
+    /// skiff queue ping-pong latency, in each mode.
+    QueuePingpong,
+    /// Plain UDP ping-pong latency.
+    UdpPingpong,
+}
+
+/// `skiff bench queue`
+#[derive(clap::Args, Debug)]
+pub(crate) struct QueueArgs {
+    /// Message sizes of the throughput tests, in bytes (`4k` = 4096).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8,64,512,4096,16384")]
+    pub(crate) sizes: Vec<usize>,
+    /// Messages per throughput test.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub(crate) messages: u64,
+    /// Longest time a throughput test sends, or a ping-pong test times
+    /// round trips, in seconds; whichever of this and the count comes first
+    /// ends the test.
+    #[arg(long, value_parser = parse_secs, default_value = "3")]
+    pub(crate) duration_secs: Duration,
+    /// Round trips per ping-pong test (after 1000 of warm-up).
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) round_trips: u64,
+    /// Message sizes of the ping-pong tests.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8")]
+    pub(crate) latency_sizes: Vec<usize>,
+    /// Queue batching modes: `natural` (timeout=0), `paper`
+    /// (qthresh=512&timeout=200ms, CMQ's setting), `max` (qthresh at the
+    /// datagram size, timeout=1ms), or any locator options joined by `&`.
+    #[arg(long, value_delimiter = ',', default_value = "natural,paper")]
+    pub(crate) modes: Vec<String>,
+    /// Tests to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "queue,udp,zmq,queue-pingpong,udp-pingpong"
+    )]
+    pub(crate) tests: Vec<Test>,
+    /// The ZeroMQ peer (bench/zmq/build.sh builds it); by default
+    /// target/zmq_bench is looked for beside this binary and under the
+    /// current directory, and the zmq rows are skipped with a note if it is
+    /// not found.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) zmq: Option<PathBuf>,
+    /// Socket send and receive buffer sizes for the queue and UDP tests
+    /// (the kernel caps them at net.core.rmem_max/wmem_max).
+    #[arg(long, value_parser = parse_size, default_value = "4m")]
+    pub(crate) sockbuf: usize,
+    /// Largest datagram the queue builds: a byte count, or `auto` (65507,
+    /// the most loopback carries).
+    #[arg(long, default_value = "auto")]
+    pub(crate) max_datagram: String,
+    /// Output format.
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+/// A named batching mode and the locator options it stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mode {
+    name: String,
+    options: String,
+}
+
+fn mode(s: &str) -> Result<Mode, String> {
+    let options = match s {
+        "natural" => "timeout=0",
+        "paper" => "qthresh=512&timeout=200ms",
+        "max" => "timeout=1ms",
+        o if o.contains('=') => o,
+        o => {
+            return Err(format!(
+                "unknown queue mode `{o}`: expected natural, paper, max, or locator options such as qthresh=8k&timeout=1ms"
+            ))
+        }
+    };
+    Ok(Mode {
+        name: s.to_string(),
+        options: options.to_string(),
+    })
+}
+
+/// The locator of a benchmark queue for messages of `size` bytes: the
+/// mode's options plus the datagram limit and socket buffers unless the
+/// mode sets them.
+fn locator(mode: &Mode, max_datagram: usize, sockbuf: usize) -> String {
+    let mut opts = mode.options.clone();
+    let has = |k: &str| {
+        mode.options
+            .split('&')
+            .any(|kv| kv.split('=').next() == Some(k))
+    };
+    if !has("max_datagram") {
+        opts.push_str(&format!("&max_datagram={max_datagram}"));
+    }
+    if !has("rcvbuf") {
+        opts.push_str(&format!("&rcvbuf={sockbuf}"));
+    }
+    if !has("sndbuf") {
+        opts.push_str(&format!("&sndbuf={sockbuf}"));
+    }
+    format!("udp://127.0.0.1:0?{opts}")
+}
+
+/// Runs the tests asked for.
+pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
+    let modes = args
+        .modes
+        .iter()
+        .map(|m| mode(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let max_datagram = match args.max_datagram.as_str() {
+        "auto" => 65507,
+        s => parse_size(s)?,
+    };
+    let wants = |t: Test| args.tests.contains(&t);
+    let zmq = if wants(Test::Zmq) {
+        zmq_path(args.zmq.as_deref())?
+    } else {
+        None
+    };
+    let show = out.progress_enabled();
+    let limits = Limits {
+        messages: args.messages,
+        duration: args.duration_secs,
+    };
+    for &size in &args.sizes {
+        if wants(Test::Queue) {
+            for m in &modes {
+                let loc = locator(m, max_datagram, args.sockbuf);
+                let pb =
+                    report::progress(show, limits.messages, &format!("queue {} {size} B", m.name));
+                let row = queue_throughput(size, &m.name, &loc, limits, &pb);
+                pb.finish_and_clear();
+                out.push(row?)?;
+            }
+        }
+        if wants(Test::Udp) {
+            let pb = report::progress(show, limits.messages, &format!("udp {size} B"));
+            let row = baseline::udp_throughput(size, limits, args.sockbuf, &pb);
+            pb.finish_and_clear();
+            out.push(row?)?;
+        }
+        if let Some(path) = &zmq {
+            let pb = report::spinner(show, &format!("zmq {size} B"));
+            let rows = zmq_throughput(path, size, limits);
+            pb.finish_and_clear();
+            for row in rows? {
+                out.push(row)?;
+            }
+        }
+    }
+    let limits = Limits {
+        messages: args.round_trips,
+        duration: args.duration_secs,
+    };
+    for &size in &args.latency_sizes {
+        if wants(Test::QueuePingpong) {
+            for m in &modes {
+                let loc = locator(m, max_datagram, args.sockbuf);
+                let pb = report::progress(
+                    show,
+                    limits.messages,
+                    &format!("queue-pingpong {} {size} B", m.name),
+                );
+                let row = queue_pingpong(size, &m.name, &loc, limits, &pb);
+                pb.finish_and_clear();
+                out.push(row?)?;
+            }
+        }
+        if wants(Test::UdpPingpong) {
+            let pb = report::progress(show, limits.messages, &format!("udp-pingpong {size} B"));
+            let row = baseline::udp_pingpong(size, limits, &pb);
+            pb.finish_and_clear();
+            out.push(row?)?;
+        }
+    }
+    Ok(())
+}
+
+/// The targets checked against `rows`, one line each (nothing for
+/// a target whose rows were not measured): at 8 B the queue moves at least
+/// 10 million messages/s and at least twice ZeroMQ's rate; the
+/// natural-batching ping-pong median is within 1.25x of plain UDP's.
+pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    let mut out = Vec::new();
+    let best = rows
+        .iter()
+        .filter(|r| r.test == "queue" && r.size == 8)
+        .filter_map(|r| Some((r, r.msgs_per_s?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((q, rate)) = best {
+        out.push(format!(
+            "target: queue at 8 B >= 10 M msgs/s: {} msgs/s ({}): {}",
+            report::si(rate),
+            q.mode,
+            verdict(rate >= 10e6)
+        ));
+        let zmq = rows
+            .iter()
+            .find(|r| r.test == "zmq" && r.size == 8)
+            .and_then(|r| r.msgs_per_s);
+        if let Some(z) = zmq.filter(|z| *z > 0.0) {
+            out.push(format!(
+                "target: queue at 8 B >= 2x zmq: {:.2}x ({} vs {} msgs/s): {}",
+                rate / z,
+                report::si(rate),
+                report::si(z),
+                verdict(rate >= 2.0 * z)
+            ));
+        }
+    }
+    for q in rows
+        .iter()
+        .filter(|r| r.test == "queue-pingpong" && r.mode == "natural")
+    {
+        let floor = rows
+            .iter()
+            .find(|r| r.test == "udp-pingpong" && r.size == q.size);
+        if let (Some(p), Some(f)) = (q.p50_us, floor.and_then(|f| f.p50_us)) {
+            out.push(format!(
+                "target: queue-pingpong natural p50 <= 1.25x udp-pingpong p50 at {} B: {:.2}x ({:.1} vs {:.1} µs): {}",
+                q.size,
+                p / f,
+                p,
+                f,
+                verdict(p <= 1.25 * f)
+            ));
+        }
+    }
+    out
+}
+
+/// Throughput of the skiff queue: see the module documentation.
+fn queue_throughput(
+    size: usize,
+    mode: &str,
+    loc: &str,
+    limits: Limits,
+    pb: &ProgressBar,
+) -> Result<Row, Box<dyn Error>> {
+    let rx = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
+    let tx = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
+    let dest = rx.local_addr();
+    let sent = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(2));
+    let cpu = CpuMeter::start();
+
+    let sender = {
+        let (sent, done, barrier) = (sent.clone(), done.clone(), barrier.clone());
+        thread::spawn(move || -> Result<skiff::QueueStats, skiff::Error> {
+            let msg = Message::from_payload(Bytes::from(vec![0xA5u8; size]));
+            barrier.wait();
+            let start = Instant::now();
+            let mut n = 0u64;
+            let result = (|| {
+                while n < limits.messages {
+                    tx.push(dest, &msg)?;
+                    n += 1;
+                    if n.is_multiple_of(1024) {
+                        sent.store(n, Ordering::Release);
+                        if start.elapsed() >= limits.duration {
+                            break;
+                        }
+                    }
+                }
+                tx.flush()
+            })();
+            sent.store(n, Ordering::Release);
+            done.store(true, Ordering::Release);
+            result.map(|()| tx.stats())
+        })
+    };
+
+    let mut batch: Vec<Message> = Vec::with_capacity(1024);
+    barrier.wait();
+    let start = Instant::now();
+    let mut last = start;
+    let (mut received, mut shown) = (0u64, 0u64);
+    loop {
+        batch.clear();
+        let n = rx.try_pop_many(&mut batch, 1024) as u64;
+        let n = if n > 0 {
+            n
+        } else {
+            match rx.pop_blocking(Some(Duration::from_millis(20))) {
+                Some(_) => 1,
+                None => 0,
+            }
+        };
+        if n > 0 {
+            received += n;
+            last = Instant::now();
+            if received - shown >= 16384 {
+                pb.inc(received - shown);
+                shown = received;
+            }
+            continue;
+        }
+        if done.load(Ordering::Acquire)
+            && (received >= sent.load(Ordering::Acquire) || last.elapsed() >= QUIET)
+        {
+            break;
+        }
+    }
+    let tx_stats = sender
+        .join()
+        .map_err(|_| "queue sender thread panicked")??;
+    pb.inc(received - shown);
+    let rx_stats = rx.stats();
+    let messages = sent.load(Ordering::Acquire);
+
+    let mut row = Row::new("queue", mode, size);
+    row.messages = messages;
+    row.set_throughput(received, last - start);
+    row.batches = Some(tx_stats.sent_batches);
+    row.lost = Some(messages.saturating_sub(received));
+    row.dropped = Some(tx_stats.dropped.total() + rx_stats.dropped.total());
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(loc.to_string());
+    Ok(row)
+}
+
+/// Ping-pong round trips through two skiff queues: see the module
+/// documentation.
+fn queue_pingpong(
+    size: usize,
+    mode: &str,
+    loc: &str,
+    limits: Limits,
+    pb: &ProgressBar,
+) -> Result<Row, Box<dyn Error>> {
+    let a = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
+    let b = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
+    let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
+    // Long enough for a timeout-batched ping and pong, short enough that a
+    // lost one does not stall the run.
+    let wait = a.config().timeout * 2 + Duration::from_secs(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        thread::spawn(move || -> Result<(), skiff::Error> {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(m) = b.pop_blocking(Some(Duration::from_millis(50))) {
+                    b.push(a_addr, &m)?;
+                }
+            }
+            Ok(())
+        })
+    };
+    let ping = Message::from_payload(Bytes::from(vec![0x5Au8; size]));
+    let cpu = CpuMeter::start();
+    let result = round_trips(limits, pb, || -> Result<bool, skiff::Error> {
+        a.push(b_addr, &ping)?;
+        Ok(a.pop_blocking(Some(wait)).is_some())
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join().map_err(|_| "queue echo thread panicked")??;
+    let (hist, lost) = result?;
+    let mut row = Row::new("queue-pingpong", mode, size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(loc.to_string());
+    Ok(row)
+}
+
+/// The ZeroMQ peer to run: `explicit` if given (it must exist), else the
+/// first `zmq_bench` found in the usual target directories, else `None`
+/// with a note on stderr.
+fn zmq_path(explicit: Option<&Path>) -> Result<Option<PathBuf>, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(Some(p.to_path_buf()))
+        } else {
+            Err(format!(
+                "--zmq {}: no such file (bench/zmq/build.sh builds it)",
+                p.display()
+            ))
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        candidates.push(PathBuf::from(dir).join("zmq_bench"));
+    }
+    // target/release/skiff → target/zmq_bench
+    if let Some(target) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
+    {
+        candidates.push(target.join("zmq_bench"));
+    }
+    candidates.push(PathBuf::from("target/zmq_bench"));
+    match candidates.into_iter().find(|p| p.is_file()) {
+        Some(p) => Ok(Some(p)),
+        None => {
+            eprintln!("note: zmq rows skipped: target/zmq_bench not found (run bench/zmq/build.sh or pass --zmq PATH)");
+            Ok(None)
+        }
+    }
+}
+
+/// Runs the ZeroMQ peer for one size and reads its rows (one JSON line
+/// each, in the [`Row`] schema).
+fn zmq_throughput(path: &Path, size: usize, limits: Limits) -> Result<Vec<Row>, Box<dyn Error>> {
+    // Two contexts, one I/O thread each: the layout of a sender and a
+    // receiver in two processes, and the faster of the two on two cores.
+    let output = Command::new(path)
+        .args([
+            size.to_string(),
+            limits.messages.to_string(),
+            format!("{}", limits.duration.as_secs_f64()),
+            "1".into(),
+            "2".into(),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed ({}): {}",
+            path.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    let rows = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<Row>(l)
+                .map_err(|e| format!("bad row from {}: {e}: {l}", path.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if rows.is_empty() {
+        return Err(format!("{} printed no row", path.display()).into());
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_expand_to_locator_options() {
+        assert_eq!(mode("natural").unwrap().options, "timeout=0");
+        assert_eq!(mode("paper").unwrap().options, "qthresh=512&timeout=200ms");
+        assert_eq!(
+            mode("qthresh=8k&timeout=1ms").unwrap().options,
+            "qthresh=8k&timeout=1ms"
+        );
+        assert!(mode("fast").unwrap_err().contains("natural, paper, max"));
+    }
+
+    #[test]
+    fn locators_carry_limits_unless_the_mode_sets_them() {
+        let l = locator(&mode("paper").unwrap(), 65507, 1 << 22);
+        assert_eq!(
+            l,
+            "udp://127.0.0.1:0?qthresh=512&timeout=200ms&max_datagram=65507&rcvbuf=4194304&sndbuf=4194304"
+        );
+        let l = locator(
+            &mode("timeout=0&max_datagram=1472").unwrap(),
+            65507,
+            1 << 22,
+        );
+        assert!(
+            l.contains("max_datagram=1472") && !l.contains("65507"),
+            "{l}"
+        );
+        skiff::QueueConfig::from_locator(&l).unwrap();
+    }
+
+    #[test]
+    fn targets_compare_with_the_baselines_of_the_same_run() {
+        let mut q = Row::new("queue", "natural", 8);
+        q.msgs_per_s = Some(12e6);
+        let mut p = Row::new("queue", "paper", 8);
+        p.msgs_per_s = Some(3e6);
+        let mut z = Row::new("zmq", "push-pull-tcp", 8);
+        z.msgs_per_s = Some(8e6);
+        let mut qp = Row::new("queue-pingpong", "natural", 8);
+        qp.p50_us = Some(9.0);
+        let mut up = Row::new("udp-pingpong", "blocking", 8);
+        up.p50_us = Some(8.0);
+        let t = targets(&[q, p, z, qp, up]);
+        assert_eq!(t.len(), 3, "{t:?}");
+        assert!(
+            t[0].contains("12.00 M") && t[0].contains("(natural)") && t[0].ends_with(": met"),
+            "{}",
+            t[0]
+        );
+        assert!(
+            t[1].contains("1.50x") && t[1].ends_with("NOT met"),
+            "{}",
+            t[1]
+        );
+        assert!(
+            t[2].contains("1.12x") && t[2].ends_with(": met"),
+            "{}",
+            t[2]
+        );
+        assert!(targets(&[]).is_empty());
+    }
+
+    #[test]
+    fn queue_throughput_counts_every_message() {
+        let limits = Limits {
+            messages: 5000,
+            duration: Duration::from_secs(5),
+        };
+        let loc = locator(&mode("natural").unwrap(), 65507, 1 << 20);
+        let row = queue_throughput(64, "natural", &loc, limits, &ProgressBar::hidden()).unwrap();
+        assert_eq!(row.messages, 5000);
+        let received = (row.msgs_per_s.unwrap() * row.elapsed_s.unwrap()).round() as u64;
+        assert_eq!(received + row.lost.unwrap(), 5000);
+        assert!(row.batches.unwrap() >= 1);
+    }
+
+    #[test]
+    fn queue_pingpong_times_round_trips() {
+        let limits = Limits {
+            messages: 100,
+            duration: Duration::from_secs(5),
+        };
+        let loc = locator(&mode("natural").unwrap(), 65507, 1 << 20);
+        let row = queue_pingpong(8, "natural", &loc, limits, &ProgressBar::hidden()).unwrap();
+        assert_eq!(row.messages + row.lost.unwrap(), 100);
+        assert!(row.p50_us.unwrap() > 0.0);
+    }
+}

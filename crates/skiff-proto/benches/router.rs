@@ -1,0 +1,108 @@
+//! Router and cluster micro-benchmarks.
+//!
+//! - `match/N`: route one message (`orders.eu.created`, three matching
+//!   subscriptions) while N subscriptions that do not match are also held.
+//!   The cost should stay flat from N = 10 to N = 100,000.
+//! - `has_interest/N`: the same subject, the question a node asks before
+//!   forwarding.
+//! - `subject_new`: validating the subject, paid once per message.
+//! - `pick/{wrr,keyed}/M`: choosing one of M cluster members.
+//!
+//! Run: `cargo bench -p skiff-proto --bench router` (short measurement
+//! times are set below; criterion's command-line flags override them).
+
+// criterion's macros define public functions without doc comments.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use skiff_proto::router::{Clusters, Router, Subject};
+
+/// A realistic subscription that does not match `orders.eu.created`.
+fn other(i: u64) -> (String, &'static str) {
+    match i % 10 {
+        0..=4 => (format!("svc.{}.events.{}", i / 100, i % 100), "*"),
+        5 => (format!("svc.{}.*.{}", i / 100, i % 100), "ev"),
+        6 => (format!("tenant.t{i}.orders.>"), "*"),
+        7 => (format!("orders.r{i}.*"), "*"),
+        8 => (format!("*.{i}.created"), ""),
+        _ => (format!("orders.eu.created.v{i}"), "*"),
+    }
+}
+
+fn router_with(n: u64) -> Router<u64> {
+    let mut r = Router::new();
+    for i in 0..n {
+        let (p, k) = other(i);
+        r.subscribe(&p, k, i % 1000).unwrap();
+    }
+    r.subscribe("orders.eu.created", "*", 1).unwrap();
+    r.subscribe("orders.*.created", "*", 2).unwrap();
+    r.subscribe("orders.>", "*", 3).unwrap();
+    r
+}
+
+fn matching(c: &mut Criterion) {
+    let subject = Subject::new("orders.eu.created").unwrap();
+    let mut g = c.benchmark_group("match");
+    for n in [10u64, 10_000, 100_000] {
+        let r = router_with(n);
+        let mut out = Vec::with_capacity(16);
+        assert_eq!(r.matches(subject, None, &mut out), 3);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &r, |b, r| {
+            b.iter(|| {
+                out.clear();
+                r.matches(black_box(subject), black_box(None), &mut out)
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("has_interest");
+    for n in [10u64, 100_000] {
+        let r = router_with(n);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &r, |b, r| {
+            b.iter(|| r.has_interest(black_box(subject)))
+        });
+    }
+    g.finish();
+    c.bench_function("subject_new", |b| {
+        b.iter(|| Subject::new(black_box("orders.eu.created")).is_ok())
+    });
+}
+
+fn picking(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pick");
+    for m in [5u32, 100] {
+        let mut cl = Clusters::new();
+        for i in 0..m {
+            cl.join("db", i, 1 + i % 7);
+        }
+        g.bench_function(BenchmarkId::new("wrr", m), |b| {
+            b.iter(|| cl.pick(black_box("db"), None))
+        });
+        let mut k = 0u64;
+        g.bench_function(BenchmarkId::new("keyed", m), |b| {
+            b.iter(|| {
+                k += 1;
+                cl.pick(black_box("db"), Some(&k.to_le_bytes()))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = matching, picking
+}
+criterion_main!(benches);

@@ -1,0 +1,728 @@
+//! The association packet: frame kind 2 of the skiff datagram format.
+//!
+//! One packet is one self-contained datagram payload. It starts with the
+//! same four bytes as every skiff datagram (magic, version, kind), so a
+//! receiver demultiplexes on byte 3 (see [`is_association`]); then come a
+//! flags byte and the 64-bit key; then the sections whose flag is set, always
+//! in the order below.
+//!
+//! ```text
+//!  0       2     3      4       5                              13
+//! +-------+-----+------+-------+-------------------------------+
+//! | magic | ver | kind | flags |   key (u64 LE, bit 63 = RTN)  |
+//! | "SK"  |  1  |  2   |       |                               |
+//! +-------+-----+------+-------+-------------------------------+
+//!
+//! FIRST  (flags & 0x01)  set-up, sent by the initiator, RTN clear
+//! +-------------------+------------+------------------------+
+//! | service (u32 LE)  | mtu varint | max message varint     |
+//! +-------------------+------------+------------------------+
+//! ACCEPT (flags & 0x02)  the listener's answer, RTN set
+//! +-------------------------------+------------+--------------------+
+//! | listener key (u64 LE, RTN 0)  | mtu varint | max message varint |
+//! +-------------------------------+------------+--------------------+
+//! STATUS (flags & 0x04)  the receiver's window and selective acks
+//! +-------------+--------------------+------------------+-------+---------------------------+
+//! | rseq varint | alloc-rseq varint  | ack delay varint | n: u8 | n x (gap, len-1) varints  |
+//! +-------------+--------------------+------------------+-------+---------------------------+
+//!     range i covers [start, end): start = prev_end + 1 + gap, end = start + 1 + (len-1),
+//!     prev_end starts at rseq; every end <= alloc. The ack delay is in microseconds.
+//! DATA   (flags & 0x08)  one sequence number's worth of data, to the end of the packet
+//! +------------+---------+---------+-----+
+//! | seq varint | chunk 0 | chunk 1 | ... |
+//! +------------+---------+---------+-----+
+//! chunk:
+//! +--------+-------------------------------+------------+-------+
+//! | cflags | total varint (BEGIN, not END) | len varint | bytes |
+//! +--------+-------------------------------+------------+-------+
+//!     cflags: bit0 BEGIN (first piece of a message), bit1 END (last piece); others 0.
+//!     A whole message is BEGIN|END; a fragment that is not the last has len >= 1.
+//!
+//! flags: 0x01 FIRST  0x02 ACCEPT  0x04 STATUS  0x08 DATA
+//!        0x10 SREQ (please answer with a STATUS)
+//!        0x20 CLOSE (the DATA's seq is the sender's sentinel: its stream ends there)
+//!        0x40 RESET (the association is aborted)   0x80 reserved (0)
+//! ```
+//!
+//! A packet without DATA has no bytes after its last section. DATA with no
+//! chunks is allowed only with CLOSE. FIRST and ACCEPT exclude each other,
+//! FIRST carries no DATA, FIRST has RTN clear and ACCEPT has it set.
+//!
+//! The decoder is total and bounded: it returns a [`Packet`] or a
+//! [`WireError`], never panics, and allocates nothing; the data it hands out
+//! are slices of the input [`Bytes`].
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::WireError;
+use crate::varint;
+use crate::wire::{MAGIC, MAX_DATAGRAM, VERSION};
+
+/// The frame kind of association packets (byte 3 of the datagram header).
+pub const KIND: u8 = 2;
+/// Bytes before the first section: magic, version, kind, flags, key.
+pub const HEADER_LEN: usize = 13;
+/// The return bit in a key: set on packets travelling back to the host that
+/// chose the key.
+pub const RTN: u64 = 1 << 63;
+/// Most selective-ack ranges in one STATUS.
+pub const MAX_SACK: usize = 16;
+/// The smallest datagram an association works with.
+pub const MIN_MTU: usize = 128;
+/// The largest message any association accepts, whatever its configuration.
+pub const MAX_MESSAGE: u64 = 1 << 30;
+/// Longest STATUS section with no ranges (three 10-byte varints and the
+/// range count).
+pub const STATUS_MIN_LEN: usize = 31;
+/// Longest DATA section header (the sequence number).
+pub const DATA_HEADER_LEN: usize = varint::MAX_LEN;
+
+const F_FIRST: u8 = 0x01;
+const F_ACCEPT: u8 = 0x02;
+const F_STATUS: u8 = 0x04;
+const F_DATA: u8 = 0x08;
+const F_SREQ: u8 = 0x10;
+const F_CLOSE: u8 = 0x20;
+const F_RESET: u8 = 0x40;
+const F_RESERVED: u8 = 0x80;
+
+const C_BEGIN: u8 = 0x01;
+const C_END: u8 = 0x02;
+const C_RESERVED: u8 = 0xfc;
+
+/// Whether `buf` looks like an association packet: skiff's magic, this
+/// version and kind [`KIND`]. A cheap test for demultiplexing; the packet
+/// may still fail to decode.
+pub fn is_association(buf: &[u8]) -> bool {
+    buf.len() >= HEADER_LEN && buf[0..2] == MAGIC && buf[2] == VERSION && buf[3] == KIND
+}
+
+/// The key of an association packet, read without decoding the rest (for
+/// drivers that route packets to associations by key).
+pub fn peek_key(buf: &[u8]) -> Option<u64> {
+    if !is_association(buf) {
+        return None;
+    }
+    Some(u64::from_le_bytes(buf[5..13].try_into().ok()?))
+}
+
+/// The set-up section: explicit addressing, sent only by the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct First {
+    /// Which listening context the initiator wants (QMP's service
+    /// information; the listener must be configured with the same value).
+    pub service: u32,
+    /// The largest datagram the initiator accepts.
+    pub mtu: u32,
+    /// The largest message the initiator accepts.
+    pub max_message: u64,
+}
+
+/// The listener's answer to a FIRST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accept {
+    /// The listener's own key (RTN clear); the initiator sends with it, RTN
+    /// set, from now on.
+    pub key: u64,
+    /// The largest datagram the listener accepts.
+    pub mtu: u32,
+    /// The largest message the listener accepts.
+    pub max_message: u64,
+}
+
+/// Selective-ack ranges: up to [`MAX_SACK`] half-open `[start, end)`
+/// ranges, ascending and separated by at least one missing number.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sack {
+    len: u8,
+    ranges: [(u64, u64); MAX_SACK],
+}
+
+impl std::fmt::Debug for Sack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.ranges()).finish()
+    }
+}
+
+impl Sack {
+    /// Appends a range; returns false (and changes nothing) when full.
+    pub fn push(&mut self, start: u64, end: u64) -> bool {
+        if usize::from(self.len) == MAX_SACK {
+            return false;
+        }
+        self.ranges[usize::from(self.len)] = (start, end);
+        self.len += 1;
+        true
+    }
+
+    /// The ranges, lowest first.
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges[..usize::from(self.len)]
+    }
+
+    /// Whether there are no ranges.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops ranges beyond the first `n`.
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n as u8);
+    }
+}
+
+/// A receiver's status: QMP's `rseq` (one past the last packet received in
+/// order) and `alloc` (the sequence number not to be reached), plus
+/// selective acks of what arrived above `rseq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Status {
+    /// Every sequence number below this has been received.
+    pub rseq: u64,
+    /// The sender may send sequence numbers below this.
+    pub alloc: u64,
+    /// Microseconds between the arrival of the highest acknowledged packet
+    /// and this status, for the sender's RTT estimate.
+    pub ack_delay_us: u64,
+    /// Packets received above `rseq`.
+    pub sack: Sack,
+}
+
+impl Status {
+    /// The highest sequence number this status acknowledges, if any.
+    pub fn largest(&self) -> Option<u64> {
+        match self.sack.ranges().last() {
+            Some(&(_, end)) => Some(end - 1),
+            None => self.rseq.checked_sub(1),
+        }
+    }
+}
+
+/// One piece of a message in a DATA section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// The first piece of its message.
+    pub begin: bool,
+    /// The last piece of its message.
+    pub end: bool,
+    /// The whole message's length; only for a first piece that is not also
+    /// the last (zero otherwise).
+    pub total: u64,
+    /// The piece's bytes.
+    pub bytes: Bytes,
+}
+
+impl Chunk {
+    /// Bytes this chunk takes encoded.
+    pub fn encoded_len(&self) -> usize {
+        chunk_overhead(self.begin, self.end, self.total, self.bytes.len()) + self.bytes.len()
+    }
+}
+
+/// Bytes of framing around a chunk of `len` bytes.
+pub fn chunk_overhead(begin: bool, end: bool, total: u64, len: usize) -> usize {
+    let t = if begin && !end { varint::len(total) } else { 0 };
+    1 + t + varint::len(len as u64)
+}
+
+/// The chunks of a DATA section, validated by the decoder; iterate with
+/// [`Chunks::iter`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Chunks {
+    raw: Bytes,
+}
+
+impl Chunks {
+    /// Encodes `chunks` (for tests and tools; the association writes chunks
+    /// straight into the datagram).
+    pub fn from_chunks(chunks: &[Chunk]) -> Chunks {
+        let mut out = Vec::new();
+        for c in chunks {
+            put_chunk(&mut out, c);
+        }
+        Chunks { raw: out.into() }
+    }
+
+    /// Whether there are no chunks.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The encoded chunks.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+
+    /// The chunks in order. The decoder has checked them, so this yields
+    /// every chunk; on chunks not from the decoder it stops at the first
+    /// malformed one.
+    pub fn iter(&self) -> ChunkIter<'_> {
+        ChunkIter {
+            raw: &self.raw,
+            pos: 0,
+        }
+    }
+}
+
+/// Iterator over [`Chunks`].
+#[derive(Debug)]
+pub struct ChunkIter<'a> {
+    raw: &'a Bytes,
+    pos: usize,
+}
+
+impl Iterator for ChunkIter<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        if self.pos >= self.raw.len() {
+            return None;
+        }
+        let mut r = Reader {
+            buf: self.raw,
+            pos: self.pos,
+        };
+        let c = r.chunk().ok()?;
+        self.pos = r.pos;
+        Some(c)
+    }
+}
+
+/// A DATA section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    /// The packet's sequence number.
+    pub seq: u64,
+    /// Its chunks (none only on a sentinel).
+    pub chunks: Chunks,
+}
+
+/// A decoded association packet.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Packet {
+    /// The key, RTN bit included.
+    pub key: u64,
+    /// The sender asks for a STATUS in return.
+    pub sreq: bool,
+    /// The DATA's sequence number is the sender's closing sentinel.
+    pub close: bool,
+    /// The sender aborted the association.
+    pub reset: bool,
+    /// Set-up section.
+    pub first: Option<First>,
+    /// Answer to a set-up.
+    pub accept: Option<Accept>,
+    /// Window and acknowledgements.
+    pub status: Option<Status>,
+    /// Data.
+    pub data: Option<Data>,
+}
+
+impl Packet {
+    /// Appends the encoded packet to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut e = Encoder::new(out, self.key);
+        if let Some(f) = &self.first {
+            e.first(f);
+        }
+        if let Some(a) = &self.accept {
+            e.accept(a);
+        }
+        if let Some(s) = &self.status {
+            e.status(s, usize::MAX);
+        }
+        if let Some(d) = &self.data {
+            e.data(d.seq);
+            e.out.extend_from_slice(d.chunks.raw());
+        }
+        e.sreq(self.sreq);
+        e.close(self.close);
+        e.reset(self.reset);
+    }
+
+    /// Decodes one packet. Total and bounded: any input gives a packet or an
+    /// error, nothing is allocated, data are slices of `buf`.
+    pub fn decode(buf: &Bytes) -> Result<Packet, WireError> {
+        if buf.len() < 2 || buf[0..2] != MAGIC {
+            return Err(WireError::Foreign);
+        }
+        if buf.len() < 3 {
+            return Err(WireError::Truncated { what: "header" });
+        }
+        if buf[2] != VERSION {
+            return Err(WireError::Version(buf[2]));
+        }
+        if buf.len() < 4 {
+            return Err(WireError::Truncated { what: "header" });
+        }
+        if buf[3] != KIND {
+            return Err(WireError::Kind(buf[3]));
+        }
+        if buf.len() < HEADER_LEN {
+            return Err(WireError::Truncated { what: "header" });
+        }
+        if buf.len() > MAX_DATAGRAM {
+            return Err(WireError::TooLong {
+                what: "datagram",
+                len: buf.len() as u64,
+                max: MAX_DATAGRAM,
+            });
+        }
+        let flags = buf[4];
+        let key = u64::from_le_bytes(buf[5..13].try_into().expect("8 bytes"));
+        if flags & F_RESERVED != 0 {
+            return Err(WireError::Malformed("reserved packet flag set"));
+        }
+        let has = |f: u8| flags & f != 0;
+        if has(F_FIRST) && has(F_ACCEPT) {
+            return Err(WireError::Malformed("FIRST and ACCEPT together"));
+        }
+        if has(F_FIRST) && (key & RTN != 0) {
+            return Err(WireError::Malformed("FIRST with a return key"));
+        }
+        if has(F_ACCEPT) && (key & RTN == 0) {
+            return Err(WireError::Malformed("ACCEPT without a return key"));
+        }
+        if has(F_FIRST) && has(F_DATA) {
+            return Err(WireError::Malformed("FIRST with DATA"));
+        }
+        if has(F_CLOSE) && !has(F_DATA) {
+            return Err(WireError::Malformed("CLOSE without DATA"));
+        }
+        let mut r = Reader {
+            buf,
+            pos: HEADER_LEN,
+        };
+        let mut p = Packet {
+            key,
+            sreq: has(F_SREQ),
+            close: has(F_CLOSE),
+            reset: has(F_RESET),
+            ..Packet::default()
+        };
+        if has(F_FIRST) {
+            p.first = Some(First {
+                service: r.u32("service")?,
+                mtu: r.mtu()?,
+                max_message: r.max_message()?,
+            });
+        }
+        if has(F_ACCEPT) {
+            let k = r.u64("listener key")?;
+            if k & RTN != 0 {
+                return Err(WireError::Malformed("listener key with RTN set"));
+            }
+            p.accept = Some(Accept {
+                key: k,
+                mtu: r.mtu()?,
+                max_message: r.max_message()?,
+            });
+        }
+        if has(F_STATUS) {
+            p.status = Some(r.status()?);
+        }
+        if has(F_DATA) {
+            let seq = r.varint("sequence number")?;
+            let start = r.pos;
+            while r.pos < buf.len() {
+                r.chunk()?;
+            }
+            let chunks = Chunks {
+                raw: buf.slice(start..),
+            };
+            if chunks.is_empty() && !p.close {
+                return Err(WireError::Malformed("DATA with no chunks and no CLOSE"));
+            }
+            p.data = Some(Data { seq, chunks });
+        } else if r.pos != buf.len() {
+            return Err(WireError::Malformed("trailing bytes after the last section"));
+        }
+        Ok(p)
+    }
+}
+
+/// Writes a packet section by section, in the fixed order, straight into the
+/// output buffer. Flags are patched into the header as sections are added.
+#[derive(Debug)]
+pub struct Encoder<'a> {
+    out: &'a mut Vec<u8>,
+    at: usize,
+}
+
+impl<'a> Encoder<'a> {
+    /// Starts a packet with `key` at the end of `out`.
+    pub fn new(out: &'a mut Vec<u8>, key: u64) -> Encoder<'a> {
+        let at = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(KIND);
+        out.push(0);
+        out.extend_from_slice(&key.to_le_bytes());
+        Encoder { out, at }
+    }
+
+    fn flag(&mut self, f: u8, on: bool) {
+        if on {
+            self.out[self.at + 4] |= f;
+        }
+    }
+
+    fn flags(&self) -> u8 {
+        self.out[self.at + 4]
+    }
+
+    /// Bytes written so far for this packet.
+    pub fn len(&self) -> usize {
+        self.out.len() - self.at
+    }
+
+    /// Whether nothing but the header is written (never: the header is
+    /// always there; for clippy's sake).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds the FIRST section.
+    pub fn first(&mut self, f: &First) {
+        debug_assert!(self.flags() & !F_FIRST & 0x0f == 0, "section order");
+        self.flag(F_FIRST, true);
+        self.out.extend_from_slice(&f.service.to_le_bytes());
+        varint::put(self.out, u64::from(f.mtu));
+        varint::put(self.out, f.max_message);
+    }
+
+    /// Adds the ACCEPT section.
+    pub fn accept(&mut self, a: &Accept) {
+        debug_assert!(self.flags() & 0x0c == 0, "section order");
+        self.flag(F_ACCEPT, true);
+        self.out.extend_from_slice(&a.key.to_le_bytes());
+        varint::put(self.out, u64::from(a.mtu));
+        varint::put(self.out, a.max_message);
+    }
+
+    /// Adds a STATUS section of at most `room` bytes (at least
+    /// [`STATUS_MIN_LEN`]), dropping the highest ranges that do not fit.
+    pub fn status(&mut self, s: &Status, room: usize) {
+        debug_assert!(self.flags() & 0x08 == 0, "section order");
+        debug_assert!(s.alloc >= s.rseq);
+        self.flag(F_STATUS, true);
+        let start = self.out.len();
+        varint::put(self.out, s.rseq);
+        varint::put(self.out, s.alloc - s.rseq);
+        varint::put(self.out, s.ack_delay_us);
+        let count_at = self.out.len();
+        self.out.push(0);
+        let mut prev = s.rseq;
+        let mut n = 0u8;
+        for &(a, b) in s.sack.ranges() {
+            let gap = a - prev - 1;
+            let len = b - a - 1;
+            if self.out.len() - start + varint::len(gap) + varint::len(len) > room {
+                break;
+            }
+            varint::put(self.out, gap);
+            varint::put(self.out, len);
+            prev = b;
+            n += 1;
+        }
+        self.out[count_at] = n;
+    }
+
+    /// Starts the DATA section with sequence number `seq`; add chunks next.
+    pub fn data(&mut self, seq: u64) {
+        self.flag(F_DATA, true);
+        varint::put(self.out, seq);
+    }
+
+    /// Adds a chunk to the DATA section.
+    pub fn chunk(&mut self, c: &Chunk) {
+        debug_assert!(self.flags() & F_DATA != 0, "chunk outside DATA");
+        put_chunk(self.out, c);
+    }
+
+    /// Sets SREQ.
+    pub fn sreq(&mut self, on: bool) {
+        self.flag(F_SREQ, on);
+    }
+
+    /// Sets CLOSE (with a DATA section).
+    pub fn close(&mut self, on: bool) {
+        self.flag(F_CLOSE, on);
+    }
+
+    /// Sets RESET.
+    pub fn reset(&mut self, on: bool) {
+        self.flag(F_RESET, on);
+    }
+}
+
+fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
+    let mut f = 0;
+    if c.begin {
+        f |= C_BEGIN;
+    }
+    if c.end {
+        f |= C_END;
+    }
+    out.push(f);
+    if c.begin && !c.end {
+        varint::put(out, c.total);
+    }
+    varint::put(out, c.bytes.len() as u64);
+    out.extend_from_slice(&c.bytes);
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], WireError> {
+        if self.buf.len() - self.pos < n {
+            return Err(WireError::Truncated { what });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
+        let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
+            WireError::Truncated { .. } => WireError::Truncated { what },
+            e => e,
+        })?;
+        self.pos += n;
+        Ok(v)
+    }
+
+    fn mtu(&mut self) -> Result<u32, WireError> {
+        let m = self.varint("mtu")?;
+        if m < MIN_MTU as u64 || m > MAX_DATAGRAM as u64 {
+            return Err(WireError::Malformed("mtu out of range"));
+        }
+        Ok(m as u32)
+    }
+
+    fn max_message(&mut self) -> Result<u64, WireError> {
+        let m = self.varint("max message")?;
+        if m > MAX_MESSAGE {
+            return Err(WireError::TooLong {
+                what: "max message",
+                len: m,
+                max: MAX_MESSAGE as usize,
+            });
+        }
+        Ok(m)
+    }
+
+    fn status(&mut self) -> Result<Status, WireError> {
+        let rseq = self.varint("rseq")?;
+        let alloc = rseq
+            .checked_add(self.varint("alloc")?)
+            .ok_or(WireError::Malformed("alloc overflows"))?;
+        let ack_delay_us = self.varint("ack delay")?;
+        let n = self.u8("range count")?;
+        if usize::from(n) > MAX_SACK {
+            return Err(WireError::TooLong {
+                what: "sack ranges",
+                len: u64::from(n),
+                max: MAX_SACK,
+            });
+        }
+        let mut sack = Sack::default();
+        let mut prev = rseq;
+        let overflow = WireError::Malformed("sack range overflows");
+        for _ in 0..n {
+            let gap = self.varint("sack gap")?;
+            let len = self.varint("sack length")?;
+            let start = prev
+                .checked_add(gap)
+                .and_then(|v| v.checked_add(1))
+                .ok_or(overflow)?;
+            let end = start
+                .checked_add(len)
+                .and_then(|v| v.checked_add(1))
+                .ok_or(overflow)?;
+            if end > alloc {
+                return Err(WireError::Malformed("sack range beyond alloc"));
+            }
+            sack.push(start, end);
+            prev = end;
+        }
+        Ok(Status {
+            rseq,
+            alloc,
+            ack_delay_us,
+            sack,
+        })
+    }
+
+    fn chunk(&mut self) -> Result<Chunk, WireError> {
+        let f = self.u8("chunk flags")?;
+        if f & C_RESERVED != 0 {
+            return Err(WireError::Malformed("reserved chunk flag set"));
+        }
+        let begin = f & C_BEGIN != 0;
+        let end = f & C_END != 0;
+        let total = if begin && !end {
+            let t = self.varint("message length")?;
+            if t > MAX_MESSAGE {
+                return Err(WireError::TooLong {
+                    what: "message",
+                    len: t,
+                    max: MAX_MESSAGE as usize,
+                });
+            }
+            t
+        } else {
+            0
+        };
+        let len = self.varint("chunk length")?;
+        if len > (self.buf.len() - self.pos) as u64 {
+            return Err(WireError::Truncated { what: "chunk" });
+        }
+        let len = len as usize;
+        if !(begin && end) && len == 0 {
+            return Err(WireError::Malformed("empty fragment"));
+        }
+        if begin && !end && len as u64 >= total {
+            return Err(WireError::Malformed("first fragment not shorter than its message"));
+        }
+        let bytes = self.buf.slice(self.pos..self.pos + len);
+        self.pos += len;
+        Ok(Chunk {
+            begin,
+            end,
+            total,
+            bytes,
+        })
+    }
+}
+
+/// Joins a message's pieces, copying only when there is more than one.
+pub(crate) fn join(parts: &mut Vec<Bytes>, total: usize) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    let mut b = BytesMut::with_capacity(total);
+    for p in parts.drain(..) {
+        b.extend_from_slice(&p);
+    }
+    b.freeze()
+}

@@ -1,0 +1,845 @@
+//! QMP's association, sans I/O: a reliable, ordered, flow-controlled
+//! message channel between two hosts over datagrams.
+//!
+//! What it owns and promises:
+//! - **Set-up** by a FIRST packet with explicit addressing (a service id)
+//!   and a key unique on the initiating host. The [`Listener`] answers with
+//!   the key's return form (RTN bit set) and a key of its own; from then on
+//!   every packet carries only a key, which each side looks up directly
+//!   (QMP's abbreviated lookup). Both FIRST and the answer are retransmitted
+//!   until the other side is heard from.
+//! - **Flow control** on packet sequence numbers: the receiver advertises
+//!   `rseq` (next expected) and `alloc` (not to be reached); the sender
+//!   never sends at or above `alloc`. The receiver stops raising `alloc`
+//!   while the application leaves more than `recv_buffer` bytes unread, so a
+//!   slow reader slows the writer instead of growing memory.
+//! - **Error control**: status requests (SREQ) every `sreq_every` packets
+//!   and on the last packet of a burst, selective acknowledgements, fast
+//!   retransmission when a packet three transmissions younger is acked, and
+//!   a retransmission timer after RFC 6298 (SRTT, RTTVAR, Karn's rule,
+//!   exponential backoff).
+//! - **Messages** of up to `max_message` bytes (64 MiB by default),
+//!   fragmented over packets and reassembled; small messages queued together
+//!   share a packet. Every message is delivered once and in order, or the
+//!   association fails and says so ([`Event::Failed`]) on both sides (the
+//!   side that fails sends a RESET; if that is lost the peer's dead-peer
+//!   timer fires).
+//! - **Liveness**: keepalives when nothing was sent for `keepalive`; the
+//!   association fails when nothing valid was heard for `idle_timeout`.
+//! - **Close** by sentinels in both directions: each side's sentinel follows
+//!   all its data and is acknowledged like data; the association is closed
+//!   when both sentinels are acknowledged, then lingers for three RTOs to
+//!   acknowledge a retransmitted sentinel.
+//! - **Bad input** (undecodable packets, unknown or forged keys, packets
+//!   from the wrong address, sequence numbers outside the window,
+//!   duplicates, acknowledgements of data never sent) is dropped and counted
+//!   in [`AssociationStats`] or [`ListenerStats`], never delivered.
+//!
+//! What it does not do: congestion control (QMP's flow control is
+//! optimistic and the window is the only brake), encryption or
+//! authentication beyond unguessable keys (a key is 63 random bits from the
+//! caller and packets must come from the peer's address), path migration.
+//!
+//! The wire format is in [`frame`]: frame kind [`KIND`] of the skiff
+//! datagram, one self-contained packet per datagram.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+pub mod frame;
+mod listener;
+mod recv;
+mod send;
+#[cfg(test)]
+mod tests;
+
+pub use frame::{is_association, peek_key, KIND};
+pub use listener::{Handle, Listener, ListenerConfig, ListenerStats};
+
+use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
+use recv::{DataOutcome, RecvState};
+use send::{Rtt, SendState};
+
+/// How an association behaves. Both ends should agree on the timers; the
+/// sizes are per end.
+#[derive(Debug, Clone)]
+pub struct AssociationConfig {
+    /// The largest datagram to send or accept; the smaller of the two ends'
+    /// values is used. At least [`frame::MIN_MTU`].
+    pub mtu: usize,
+    /// Packets the receiver admits beyond `rseq` (QMP's window).
+    pub recv_window: u64,
+    /// Unread message bytes above which the receiver stops opening its
+    /// window.
+    pub recv_buffer: usize,
+    /// Packets in flight at most, whatever the peer allows.
+    pub send_window: u64,
+    /// Bytes accepted by [`Association::send`] and not yet acknowledged, at
+    /// most (one larger message is accepted when nothing is buffered).
+    pub send_buffer: usize,
+    /// The largest message, sent or received.
+    pub max_message: u64,
+    /// Ask for a status every this many data packets (QMP's SREQ
+    /// frequency; 1 asks on every packet). The last packet of a burst always
+    /// asks.
+    pub sreq_every: u32,
+    /// How long a receiver may hold an acknowledgement that nobody asked
+    /// for.
+    pub ack_delay: Duration,
+    /// The retransmission timeout before any RTT is measured.
+    pub initial_rto: Duration,
+    /// The smallest retransmission timeout.
+    pub min_rto: Duration,
+    /// The largest retransmission timeout, backoff included.
+    pub max_rto: Duration,
+    /// Send a keepalive after this long without sending (capped at a third
+    /// of `idle_timeout`).
+    pub keepalive: Duration,
+    /// Declare the peer dead after this long without a valid packet from it.
+    pub idle_timeout: Duration,
+    /// Give up a set-up that has not completed after this long.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for AssociationConfig {
+    fn default() -> Self {
+        AssociationConfig {
+            mtu: 1472,
+            recv_window: 256,
+            recv_buffer: 1 << 20,
+            send_window: 256,
+            send_buffer: 1 << 20,
+            max_message: 64 << 20,
+            sreq_every: 8,
+            ack_delay: Duration::from_millis(5),
+            initial_rto: Duration::from_secs(1),
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(60),
+            keepalive: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Something the application should know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The set-up completed; messages flow.
+    Connected,
+    /// A whole message from the peer, in order.
+    Message(Bytes),
+    /// [`Association::send`] refused with [`SendError::WouldBlock`] earlier
+    /// and now has room.
+    Writable,
+    /// Both sides closed and every message was delivered. Last event.
+    Closed(CloseReason),
+    /// The association is gone; messages not yet acknowledged may not have
+    /// arrived. Last event.
+    Failed(FailReason),
+}
+
+/// Who started a graceful close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// This side called [`Association::close`] first.
+    Local,
+    /// The peer closed first.
+    Peer,
+}
+
+/// Why an association failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FailReason {
+    /// Nothing was heard from the peer for `idle_timeout`.
+    #[error("peer silent for longer than idle_timeout; it or the path is down")]
+    PeerDead,
+    /// The set-up did not complete within `handshake_timeout`.
+    #[error("set-up not answered within handshake_timeout; is a listener running there?")]
+    HandshakeTimeout,
+    /// The peer aborted the association.
+    #[error("the peer reset the association")]
+    Reset,
+    /// The peer broke the protocol.
+    #[error("protocol violation by the peer: {0}")]
+    Protocol(&'static str),
+}
+
+/// Why [`Association::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The send buffer is full; wait for [`Event::Writable`] and retry.
+    #[error("send buffer full; retry after Event::Writable")]
+    WouldBlock,
+    /// The association is closing, closed or failed.
+    #[error("association closed; no more messages can be sent")]
+    Closed,
+    /// The message is larger than either end accepts.
+    #[error("message of {len} bytes is over the limit of {max} (max_message)")]
+    TooLarge {
+        /// The message's size.
+        len: usize,
+        /// The limit in force.
+        max: u64,
+    },
+}
+
+/// A datagram to send: its bytes are at the start of the buffer given to
+/// `poll_transmit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to send it.
+    pub destination: SocketAddr,
+    /// Its length.
+    pub size: usize,
+}
+
+/// Where an association stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// The initiator sent FIRST and waits for the answer.
+    Connecting,
+    /// The listener answered a FIRST and waits to hear the initiator again.
+    HalfOpen,
+    /// Set up; messages flow.
+    Established,
+    /// A sentinel is pending or sent; messages already accepted still flow.
+    Closing,
+    /// Closed; lingering to acknowledge retransmissions.
+    Closed,
+    /// Finished (closed or failed); nothing more will happen.
+    Drained,
+}
+
+/// Counters an association keeps. Every dropped input increments one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AssociationStats {
+    /// Datagrams handed out by `poll_transmit`.
+    pub packets_sent: u64,
+    /// Valid packets taken in.
+    pub packets_received: u64,
+    /// Messages accepted by `send`.
+    pub messages_sent: u64,
+    /// Messages delivered as [`Event::Message`].
+    pub messages_delivered: u64,
+    /// Data packets sent for the first time.
+    pub data_packets: u64,
+    /// Data packets sent again.
+    pub retransmits: u64,
+    /// Packets declared lost from selective acknowledgements.
+    pub fast_retransmits: u64,
+    /// Retransmission timer expiries with data outstanding.
+    pub rto_expired: u64,
+    /// Window probes and keepalives sent.
+    pub probes: u64,
+    /// Data packets received before (dropped).
+    pub duplicates: u64,
+    /// Data packets outside the window (dropped).
+    pub out_of_window: u64,
+    /// Statuses acknowledging data never sent (packet dropped).
+    pub ack_of_unsent: u64,
+    /// Packets that did not decode (dropped).
+    pub malformed: u64,
+    /// Packets with a key that is not this association's (dropped).
+    pub wrong_key: u64,
+    /// Packets with this association's key from another address (dropped).
+    pub wrong_source: u64,
+    /// Packets that make no sense in the current state (dropped).
+    pub stray: u64,
+    /// Protocol violations (the association failed).
+    pub protocol_violations: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Initiator,
+    Acceptor,
+}
+
+/// One end of a QMP association.
+///
+/// Polling order, as in quinn: feed [`handle_datagram`](Self::handle_datagram)
+/// with every packet for this association and call
+/// [`handle_timeout`](Self::handle_timeout) when the instant from
+/// [`poll_timeout`](Self::poll_timeout) passes; after either, and after
+/// [`send`](Self::send), [`close`](Self::close) or
+/// [`poll_event`](Self::poll_event), drain
+/// [`poll_transmit`](Self::poll_transmit) until `None`, drain
+/// [`poll_event`](Self::poll_event) until `None` (and transmit again if it
+/// returned anything), then sleep until [`poll_timeout`](Self::poll_timeout).
+#[derive(Debug)]
+pub struct Association {
+    config: AssociationConfig,
+    side: Side,
+    state: State,
+    peer: SocketAddr,
+    local_key: u64,
+    peer_key: Option<u64>,
+    service: u32,
+    mtu: usize,
+    peer_max_message: u64,
+    send: SendState,
+    recv: RecvState,
+    events: VecDeque<Event>,
+    stats: AssociationStats,
+    created: Instant,
+    last_recv: Instant,
+    last_sent: Instant,
+    hs_due: bool,
+    hs_deadline: Option<Instant>,
+    hs_sends: u32,
+    hs_sent_at: Instant,
+    ack_now: bool,
+    ack_at: Option<Instant>,
+    ping_due: bool,
+    reset_due: bool,
+    close_reason: Option<CloseReason>,
+    linger_until: Option<Instant>,
+}
+
+impl Association {
+    /// Starts an association to the listener at `peer` serving `service`.
+    /// `key` must be unique among this host's associations and should be
+    /// random (it is what keeps others from injecting packets); its top bit
+    /// is ignored.
+    pub fn connect(
+        now: Instant,
+        config: AssociationConfig,
+        peer: SocketAddr,
+        service: u32,
+        key: u64,
+    ) -> Association {
+        let mut a = Association::new(now, config, Side::Initiator, peer, key & !RTN, service);
+        a.state = State::Connecting;
+        a.hs_due = true;
+        a
+    }
+
+    /// The listener's side, created by a FIRST.
+    pub(crate) fn accept(
+        now: Instant,
+        config: AssociationConfig,
+        peer: SocketAddr,
+        local_key: u64,
+        p: &Packet,
+    ) -> Association {
+        let first = p.first.expect("listener checked FIRST");
+        let mut a = Association::new(
+            now,
+            config,
+            Side::Acceptor,
+            peer,
+            local_key & !RTN,
+            first.service,
+        );
+        a.state = State::HalfOpen;
+        a.peer_key = Some(p.key);
+        a.learn_peer(first.mtu, first.max_message);
+        if let Some(st) = &p.status {
+            if a.send.valid(st) {
+                a.send.peer_alloc = st.alloc;
+            }
+        }
+        a.hs_due = true;
+        a
+    }
+
+    fn new(
+        now: Instant,
+        mut config: AssociationConfig,
+        side: Side,
+        peer: SocketAddr,
+        local_key: u64,
+        service: u32,
+    ) -> Association {
+        config.mtu = config.mtu.clamp(frame::MIN_MTU, crate::wire::MAX_DATAGRAM);
+        config.max_message = config.max_message.min(frame::MAX_MESSAGE);
+        config.recv_window = config.recv_window.max(1);
+        config.send_window = config.send_window.max(1);
+        config.sreq_every = config.sreq_every.max(1);
+        config.max_rto = config.max_rto.max(config.min_rto);
+        config.keepalive = config.keepalive.min(config.idle_timeout / 3);
+        let rtt = Rtt::new(config.initial_rto, config.min_rto, config.max_rto);
+        Association {
+            send: SendState::new(config.send_window, config.send_buffer, rtt),
+            recv: RecvState::new(config.recv_window, config.recv_buffer, config.max_message),
+            mtu: config.mtu,
+            peer_max_message: config.max_message,
+            config,
+            side,
+            state: State::Connecting,
+            peer,
+            local_key,
+            peer_key: None,
+            service,
+            events: VecDeque::new(),
+            stats: AssociationStats::default(),
+            created: now,
+            last_recv: now,
+            last_sent: now,
+            hs_due: false,
+            hs_deadline: None,
+            hs_sends: 0,
+            hs_sent_at: now,
+            ack_now: false,
+            ack_at: None,
+            ping_due: false,
+            reset_due: false,
+            close_reason: None,
+            linger_until: None,
+        }
+    }
+
+    fn learn_peer(&mut self, mtu: u32, max_message: u64) {
+        self.mtu = self.config.mtu.min(mtu as usize);
+        self.peer_max_message = max_message;
+    }
+
+    /// Where the association stands.
+    pub fn state(&self) -> State {
+        if self.state == State::Established && self.send.close_requested {
+            State::Closing
+        } else {
+            self.state
+        }
+    }
+
+    /// Whether nothing more will happen: finished and nothing left to send.
+    pub fn is_drained(&self) -> bool {
+        self.state == State::Drained && !self.reset_due
+    }
+
+    /// Whether events wait for [`poll_event`](Self::poll_event).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// This end's key (RTN clear).
+    pub fn local_key(&self) -> u64 {
+        self.local_key
+    }
+
+    /// The service id from the set-up.
+    pub fn service(&self) -> u32 {
+        self.service
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> AssociationStats {
+        self.stats
+    }
+
+    /// The smoothed round-trip time, once measured.
+    pub fn rtt(&self) -> Option<Duration> {
+        self.send.rtt.srtt()
+    }
+
+    /// The retransmission timeout in force.
+    pub fn rto(&self) -> Duration {
+        self.send.rtt.rto()
+    }
+
+    /// The receiving window as last advertised: (`rseq`, `alloc`).
+    pub fn recv_window(&self) -> (u64, u64) {
+        (self.recv.rseq, self.recv.alloc)
+    }
+
+    /// Packets received above a gap and held.
+    pub fn held(&self) -> usize {
+        self.recv.held()
+    }
+
+    /// Data packets sent and not yet acknowledged.
+    pub fn in_flight(&self) -> usize {
+        self.send.unacked()
+    }
+
+    /// Bytes accepted by `send` and not yet acknowledged.
+    pub fn buffered(&self) -> usize {
+        self.send.buffered
+    }
+
+    /// Offers `msg` for sending. Refuses, without queueing anything, when
+    /// the send buffer is full ([`SendError::WouldBlock`]; an
+    /// [`Event::Writable`] follows when there is room), when the message is
+    /// over either end's `max_message`, or once the association is closing.
+    pub fn send(&mut self, msg: Bytes) -> Result<(), SendError> {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return Err(SendError::Closed);
+        }
+        let max = self.config.max_message.min(self.peer_max_message);
+        if msg.len() as u64 > max {
+            return Err(SendError::TooLarge {
+                len: msg.len(),
+                max,
+            });
+        }
+        if !self.send.has_room(msg.len()) {
+            self.send.blocked = true;
+            return Err(SendError::WouldBlock);
+        }
+        self.send.push(msg);
+        self.stats.messages_sent += 1;
+        Ok(())
+    }
+
+    /// Closes gracefully: messages already accepted are delivered, then the
+    /// sentinel. [`Event::Closed`] follows once the peer has closed too (it
+    /// does so on receiving the sentinel, after its own queued messages).
+    pub fn close(&mut self) {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return;
+        }
+        self.send.close_requested = true;
+        self.close_reason.get_or_insert(CloseReason::Local);
+    }
+
+    /// Takes a datagram addressed to this association (from a driver that
+    /// owns it alone; a [`Listener`] routes its own).
+    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
+        let p = match Packet::decode(&bytes) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.malformed += 1;
+                return;
+            }
+        };
+        let first_dup = p.first.is_some() && Some(p.key) == self.peer_key;
+        if p.key != self.local_key | RTN && !first_dup {
+            self.stats.wrong_key += 1;
+            return;
+        }
+        if from != self.peer {
+            self.stats.wrong_source += 1;
+            return;
+        }
+        self.handle_packet(now, p);
+    }
+
+    /// Takes a decoded packet whose key and source were checked.
+    pub(crate) fn handle_packet(&mut self, now: Instant, p: Packet) {
+        if matches!(self.state, State::Drained) {
+            self.stats.stray += 1;
+            return;
+        }
+        if p.first.is_some() {
+            if self.side == Side::Acceptor && self.state == State::HalfOpen {
+                self.hs_due = true;
+            } else {
+                self.stats.stray += 1;
+            }
+            return;
+        }
+        if let Some(st) = &p.status {
+            if !self.send.valid(st) {
+                self.stats.ack_of_unsent += 1;
+                return;
+            }
+        }
+        match (self.side, self.state, &p.accept) {
+            (Side::Initiator, State::Connecting, Some(a)) => self.on_accept(now, a),
+            (Side::Initiator, _, Some(a)) if Some(a.key) == self.peer_key => {
+                // Our confirmation was lost and the listener answers again.
+                self.ack_now = true;
+            }
+            (_, _, Some(_)) | (_, State::Connecting, None) => {
+                self.stats.stray += 1;
+                return;
+            }
+            (Side::Acceptor, State::HalfOpen, None) => {
+                self.state = State::Established;
+                self.hs_deadline = None;
+                self.hs_due = false;
+                if self.hs_sends == 1 {
+                    self.send.rtt.sample(now - self.hs_sent_at);
+                }
+                self.events.push_back(Event::Connected);
+            }
+            _ => {}
+        }
+        self.last_recv = now;
+        self.stats.packets_received += 1;
+        if p.reset {
+            self.state = State::Drained;
+            self.events.push_back(Event::Failed(FailReason::Reset));
+            return;
+        }
+        if let Some(st) = &p.status {
+            let out = self.send.on_status(now, st);
+            self.stats.fast_retransmits += out.fast_lost;
+            if self.send.blocked && self.send.writable_again() {
+                self.send.blocked = false;
+                self.events.push_back(Event::Writable);
+            }
+        }
+        if let Some(d) = p.data {
+            let had_gap = self.recv.held() > 0;
+            let res = self.recv.on_data(
+                now,
+                d.seq,
+                p.close,
+                d.chunks,
+                &mut self.events,
+                &mut self.stats.messages_delivered,
+            );
+            match res {
+                Err(why) => {
+                    self.stats.protocol_violations += 1;
+                    self.fail(FailReason::Protocol(why));
+                    return;
+                }
+                Ok(DataOutcome::Duplicate) => {
+                    self.stats.duplicates += 1;
+                    self.ack_now = true;
+                }
+                Ok(DataOutcome::OutOfWindow) => self.stats.out_of_window += 1,
+                Ok(DataOutcome::Held) => self.ack_now = true,
+                Ok(DataOutcome::InOrder) => {
+                    if had_gap || self.recv.fin_done {
+                        self.ack_now = true;
+                    } else if self.ack_at.is_none() {
+                        self.ack_at = Some(now + self.config.ack_delay);
+                    }
+                }
+            }
+        }
+        if p.sreq {
+            self.ack_now = true;
+        }
+        self.check_close(now);
+    }
+
+    fn on_accept(&mut self, now: Instant, a: &Accept) {
+        self.peer_key = Some(a.key);
+        self.learn_peer(a.mtu, a.max_message);
+        if self.hs_sends == 1 {
+            self.send.rtt.sample(now - self.hs_sent_at);
+        }
+        self.state = State::Established;
+        self.hs_deadline = None;
+        self.hs_due = false;
+        self.ack_now = true;
+        self.events.push_back(Event::Connected);
+    }
+
+    fn check_close(&mut self, now: Instant) {
+        if self.state != State::Established {
+            return;
+        }
+        if self.recv.fin_done && !self.send.close_requested {
+            self.send.close_requested = true;
+            self.close_reason.get_or_insert(CloseReason::Peer);
+        }
+        if self.recv.fin_done && self.send.sentinel_acked() {
+            let reason = self.close_reason.unwrap_or(CloseReason::Peer);
+            self.events.push_back(Event::Closed(reason));
+            self.state = State::Closed;
+            let linger = (self.send.rtt.rto() * 3).min(self.config.idle_timeout);
+            self.linger_until = Some(now + linger);
+            self.send.rto_deadline = None;
+        }
+    }
+
+    fn fail(&mut self, reason: FailReason) {
+        if matches!(self.state, State::Drained) {
+            return;
+        }
+        self.events.push_back(Event::Failed(reason));
+        self.reset_due = self.peer_key.is_some() && self.state != State::Closed;
+        self.state = State::Drained;
+    }
+
+    /// Acts on the timers that expired by `now`: retransmission, set-up
+    /// retries, keepalive, dead-peer detection, the end of the linger.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            State::Drained => {}
+            State::Closed => {
+                if self.linger_until.is_some_and(|t| now >= t) {
+                    self.state = State::Drained;
+                }
+            }
+            State::Connecting | State::HalfOpen => {
+                if now >= self.created + self.config.handshake_timeout {
+                    self.fail(FailReason::HandshakeTimeout);
+                } else if self.hs_deadline.is_some_and(|t| now >= t) {
+                    self.hs_due = true;
+                    self.send.rtt.back_off();
+                    self.hs_deadline = Some(now + self.send.rtt.rto());
+                }
+            }
+            State::Established | State::Closing => {
+                if now >= self.last_recv + self.config.idle_timeout {
+                    self.fail(FailReason::PeerDead);
+                    return;
+                }
+                if self.send.rto_deadline.is_some_and(|t| now >= t) {
+                    if self.send.on_rto(now) > 0 {
+                        self.stats.rto_expired += 1;
+                    } else {
+                        self.ping_due = true;
+                    }
+                }
+                if now >= self.last_sent + self.config.keepalive {
+                    self.ping_due = true;
+                }
+            }
+        }
+    }
+
+    /// The next instant [`handle_timeout`](Self::handle_timeout) has work,
+    /// if any.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut at = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        match self.state {
+            State::Drained => {}
+            State::Closed => {
+                at(self.linger_until);
+                at(self.ack_at);
+            }
+            State::Connecting | State::HalfOpen => {
+                at(Some(self.created + self.config.handshake_timeout));
+                at(self.hs_deadline);
+            }
+            State::Established | State::Closing => {
+                at(Some(self.last_recv + self.config.idle_timeout));
+                at(Some(self.last_sent + self.config.keepalive));
+                at(self.send.rto_deadline);
+                at(self.ack_at);
+            }
+        }
+        t
+    }
+
+    /// The next event, if any. Taking a message frees its bytes from the
+    /// receive buffer (and may open the window: transmit afterwards).
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let e = self.events.pop_front()?;
+        if let Event::Message(m) = &e {
+            self.recv.consumed(m.len());
+            if self.recv.window_update_due() && self.state == State::Established {
+                self.ack_now = true;
+            }
+        }
+        Some(e)
+    }
+
+    fn out_key(&self) -> Option<u64> {
+        self.peer_key.map(|k| k | RTN)
+    }
+
+    /// Writes the next datagram to send into `buf` (cleared first).
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        buf.clear();
+        if self.reset_due {
+            self.reset_due = false;
+            let key = self.out_key()?;
+            Encoder::new(buf, key).reset(true);
+            return Some(self.sent(now, buf));
+        }
+        match self.state {
+            State::Drained => None,
+            State::Connecting | State::HalfOpen => {
+                if !self.hs_due {
+                    return None;
+                }
+                self.hs_due = false;
+                self.hs_sends += 1;
+                self.hs_sent_at = now;
+                if self.hs_deadline.is_none() {
+                    self.hs_deadline = Some(now + self.send.rtt.rto());
+                }
+                let mtu = self.config.mtu as u32;
+                let max_message = self.config.max_message;
+                let status = self.recv.status(now);
+                let mut e;
+                if self.side == Side::Initiator {
+                    e = Encoder::new(buf, self.local_key);
+                    e.first(&First {
+                        service: self.service,
+                        mtu,
+                        max_message,
+                    });
+                } else {
+                    e = Encoder::new(buf, self.out_key().expect("acceptor knows"));
+                    e.accept(&Accept {
+                        key: self.local_key,
+                        mtu,
+                        max_message,
+                    });
+                }
+                e.status(&status, STATUS_MIN_LEN);
+                Some(self.sent(now, buf))
+            }
+            State::Established | State::Closing | State::Closed => {
+                let key = self.out_key().expect("set up");
+                self.send.arm(now);
+                let data = if self.state == State::Closed {
+                    None
+                } else {
+                    let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;
+                    self.send
+                        .next_packet(now, budget, self.config.sreq_every)
+                };
+                let control =
+                    self.ack_now || self.ping_due || self.ack_at.is_some_and(|t| now >= t);
+                if data.is_none() && !control {
+                    return None;
+                }
+                let status = self.recv.status(now);
+                let mut e = Encoder::new(buf, key);
+                match data {
+                    Some((seq, sreq, again)) => {
+                        let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
+                        e.status(&status, room);
+                        self.send.encode(seq, &mut e);
+                        e.sreq(sreq || self.ping_due);
+                        if again {
+                            self.stats.retransmits += 1;
+                        } else {
+                            self.stats.data_packets += 1;
+                        }
+                    }
+                    None => {
+                        e.status(&status, self.mtu - HEADER_LEN);
+                        if self.ping_due {
+                            e.sreq(true);
+                            self.stats.probes += 1;
+                        }
+                    }
+                }
+                self.ack_now = false;
+                self.ack_at = None;
+                self.ping_due = false;
+                Some(self.sent(now, buf))
+            }
+        }
+    }
+
+    fn sent(&mut self, now: Instant, buf: &[u8]) -> Transmit {
+        self.last_sent = now;
+        self.stats.packets_sent += 1;
+        Transmit {
+            destination: self.peer,
+            size: buf.len(),
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The receiving half of an association: QMP's window (`rseq`, `alloc`),
+//! the packets held above a gap, reassembly of fragmented messages and the
+//! closing sentinel.
+//!
+//! Memory is bounded by the window: packets are accepted only below the
+//! `alloc` last advertised, which is never more than `recv_window` above
+//! `rseq`; `alloc` stops growing while the application leaves more than
+//! `recv_buffer` bytes unread; one message at a time is reassembled, of at
+//! most `max_message` bytes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::frame::{join, Chunks, Sack, Status, MAX_SACK};
+use super::Event;
+
+/// What became of one DATA section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DataOutcome {
+    /// Next in order: processed, maybe with held packets after it.
+    InOrder,
+    /// Above a gap: held.
+    Held,
+    /// Seen before: dropped.
+    Duplicate,
+    /// Outside the window (or after the sentinel): dropped.
+    OutOfWindow,
+}
+
+#[derive(Debug)]
+struct Partial {
+    total: u64,
+    got: u64,
+    parts: Vec<Bytes>,
+}
+
+/// The receiving half; see the module documentation.
+#[derive(Debug)]
+pub(super) struct RecvState {
+    /// Every sequence number below this has arrived and been processed.
+    pub(super) rseq: u64,
+    /// The window's upper edge as last advertised (exclusive).
+    pub(super) alloc: u64,
+    window: u64,
+    held: BTreeMap<u64, (bool, Chunks)>,
+    partial: Option<Partial>,
+    /// Bytes of delivered messages the application has not taken.
+    pub(super) unread: usize,
+    recv_buffer: usize,
+    pub(super) max_message: u64,
+    /// The peer's sentinel, once seen.
+    pub(super) fin: Option<u64>,
+    /// The sentinel was reached in order: the peer's stream is complete.
+    pub(super) fin_done: bool,
+    largest: Option<(u64, Instant)>,
+}
+
+impl RecvState {
+    pub(super) fn new(window: u64, recv_buffer: usize, max_message: u64) -> RecvState {
+        RecvState {
+            rseq: 0,
+            alloc: window,
+            window,
+            held: BTreeMap::new(),
+            partial: None,
+            unread: 0,
+            recv_buffer,
+            max_message,
+            fin: None,
+            fin_done: false,
+            largest: None,
+        }
+    }
+
+    /// The `alloc` this receiver would grant now.
+    fn want_alloc(&self) -> u64 {
+        if self.fin.is_some() || self.unread > self.recv_buffer {
+            self.alloc
+        } else {
+            self.alloc.max(self.rseq + self.window)
+        }
+    }
+
+    /// Whether the window would open far enough to be worth a status of its
+    /// own: by half a window, or from shut.
+    pub(super) fn window_update_due(&self) -> bool {
+        let want = self.want_alloc();
+        want > self.alloc && (want - self.alloc >= self.window / 2 || self.alloc == self.rseq)
+    }
+
+    /// The status to send now; advances `alloc` as far as the window and
+    /// the unread bytes allow.
+    pub(super) fn status(&mut self, now: Instant) -> Status {
+        self.alloc = self.want_alloc();
+        let mut sack = Sack::default();
+        let mut run: Option<(u64, u64)> = None;
+        for &seq in self.held.keys() {
+            run = match run {
+                Some((a, b)) if b == seq => Some((a, seq + 1)),
+                Some((a, b)) => {
+                    if !sack.push(a, b) {
+                        break;
+                    }
+                    Some((seq, seq + 1))
+                }
+                None => Some((seq, seq + 1)),
+            };
+        }
+        if let Some((a, b)) = run {
+            if sack.ranges().len() < MAX_SACK {
+                sack.push(a, b);
+            }
+        }
+        let ack_delay_us = self.largest.map_or(0, |(_, at)| {
+            let d = now.saturating_duration_since(at);
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+        });
+        Status {
+            rseq: self.rseq,
+            alloc: self.alloc,
+            ack_delay_us,
+            sack,
+        }
+    }
+
+    /// Takes one DATA section. In-order data are processed at once (with
+    /// whatever they release from the held set), delivering whole messages
+    /// to `events`. An error is a protocol violation by the peer.
+    pub(super) fn on_data(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        close: bool,
+        chunks: Chunks,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<DataOutcome, &'static str> {
+        if seq < self.rseq || self.held.contains_key(&seq) {
+            return Ok(DataOutcome::Duplicate);
+        }
+        if seq >= self.alloc || self.fin.is_some_and(|f| seq > f) {
+            return Ok(DataOutcome::OutOfWindow);
+        }
+        if close {
+            if self.fin.is_some_and(|f| f != seq) {
+                return Err("two different sentinels");
+            }
+            if self.held.range(seq + 1..).next().is_some() {
+                return Err("data after the sentinel");
+            }
+            self.fin = Some(seq);
+        }
+        if !matches!(self.largest, Some((s, _)) if s >= seq) {
+            self.largest = Some((seq, now));
+        }
+        if seq > self.rseq {
+            self.held.insert(seq, (close, chunks));
+            return Ok(DataOutcome::Held);
+        }
+        self.process(close, &chunks, events, delivered)?;
+        self.rseq += 1;
+        while let Some(e) = self.held.first_entry() {
+            if *e.key() != self.rseq {
+                break;
+            }
+            let (close, chunks) = e.remove();
+            self.process(close, &chunks, events, delivered)?;
+            self.rseq += 1;
+        }
+        Ok(DataOutcome::InOrder)
+    }
+
+    fn process(
+        &mut self,
+        close: bool,
+        chunks: &Chunks,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
+        for c in chunks.iter() {
+            let len = c.bytes.len() as u64;
+            match (c.begin, c.end, self.partial.as_mut()) {
+                (true, true, None) => {
+                    if len > self.max_message {
+                        return Err("message over max_message");
+                    }
+                    self.unread += c.bytes.len();
+                    *delivered += 1;
+                    events.push_back(Event::Message(c.bytes));
+                }
+                (true, false, None) => {
+                    if c.total > self.max_message {
+                        return Err("message over max_message");
+                    }
+                    self.partial = Some(Partial {
+                        total: c.total,
+                        got: len,
+                        parts: vec![c.bytes],
+                    });
+                }
+                (false, end, Some(p)) => {
+                    p.got += len;
+                    if p.got > p.total || (end && p.got != p.total) {
+                        return Err("fragments do not add up to the message length");
+                    }
+                    p.parts.push(c.bytes);
+                    if end {
+                        let mut p = self.partial.take().expect("matched Some");
+                        let total = p.total as usize;
+                        let msg = join(&mut p.parts, total);
+                        self.unread += total;
+                        *delivered += 1;
+                        events.push_back(Event::Message(msg));
+                    }
+                }
+                _ => return Err("message piece out of place"),
+            }
+        }
+        if close {
+            if self.partial.is_some() {
+                return Err("sentinel inside a message");
+            }
+            self.fin_done = true;
+        }
+        Ok(())
+    }
+
+    /// The application took a message of `len` bytes.
+    pub(super) fn consumed(&mut self, len: usize) {
+        self.unread -= len;
+    }
+
+    /// Packets held above a gap (for tests of the memory bound).
+    pub(super) fn held(&self) -> usize {
+        self.held.len()
+    }
+}

@@ -1,0 +1,480 @@
+//! The sending half of an association: the queue of accepted messages, the
+//! packets in flight, selective-ack processing, loss detection and the
+//! retransmission timer (RFC 6298).
+//!
+//! Memory is bounded twice: `send` refuses once `send_buffer` bytes are
+//! accepted and not yet acknowledged (one message larger than that is let in
+//! alone), and at most `send_window` packets are in flight.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::frame::{chunk_overhead, Chunk, Encoder, Status};
+use crate::varint;
+
+/// A packet counts as lost once a packet transmitted this many
+/// transmissions after it has been acknowledged (RFC 6675's DupThresh,
+/// counted as QUIC counts packet numbers).
+const DUPTHRESH: u64 = 3;
+/// Clock granularity in the RTO formula.
+const GRANULARITY: Duration = Duration::from_millis(1);
+/// Most doublings of the RTO.
+const MAX_BACKOFF: u32 = 16;
+
+/// RFC 6298's round-trip estimator: SRTT, RTTVAR, RTO with exponential
+/// backoff. Samples come only from packets sent once (Karn's rule); the
+/// caller enforces that.
+#[derive(Debug, Clone)]
+pub(super) struct Rtt {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    base: Duration,
+    backoff: u32,
+    min: Duration,
+    max: Duration,
+}
+
+impl Rtt {
+    pub(super) fn new(initial: Duration, min: Duration, max: Duration) -> Rtt {
+        Rtt {
+            srtt: None,
+            rttvar: Duration::ZERO,
+            base: initial.clamp(min, max),
+            backoff: 0,
+            min,
+            max,
+        }
+    }
+
+    /// Takes one measurement and resets the backoff (RFC 6298 2.2, 2.3).
+    pub(super) fn sample(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(s) => {
+                let diff = if s > r { s - r } else { r - s };
+                self.rttvar = self.rttvar * 3 / 4 + diff / 4;
+                self.srtt = Some(s * 7 / 8 + r / 8);
+            }
+        }
+        let s = self.srtt.expect("set above");
+        self.base = (s + (4 * self.rttvar).max(GRANULARITY)).clamp(self.min, self.max);
+        self.backoff = 0;
+    }
+
+    /// The retransmission timeout in force, backoff included.
+    pub(super) fn rto(&self) -> Duration {
+        self.base
+            .saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
+            .min(self.max)
+    }
+
+    /// Doubles the timeout after an expiry (RFC 6298 5.5).
+    pub(super) fn back_off(&mut self) {
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+    }
+
+    /// The smoothed RTT, once measured.
+    pub(super) fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+}
+
+/// One packet sent and not yet acknowledged cumulatively.
+#[derive(Debug)]
+struct Sent {
+    chunks: Vec<Chunk>,
+    close: bool,
+    /// Payload bytes, released from the send buffer when acknowledged.
+    bytes: usize,
+    /// Time of the last transmission.
+    sent: Instant,
+    /// Transmission number of the last transmission.
+    tx: u64,
+    sends: u32,
+    /// Acknowledged, cumulatively or selectively.
+    acked: bool,
+    /// Waiting in the retransmission queue.
+    lost: bool,
+}
+
+impl Sent {
+    fn data_len(&self, seq: u64) -> usize {
+        varint::len(seq) + self.chunks.iter().map(Chunk::encoded_len).sum::<usize>()
+    }
+}
+
+/// What an acknowledgement changed.
+#[derive(Debug, Default)]
+pub(super) struct AckOutcome {
+    /// Packets newly marked lost by the SACK rule.
+    pub(super) fast_lost: u64,
+    /// Whether any packet was newly acknowledged.
+    pub(super) progress: bool,
+}
+
+/// The sending half; see the module documentation.
+#[derive(Debug)]
+pub(super) struct SendState {
+    queue: VecDeque<Bytes>,
+    /// Bytes of the front message already in packets.
+    front_off: usize,
+    /// Bytes accepted by `send` and not yet acknowledged.
+    pub(super) buffered: usize,
+    send_buffer: usize,
+    /// Lowest sequence number not acknowledged cumulatively.
+    pub(super) una: u64,
+    /// Next new sequence number.
+    pub(super) next: u64,
+    inflight: VecDeque<Sent>,
+    unacked: usize,
+    rtx: VecDeque<u64>,
+    /// The peer's `alloc`: never send this sequence number or above.
+    pub(super) peer_alloc: u64,
+    window: u64,
+    /// `close` was called (or the peer closed): send the sentinel after the
+    /// queue.
+    pub(super) close_requested: bool,
+    /// Sequence number of the packet that carries the sentinel.
+    pub(super) sentinel: Option<u64>,
+    tx: u64,
+    largest_acked_tx: u64,
+    since_sreq: u32,
+    /// `send` refused for lack of room; report `Writable` later.
+    pub(super) blocked: bool,
+    pub(super) rto_deadline: Option<Instant>,
+    pub(super) rtt: Rtt,
+}
+
+impl SendState {
+    pub(super) fn new(window: u64, send_buffer: usize, rtt: Rtt) -> SendState {
+        SendState {
+            queue: VecDeque::new(),
+            front_off: 0,
+            buffered: 0,
+            send_buffer,
+            una: 0,
+            next: 0,
+            inflight: VecDeque::new(),
+            unacked: 0,
+            rtx: VecDeque::new(),
+            peer_alloc: 0,
+            window,
+            close_requested: false,
+            sentinel: None,
+            tx: 0,
+            largest_acked_tx: 0,
+            since_sreq: 0,
+            blocked: false,
+            rto_deadline: None,
+            rtt,
+        }
+    }
+
+    /// Whether a message of `len` bytes fits in the send buffer now.
+    pub(super) fn has_room(&self, len: usize) -> bool {
+        self.buffered == 0 || self.buffered.saturating_add(len) <= self.send_buffer
+    }
+
+    /// Queues a message; the caller has checked room and limits.
+    pub(super) fn push(&mut self, msg: Bytes) {
+        self.buffered += msg.len();
+        self.queue.push_back(msg);
+    }
+
+    /// Whether the send buffer has drained far enough to report `Writable`.
+    pub(super) fn writable_again(&self) -> bool {
+        self.buffered <= self.send_buffer / 2
+    }
+
+    /// Packets sent and not acknowledged.
+    pub(super) fn unacked(&self) -> usize {
+        self.unacked
+    }
+
+    /// Messages (or parts) queued and not yet in packets, or a sentinel.
+    pub(super) fn has_new(&self) -> bool {
+        !self.queue.is_empty() || (self.close_requested && self.sentinel.is_none())
+    }
+
+    /// The highest sequence number allowed, exclusive: the peer's window and
+    /// our own bound on packets in flight.
+    fn limit(&self) -> u64 {
+        self.peer_alloc.min(self.una.saturating_add(self.window))
+    }
+
+    /// New data waits but the window is shut.
+    pub(super) fn window_blocked(&self) -> bool {
+        self.has_new() && self.next >= self.limit()
+    }
+
+    /// Whether the sentinel is sent and everything up to it acknowledged.
+    pub(super) fn sentinel_acked(&self) -> bool {
+        self.sentinel.is_some_and(|s| self.una > s)
+    }
+
+    /// Whether a packet (retransmission or new) could be sent now.
+    pub(super) fn has_data(&self) -> bool {
+        !self.rtx.is_empty() || (self.has_new() && self.next < self.limit())
+    }
+
+    /// Arms the retransmission timer if it should run and does not.
+    pub(super) fn arm(&mut self, now: Instant) {
+        if self.rto_deadline.is_none() && (self.unacked > 0 || self.window_blocked()) {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        if self.unacked == 0 && !self.window_blocked() {
+            self.rto_deadline = None;
+        }
+    }
+
+    /// Chooses the next data packet: the oldest loss first, else a new
+    /// packet filled from the queue with at most `budget` bytes of chunks.
+    /// Returns its sequence number and whether it should carry SREQ.
+    pub(super) fn next_packet(
+        &mut self,
+        now: Instant,
+        budget: usize,
+        sreq_every: u32,
+    ) -> Option<(u64, bool, bool)> {
+        while let Some(seq) = self.rtx.pop_front() {
+            let Some(i) = seq.checked_sub(self.una) else {
+                continue;
+            };
+            let Some(p) = self.inflight.get_mut(i as usize) else {
+                continue;
+            };
+            if p.acked || !p.lost {
+                continue;
+            }
+            p.lost = false;
+            p.sent = now;
+            self.tx += 1;
+            p.tx = self.tx;
+            p.sends += 1;
+            self.arm(now);
+            return Some((seq, true, true));
+        }
+        if !(self.has_new() && self.next < self.limit()) {
+            return None;
+        }
+        let (chunks, bytes) = self.fill(budget);
+        let close = self.close_requested && self.queue.is_empty();
+        let seq = self.next;
+        if close {
+            self.sentinel = Some(seq);
+        }
+        self.next += 1;
+        self.tx += 1;
+        self.inflight.push_back(Sent {
+            chunks,
+            close,
+            bytes,
+            sent: now,
+            tx: self.tx,
+            sends: 1,
+            acked: false,
+            lost: false,
+        });
+        self.unacked += 1;
+        self.since_sreq += 1;
+        let sreq = self.since_sreq >= sreq_every || close || !self.has_data();
+        if sreq {
+            self.since_sreq = 0;
+        }
+        self.arm(now);
+        Some((seq, sreq, false))
+    }
+
+    /// Takes chunks from the queue for one packet.
+    fn fill(&mut self, mut budget: usize) -> (Vec<Chunk>, usize) {
+        let mut chunks = Vec::new();
+        let mut bytes = 0;
+        while let Some(msg) = self.queue.front() {
+            let begin = self.front_off == 0;
+            let rest = msg.len() - self.front_off;
+            let total = msg.len() as u64;
+            // Overhead with the largest length that could fit, so the chunk
+            // never overshoots the budget.
+            let over = chunk_overhead(begin, false, total, budget);
+            if budget <= over {
+                break;
+            }
+            let n = rest.min(budget - over);
+            let end = n == rest;
+            let piece = msg.slice(self.front_off..self.front_off + n);
+            let c = Chunk {
+                begin,
+                end,
+                total: if begin && !end { total } else { 0 },
+                bytes: piece,
+            };
+            budget -= c.encoded_len();
+            bytes += n;
+            chunks.push(c);
+            if end {
+                self.queue.pop_front();
+                self.front_off = 0;
+            } else {
+                self.front_off += n;
+                break;
+            }
+        }
+        (chunks, bytes)
+    }
+
+    /// Encoded length of `seq`'s DATA section.
+    pub(super) fn data_len(&self, seq: u64) -> usize {
+        self.inflight[(seq - self.una) as usize].data_len(seq)
+    }
+
+    /// Writes `seq`'s DATA section (and CLOSE flag).
+    pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>) {
+        let p = &self.inflight[(seq - self.una) as usize];
+        e.data(seq);
+        for c in &p.chunks {
+            e.chunk(c);
+        }
+        e.close(p.close);
+    }
+
+    /// Whether `st` acknowledges only what was sent.
+    pub(super) fn valid(&self, st: &Status) -> bool {
+        st.rseq <= self.next && st.sack.ranges().iter().all(|&(_, end)| end <= self.next)
+    }
+
+    /// Applies a status the caller has checked with [`SendState::valid`].
+    pub(super) fn on_status(&mut self, now: Instant, st: &Status) -> AckOutcome {
+        let mut out = AckOutcome::default();
+        self.peer_alloc = self.peer_alloc.max(st.alloc);
+        let mut newest: Option<(u64, Instant, u32)> = None;
+        let mut note = |seq: u64, p: &Sent| {
+            match newest {
+                Some((s, _, _)) if s >= seq => {}
+                _ => newest = Some((seq, p.sent, p.sends)),
+            }
+        };
+        let mut max_tx = self.largest_acked_tx;
+        let advanced = st.rseq > self.una;
+        while self.una < st.rseq {
+            let p = self.inflight.pop_front().expect("una < rseq <= next");
+            if !p.acked {
+                self.buffered -= p.bytes;
+                self.unacked -= 1;
+                max_tx = max_tx.max(p.tx);
+                out.progress = true;
+                note(self.una, &p);
+            }
+            self.una += 1;
+        }
+        for &(a, b) in st.sack.ranges() {
+            for seq in a.max(self.una)..b {
+                let p = &mut self.inflight[(seq - self.una) as usize];
+                if !p.acked {
+                    p.acked = true;
+                    p.chunks = Vec::new();
+                    self.buffered -= p.bytes;
+                    self.unacked -= 1;
+                    max_tx = max_tx.max(p.tx);
+                    out.progress = true;
+                    note(seq, p);
+                }
+            }
+        }
+        // Karn: only a packet sent once gives a sample, and only the packet
+        // the ack delay refers to.
+        if let (Some((seq, sent, 1)), Some(largest)) = (newest, st.largest()) {
+            if seq == largest {
+                let raw = now.saturating_duration_since(sent);
+                let delay = Duration::from_micros(st.ack_delay_us);
+                let r = if raw > delay { raw - delay } else { raw };
+                self.rtt.sample(r);
+            }
+        }
+        self.largest_acked_tx = max_tx;
+        for (i, p) in self.inflight.iter_mut().enumerate() {
+            if !p.acked && !p.lost && p.tx + DUPTHRESH <= max_tx {
+                p.lost = true;
+                self.rtx.push_back(self.una + i as u64);
+                out.fast_lost += 1;
+            }
+        }
+        if advanced || out.progress {
+            self.rto_deadline = None;
+        }
+        self.arm(now);
+        out
+    }
+
+    /// The retransmission timer expired: every packet not acknowledged is
+    /// queued again and the timer backs off. Returns how many were queued
+    /// (zero means the timer was a window probe).
+    pub(super) fn on_rto(&mut self, now: Instant) -> u64 {
+        self.rtt.back_off();
+        let mut n = 0;
+        for (i, p) in self.inflight.iter_mut().enumerate() {
+            if !p.acked && !p.lost {
+                p.lost = true;
+                self.rtx.push_back(self.una + i as u64);
+                n += 1;
+            }
+        }
+        self.rto_deadline = None;
+        self.arm(now);
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rtt_follows_rfc6298() {
+        let ms = Duration::from_millis;
+        let mut r = Rtt::new(ms(1000), ms(200), ms(60_000));
+        assert_eq!(r.rto(), ms(1000));
+        r.sample(ms(100));
+        // SRTT = 100, RTTVAR = 50, RTO = 100 + 200 = 300
+        assert_eq!(r.srtt(), Some(ms(100)));
+        assert_eq!(r.rto(), ms(300));
+        r.back_off();
+        assert_eq!(r.rto(), ms(600));
+        r.sample(ms(100));
+        // RTTVAR = 37.5, SRTT = 100, RTO = 250 and the backoff is gone
+        assert_eq!(r.rto(), ms(250));
+        for _ in 0..40 {
+            r.back_off();
+        }
+        assert_eq!(r.rto(), ms(60_000));
+    }
+
+    #[test]
+    fn fill_fragments_and_coalesces() {
+        let now = Instant::now();
+        let mut s = SendState::new(64, 1 << 20, Rtt::new(Duration::from_secs(1), Duration::ZERO, Duration::from_secs(60)));
+        s.peer_alloc = 64;
+        s.push(Bytes::from_static(b"a"));
+        s.push(Bytes::from_static(b"bb"));
+        s.push(Bytes::from(vec![7u8; 250]));
+        let (seq, _, _) = s.next_packet(now, 100, 8).unwrap();
+        let p = &s.inflight[seq as usize];
+        assert_eq!(p.chunks.len(), 3);
+        assert!(p.chunks[0].begin && p.chunks[0].end);
+        assert!(p.chunks[2].begin && !p.chunks[2].end && p.chunks[2].total == 250);
+        let used: usize = p.chunks.iter().map(Chunk::encoded_len).sum();
+        assert!(used <= 100, "{used}");
+        let mut got = p.chunks[2].bytes.len();
+        while let Some((seq, _, _)) = s.next_packet(now, 100, 8) {
+            let p = &s.inflight[seq as usize];
+            assert!(p.chunks.iter().map(Chunk::encoded_len).sum::<usize>() <= 100);
+            got += p.chunks.iter().map(|c| c.bytes.len()).sum::<usize>();
+        }
+        assert_eq!(got, 250);
+        assert!(s.inflight.back().unwrap().chunks.last().unwrap().end);
+    }
+}

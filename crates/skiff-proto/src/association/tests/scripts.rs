@@ -1,0 +1,572 @@
+//! Scenarios that read like scripts: set up, lose this packet, expect that.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::harness::{msg, test_config, Dir, Net, Pair};
+use crate::association::frame::{Encoder, Packet, Status, RTN};
+use crate::association::{
+    AssociationConfig, CloseReason, Event, FailReason, Listener, ListenerConfig, SendError, State,
+};
+
+fn lossless() -> Pair {
+    Pair::new(1, Net::default())
+}
+
+#[test]
+fn handshake_completes_and_messages_flow_both_ways() {
+    let mut p = lossless();
+    p.connect();
+    assert!(p.elapsed() < Duration::from_millis(20), "{:?}", p.elapsed());
+    for i in 0..5 {
+        p.client.send(msg(i, 100)).unwrap();
+        p.srv().send(msg(100 + i, 50)).unwrap();
+    }
+    p.drive();
+    let got: Vec<_> = (0..5).map(|i| msg(i, 100)).collect();
+    assert_eq!(Pair::messages(&p.server_events), got);
+    let got: Vec<_> = (0..5).map(|i| msg(100 + i, 50)).collect();
+    assert_eq!(Pair::messages(&p.client_events), got);
+    assert_eq!(p.server_events.first(), Some(&Event::Connected));
+    // Five small messages queued together share one packet.
+    assert_eq!(p.client.stats().data_packets, 1);
+    assert!(p.client.rtt().is_some());
+}
+
+#[test]
+fn handshake_survives_lost_first() {
+    let mut p = lossless();
+    p.filter = Some(Box::new(|w| w.packet.first.is_some() && w.index == 0));
+    p.connect();
+    let firsts = p.log.iter().filter(|w| w.packet.first.is_some()).count();
+    assert_eq!(firsts, 2, "FIRST was sent again");
+    // The retry waits one initial RTO.
+    assert!(p.elapsed() >= test_config().initial_rto);
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+    assert_eq!(p.server.stats().first_accepted, 1);
+}
+
+#[test]
+fn handshake_survives_lost_rtn() {
+    let mut p = lossless();
+    let mut dropped = false;
+    p.filter = Some(Box::new(move |w| {
+        let hit = w.packet.accept.is_some() && !dropped;
+        dropped |= hit;
+        hit
+    }));
+    p.connect();
+    let accepts = p.log.iter().filter(|w| w.packet.accept.is_some()).count();
+    assert!(accepts >= 2, "ACCEPT was sent again");
+    assert_eq!(p.server.stats().first_accepted, 1, "one association, not two");
+    assert!(p.server.stats().first_duplicate >= 1 || accepts >= 2);
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+}
+
+#[test]
+fn handshake_survives_lost_confirmation() {
+    // The initiator's first packet after ACCEPT is lost and it has nothing
+    // to send: the listener's retransmitted ACCEPT draws a new one.
+    let mut p = lossless();
+    p.filter = Some(Box::new(|w| w.dir == Dir::ToServer && w.index == 2));
+    p.connect();
+    assert_eq!(p.server.stats().established, 1);
+}
+
+#[test]
+fn after_setup_packets_carry_only_the_key() {
+    let mut p = lossless();
+    p.connect();
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    let ck = p.client.local_key();
+    let sk = p.srv().local_key();
+    for w in &p.log {
+        match (w.dir, &w.packet) {
+            (Dir::ToServer, pk) if pk.first.is_some() => assert_eq!(pk.key, ck),
+            (Dir::ToServer, pk) => assert_eq!(pk.key, sk | RTN),
+            (Dir::ToClient, pk) => assert_eq!(pk.key, ck | RTN),
+        }
+        if w.packet.first.is_none() && w.packet.accept.is_none() {
+            assert!(w.bytes.len() < 40 || w.packet.data.is_some());
+        }
+    }
+}
+
+#[test]
+fn close_is_graceful_and_acknowledged() {
+    let mut p = lossless();
+    p.connect();
+    for i in 0..3 {
+        p.client.send(msg(i, 300)).unwrap();
+    }
+    p.srv().send(msg(9, 30)).unwrap();
+    p.client.close();
+    assert_eq!(p.client.send(msg(5, 1)), Err(SendError::Closed));
+    p.drive();
+    assert!(p.both_done());
+    assert_eq!(p.client_events.last(), Some(&Event::Closed(CloseReason::Local)));
+    assert_eq!(p.server_events.last(), Some(&Event::Closed(CloseReason::Peer)));
+    assert_eq!(Pair::messages(&p.server_events).len(), 3);
+    assert_eq!(Pair::messages(&p.client_events), vec![msg(9, 30)]);
+    assert!(p.client.is_drained());
+    // The listener forgets the association once its events are read.
+    assert!(p.server.is_empty());
+}
+
+#[test]
+fn close_survives_lost_sentinel() {
+    let mut p = lossless();
+    p.connect();
+    p.client.send(msg(0, 100)).unwrap();
+    p.client.close();
+    let mut dropped = 0;
+    p.filter = Some(Box::new(move |w| {
+        let hit = w.packet.close && dropped < 2;
+        dropped += usize::from(hit);
+        hit
+    }));
+    p.drive();
+    assert!(p.both_done());
+    assert_eq!(p.client_events.last(), Some(&Event::Closed(CloseReason::Local)));
+    assert_eq!(p.server_events.last(), Some(&Event::Closed(CloseReason::Peer)));
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 100)]);
+    let sentinels = p.log.iter().filter(|w| w.packet.close).count();
+    assert!(sentinels >= 4, "both sentinels, the lost ones again: {sentinels}");
+}
+
+#[test]
+fn close_survives_lost_final_ack() {
+    // The last packet of a close is an acknowledgement; lose it, and the
+    // lingering side acknowledges the retransmitted sentinel.
+    let mut clean = lossless();
+    clean.connect();
+    clean.client.close();
+    clean.drive();
+    let last = clean.log.len() - 1;
+    let mut p = lossless();
+    p.connect();
+    p.client.close();
+    p.filter = Some(Box::new(move |w| w.index == last));
+    p.drive();
+    assert!(p.both_done(), "{:?} {:?}", p.client_events, p.server_events);
+    assert!(matches!(p.client_events.last(), Some(Event::Closed(_))));
+    assert!(matches!(p.server_events.last(), Some(Event::Closed(_))));
+}
+
+#[test]
+fn window_never_exceeded() {
+    let mut p = lossless();
+    p.server_reads = false;
+    p.connect();
+    // The harness asserts on every packet that its sequence number is below
+    // the receiver's alloc; here the receiver does not read, so the window
+    // must close and the sender must stop.
+    let mut accepted = 0;
+    let mut refused = false;
+    for i in 0..10_000 {
+        match p.client.send(msg(i, 1000)) {
+            Ok(()) => accepted += 1,
+            Err(SendError::WouldBlock) => {
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused, "send refuses once the buffer is full");
+    assert!(p.client.buffered() <= test_config().send_buffer);
+    p.drive_until(Duration::from_secs(20), |_| false);
+    let a = p.server.get(p.server_h.unwrap()).unwrap();
+    let (rseq, alloc) = a.recv_window();
+    assert!(alloc - rseq <= test_config().recv_window);
+    assert_eq!(a.stats().out_of_window, 0);
+    // The receiver stopped opening the window: what it holds unread is its
+    // buffer plus at most a window of packets.
+    let cfg = test_config();
+    let unread: usize = Pair::messages(&p.server_events).len();
+    assert_eq!(unread, 0, "server did not read");
+    assert!(
+        (rseq as usize) * cfg.mtu <= cfg.recv_buffer + (cfg.recv_window as usize + 1) * cfg.mtu,
+        "rseq {rseq}"
+    );
+    assert!(p.client.in_flight() as u64 <= cfg.send_window);
+    assert!(p.client.state() == State::Established, "probes keep it alive");
+    // Now the server reads; everything arrives and the client may write.
+    p.server_reads = true;
+    p.drive();
+    assert!(p.client_events.contains(&Event::Writable));
+    let got = Pair::messages(&p.server_events);
+    assert_eq!(got.len(), accepted);
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m, &msg(i, 1000));
+    }
+    assert_eq!(p.client.stats().out_of_window, 0);
+}
+
+#[test]
+fn fragmented_message_reassembled() {
+    let net = Net {
+        loss: 0.02,
+        dup: 0.02,
+        jitter: Duration::from_millis(2),
+        ..Net::default()
+    };
+    let cfg = AssociationConfig {
+        send_buffer: 1 << 20,
+        recv_buffer: 1 << 20,
+        recv_window: 64,
+        send_window: 64,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(3, net, cfg);
+    p.connect();
+    let big = msg(1, 3 << 20);
+    p.client.send(big.clone()).unwrap();
+    p.client.send(msg(2, 10)).unwrap_err();
+    p.drive();
+    assert_eq!(p.client.send(msg(2, 10)), Ok(()));
+    p.drive();
+    let got = Pair::messages(&p.server_events);
+    assert_eq!(got.len(), 2);
+    assert!(got[0] == big, "3 MiB message arrives intact");
+    assert_eq!(got[1], msg(2, 10));
+    assert!(p.client.stats().data_packets > 2000);
+    for w in &p.log {
+        assert!(w.bytes.len() <= 1200, "packets fit the mtu");
+    }
+}
+
+#[test]
+fn message_over_max_message_refused() {
+    let cfg = AssociationConfig {
+        max_message: 1000,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(1, Net::default(), cfg);
+    assert_eq!(
+        p.client.send(Bytes::from(vec![0; 1001])),
+        Err(SendError::TooLarge {
+            len: 1001,
+            max: 1000
+        })
+    );
+    p.client.send(Bytes::from(vec![0; 1000])).unwrap();
+    p.connect();
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events)[0].len(), 1000);
+}
+
+fn status_packet(key: u64, st: Status) -> Vec<u8> {
+    let mut out = Vec::new();
+    Encoder::new(&mut out, key).status(&st, usize::MAX);
+    out
+}
+
+#[test]
+fn forged_key_rejected() {
+    let mut p = lossless();
+    p.connect();
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    // A data packet the client really sent, re-keyed by a forger.
+    let real = p
+        .log
+        .iter()
+        .find(|w| w.dir == Dir::ToServer && w.packet.data.is_some())
+        .unwrap()
+        .packet
+        .clone();
+    let mut forged = real.clone();
+    forged.key = 0x1234_5678 | RTN;
+    forged.data.as_mut().unwrap().seq = 1;
+    let mut b = Vec::new();
+    forged.encode(&mut b);
+    let client = p.client_addr;
+    p.inject_to_server(client, b);
+    assert_eq!(p.server.stats().unknown_key, 1);
+    // The right key from the wrong address.
+    let mut right = real;
+    right.data.as_mut().unwrap().seq = 1;
+    let mut b = Vec::new();
+    right.encode(&mut b);
+    p.inject_to_server("10.9.9.9:1".parse().unwrap(), b.clone());
+    assert_eq!(p.server.stats().wrong_source, 1);
+    // A key without RTN that is not a FIRST.
+    let mut b2 = b.clone();
+    b2[12] &= 0x7f;
+    p.inject_to_server(client, b2);
+    assert_eq!(p.server.stats().unknown_key, 2);
+    // To the client: a key that is not its own.
+    let server = p.server_addr;
+    let st = Status {
+        rseq: 0,
+        alloc: 10,
+        ..Status::default()
+    };
+    p.inject_to_client(server, status_packet(99 | RTN, st));
+    assert_eq!(p.client.stats().wrong_key, 1);
+    let key = p.client.local_key() | RTN;
+    p.inject_to_client("10.9.9.9:1".parse().unwrap(), status_packet(key, st));
+    assert_eq!(p.client.stats().wrong_source, 1);
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+}
+
+#[test]
+fn replayed_packet_not_delivered_twice() {
+    let mut p = lossless();
+    p.connect();
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    let replay: Vec<_> = p
+        .log
+        .iter()
+        .filter(|w| w.dir == Dir::ToServer)
+        .map(|w| w.bytes.to_vec())
+        .collect();
+    let client = p.client_addr;
+    for b in &replay {
+        p.inject_to_server(client, b.clone());
+    }
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+    assert!(p.srv().stats().duplicates >= 1);
+    assert_eq!(p.server.stats().first_accepted, 1, "old FIRST finds its association");
+    // After close and drain, a replayed FIRST makes a half-open association
+    // that is never handed out and expires.
+    p.client.close();
+    p.drive();
+    assert!(p.server.is_empty());
+    p.inject_to_server(client, replay[0].clone());
+    assert_eq!(p.server.half_open(), 1);
+    p.drive_until(Duration::from_secs(30), |_| false);
+    assert_eq!(p.server.half_open(), 0);
+    assert_eq!(p.server.stats().half_open_expired, 1);
+    assert!(p.server.accept().is_none());
+    assert!(p.server.is_empty());
+}
+
+#[test]
+fn ack_of_unsent_data_ignored() {
+    let mut p = lossless();
+    p.connect();
+    // Lose everything to the server so the message stays unacknowledged.
+    p.net.loss = 1.0;
+    p.client.send(msg(0, 10)).unwrap();
+    p.flush();
+    assert_eq!(p.client.in_flight(), 1);
+    let key = p.client.local_key() | RTN;
+    let server = p.server_addr;
+    for st in [
+        Status {
+            rseq: 5,
+            alloc: 40,
+            ..Status::default()
+        },
+        {
+            let mut s = Status {
+                rseq: 0,
+                alloc: 40,
+                ..Status::default()
+            };
+            s.sack.push(3, 4);
+            s
+        },
+    ] {
+        p.inject_to_client(server, status_packet(key, st));
+    }
+    assert_eq!(p.client.stats().ack_of_unsent, 2);
+    assert_eq!(p.client.in_flight(), 1, "nothing was taken as acknowledged");
+    p.net.loss = 0.0;
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+}
+
+#[test]
+fn first_flood_bounded() {
+    let cfg = test_config();
+    let mut l = Listener::new(ListenerConfig {
+        service: 7,
+        max_associations: 16,
+        max_half_open: 8,
+        seed: 42,
+        association: cfg.clone(),
+    });
+    let now = std::time::Instant::now();
+    let mut buf = Vec::new();
+    for i in 0..1000u32 {
+        let from: SocketAddr = format!("10.1.{}.{}:{}", i / 250, i % 250, 1000 + i)
+            .parse()
+            .unwrap();
+        let mut a = crate::association::Association::connect(now, cfg.clone(), from, 7, u64::from(i));
+        let _ = a.poll_transmit(now, &mut buf).unwrap();
+        l.handle_datagram(now, from, buf.clone().into());
+    }
+    assert_eq!(l.half_open(), 8);
+    assert_eq!(l.len(), 8);
+    assert_eq!(l.stats().first_accepted, 8);
+    assert_eq!(l.stats().first_rejected_half_open, 992);
+    // The answers go out (one per FIRST accepted, none to the rejected).
+    let mut answers = 0;
+    while l.poll_transmit(now, &mut buf).is_some() {
+        answers += 1;
+    }
+    assert_eq!(answers, 8);
+    // Half-open set-ups expire and make room.
+    let later = now + cfg.handshake_timeout;
+    l.handle_timeout(later);
+    while l.poll_transmit(later, &mut buf).is_some() {}
+    assert_eq!(l.half_open(), 0);
+    assert_eq!(l.stats().half_open_expired, 8);
+    assert!(l.is_empty());
+    assert!(l.accept().is_none());
+}
+
+#[test]
+fn listener_bounds_associations() {
+    let cfg = test_config();
+    let mut p = lossless();
+    p.server = Listener::new(ListenerConfig {
+        service: 7,
+        max_associations: 1,
+        max_half_open: 1,
+        seed: 5,
+        association: cfg.clone(),
+    });
+    p.connect();
+    // A second initiator is refused while the first association lives.
+    let now = p.now;
+    let from: SocketAddr = "10.0.0.3:1".parse().unwrap();
+    let mut a = crate::association::Association::connect(now, cfg, from, 7, 77);
+    let mut buf = Vec::new();
+    let _ = a.poll_transmit(now, &mut buf).unwrap();
+    p.server.handle_datagram(now, from, buf.into());
+    assert_eq!(p.server.stats().first_rejected_full, 1);
+    // A FIRST for another service is dropped.
+    let mut b = crate::association::Association::connect(now, test_config(), from, 8, 78);
+    let mut buf = Vec::new();
+    let _ = b.poll_transmit(now, &mut buf).unwrap();
+    p.server.handle_datagram(now, from, buf.into());
+    assert_eq!(p.server.stats().first_wrong_service, 1);
+}
+
+#[test]
+fn dead_peer_detected() {
+    let mut p = lossless();
+    p.connect();
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    let silent_from = p.now;
+    p.net.loss = 1.0;
+    p.client.send(msg(1, 10)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(60), |p| p.both_done()));
+    let idle = test_config().idle_timeout;
+    assert_eq!(p.client_events.last(), Some(&Event::Failed(FailReason::PeerDead)));
+    assert_eq!(p.server_events.last(), Some(&Event::Failed(FailReason::PeerDead)));
+    let took = p.now - silent_from;
+    assert!(took >= idle && took <= idle + Duration::from_millis(100), "{took:?}");
+    assert!(p.client.is_drained());
+}
+
+#[test]
+fn keepalive_keeps_idle_association_alive() {
+    let mut p = lossless();
+    p.connect();
+    p.drive_until(Duration::from_secs(120), |_| false);
+    assert_eq!(p.client.state(), State::Established);
+    assert_eq!(p.srv().state(), State::Established);
+    assert!(p.client.stats().probes > 10);
+}
+
+#[test]
+fn reset_reaches_peer_when_one_side_fails() {
+    let mut p = lossless();
+    p.connect();
+    // Cut only the way to the client: the client dies of silence, its
+    // RESET reaches the server.
+    p.filter = Some(Box::new(|w| w.dir == Dir::ToClient));
+    p.srv().send(msg(0, 10)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(60), |p| p.both_done()));
+    assert_eq!(p.client_events.last(), Some(&Event::Failed(FailReason::PeerDead)));
+    assert_eq!(p.server_events.last(), Some(&Event::Failed(FailReason::Reset)));
+}
+
+#[test]
+fn fast_retransmit_on_sack_gap() {
+    let mut p = lossless();
+    p.connect();
+    let mut dropped = false;
+    p.filter = Some(Box::new(move |w| {
+        let hit = !dropped && w.packet.data.as_ref().is_some_and(|d| d.seq == 2);
+        dropped |= hit;
+        hit
+    }));
+    let t0 = p.now;
+    for i in 0..10 {
+        p.client.send(msg(i, 1000)).unwrap();
+    }
+    p.drive();
+    let got = Pair::messages(&p.server_events);
+    assert_eq!(got, (0..10).map(|i| msg(i, 1000)).collect::<Vec<_>>());
+    let s = p.client.stats();
+    assert!(s.fast_retransmits >= 1, "{s:?}");
+    assert_eq!(s.rto_expired, 0, "{s:?}");
+    assert_eq!(s.retransmits, 1, "{s:?}");
+    // Recovered in about one round trip, well before a timeout.
+    let srv_got_all = p.log.last().unwrap().at - t0;
+    assert!(srv_got_all < p.client.rto(), "{srv_got_all:?}");
+    let last = p.log.iter().rev().find(|w| w.packet.data.is_some()).unwrap();
+    assert_eq!(last.packet.data.as_ref().unwrap().seq, 2, "the hole, resent last");
+}
+
+#[test]
+fn timeout_retransmits_lost_tail() {
+    let mut p = lossless();
+    p.connect();
+    p.filter = Some(Box::new(|w| w.dir == Dir::ToServer && w.packet.data.is_some() && w.index < 20));
+    p.client.send(msg(0, 10)).unwrap();
+    p.drive();
+    assert_eq!(Pair::messages(&p.server_events), vec![msg(0, 10)]);
+    assert!(p.client.stats().rto_expired >= 1);
+}
+
+#[test]
+fn rtt_estimate_tracks_latency() {
+    let net = Net {
+        latency: Duration::from_millis(40),
+        ..Net::default()
+    };
+    let mut p = Pair::new(9, net);
+    p.connect();
+    for i in 0..50 {
+        p.client.send(msg(i, 500)).unwrap();
+        p.drive();
+    }
+    let rtt = p.client.rtt().unwrap();
+    assert!(
+        rtt >= Duration::from_millis(78) && rtt <= Duration::from_millis(90),
+        "{rtt:?}"
+    );
+    assert!(p.client.rto() >= rtt);
+}
+
+#[test]
+fn ack_packet_decodes() {
+    // A status packet from the harness encoder is what the decoder reads.
+    let st = Status {
+        rseq: 3,
+        alloc: 40,
+        ack_delay_us: 17,
+        ..Status::default()
+    };
+    let b = status_packet(5 | RTN, st);
+    let p = Packet::decode(&b.into()).unwrap();
+    assert_eq!(p.status, Some(st));
+}

@@ -1,0 +1,359 @@
+//! Router tests: semantics by example, bookkeeping, and a property test
+//! against a naive reference matcher.
+
+use super::*;
+use proptest::prelude::*;
+
+fn subj(s: &str) -> Subject<'_> {
+    Subject::new(s).unwrap()
+}
+
+fn matched(r: &Router<u64>, s: &str, kind: Option<&str>) -> Vec<(SubId, u64)> {
+    let mut out = Vec::new();
+    r.matches(subj(s), kind, &mut out);
+    out.sort();
+    out
+}
+
+fn ids(r: &Router<u64>, s: &str, kind: Option<&str>) -> Vec<SubId> {
+    matched(r, s, kind).into_iter().map(|(id, _)| id).collect()
+}
+
+fn sorted(mut v: Vec<SubId>) -> Vec<SubId> {
+    v.sort();
+    v
+}
+
+#[test]
+fn wildcards_by_example() {
+    let mut r = Router::new();
+    let exact = r.subscribe("a.b.c", "*", 1).unwrap();
+    let one = r.subscribe("a.*.c", "*", 2).unwrap();
+    let rest = r.subscribe("a.>", "*", 3).unwrap();
+    let all = r.subscribe(">", "*", 4).unwrap();
+    let star = r.subscribe("*", "*", 5).unwrap();
+    assert_eq!(ids(&r, "a.b.c", None), sorted(vec![exact, one, rest, all]));
+    assert_eq!(ids(&r, "a.x.c", None), sorted(vec![one, rest, all]));
+    assert_eq!(ids(&r, "a.b", None), sorted(vec![rest, all]));
+    assert_eq!(ids(&r, "a.b.c.d", None), sorted(vec![rest, all]));
+    // `a.>` does not match `a`; `*` matches exactly one token.
+    assert_eq!(ids(&r, "a", None), sorted(vec![all, star]));
+    assert_eq!(ids(&r, "z", None), sorted(vec![all, star]));
+    assert_eq!(ids(&r, "z.y", None), vec![all]);
+}
+
+#[test]
+fn kinds_by_example() {
+    let mut r = Router::new();
+    let any = r.subscribe("t", "*", 1).unwrap();
+    let untyped = r.subscribe("t", "", 2).unwrap();
+    let ev = r.subscribe("t", "event", 3).unwrap();
+    let ev_rest = r.subscribe(">", "event", 4).unwrap();
+    assert_eq!(ids(&r, "t", None), sorted(vec![any, untyped]));
+    assert_eq!(ids(&r, "t", Some("")), sorted(vec![any, untyped]));
+    assert_eq!(ids(&r, "t", Some("event")), sorted(vec![any, ev, ev_rest]));
+    assert_eq!(ids(&r, "t", Some("Event")), vec![any]);
+    assert_eq!(ids(&r, "u", Some("other")), vec![]);
+    assert!(r.subscribe("t", "ev nt", 1).is_err());
+    assert!(r.subscribe("t", "ev*", 1).is_err());
+    assert!(r.subscribe("t.>.x", "*", 1).is_err());
+    assert!(r.subscribe("", "*", 1).is_err());
+    assert_eq!(r.len(), 4);
+}
+
+#[test]
+fn delivery_is_per_subscription_and_subscribers_dedup() {
+    let mut r = Router::new();
+    let a1 = r.subscribe("x.*", "*", 7).unwrap();
+    let a2 = r.subscribe("x.>", "*", 7).unwrap();
+    let a3 = r.subscribe("x.y", "*", 7).unwrap();
+    let b = r.subscribe("x.y", "*", 8).unwrap();
+    assert_eq!(
+        matched(&r, "x.y", None),
+        vec![(a1, 7), (a2, 7), (a3, 7), (b, 8)]
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    );
+    let mut subs = vec![99];
+    assert_eq!(r.matching_subscribers(subj("x.y"), None, &mut subs), 2);
+    subs.sort();
+    assert_eq!(subs, vec![7, 8, 99]);
+    // The large-fan-out path (more than 16 matches) dedups too.
+    let mut r = Router::new();
+    for i in 0..100u64 {
+        r.subscribe("big.*", "*", i % 10).unwrap();
+        r.subscribe("big.>", "*", i % 10).unwrap();
+    }
+    let mut subs = Vec::new();
+    assert_eq!(r.matching_subscribers(subj("big.one"), None, &mut subs), 10);
+    subs.sort();
+    assert_eq!(subs, (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn no_residue_after_unsubscribe_and_remove_subscriber() {
+    let mut r = Router::new();
+    let mut mine = Vec::new();
+    for i in 0..500u64 {
+        let p = match i % 5 {
+            0 => format!("svc.{}.events.{}", i / 10, i),
+            1 => format!("svc.{}.*.{}", i / 10, i % 7),
+            2 => format!("svc.{}.>", i % 13),
+            3 => "*.*.x".to_string(),
+            _ => ">".to_string(),
+        };
+        let kind = ["*", "", "ev", "ev2"][(i % 4) as usize];
+        mine.push(r.subscribe(&p, kind, i % 17).unwrap());
+    }
+    assert!(r.node_count() > 0);
+    assert_eq!(r.subscriber_count(), 17);
+    // Half by id, in an order unrelated to insertion, the rest by subscriber.
+    for (n, id) in mine.iter().enumerate() {
+        if n % 3 == 0 {
+            assert!(r.unsubscribe(*id).is_some());
+            assert!(r.unsubscribe(*id).is_none(), "double unsubscribe");
+        }
+    }
+    let mut removed = 0;
+    for s in 0..17 {
+        removed += r.remove_subscriber(s);
+        assert_eq!(r.subscriptions_of(s).count(), 0);
+    }
+    assert_eq!(removed + mine.len().div_ceil(3), 500);
+    assert_eq!(r.remove_subscriber(3), 0);
+    assert!(r.is_empty());
+    assert_eq!(r.node_count(), 0);
+    assert_eq!(r.string_count(), 0);
+    assert_eq!(r.trie.edge_count(), 0);
+    assert_eq!(r.subscriber_count(), 0);
+    assert_eq!(r.patterns().count(), 0);
+}
+
+#[test]
+fn stale_ids_do_not_touch_new_subscriptions() {
+    let mut r = Router::new();
+    let old = r.subscribe("a", "*", 1).unwrap();
+    assert_eq!(r.unsubscribe(old), Some(1));
+    let new = r.subscribe("a", "*", 2).unwrap();
+    assert_ne!(old, new);
+    assert_eq!(r.unsubscribe(old), None);
+    assert_eq!(ids(&r, "a", None), vec![new]);
+    assert!(r.subscription(old).is_none());
+    // Also after the router emptied and gave its slot table back.
+    let mut seen = vec![old, new];
+    r.unsubscribe(new);
+    for round in 0..5u64 {
+        let id = r.subscribe("b", "*", round).unwrap();
+        for &dead in &seen {
+            assert_ne!(id, dead);
+            assert_eq!(r.unsubscribe(dead), None);
+        }
+        assert_eq!(r.len(), 1);
+        r.unsubscribe(id);
+        seen.push(id);
+    }
+}
+
+#[test]
+fn subscriptions_of_and_info() {
+    let mut r = Router::new();
+    let a = r.subscribe("a.*.>", "ev", 1).unwrap();
+    let b = r.subscribe(">", "", 1).unwrap();
+    let c = r.subscribe("q", "*", 2).unwrap();
+    assert_eq!(r.subscriptions_of(1).collect::<Vec<_>>(), vec![b, a]);
+    assert_eq!(r.subscriptions_of(2).collect::<Vec<_>>(), vec![c]);
+    let info = r.subscription(a).unwrap();
+    assert_eq!(
+        (info.subscriber, info.pattern.as_str(), info.kind),
+        (1, "a.*.>", KindPattern::Exact("ev"))
+    );
+    let info = r.subscription(b).unwrap();
+    assert_eq!(
+        (info.pattern.as_str(), info.kind),
+        (">", KindPattern::Untyped)
+    );
+    assert_eq!(r.subscription(c).unwrap().kind, KindPattern::Any);
+    // Unlinking from the middle of a subscriber's list keeps the rest.
+    let d = r.subscribe("z", "*", 1).unwrap();
+    r.unsubscribe(b);
+    assert_eq!(r.subscriptions_of(1).collect::<Vec<_>>(), vec![d, a]);
+}
+
+#[test]
+fn patterns_are_distinct_with_counts() {
+    let mut r = Router::new();
+    r.subscribe("a.b", "*", 1).unwrap();
+    r.subscribe("a.b", "*", 2).unwrap();
+    r.subscribe("a.b", "ev", 2).unwrap();
+    r.subscribe("a.>", "", 3).unwrap();
+    r.subscribe("*", "*", 3).unwrap();
+    let mut got: Vec<(String, String, usize)> = r
+        .patterns()
+        .map(|i| (i.pattern, i.kind.to_string(), i.subscriptions))
+        .collect();
+    got.sort();
+    let want = [
+        ("*", "*", 1),
+        ("a.>", "", 1),
+        ("a.b", "*", 2),
+        ("a.b", "ev", 1),
+    ];
+    let want: Vec<_> = want
+        .iter()
+        .map(|(p, k, n)| (p.to_string(), k.to_string(), *n))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn has_interest_ignores_kind() {
+    let mut r = Router::new();
+    assert!(!r.has_interest(subj("a")));
+    let id = r.subscribe("a.*", "only-this", 1).unwrap();
+    assert!(r.has_interest(subj("a.b")));
+    assert!(!r.has_interest(subj("a")));
+    assert!(!r.has_interest(subj("a.b.c")));
+    r.subscribe("a.b.>", "*", 1).unwrap();
+    assert!(r.has_interest(subj("a.b.c")));
+    r.unsubscribe(id);
+    assert!(!r.has_interest(subj("a.x")));
+}
+
+#[test]
+fn remote_nodes_as_subscribers() {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    enum Handle {
+        Client(u64),
+        Node(u32),
+    }
+    let mut r = Router::new();
+    r.subscribe("orders.>", "*", Handle::Client(1)).unwrap();
+    r.subscribe("orders.*", "*", Handle::Node(9)).unwrap();
+    r.subscribe("orders.eu", "*", Handle::Node(9)).unwrap();
+    let mut out = Vec::new();
+    r.matching_subscribers(subj("orders.eu"), None, &mut out);
+    assert_eq!(out.len(), 2);
+    assert_eq!(r.remove_subscriber(Handle::Node(9)), 2);
+    assert_eq!(r.node_count(), 1);
+}
+
+// --- property test against a naive reference matcher ---
+
+fn naive(p: &[&str], s: &[&str]) -> bool {
+    match (p.split_first(), s.split_first()) {
+        (None, None) => true,
+        (Some((&">", _)), Some(_)) => true,
+        (Some((&"*", pt)), Some((_, st))) => naive(pt, st),
+        (Some((l, pt)), Some((t, st))) => l == t && naive(pt, st),
+        _ => false,
+    }
+}
+
+fn naive_kind(pattern: &str, kind: Option<&str>) -> bool {
+    pattern == "*" || pattern == kind.unwrap_or("")
+}
+
+fn pattern_strategy() -> impl Strategy<Value = String> {
+    (
+        prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "*"]), 0..5),
+        any::<bool>(),
+    )
+        .prop_map(|(mut toks, rest)| {
+            if rest || toks.is_empty() {
+                toks.push(">");
+            }
+            toks.join(".")
+        })
+}
+
+fn subject_strategy() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d"]), 1..6)
+        .prop_map(|t| t.join("."))
+}
+
+const KIND_PATTERNS: [&str; 4] = ["*", "", "x", "y"];
+const KINDS: [Option<&str>; 4] = [None, Some(""), Some("x"), Some("z")];
+
+type Sub = (String, usize, u64);
+
+fn check_all(r: &Router<u64>, live: &[(SubId, Sub)], subjects: &[(String, usize)]) {
+    for (s, k) in subjects {
+        let kind = KINDS[*k];
+        let st: Vec<&str> = s.split('.').collect();
+        let mut want: Vec<(SubId, u64)> = live
+            .iter()
+            .filter(|(_, (p, kp, _))| {
+                let pt: Vec<&str> = p.split('.').collect();
+                naive(&pt, &st) && naive_kind(KIND_PATTERNS[*kp], kind)
+            })
+            .map(|(id, (_, _, sub))| (*id, *sub))
+            .collect();
+        want.sort();
+        assert_eq!(matched(r, s, kind), want, "subject {s} kind {kind:?}");
+        let interest = live.iter().any(|(_, (p, _, _))| {
+            let pt: Vec<&str> = p.split('.').collect();
+            naive(&pt, &st)
+        });
+        assert_eq!(r.has_interest(subj(s)), interest, "interest in {s}");
+        let mut subs = Vec::new();
+        r.matching_subscribers(subj(s), kind, &mut subs);
+        subs.sort();
+        let mut want_subs: Vec<u64> = want.iter().map(|&(_, s)| s).collect();
+        want_subs.sort();
+        want_subs.dedup();
+        assert_eq!(subs, want_subs);
+        for (p, _, _) in live.iter().map(|(_, x)| x) {
+            let pt: Vec<&str> = p.split('.').collect();
+            assert_eq!(Pattern::new(p).unwrap().matches(&subj(s)), naive(&pt, &st));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn matches_like_the_naive_matcher(
+        subs in prop::collection::vec((pattern_strategy(), 0..4usize, 0..6u64), 0..40),
+        subjects in prop::collection::vec((subject_strategy(), 0..4usize), 1..24),
+        removal in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let mut r = Router::new();
+        let mut live: Vec<(SubId, Sub)> = Vec::new();
+        for (p, kp, s) in &subs {
+            let id = r.subscribe(p, KIND_PATTERNS[*kp], *s).unwrap();
+            live.push((id, (p.clone(), *kp, *s)));
+        }
+        check_all(&r, &live, &subjects);
+        // Patterns: every live (pattern, kind) pair once, with its count.
+        let total: usize = r.patterns().map(|i| i.subscriptions).sum();
+        prop_assert_eq!(total, live.len());
+        // Remove some, by id or by subscriber, and check again.
+        for b in removal {
+            if live.is_empty() {
+                break;
+            }
+            let i = b as usize % live.len();
+            if b % 4 == 0 {
+                let sub = live[i].1 .2;
+                let n = r.remove_subscriber(sub);
+                let before = live.len();
+                live.retain(|(_, (_, _, s))| *s != sub);
+                prop_assert_eq!(n, before - live.len());
+            } else {
+                let (id, _) = live.swap_remove(i);
+                prop_assert!(r.unsubscribe(id).is_some());
+            }
+        }
+        check_all(&r, &live, &subjects);
+        for (id, _) in live.drain(..) {
+            r.unsubscribe(id);
+        }
+        prop_assert_eq!(r.node_count(), 0);
+        prop_assert_eq!(r.string_count(), 0);
+        prop_assert_eq!(r.trie.edge_count(), 0);
+        prop_assert!(r.is_empty());
+    }
+}

@@ -1,0 +1,314 @@
+//! The queue over real loopback sockets: delivery, order, batching, typed
+//! messages, loss counting, and hostile datagrams.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use skiff::{Dest, Error, Message, Queue};
+use skiff_proto::wire;
+
+fn pop_n(q: &Queue, n: usize) -> Vec<Message> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match q.pop_blocking(Some(Duration::from_secs(5))) {
+            Some(m) => out.push(m),
+            None => break,
+        }
+    }
+    out
+}
+
+fn pair(opts: &str) -> (Queue, Queue) {
+    (
+        Queue::bind(&format!("udp://127.0.0.1:0{opts}")).unwrap(),
+        Queue::bind("udp://127.0.0.1:0?rcvbuf=4m").unwrap(),
+    )
+}
+
+#[test]
+fn natural_batching_delivers_in_order() {
+    let (a, b) = pair("");
+    for i in 0..5000u32 {
+        a.push(
+            b.local_addr(),
+            &Message::new("x.y", Bytes::copy_from_slice(&i.to_le_bytes())),
+        )
+        .unwrap();
+    }
+    a.flush().unwrap();
+    let got = pop_n(&b, 5000);
+    assert_eq!(got.len(), 5000);
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m.payload, Bytes::copy_from_slice(&(i as u32).to_le_bytes()));
+        assert_eq!(m.meta.seq, i as u64);
+        assert_eq!(&*m.subject, "x.y");
+        assert_eq!(m.meta.from, Some(a.local_addr()));
+    }
+    let s = a.stats();
+    assert_eq!(s.sent_messages, 5000);
+    assert!(s.sent_batches < 5000, "messages were batched: {s:?}");
+    let r = b.stats();
+    assert_eq!((r.recv_messages, r.lost, r.dropped.total()), (5000, 0, 0));
+}
+
+#[test]
+fn lone_message_waits_for_timeout_not_longer() {
+    let (a, b) = pair("?qthresh=512&timeout=100ms");
+    let t = Instant::now();
+    a.push(b.local_addr(), &Message::from_payload("one"))
+        .unwrap();
+    assert!(
+        b.try_pop().is_none(),
+        "a lone message below qthresh waits for the timeout"
+    );
+    let m = b
+        .pop_blocking(Some(Duration::from_secs(5)))
+        .expect("sent at the timeout");
+    assert_eq!(&m.payload[..], b"one");
+    assert!(
+        t.elapsed() >= Duration::from_millis(100),
+        "left before its timeout: {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn qthresh_sends_without_waiting_for_timeout() {
+    let (a, b) = pair("?qthresh=512&timeout=60s");
+    for _ in 0..11 {
+        a.push(b.local_addr(), &Message::from_payload(vec![7u8; 100]))
+            .unwrap();
+    }
+    // Each message is 102 bytes encoded; with the 26-byte header, five
+    // reach 512, so two datagrams of five leave and the eleventh waits.
+    let got = pop_n(&b, 10);
+    assert_eq!(got.len(), 10);
+    assert!(b.pop_blocking(Some(Duration::from_millis(200))).is_none());
+    a.flush().unwrap();
+    assert_eq!(pop_n(&b, 1).len(), 1);
+    assert_eq!(a.stats().sent_batches, 3);
+}
+
+#[test]
+fn too_large_message_names_the_limit() {
+    let (a, b) = pair("");
+    let e = a
+        .push(b.local_addr(), &Message::from_payload(vec![0u8; 1500]))
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Usage(_)), "{e:?}");
+    assert!(
+        text.contains("1446") && text.contains("max_datagram"),
+        "{text}"
+    );
+    // With a larger datagram the same message goes through.
+    let big = Queue::bind("udp://127.0.0.1:0?max_datagram=65507").unwrap();
+    big.push(b.local_addr(), &Message::from_payload(vec![1u8; 60_000]))
+        .unwrap();
+    big.flush().unwrap();
+    let m = b.pop_blocking(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        m.payload.len(),
+        60_000,
+        "a datagram over 512 B is not truncated (CMQ's defect)"
+    );
+}
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Event {
+    id: u64,
+    name: String,
+    tags: Vec<String>,
+}
+
+#[test]
+fn typed_round_trip_and_mismatch() {
+    let (a, b) = pair("");
+    let ev = Event {
+        id: 7,
+        name: "start".into(),
+        tags: vec!["a".into(), "b".into()],
+    };
+    a.push_typed(b.local_addr(), &ev).unwrap();
+    a.push_typed(b.local_addr(), &42u32).unwrap();
+    a.flush().unwrap();
+    let got = pop_n(&b, 2);
+    assert_eq!(skiff::decode_typed::<Event>(&got[0]).unwrap(), ev);
+    assert!(matches!(
+        skiff::decode_typed::<Event>(&got[1]),
+        Err(Error::TypeMismatch { .. })
+    ));
+    assert_eq!(skiff::decode_typed::<u32>(&got[1]).unwrap(), 42);
+}
+
+fn raw_send(to: SocketAddr, bytes: &[u8]) {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.send_to(bytes, to).unwrap();
+}
+
+#[test]
+fn sequence_gaps_are_counted_lost() {
+    let b = Queue::bind("udp://127.0.0.1:0").unwrap();
+    let m = |i: u8| Message::from_payload(vec![i]);
+    // Source 99 sends seqs 0..3, skips 3..10, sends 10, then 5 late, then 10 again.
+    raw_send(
+        b.local_addr(),
+        &wire::encode_datagram(99, 0, 0, &[m(0), m(1), m(2)]).unwrap(),
+    );
+    raw_send(
+        b.local_addr(),
+        &wire::encode_datagram(99, 0, 10, &[m(10)]).unwrap(),
+    );
+    raw_send(
+        b.local_addr(),
+        &wire::encode_datagram(99, 0, 5, &[m(5)]).unwrap(),
+    );
+    raw_send(
+        b.local_addr(),
+        &wire::encode_datagram(99, 0, 10, &[m(10)]).unwrap(),
+    );
+    let got = pop_n(&b, 5);
+    assert_eq!(
+        got.iter().map(|m| m.payload[0]).collect::<Vec<_>>(),
+        vec![0, 1, 2, 10, 5]
+    );
+    assert!(
+        b.pop_blocking(Some(Duration::from_millis(200))).is_none(),
+        "the duplicate is not delivered"
+    );
+    let s = b.stats();
+    assert_eq!(s.lost, 6, "3,4,6,7,8,9 never came");
+    assert_eq!(s.recovered, 1);
+    assert_eq!(s.dropped.duplicate, 1);
+}
+
+#[test]
+fn hostile_datagrams_are_counted_and_the_queue_keeps_working() {
+    let b = Queue::bind("udp://127.0.0.1:0?endpoint=3").unwrap();
+    let good = wire::encode_datagram(1, 3, 0, &[Message::from_payload("ok")]).unwrap();
+    let mut wrong_version = good.clone();
+    wrong_version[2] = 9;
+    let mut malformed = good.clone();
+    malformed[wire::HEADER_LEN] = 0xff; // reserved flag bits
+    let wrong_endpoint =
+        wire::encode_datagram(2, 4, 0, &[Message::from_payload("not for us")]).unwrap();
+    let garbage: Vec<&[u8]> = vec![
+        b"GET / HTTP/1.1\r\n\r\n",
+        &good[..10],
+        &wrong_version,
+        &malformed,
+        &wrong_endpoint,
+        &good[..good.len() - 1],
+        b"",
+    ];
+    for g in &garbage {
+        raw_send(b.local_addr(), g);
+    }
+    raw_send(b.local_addr(), &good);
+    let m = b
+        .pop_blocking(Some(Duration::from_secs(5)))
+        .expect("the good datagram still arrives");
+    assert_eq!(&m.payload[..], b"ok");
+    assert!(b.pop_blocking(Some(Duration::from_millis(100))).is_none());
+    let d = b.stats().dropped;
+    assert_eq!(d.foreign, 1);
+    assert_eq!(d.truncated, 3, "{d:?}");
+    assert_eq!(d.version, 1);
+    assert_eq!(d.malformed, 1);
+    assert_eq!(d.endpoint, 1);
+}
+
+#[test]
+fn explicit_endpoint_reaches_matching_queue() {
+    let b = Queue::bind("udp://127.0.0.1:0?endpoint=5").unwrap();
+    let a = Queue::bind("udp://127.0.0.1:0").unwrap();
+    a.push(
+        Dest {
+            addr: b.local_addr(),
+            endpoint: 5,
+        },
+        &Message::from_payload("for 5"),
+    )
+    .unwrap();
+    a.push(
+        Dest {
+            addr: b.local_addr(),
+            endpoint: 6,
+        },
+        &Message::from_payload("for 6"),
+    )
+    .unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        &b.pop_blocking(Some(Duration::from_secs(5)))
+            .unwrap()
+            .payload[..],
+        b"for 5"
+    );
+    assert!(b.pop_blocking(Some(Duration::from_millis(200))).is_none());
+    assert_eq!(b.stats().dropped.endpoint, 1);
+}
+
+#[test]
+fn async_pop_waits_for_a_message() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a, b) = pair("");
+    let to = b.local_addr();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        a.push(to, &Message::from_payload("later")).unwrap();
+        a.flush().unwrap();
+        a
+    });
+    let m = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), b.pop()).await })
+        .unwrap()
+        .unwrap();
+    assert_eq!(&m.payload[..], b"later");
+    drop(sender.join());
+}
+
+#[test]
+fn ipv6_loopback() {
+    let Ok(b) = Queue::bind("udp://[::1]:0") else {
+        eprintln!("SKIPPED ipv6_loopback: ::1 cannot be bound here");
+        return;
+    };
+    let a = Queue::bind("udp://[::1]:0").unwrap();
+    a.push(b.local_addr(), &Message::new("v6", "hi")).unwrap();
+    assert_eq!(
+        &b.pop_blocking(Some(Duration::from_secs(5)))
+            .unwrap()
+            .payload[..],
+        b"hi"
+    );
+}
+
+#[test]
+fn multicast_push_reaches_every_member() {
+    let group = "239.255.47.47";
+    let port = 47_000 + (std::process::id() % 1000) as u16;
+    let loc = format!("udp://0.0.0.0:{port}?reuse=true&join={group}&interface=127.0.0.1");
+    let (m1, m2) = match (Queue::bind(&loc), Queue::bind(&loc)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!("SKIPPED multicast: {:?} {:?}", a.err(), b.err());
+            return;
+        }
+    };
+    let tx = Queue::bind("udp://127.0.0.1:0?interface=127.0.0.1").unwrap();
+    let to: SocketAddr = format!("{group}:{port}").parse().unwrap();
+    tx.push(to, &Message::new("mc", "to all")).unwrap();
+    tx.flush().unwrap();
+    for m in [&m1, &m2] {
+        let got = m
+            .pop_blocking(Some(Duration::from_secs(3)))
+            .expect("member got the multicast");
+        assert_eq!(&got.payload[..], b"to all");
+    }
+    m1.leave_multicast(group.parse().unwrap()).unwrap();
+}
