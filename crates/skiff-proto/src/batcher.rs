@@ -73,7 +73,9 @@ pub struct BatcherConfig {
     pub max_datagram: usize,
     /// The most destinations with state at once.
     pub max_destinations: usize,
-    /// This sender's identity, written in every header.
+    /// This sender's identity (random, from the caller). Each destination's
+    /// stream gets its own id derived from it, written as the header's
+    /// source.
     pub source: u64,
 }
 
@@ -141,6 +143,11 @@ struct Queue {
     generation: u32,
     sealed: VecDeque<(Vec<u8>, u16)>,
     in_ready: bool,
+    /// The stream id written as the header's source: one per sender and
+    /// destination, because each destination's messages are numbered on
+    /// their own and a receiver may get several of them (its own endpoint
+    /// id and `Dest::ANY`, a multicast group and its unicast address).
+    stream: u64,
 }
 
 /// CMQ's batcher: see the module documentation.
@@ -157,6 +164,19 @@ pub struct Batcher {
     last: Option<(Dest, u32)>,
     queued: usize,
     stats: BatcherStats,
+}
+
+/// Mixes the sender's identity with a destination's index (splitmix64), so
+/// that each of a sender's streams has its own well-spread 64-bit id.
+fn stream_id(source: u64, index: u32) -> u64 {
+    let mut z = source.wrapping_add(
+        u64::from(index)
+            .wrapping_add(1)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[derive(Clone, Copy)]
@@ -216,6 +236,18 @@ impl Batcher {
     /// Appends `msg` to `dest`'s queue. Never does I/O; fails only if the
     /// message can never be sent as it is or a limit is reached.
     pub fn push(&mut self, now: Instant, dest: Dest, msg: &Message) -> Result<(), Error> {
+        self.push_with_clock(|| now, dest, msg)
+    }
+
+    /// As [`Batcher::push`], but reads the time only when the push opens a
+    /// batch (whose deadline it sets): a caller with a costly clock pays
+    /// for it once per batch, not once per message.
+    pub fn push_with_clock(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        dest: Dest,
+        msg: &Message,
+    ) -> Result<(), Error> {
         wire::check(msg)?;
         let q = self.queue_for(dest)?;
         let max = self.config.max_datagram;
@@ -224,26 +256,30 @@ impl Batcher {
         let repeat = queue.count > 0
             && !subj.is_empty()
             && queue.buf.get(queue.last_subject.0..queue.last_subject.1) == Some(subj);
-        let mut len = wire::encoded_len(msg, repeat);
-        if HEADER_LEN + len > max {
-            // It might fit alone with its subject spelled out, but not at all
-            // if even that is too long; report the full size.
-            let needed = wire::encoded_len(msg, false);
+        // A message is accepted only if it fits a datagram alone, subject
+        // spelled out: it may have to open the next batch.
+        let alone = wire::encoded_len(msg, false);
+        if HEADER_LEN + alone > max {
             return Err(UsageError::TooLarge {
-                needed,
+                needed: alone,
                 limit: max - HEADER_LEN,
                 max_datagram: max,
                 header: HEADER_LEN,
             }
             .into());
         }
+        let mut len = if repeat {
+            wire::encoded_len(msg, true)
+        } else {
+            alone
+        };
         let mut repeat = repeat;
         if queue.count > 0
             && (queue.buf.len() + len > max || queue.count as usize == wire::MAX_COUNT)
         {
             self.seal(q, Why::Full);
             repeat = false;
-            len = wire::encoded_len(msg, false);
+            len = alone;
         }
         let timeout = self.config.timeout;
         let queue = &mut self.queues[q as usize];
@@ -254,7 +290,7 @@ impl Batcher {
             queue.buf = buf;
             queue.base_seq = queue.next_seq;
             self.deadlines
-                .push(Reverse((now + timeout, q, queue.generation)));
+                .push(Reverse((now() + timeout, q, queue.generation)));
         }
         let start = queue.buf.len();
         wire::encode_message(&mut queue.buf, msg, repeat);
@@ -304,6 +340,7 @@ impl Batcher {
                     generation: 0,
                     sealed: VecDeque::new(),
                     in_ready: false,
+                    stream: stream_id(self.config.source, q),
                 });
                 self.index.insert(dest, q);
                 q
@@ -321,7 +358,7 @@ impl Batcher {
         let mut buf = std::mem::take(&mut queue.buf);
         Header {
             kind: Kind::Batch,
-            source: self.config.source,
+            source: queue.stream,
             endpoint: queue.dest.endpoint,
             base_seq: queue.base_seq,
             count: queue.count,

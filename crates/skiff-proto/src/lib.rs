@@ -14,6 +14,7 @@
 //!   counted as lost, duplicates and stale messages are dropped.
 #![forbid(unsafe_code)]
 
+pub mod association;
 pub mod batcher;
 pub mod error;
 pub mod loss;

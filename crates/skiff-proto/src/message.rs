@@ -33,7 +33,8 @@ pub struct Message {
 pub struct Meta {
     /// The sender's per-destination sequence number.
     pub seq: u64,
-    /// The sending queue's random 64-bit identity.
+    /// The stream's 64-bit identity: one per sending queue and destination
+    /// (a sender's messages to one destination are numbered on their own).
     pub source: u64,
     /// The address the datagram came from, where the transport knows it.
     pub from: Option<SocketAddr>,

@@ -87,8 +87,8 @@ impl Kind {
 pub struct Header {
     /// What follows the header.
     pub kind: Kind,
-    /// The sending queue's random identity; sequence numbers are per source
-    /// and destination.
+    /// The stream's identity: one per sending queue and destination, so
+    /// that sequence numbers are per stream.
     pub source: u64,
     /// The endpoint id the datagram is for ([`crate::Dest::ANY`] for any).
     pub endpoint: u32,

@@ -112,14 +112,11 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, LocatorError> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(a);
     }
+    // Add the default port where none is given: a bare IPv6 address, a
+    // bracketed one, or a name or IPv4 address without a colon.
     let with_port = if addr.parse::<std::net::Ipv6Addr>().is_ok() {
         format!("[{addr}]:{DEFAULT_PORT}")
-    } else if addr.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) && !addr.starts_with('[')
-    {
-        addr.to_string()
-    } else if addr.starts_with('[') && addr.ends_with(']') {
-        format!("{addr}:{DEFAULT_PORT}")
-    } else if !addr.contains(':') {
+    } else if (addr.starts_with('[') && addr.ends_with(']')) || !addr.contains(':') {
         format!("{addr}:{DEFAULT_PORT}")
     } else {
         addr.to_string()

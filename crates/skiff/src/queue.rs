@@ -268,7 +268,7 @@ struct Tx {
     /// order; the others only append.
     in_flight: bool,
     last_send_end: Option<Instant>,
-    /// Smoothed duration of one send system call: the "path is busy" window.
+    /// Smoothed duration of one send system call.
     send_cost: Duration,
     flusher_parked: bool,
     flusher_until: Option<Instant>,
@@ -282,8 +282,18 @@ struct Rx {
     ready: Vec<Message>,
     next: usize,
     loss: LossDetector,
+    verdicts: Vec<Verdict>,
     stats: QueueStats,
     kernel_base: u64,
+}
+
+impl Rx {
+    /// The next decoded message, if any.
+    fn take(&mut self) -> Option<Message> {
+        let m = self.ready.get_mut(self.next).map(std::mem::take)?;
+        self.next += 1;
+        Some(m)
+    }
 }
 
 #[derive(Debug)]
@@ -294,9 +304,9 @@ struct Inner {
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     wake: Condvar,
-    /// Set by a push while the flusher spins, so it need not take the lock.
-    pushed: AtomicBool,
     shutdown: AtomicBool,
+    /// Set while a `pop_blocking` waits in the kernel holding `rx`.
+    waiting: AtomicBool,
     async_fd: OnceLock<tokio::io::unix::AsyncFd<OwnedFd>>,
 }
 
@@ -311,8 +321,6 @@ pub struct Queue {
     flusher: Option<JoinHandle<()>>,
 }
 
-/// How long the flusher spins for more work before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
 /// Datagrams per `sendmmsg`.
 const SEND_BATCH: usize = 64;
 /// Datagrams per `recvmmsg`.
@@ -364,7 +372,7 @@ impl Queue {
                 pool: Vec::new(),
                 in_flight: false,
                 last_send_end: None,
-                send_cost: Duration::from_micros(5),
+                send_cost: Duration::ZERO,
                 flusher_parked: false,
                 flusher_until: None,
                 last_error: None,
@@ -375,6 +383,7 @@ impl Queue {
                 ready: Vec::new(),
                 next: 0,
                 loss: LossDetector::new(config.max_sources),
+                verdicts: Vec::new(),
                 stats: QueueStats::default(),
                 kernel_base: 0,
             }),
@@ -382,8 +391,8 @@ impl Queue {
             socket,
             local,
             wake: Condvar::new(),
-            pushed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
             async_fd: OnceLock::new(),
         });
         let i = inner.clone();
@@ -463,11 +472,15 @@ impl Queue {
         self.inner.pop_many(out, max)
     }
 
-    /// Waits up to `timeout` (forever with `None`) for a message.
+    /// Waits up to `timeout` (forever with `None`) for a message. The wait
+    /// happens inside the receive system call, so a message costs one call
+    /// as in a plain blocking `recv`. While one thread waits here, `try_pop`
+    /// on other threads returns `None` rather than wait behind it.
     pub fn pop_blocking(&self, timeout: Option<Duration>) -> Option<Message> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if let Some(m) = self.try_pop() {
+            let mut rx = self.inner.rx.lock();
+            if let Some(m) = rx.take() {
                 return Some(m);
             }
             let left = match deadline {
@@ -480,8 +493,11 @@ impl Queue {
                 }
                 None => None,
             };
-            if self.inner.socket.wait_readable(left).is_err() {
-                return None;
+            self.inner.waiting.store(true, Ordering::Relaxed);
+            self.inner.fill(&mut rx, Some(left));
+            self.inner.waiting.store(false, Ordering::Relaxed);
+            if let Some(m) = rx.take() {
+                return Some(m);
             }
         }
     }
@@ -624,22 +640,30 @@ impl Inner {
     }
 
     fn push(&self, dest: Dest, msg: &Message) -> Result<(), Error> {
-        let now = Instant::now();
+        // The clock is read only when a decision needs it: to date a new
+        // batch, or to tell a lone push from a burst.
+        let mut clock: Option<Instant> = None;
+        let mut now = || *clock.get_or_insert_with(Instant::now);
         let mut tx = self.tx.lock();
         let opened = tx.batcher.queued() == 0;
-        tx.batcher.push(now, dest, msg)?;
+        tx.batcher.push_with_clock(&mut now, dest, msg)?;
         if tx.in_flight {
             // The thread sending now picks this up when its call returns.
-            self.pushed.store(true, Ordering::Relaxed);
             return Ok(());
         }
         if self.natural() {
-            let busy = tx
+            // Send on this thread only if the path is idle: nothing else
+            // waits, and the application is not pushing faster than a send
+            // takes (the time since the last send ended is longer than a
+            // send lasts). Otherwise this is a burst, and the flusher sends
+            // what accumulates: batches grow exactly when sending one by
+            // one could not keep up.
+            let burst = tx
                 .last_send_end
-                .is_some_and(|t| now.saturating_duration_since(t) < tx.send_cost * 2);
-            if busy || tx.out_bytes > 0 {
-                self.pushed.store(true, Ordering::Relaxed);
+                .is_some_and(|t| now().saturating_duration_since(t) < tx.send_cost / 2);
+            if !opened || tx.out_bytes > 0 || burst {
                 if tx.flusher_parked {
+                    tx.flusher_parked = false;
                     self.wake.notify_one();
                 }
                 return Ok(());
@@ -651,7 +675,7 @@ impl Inner {
             if opened
                 && tx
                     .flusher_until
-                    .is_none_or(|u| u > now + self.config.timeout)
+                    .is_none_or(|u| u > now() + self.config.timeout)
             {
                 self.wake.notify_one();
             }
@@ -708,10 +732,10 @@ impl Inner {
             let n = tx.out.len().min(SEND_BATCH);
             let batch: Vec<Pending> = tx.out.drain(..n).collect();
             drop(tx);
-            let started = Instant::now();
             let mut sent = 0;
             let mut result = Ok(());
-            let mut calls = 0;
+            let mut calls: u32 = 0;
+            let started = Instant::now();
             while sent < batch.len() {
                 let out: Vec<Outgoing<'_>> = batch[sent..]
                     .iter()
@@ -737,10 +761,10 @@ impl Inner {
             let ended = Instant::now();
             tx = self.tx.lock();
             tx.in_flight = false;
-            tx.stats.send_calls += calls;
-            let cost = (ended - started) / calls.max(1) as u32;
-            tx.send_cost = (tx.send_cost * 7 + cost) / 8;
+            tx.stats.send_calls += u64::from(calls);
             tx.last_send_end = Some(ended);
+            let cost = (ended - started) / calls.max(1);
+            tx.send_cost = (tx.send_cost * 7 + cost) / 8;
             let mut rest = batch.into_iter();
             for p in rest.by_ref().take(sent) {
                 tx.out_bytes -= p.buf.len();
@@ -813,20 +837,6 @@ impl Inner {
                 return;
             }
             if self.natural() {
-                // Spin briefly: under load the next push comes within
-                // microseconds, and a sleep and wake-up would cost more.
-                drop(tx);
-                let spin_end = Instant::now() + SPIN;
-                while Instant::now() < spin_end && !self.pushed.swap(false, Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-                tx = self.tx.lock();
-                if tx.batcher.queued() > 0
-                    || !tx.out.is_empty()
-                    || self.shutdown.load(Ordering::Acquire)
-                {
-                    continue;
-                }
                 tx.flusher_parked = true;
                 tx.flusher_until = None;
                 self.wake.wait(&mut tx);
@@ -847,22 +857,29 @@ impl Inner {
     }
 
     fn try_pop(&self) -> Option<Message> {
-        let mut rx = self.rx.lock();
+        let mut rx = self.lock_rx()?;
         if rx.next == rx.ready.len() {
-            self.fill(&mut rx);
+            self.fill(&mut rx, None);
         }
-        let rx = &mut *rx;
-        let m = rx.ready.get_mut(rx.next).map(std::mem::take);
-        if m.is_some() {
-            rx.next += 1;
+        rx.take()
+    }
+
+    /// The receive state, or `None` if another thread is waiting inside the
+    /// kernel with it (the non-blocking calls must not wait behind it).
+    fn lock_rx(&self) -> Option<parking_lot::MutexGuard<'_, Rx>> {
+        if self.waiting.load(Ordering::Relaxed) {
+            self.rx.try_lock()
+        } else {
+            Some(self.rx.lock())
         }
-        m
     }
 
     fn pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
-        let mut rx = self.rx.lock();
+        let Some(mut rx) = self.lock_rx() else {
+            return 0;
+        };
         if rx.next == rx.ready.len() {
-            self.fill(&mut rx);
+            self.fill(&mut rx, None);
         }
         let rx = &mut *rx;
         let n = (rx.ready.len() - rx.next).min(max);
@@ -875,18 +892,24 @@ impl Inner {
         n
     }
 
-    /// Reads what the socket holds in one `recvmmsg` and decodes it.
-    fn fill(&self, rx: &mut Rx) {
+    /// Reads what the socket holds in one `recvmmsg` and decodes it; with
+    /// `wait`, first waits up to that long (forever with `Some(None)`).
+    fn fill(&self, rx: &mut Rx, wait: Option<Option<Duration>>) {
         rx.ready.clear();
         rx.next = 0;
         let Rx {
             batch,
             ready,
             loss,
+            verdicts,
             stats,
             ..
         } = rx;
-        if self.socket.recv(batch).is_err() {
+        let got = match wait {
+            None => self.socket.recv(batch),
+            Some(t) => self.socket.recv_wait(batch, t),
+        };
+        if got.is_err() {
             return;
         }
         for d in batch.drain() {
@@ -895,7 +918,7 @@ impl Inner {
                 continue;
             }
             for data in d.datagrams() {
-                accept(&self.config, d.from, data, ready, loss, stats);
+                accept(&self.config, d.from, data, ready, loss, verdicts, stats);
             }
         }
     }
@@ -909,6 +932,7 @@ fn accept(
     data: Bytes,
     ready: &mut Vec<Message>,
     loss: &mut LossDetector,
+    verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
 ) {
     let start = ready.len();
@@ -924,12 +948,20 @@ fn accept(
         stats.dropped.endpoint += 1;
         return;
     }
-    let mut keep = start;
-    for i in start..ready.len() {
-        if loss.check(header.source, ready[i].meta.seq) == Verdict::Deliver {
-            ready[i].meta.from = Some(from);
-            ready.swap(keep, i);
-            keep += 1;
+    let count = (ready.len() - start) as u64;
+    let mut keep = ready.len();
+    if loss.check_run(header.source, header.base_seq, count, verdicts) {
+        for m in &mut ready[start..] {
+            m.meta.from = Some(from);
+        }
+    } else {
+        keep = start;
+        for (i, v) in (start..ready.len()).zip(verdicts.iter()) {
+            if *v == Verdict::Deliver {
+                ready[i].meta.from = Some(from);
+                ready.swap(keep, i);
+                keep += 1;
+            }
         }
     }
     ready.truncate(keep);

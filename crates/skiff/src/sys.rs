@@ -300,16 +300,20 @@ impl RecvBufs {
     }
 }
 
-/// Receives up to `bufs.slots()` datagrams in one non-blocking
-/// `recvmmsg(2)`: datagram `i` goes to `arena[i * slot_size..][..slot_size]`
-/// and its description to `out[i]` (slots beyond `arena` or `out` are not
-/// used). Returns how many arrived; `WouldBlock` if none was waiting.
+/// Receives up to `bufs.slots()` datagrams in one `recvmmsg(2)`: datagram
+/// `i` goes to `arena[i * slot_size..][..slot_size]` and its description to
+/// `out[i]` (slots beyond `arena` or `out` are not used). Returns how many
+/// arrived. With `wait` false the call never blocks (`WouldBlock` if none
+/// was waiting); with `wait` true it blocks until one datagram arrives (or
+/// the socket's `SO_RCVTIMEO` passes: `WouldBlock`), then takes whatever
+/// else is already there without waiting further.
 pub(crate) fn recvmmsg(
     fd: BorrowedFd<'_>,
     bufs: &mut RecvBufs,
     arena: &mut [u8],
     slot_size: usize,
     out: &mut [RecvMeta],
+    wait: bool,
 ) -> io::Result<usize> {
     let slot_size = slot_size.max(1);
     let n = bufs.slots().min(out.len()).min(arena.len() / slot_size);
@@ -345,7 +349,11 @@ pub(crate) fn recvmmsg(
             fd.as_raw_fd(),
             hdrs.as_mut_ptr(),
             n as u32,
-            libc::MSG_DONTWAIT,
+            if wait {
+                libc::MSG_WAITFORONE
+            } else {
+                libc::MSG_DONTWAIT
+            },
             ptr::null_mut(),
         )
     };
@@ -538,4 +546,37 @@ pub(crate) fn poll(
         }
         return Ok(r > 0 && p.revents != 0);
     }
+}
+
+/// Sets `SO_RCVTIMEO`: how long a blocking receive waits (`None`: forever).
+pub(crate) fn set_recv_timeout(
+    fd: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<()> {
+    let tv = match timeout {
+        // A zero timeval means "forever" to the kernel: wait at least 1 µs.
+        Some(d) => libc::timeval {
+            tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_usec: d.subsec_micros().max(u32::from(d.as_secs() == 0)) as libc::suseconds_t,
+        },
+        None => libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+    };
+    // SAFETY: `tv` is a valid timeval that lives across the call, and the
+    // length passed is its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const c_void,
+            mem::size_of::<libc::timeval>() as socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

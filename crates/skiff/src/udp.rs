@@ -23,7 +23,7 @@ use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -133,6 +133,9 @@ pub struct UdpSocket {
     /// Whether segmented sends go to the kernel whole; cleared when the
     /// kernel refuses one that it then takes segment by segment.
     gso: AtomicBool,
+    /// The `SO_RCVTIMEO` last set, in µs (`u64::MAX`: none), so that
+    /// `recv_wait` sets it only when it changes.
+    recv_timeout: AtomicU64,
 }
 
 impl UdpSocket {
@@ -142,7 +145,9 @@ impl UdpSocket {
     /// and `UDP_GRO` if `cfg.gro` (each only where the kernel has it).
     pub fn bind(addr: SocketAddr, cfg: &UdpConfig) -> io::Result<UdpSocket> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        socket.set_nonblocking(true)?;
+        // Blocking mode, so `recv_wait` can sleep inside recvmmsg; every
+        // other call passes MSG_DONTWAIT and never blocks.
+        socket.set_nonblocking(false)?;
         if cfg.reuse_addr {
             socket.set_reuse_address(true)?;
         }
@@ -178,6 +183,7 @@ impl UdpSocket {
             socket,
             v6,
             gso: AtomicBool::new(gso),
+            recv_timeout: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -327,6 +333,27 @@ impl UdpSocket {
     /// held before is gone); returns how many buffers arrived (a GRO buffer
     /// counts once). `WouldBlock` if nothing was waiting.
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        self.recv_inner(batch, false)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for a datagram inside
+    /// the receive system call itself, then takes what else is ready: one
+    /// system call where `wait_readable` + `recv` take two, which is what a
+    /// request/reply exchange pays per message. `WouldBlock` on timeout.
+    pub fn recv_wait(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
+        let micros = timeout.map_or(u64::MAX, |d| d.as_micros().min(u64::MAX as u128 - 1) as u64);
+        if self.recv_timeout.swap(micros, Ordering::Relaxed) != micros {
+            sys::set_recv_timeout(self.socket.as_fd(), timeout)?;
+        }
+        match self.recv_inner(batch, true) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            other => other,
+        }
+    }
+
+    fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
         batch.count = 0;
         let mut arena = batch.take_arena();
         let r = sys::recvmmsg(
@@ -335,6 +362,7 @@ impl UdpSocket {
             &mut arena,
             batch.slot_size,
             &mut batch.meta,
+            wait,
         );
         match r {
             Ok(n) if n > 0 => {

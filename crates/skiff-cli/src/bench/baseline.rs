@@ -21,7 +21,7 @@ use indicatif::ProgressBar;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::report::{CpuMeter, Row};
-use super::{round_trips, Limits, QUIET};
+use super::{round_trips, Limits, Window, QUIET, STALL};
 
 /// A UDP socket bound to 127.0.0.1 on a free port with both socket
 /// buffers asked to be `sockbuf` bytes (the kernel caps this at
@@ -40,6 +40,7 @@ pub(crate) fn udp_throughput(
     size: usize,
     limits: Limits,
     sockbuf: usize,
+    window: u64,
     pb: &ProgressBar,
 ) -> io::Result<Row> {
     let rx = socket(sockbuf)?;
@@ -50,16 +51,19 @@ pub(crate) fn udp_throughput(
     let sent = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(2));
+    let window = Arc::new(Window::new(window, sockbuf / 2, size, STALL));
     let cpu = CpuMeter::start();
 
     let sender = {
-        let (sent, done, barrier) = (sent.clone(), done.clone(), barrier.clone());
+        let (sent, done, barrier, window) =
+            (sent.clone(), done.clone(), barrier.clone(), window.clone());
         thread::spawn(move || -> io::Result<()> {
             let buf = vec![0xA5u8; size];
             barrier.wait();
             let start = Instant::now();
-            let mut n = 0u64;
+            let (mut n, mut forgiven) = (0u64, 0u64);
             while n < limits.messages {
+                window.wait(n, &mut forgiven);
                 // One system call per message is the point of this floor;
                 // a full buffer (ENOBUFS) loses the message like the wire.
                 match tx.send(&buf) {
@@ -92,6 +96,7 @@ pub(crate) fn udp_throughput(
         match rx.recv(&mut buf) {
             Ok(_) => {
                 received += 1;
+                window.received(received);
                 last = Instant::now();
                 if received - shown >= 4096 {
                     pb.inc(received - shown);
@@ -132,7 +137,8 @@ pub(crate) fn udp_throughput(
     row.lost = Some(messages.saturating_sub(received));
     row.cpu_pct = Some(cpu.pct());
     row.options = Some(format!(
-        "127.0.0.1 send()/recv() per message, rcvbuf={sockbuf}"
+        "127.0.0.1 send()/recv() per message, rcvbuf={sockbuf}, window={}",
+        window.limit()
     ));
     Ok(row)
 }
@@ -211,7 +217,11 @@ mod tests {
             messages: 2000,
             duration: Duration::from_secs(5),
         };
-        let row = udp_throughput(64, limits, 1 << 20, &ProgressBar::hidden()).unwrap();
+        let row = udp_throughput(64, limits, 1 << 20, 0, &ProgressBar::hidden()).unwrap();
+        let received = (row.msgs_per_s.unwrap() * row.elapsed_s.unwrap()).round() as u64;
+        assert_eq!(received + row.lost.unwrap(), 2000);
+        let row = udp_throughput(64, limits, 1 << 20, 100, &ProgressBar::hidden()).unwrap();
+        assert!(row.options.as_deref().unwrap().ends_with("window=100"));
         assert_eq!(row.messages, 2000);
         let received = (row.msgs_per_s.unwrap() * row.elapsed_s.unwrap()).round() as u64;
         assert_eq!(received + row.lost.unwrap(), 2000);

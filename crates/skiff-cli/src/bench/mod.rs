@@ -92,6 +92,90 @@ pub(crate) struct Limits {
     pub(crate) duration: Duration,
 }
 
+/// Flow control between a benchmark's sender and receiver threads, which
+/// share a process and so can share a counter for free: the sender waits
+/// while `limit` or more messages are sent and not yet received, so it
+/// measures what the receiver can sustain instead of how fast a sender can
+/// bury it (with two cores, an open-loop sender mostly measures the
+/// scheduler). `limit` 0 is open loop.
+///
+/// A message lost on the way is never received, so a sender that has seen
+/// no progress for `stall` takes everything outstanding as lost and goes
+/// on.
+#[derive(Debug)]
+pub(crate) struct Window {
+    received: std::sync::atomic::AtomicU64,
+    limit: u64,
+    stall: Duration,
+}
+
+impl Window {
+    /// A window of at most `messages` messages and at most `bytes` payload
+    /// bytes of `size`-byte messages in flight; `messages` 0 is open loop.
+    pub(crate) fn new(messages: u64, bytes: usize, size: usize, stall: Duration) -> Window {
+        let by_bytes = (bytes / size.max(1)).max(1) as u64;
+        Window {
+            received: Default::default(),
+            limit: if messages == 0 {
+                0
+            } else {
+                messages.min(by_bytes)
+            },
+            stall,
+        }
+    }
+
+    /// The most messages in flight (0: no limit).
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Receiver side: `n` messages received so far in total.
+    pub(crate) fn received(&self, n: u64) {
+        self.received.store(n, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Sender side, before sending message number `sent` (counting from 0):
+    /// waits for room. `forgiven` carries the messages taken as lost.
+    pub(crate) fn wait(&self, sent: u64, forgiven: &mut u64) {
+        if self.limit == 0 {
+            return;
+        }
+        let load = || self.received.load(std::sync::atomic::Ordering::Acquire);
+        let mut seen = load();
+        if sent.saturating_sub(seen + *forgiven) < self.limit {
+            return;
+        }
+        let mut since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            // Yield first (the receiver may be waiting for this core), then
+            // sleep briefly so a waiting sender costs almost nothing.
+            if spins < 64 {
+                std::thread::yield_now();
+                spins += 1;
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            let now = load();
+            if sent.saturating_sub(now + *forgiven) < self.limit {
+                return;
+            }
+            if now != seen {
+                seen = now;
+                since = Instant::now();
+            } else if since.elapsed() >= self.stall {
+                *forgiven = sent.saturating_sub(now);
+                return;
+            }
+        }
+    }
+}
+
+/// How long a windowed sender waits for a receiver that makes no progress
+/// before it takes what is outstanding as lost.
+pub(crate) const STALL: Duration = Duration::from_millis(50);
+
 /// How long a receiver waits with nothing arriving, after its sender has
 /// finished, before it takes the rest as lost.
 pub(crate) const QUIET: Duration = Duration::from_millis(300);
@@ -182,6 +266,40 @@ mod tests {
         assert_eq!(parse_secs("0.5"), Ok(Duration::from_millis(500)));
         assert!(parse_secs("-1").is_err());
         assert!(parse_secs("abc").unwrap_err().contains("seconds"));
+    }
+
+    #[test]
+    fn window_limits_messages_and_bytes_in_flight() {
+        let stall = Duration::from_millis(5);
+        assert_eq!(Window::new(4096, 2 << 20, 8, stall).limit(), 4096);
+        assert_eq!(Window::new(4096, 2 << 20, 16384, stall).limit(), 128);
+        assert_eq!(Window::new(0, 2 << 20, 8, stall).limit(), 0);
+        assert_eq!(Window::new(10, 100, 1000, stall).limit(), 1);
+    }
+
+    #[test]
+    fn window_waits_for_the_receiver_and_forgives_a_stall() {
+        let w = Window::new(10, 1 << 20, 8, Duration::from_millis(20));
+        let mut forgiven = 0;
+        w.wait(9, &mut forgiven); // room: returns at once
+        assert_eq!(forgiven, 0);
+        w.received(5);
+        let t = Instant::now();
+        w.wait(14, &mut forgiven); // 9 in flight: room
+        assert!(t.elapsed() < Duration::from_millis(20));
+        // 15 in flight and the receiver never moves: after the stall the
+        // outstanding messages are taken as lost.
+        w.wait(20, &mut forgiven);
+        assert_eq!(forgiven, 15);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                w.received(6);
+            });
+            let mut f = 0;
+            w.wait(15, &mut f); // 10 in flight until the receiver moves
+            assert_eq!(f, 0);
+        });
     }
 
     #[test]

@@ -15,7 +15,10 @@ const PANEL_H: f64 = 320.0;
 const LEFT: f64 = 80.0; // room for y tick labels and the y axis title
 const TOP: f64 = 50.0;
 const GAP: f64 = 100.0; // between the two panels
-const LEGEND_W: f64 = 260.0;
+/// Narrowest legend; a wider one is made for long series names.
+const LEGEND_W: f64 = 220.0;
+/// Rough width of one character of the 13 px legend text.
+const CHAR_W: f64 = 7.6;
 const BOTTOM: f64 = 60.0;
 
 const COLOURS: [&str; 8] = [
@@ -259,7 +262,13 @@ pub(crate) fn svg(rows: &[Row], title: &str) -> String {
         (Some(&a), Some(&b)) => ((a as f64).log2() - 0.5, (b as f64).log2() + 0.5),
         _ => (0.0, 1.0),
     };
-    let width = LEFT + PANEL_W + GAP + PANEL_W + 30.0 + LEGEND_W;
+    let longest = all
+        .iter()
+        .map(|s| s.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let legend_w = LEGEND_W.max(36.0 + CHAR_W * longest as f64 + 10.0);
+    let width = LEFT + PANEL_W + GAP + PANEL_W + 30.0 + legend_w;
     let height = TOP + PANEL_H + BOTTOM + 10.0;
     let mut s = String::new();
     let _ = writeln!(
@@ -412,6 +421,19 @@ mod tests {
             let x1 = LEFT + PANEL_W + GAP;
             assert!(in_left || (x1..=x1 + PANEL_W).contains(&cx), "{line}");
         }
+    }
+
+    #[test]
+    fn the_legend_widens_for_long_names() {
+        let short = svg(&rows(), "t");
+        let mut long = rows();
+        long[0].mode = "qthresh=512,timeout=200ms,max_datagram=65507".into();
+        let long = svg(&long, "t");
+        let width = |s: &str| -> f64 {
+            let i = s.find("width=\"").unwrap() + 7;
+            s[i..].split('"').next().unwrap().parse().unwrap()
+        };
+        assert!(width(&long) > width(&short) + 100.0);
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //!   receiver pops until it has them all or nothing arrives for a quiet
 //!   period. msgs/s is messages received over the time from the start to
 //!   the last one received; what never arrived is `lost`, what the queues
-//!   dropped and counted (kernel buffer overflow, full send backlog) is
-//!   `dropped`.
+//!   dropped and counted (kernel buffer overflow in datagrams, full send
+//!   backlog in messages, …) is `dropped`. The sender keeps at most
+//!   `--window` messages in flight ([`Window`]), so the row shows what the
+//!   receiver sustains; `--window 0` is open loop.
 //! - `udp`: one datagram per message ([`super::baseline`]).
 //! - `zmq`: ZeroMQ PUSH/PULL over TCP, run as a child process
 //!   (`bench/zmq/build.sh` builds it).
@@ -33,7 +35,9 @@ use indicatif::ProgressBar;
 use skiff::{Message, Queue};
 
 use super::report::{self, CpuMeter, Reporter, Row};
-use super::{baseline, parse_secs, parse_size, round_trips, Limits, OutputArgs, QUIET};
+use super::{
+    baseline, parse_secs, parse_size, round_trips, Limits, OutputArgs, Window, QUIET, STALL,
+};
 
 /// The tests `skiff bench queue` can run.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +97,12 @@ pub(crate) struct QueueArgs {
     /// (the kernel caps them at net.core.rmem_max/wmem_max).
     #[arg(long, value_parser = parse_size, default_value = "4m")]
     pub(crate) sockbuf: usize,
+    /// Flow control of the throughput tests (queue and udp): the sender
+    /// waits while this many messages, or half of --sockbuf in payload
+    /// bytes, are sent and not yet received, so a row shows what the
+    /// receiver sustains; 0 sends open loop and shows what is lost instead.
+    #[arg(long, default_value_t = 4096)]
+    pub(crate) window: u64,
     /// Largest datagram the queue builds: a byte count, or `auto` (65507,
     /// the most loopback carries).
     #[arg(long, default_value = "auto")]
@@ -110,11 +120,13 @@ struct Mode {
 }
 
 fn mode(s: &str) -> Result<Mode, String> {
-    let options = match s {
-        "natural" => "timeout=0",
-        "paper" => "qthresh=512&timeout=200ms",
-        "max" => "timeout=1ms",
-        o if o.contains('=') => o,
+    // The row's mode names the setting, so a table or plot legend read
+    // alone says what was measured.
+    let (name, options) = match s {
+        "natural" => ("natural", "timeout=0"),
+        "paper" => ("qthresh=512,timeout=200ms", "qthresh=512&timeout=200ms"),
+        "max" => ("qthresh=max,timeout=1ms", "timeout=1ms"),
+        o if o.contains('=') => (o, o),
         o => {
             return Err(format!(
                 "unknown queue mode `{o}`: expected natural, paper, max, or locator options such as qthresh=8k&timeout=1ms"
@@ -122,7 +134,7 @@ fn mode(s: &str) -> Result<Mode, String> {
         }
     };
     Ok(Mode {
-        name: s.to_string(),
+        name: name.replace('&', ","),
         options: options.to_string(),
     })
 }
@@ -177,14 +189,15 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
                 let loc = locator(m, max_datagram, args.sockbuf);
                 let pb =
                     report::progress(show, limits.messages, &format!("queue {} {size} B", m.name));
-                let row = queue_throughput(size, &m.name, &loc, limits, &pb);
+                let window = Window::new(args.window, args.sockbuf / 2, size, STALL);
+                let row = queue_throughput(size, &m.name, &loc, limits, window, &pb);
                 pb.finish_and_clear();
                 out.push(row?)?;
             }
         }
         if wants(Test::Udp) {
             let pb = report::progress(show, limits.messages, &format!("udp {size} B"));
-            let row = baseline::udp_throughput(size, limits, args.sockbuf, &pb);
+            let row = baseline::udp_throughput(size, limits, args.sockbuf, args.window, &pb);
             pb.finish_and_clear();
             out.push(row?)?;
         }
@@ -285,6 +298,7 @@ fn queue_throughput(
     mode: &str,
     loc: &str,
     limits: Limits,
+    window: Window,
     pb: &ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
     let rx = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
@@ -293,17 +307,20 @@ fn queue_throughput(
     let sent = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(2));
+    let window = Arc::new(window);
     let cpu = CpuMeter::start();
 
     let sender = {
-        let (sent, done, barrier) = (sent.clone(), done.clone(), barrier.clone());
+        let (sent, done, barrier, window) =
+            (sent.clone(), done.clone(), barrier.clone(), window.clone());
         thread::spawn(move || -> Result<skiff::QueueStats, skiff::Error> {
             let msg = Message::from_payload(Bytes::from(vec![0xA5u8; size]));
             barrier.wait();
             let start = Instant::now();
-            let mut n = 0u64;
+            let (mut n, mut forgiven) = (0u64, 0u64);
             let result = (|| {
                 while n < limits.messages {
+                    window.wait(n, &mut forgiven);
                     tx.push(dest, &msg)?;
                     n += 1;
                     if n.is_multiple_of(1024) {
@@ -339,6 +356,7 @@ fn queue_throughput(
         };
         if n > 0 {
             received += n;
+            window.received(received);
             last = Instant::now();
             if received - shown >= 16384 {
                 pb.inc(received - shown);
@@ -366,7 +384,7 @@ fn queue_throughput(
     row.lost = Some(messages.saturating_sub(received));
     row.dropped = Some(tx_stats.dropped.total() + rx_stats.dropped.total());
     row.cpu_pct = Some(cpu.pct());
-    row.options = Some(loc.to_string());
+    row.options = Some(format!("{loc} window={}", window.limit()));
     Ok(row)
 }
 
@@ -495,6 +513,11 @@ mod tests {
     fn modes_expand_to_locator_options() {
         assert_eq!(mode("natural").unwrap().options, "timeout=0");
         assert_eq!(mode("paper").unwrap().options, "qthresh=512&timeout=200ms");
+        assert_eq!(mode("paper").unwrap().name, "qthresh=512,timeout=200ms");
+        assert_eq!(
+            mode("qthresh=8k&timeout=1ms").unwrap().name,
+            "qthresh=8k,timeout=1ms"
+        );
         assert_eq!(
             mode("qthresh=8k&timeout=1ms").unwrap().options,
             "qthresh=8k&timeout=1ms"
@@ -560,7 +583,9 @@ mod tests {
             duration: Duration::from_secs(5),
         };
         let loc = locator(&mode("natural").unwrap(), 65507, 1 << 20);
-        let row = queue_throughput(64, "natural", &loc, limits, &ProgressBar::hidden()).unwrap();
+        let window = Window::new(1000, 1 << 20, 64, STALL);
+        let row =
+            queue_throughput(64, "natural", &loc, limits, window, &ProgressBar::hidden()).unwrap();
         assert_eq!(row.messages, 5000);
         let received = (row.msgs_per_s.unwrap() * row.elapsed_s.unwrap()).round() as u64;
         assert_eq!(received + row.lost.unwrap(), 5000);

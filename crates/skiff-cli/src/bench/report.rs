@@ -353,11 +353,10 @@ pub(crate) fn progress(enabled: bool, len: u64, label: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "{msg:>34} [{bar:30}] {human_pos}/{human_len} {per_sec:>14} {elapsed}",
-    )
-    .expect("valid progress template")
-    .progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template("{msg:>34} [{bar:30}] {human_pos}/{human_len} {elapsed}")
+            .expect("valid progress template")
+            .progress_chars("=> ");
     pb.set_style(style);
     pb.set_message(label.to_string());
     pb

@@ -434,7 +434,9 @@ impl Packet {
             }
             p.data = Some(Data { seq, chunks });
         } else if r.pos != buf.len() {
-            return Err(WireError::Malformed("trailing bytes after the last section"));
+            return Err(WireError::Malformed(
+                "trailing bytes after the last section",
+            ));
         }
         Ok(p)
     }
@@ -470,15 +472,9 @@ impl<'a> Encoder<'a> {
         self.out[self.at + 4]
     }
 
-    /// Bytes written so far for this packet.
-    pub fn len(&self) -> usize {
+    /// Bytes written so far for this packet, header included.
+    pub fn written(&self) -> usize {
         self.out.len() - self.at
-    }
-
-    /// Whether nothing but the header is written (never: the header is
-    /// always there; for clippy's sake).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Adds the FIRST section.
@@ -702,7 +698,9 @@ impl Reader<'_> {
             return Err(WireError::Malformed("empty fragment"));
         }
         if begin && !end && len as u64 >= total {
-            return Err(WireError::Malformed("first fragment not shorter than its message"));
+            return Err(WireError::Malformed(
+                "first fragment not shorter than its message",
+            ));
         }
         let bytes = self.buf.slice(self.pos..self.pos + len);
         self.pos += len;

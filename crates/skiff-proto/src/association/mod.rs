@@ -6,8 +6,11 @@
 //!   and a key unique on the initiating host. The [`Listener`] answers with
 //!   the key's return form (RTN bit set) and a key of its own; from then on
 //!   every packet carries only a key, which each side looks up directly
-//!   (QMP's abbreviated lookup). Both FIRST and the answer are retransmitted
-//!   until the other side is heard from.
+//!   (QMP's abbreviated lookup). FIRST is retransmitted until answered; the
+//!   answer goes out once per FIRST received and is about its size, so a
+//!   forged FIRST reflects one small packet and no more. The listener's side
+//!   is half-open until the initiator's next packet (a confirmation, data or
+//!   a keepalive) arrives.
 //! - **Flow control** on packet sequence numbers: the receiver advertises
 //!   `rseq` (next expected) and `alloc` (not to be reached); the sender
 //!   never sends at or above `alloc`. The receiver stops raising `alloc`
@@ -25,11 +28,14 @@
 //!   side that fails sends a RESET; if that is lost the peer's dead-peer
 //!   timer fires).
 //! - **Liveness**: keepalives when nothing was sent for `keepalive`; the
-//!   association fails when nothing valid was heard for `idle_timeout`.
+//!   association fails when nothing valid was heard for `idle_timeout`, or
+//!   when data in flight saw no acknowledgement for that long.
 //! - **Close** by sentinels in both directions: each side's sentinel follows
 //!   all its data and is acknowledged like data; the association is closed
-//!   when both sentinels are acknowledged, then lingers for three RTOs to
-//!   acknowledge a retransmitted sentinel.
+//!   when both sentinels are acknowledged, then lingers for `idle_timeout`
+//!   to acknowledge a retransmitted sentinel (TCP's TIME_WAIT). A side whose
+//!   last acknowledgement never arrives still reports `Closed` when every
+//!   message was acknowledged and only its bare sentinel was not.
 //! - **Bad input** (undecodable packets, unknown or forged keys, packets
 //!   from the wrong address, sequence numbers outside the window,
 //!   duplicates, acknowledgements of data never sent) is dropped and counted
@@ -164,6 +170,13 @@ pub enum FailReason {
     /// The peer aborted the association.
     #[error("the peer reset the association")]
     Reset,
+    /// The peer answers but acknowledged nothing new for `idle_timeout`
+    /// while data waited (a path that drops large packets does this).
+    #[error(
+        "no acknowledgement progress for idle_timeout; \
+         is the path's MTU smaller than the configured mtu?"
+    )]
+    Stalled,
     /// The peer broke the protocol.
     #[error("protocol violation by the peer: {0}")]
     Protocol(&'static str),
@@ -290,6 +303,8 @@ pub struct Association {
     created: Instant,
     last_recv: Instant,
     last_sent: Instant,
+    /// Last time data in flight was acknowledged (or first went out).
+    last_progress: Instant,
     hs_due: bool,
     hs_deadline: Option<Instant>,
     hs_sends: u32,
@@ -362,6 +377,20 @@ impl Association {
         config.recv_window = config.recv_window.max(1);
         config.send_window = config.send_window.max(1);
         config.sreq_every = config.sreq_every.max(1);
+        // Long enough to mean "never", short enough that `now + d` cannot
+        // overflow an `Instant`.
+        const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        for d in [
+            &mut config.ack_delay,
+            &mut config.initial_rto,
+            &mut config.min_rto,
+            &mut config.max_rto,
+            &mut config.keepalive,
+            &mut config.idle_timeout,
+            &mut config.handshake_timeout,
+        ] {
+            *d = (*d).min(FOREVER);
+        }
         config.max_rto = config.max_rto.max(config.min_rto);
         config.keepalive = config.keepalive.min(config.idle_timeout / 3);
         let rtt = Rtt::new(config.initial_rto, config.min_rto, config.max_rto);
@@ -382,6 +411,7 @@ impl Association {
             created: now,
             last_recv: now,
             last_sent: now,
+            last_progress: now,
             hs_due: false,
             hs_deadline: None,
             hs_sends: 0,
@@ -457,6 +487,11 @@ impl Association {
     /// Packets received above a gap and held.
     pub fn held(&self) -> usize {
         self.recv.held()
+    }
+
+    /// Bytes of delivered messages waiting in [`poll_event`](Self::poll_event).
+    pub fn unread(&self) -> usize {
+        self.recv.unread
     }
 
     /// Data packets sent and not yet acknowledged.
@@ -561,7 +596,9 @@ impl Association {
                 self.hs_deadline = None;
                 self.hs_due = false;
                 if self.hs_sends == 1 {
-                    self.send.rtt.sample(now - self.hs_sent_at);
+                    self.send
+                        .rtt
+                        .sample(now.saturating_duration_since(self.hs_sent_at));
                 }
                 self.events.push_back(Event::Connected);
             }
@@ -577,6 +614,9 @@ impl Association {
         if let Some(st) = &p.status {
             let out = self.send.on_status(now, st);
             self.stats.fast_retransmits += out.fast_lost;
+            if out.progress {
+                self.last_progress = now;
+            }
             if self.send.blocked && self.send.writable_again() {
                 self.send.blocked = false;
                 self.events.push_back(Event::Writable);
@@ -623,7 +663,9 @@ impl Association {
         self.peer_key = Some(a.key);
         self.learn_peer(a.mtu, a.max_message);
         if self.hs_sends == 1 {
-            self.send.rtt.sample(now - self.hs_sent_at);
+            self.send
+                .rtt
+                .sample(now.saturating_duration_since(self.hs_sent_at));
         }
         self.state = State::Established;
         self.hs_deadline = None;
@@ -644,8 +686,9 @@ impl Association {
             let reason = self.close_reason.unwrap_or(CloseReason::Peer);
             self.events.push_back(Event::Closed(reason));
             self.state = State::Closed;
-            let linger = (self.send.rtt.rto() * 3).min(self.config.idle_timeout);
-            self.linger_until = Some(now + linger);
+            // Linger as long as the peer may retransmit its sentinel before
+            // it gives up on us (TCP's TIME_WAIT plays this part).
+            self.linger_until = Some(now + self.config.idle_timeout);
             self.send.rto_deadline = None;
         }
     }
@@ -655,7 +698,10 @@ impl Association {
             return;
         }
         self.events.push_back(Event::Failed(reason));
-        self.reset_due = self.peer_key.is_some() && self.state != State::Closed;
+        // No RESET for a set-up that never completed: its FIRST may have
+        // come from a forged address.
+        self.reset_due =
+            self.peer_key.is_some() && !matches!(self.state, State::Closed | State::HalfOpen);
         self.state = State::Drained;
     }
 
@@ -680,7 +726,21 @@ impl Association {
             }
             State::Established | State::Closing => {
                 if now >= self.last_recv + self.config.idle_timeout {
-                    self.fail(FailReason::PeerDead);
+                    if self.recv.fin_done && self.send.only_bare_sentinel_unacked() {
+                        // The peer's stream is complete and it acknowledged
+                        // every message of ours; only the acknowledgement of
+                        // our sentinel was lost (the peer stopped
+                        // lingering). Nothing was lost: this is a close.
+                        let reason = self.close_reason.unwrap_or(CloseReason::Peer);
+                        self.events.push_back(Event::Closed(reason));
+                        self.state = State::Drained;
+                    } else {
+                        self.fail(FailReason::PeerDead);
+                    }
+                    return;
+                }
+                if self.send.unacked() > 0 && now >= self.last_progress + self.config.idle_timeout {
+                    self.fail(FailReason::Stalled);
                     return;
                 }
                 if self.send.rto_deadline.is_some_and(|t| now >= t) {
@@ -720,6 +780,9 @@ impl Association {
             State::Established | State::Closing => {
                 at(Some(self.last_recv + self.config.idle_timeout));
                 at(Some(self.last_sent + self.config.keepalive));
+                if self.send.unacked() > 0 {
+                    at(Some(self.last_progress + self.config.idle_timeout));
+                }
                 at(self.send.rto_deadline);
                 at(self.ack_at);
             }
@@ -764,7 +827,7 @@ impl Association {
                 self.hs_due = false;
                 self.hs_sends += 1;
                 self.hs_sent_at = now;
-                if self.hs_deadline.is_none() {
+                if self.hs_deadline.is_none() && self.side == Side::Initiator {
                     self.hs_deadline = Some(now + self.send.rtt.rto());
                 }
                 let mtu = self.config.mtu as u32;
@@ -792,12 +855,14 @@ impl Association {
             State::Established | State::Closing | State::Closed => {
                 let key = self.out_key().expect("set up");
                 self.send.arm(now);
+                if self.send.unacked() == 0 {
+                    self.last_progress = now;
+                }
                 let data = if self.state == State::Closed {
                     None
                 } else {
                     let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;
-                    self.send
-                        .next_packet(now, budget, self.config.sreq_every)
+                    self.send.next_packet(now, budget, self.config.sreq_every)
                 };
                 let control =
                     self.ack_now || self.ping_due || self.ack_at.is_some_and(|t| now >= t);

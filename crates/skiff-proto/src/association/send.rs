@@ -56,7 +56,7 @@ impl Rtt {
                 self.rttvar = r / 2;
             }
             Some(s) => {
-                let diff = if s > r { s - r } else { r - s };
+                let diff = s.abs_diff(r);
                 self.rttvar = self.rttvar * 3 / 4 + diff / 4;
                 self.srtt = Some(s * 7 / 8 + r / 8);
             }
@@ -217,6 +217,14 @@ impl SendState {
         self.sentinel.is_some_and(|s| self.una > s)
     }
 
+    /// Whether the only packet not acknowledged is a sentinel without data:
+    /// every message was acknowledged.
+    pub(super) fn only_bare_sentinel_unacked(&self) -> bool {
+        self.sentinel == Some(self.una)
+            && self.unacked == 1
+            && self.inflight.front().is_some_and(|p| p.chunks.is_empty())
+    }
+
     /// Whether a packet (retransmission or new) could be sent now.
     pub(super) fn has_data(&self) -> bool {
         !self.rtx.is_empty() || (self.has_new() && self.next < self.limit())
@@ -352,11 +360,9 @@ impl SendState {
         let mut out = AckOutcome::default();
         self.peer_alloc = self.peer_alloc.max(st.alloc);
         let mut newest: Option<(u64, Instant, u32)> = None;
-        let mut note = |seq: u64, p: &Sent| {
-            match newest {
-                Some((s, _, _)) if s >= seq => {}
-                _ => newest = Some((seq, p.sent, p.sends)),
-            }
+        let mut note = |seq: u64, p: &Sent| match newest {
+            Some((s, _, _)) if s >= seq => {}
+            _ => newest = Some((seq, p.sent, p.sends)),
         };
         let mut max_tx = self.largest_acked_tx;
         let advanced = st.rseq > self.una;
@@ -456,7 +462,15 @@ mod tests {
     #[test]
     fn fill_fragments_and_coalesces() {
         let now = Instant::now();
-        let mut s = SendState::new(64, 1 << 20, Rtt::new(Duration::from_secs(1), Duration::ZERO, Duration::from_secs(60)));
+        let mut s = SendState::new(
+            64,
+            1 << 20,
+            Rtt::new(
+                Duration::from_secs(1),
+                Duration::ZERO,
+                Duration::from_secs(60),
+            ),
+        );
         s.peer_alloc = 64;
         s.push(Bytes::from_static(b"a"));
         s.push(Bytes::from_static(b"bb"));

@@ -6,10 +6,10 @@
 //! matches what (`*` one token, `>` one or more remaining tokens, so `a.>`
 //! does **not** match `a`; types exactly or `*`).
 //!
-//! The [`Router`] holds subscriptions in a trie ([`trie`] explains the
-//! layout). It is generic over the subscriber handle `S`, so the same router
-//! holds a node's local clients and, later, other nodes of a mesh as
-//! subscribers (e.g. `enum Handle { Client(u64), Node(u32) }`): interest
+//! The [`Router`] holds subscriptions in a trie (the private `trie` module
+//! explains the layout). It is generic over the subscriber handle `S`, so
+//! the same router holds a node's local clients and, later, other nodes of a
+//! mesh as subscribers (e.g. `enum Handle { Client(u64), Node(u32) }`): interest
 //! from another node is a subscription whose subscriber is that node.
 //!
 //! Nothing here does I/O, reads a clock or draws randomness: every result

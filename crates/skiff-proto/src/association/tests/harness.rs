@@ -92,6 +92,9 @@ impl Default for Net {
 
 pub(super) type Filter = Box<dyn FnMut(&Wire) -> bool>;
 
+/// A packet on the way: arrival time, order of sending, direction, bytes.
+type InFlight = Reverse<(Instant, u64, Dir, Vec<u8>)>;
+
 /// Two endpoints and a network.
 pub(super) struct Pair {
     pub(super) now: Instant,
@@ -103,7 +106,7 @@ pub(super) struct Pair {
     pub(super) server_addr: SocketAddr,
     pub(super) net: Net,
     pub(super) rng: Rng,
-    queue: BinaryHeap<Reverse<(Instant, u64, Dir, Vec<u8>)>>,
+    queue: BinaryHeap<InFlight>,
     order: u64,
     /// Return true to drop a packet.
     pub(super) filter: Option<Filter>,
@@ -115,6 +118,8 @@ pub(super) struct Pair {
     pub(super) server_reads: bool,
     pub(super) dropped: usize,
     pub(super) too_big: usize,
+    /// Probability that a delivered packet has a byte changed or is cut.
+    pub(super) mutate: f64,
 }
 
 pub(super) fn test_config() -> AssociationConfig {
@@ -173,13 +178,16 @@ impl Pair {
             server_reads: true,
             dropped: 0,
             too_big: 0,
+            mutate: 0.0,
         }
     }
 
     /// The server's association, once set up.
     pub(super) fn srv(&mut self) -> &mut Association {
         let h = self.server_h.expect("server association accepted");
-        self.server.association(h).expect("server association exists")
+        self.server
+            .association(h)
+            .expect("server association exists")
     }
 
     /// Simulated time since the start.
@@ -212,6 +220,15 @@ impl Pair {
             self.too_big += 1;
             return;
         }
+        let mut bytes = bytes;
+        if self.rng.chance(self.mutate) {
+            let i = self.rng.below(bytes.len() as u64) as usize;
+            if self.rng.chance(0.5) {
+                bytes[i] = self.rng.next() as u8;
+            } else {
+                bytes.truncate(i);
+            }
+        }
         let copies = if self.rng.chance(self.net.dup) { 2 } else { 1 };
         for _ in 0..copies {
             let jitter = self.rng.below(self.net.jitter.as_micros() as u64 + 1);
@@ -241,9 +258,12 @@ impl Pair {
     }
 
     fn check_bounds(&self) {
-        for a in [Some(&self.client), self.server_h.and_then(|h| self.server.get(h))]
-            .into_iter()
-            .flatten()
+        for a in [
+            Some(&self.client),
+            self.server_h.and_then(|h| self.server.get(h)),
+        ]
+        .into_iter()
+        .flatten()
         {
             let (rseq, alloc) = a.recv_window();
             assert!(alloc >= rseq);
@@ -339,7 +359,11 @@ impl Pair {
 
     /// Steps until `done` holds or `limit` of simulated time passes; returns
     /// whether `done` held.
-    pub(super) fn drive_until(&mut self, limit: Duration, mut done: impl FnMut(&mut Pair) -> bool) -> bool {
+    pub(super) fn drive_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&mut Pair) -> bool,
+    ) -> bool {
         let end = self.now + limit;
         let mut steps = 0u64;
         loop {
@@ -363,7 +387,10 @@ impl Pair {
             let busy = |a: &Association| {
                 a.in_flight() > 0
                     || a.buffered() > 0
-                    || matches!(a.state(), State::Connecting | State::HalfOpen | State::Closing | State::Closed)
+                    || matches!(
+                        a.state(),
+                        State::Connecting | State::HalfOpen | State::Closing | State::Closed
+                    )
             };
             let server_busy = match p.server_h {
                 Some(h) => p.server.get(h).is_some_and(busy),
@@ -409,9 +436,7 @@ impl Pair {
 
     /// Whether both ends have finished and each reported a last event.
     pub(super) fn both_done(&mut self) -> bool {
-        let last = |ev: &[Event]| {
-            matches!(ev.last(), Some(Event::Closed(_) | Event::Failed(_)))
-        };
+        let last = |ev: &[Event]| matches!(ev.last(), Some(Event::Closed(_) | Event::Failed(_)));
         last(&self.client_events) && last(&self.server_events)
     }
 }

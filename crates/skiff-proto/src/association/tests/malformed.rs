@@ -144,12 +144,30 @@ fn header(flags: u8, key: u64) -> Vec<u8> {
 #[test]
 fn flag_rules() {
     let m = |f: u8, key: u64| dec(&header(f, key));
-    assert!(matches!(m(0x80, 1), Err(WireError::Malformed(_))), "reserved");
-    assert!(matches!(m(0x03, 1), Err(WireError::Malformed(_))), "FIRST+ACCEPT");
-    assert!(matches!(m(0x01, RTN), Err(WireError::Malformed(_))), "FIRST with RTN");
-    assert!(matches!(m(0x02, 1), Err(WireError::Malformed(_))), "ACCEPT w/o RTN");
-    assert!(matches!(m(0x09, 1), Err(WireError::Malformed(_))), "FIRST+DATA");
-    assert!(matches!(m(0x20, RTN), Err(WireError::Malformed(_))), "CLOSE w/o DATA");
+    assert!(
+        matches!(m(0x80, 1), Err(WireError::Malformed(_))),
+        "reserved"
+    );
+    assert!(
+        matches!(m(0x03, 1), Err(WireError::Malformed(_))),
+        "FIRST+ACCEPT"
+    );
+    assert!(
+        matches!(m(0x01, RTN), Err(WireError::Malformed(_))),
+        "FIRST with RTN"
+    );
+    assert!(
+        matches!(m(0x02, 1), Err(WireError::Malformed(_))),
+        "ACCEPT w/o RTN"
+    );
+    assert!(
+        matches!(m(0x09, 1), Err(WireError::Malformed(_))),
+        "FIRST+DATA"
+    );
+    assert!(
+        matches!(m(0x20, RTN), Err(WireError::Malformed(_))),
+        "CLOSE w/o DATA"
+    );
     // DATA with no chunks and no CLOSE.
     let mut v = header(0x08, RTN);
     v.push(0);
@@ -210,13 +228,31 @@ fn bad_chunks() {
         v.extend_from_slice(chunk);
         dec(&v)
     };
-    assert!(matches!(data(&[0x04, 1, b'a']), Err(WireError::Malformed(_))), "reserved");
-    assert!(matches!(data(&[0x03, 5, b'a']), Err(WireError::Truncated { .. })), "len");
-    assert!(matches!(data(&[0x00, 0]), Err(WireError::Malformed(_))), "empty middle");
-    assert!(matches!(data(&[0x02, 0]), Err(WireError::Malformed(_))), "empty end");
-    assert!(matches!(data(&[0x01, 1, 1, b'a']), Err(WireError::Malformed(_))), "first = total");
     assert!(
-        matches!(data(&[0x01, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, b'a']), Err(WireError::TooLong { .. })),
+        matches!(data(&[0x04, 1, b'a']), Err(WireError::Malformed(_))),
+        "reserved"
+    );
+    assert!(
+        matches!(data(&[0x03, 5, b'a']), Err(WireError::Truncated { .. })),
+        "len"
+    );
+    assert!(
+        matches!(data(&[0x00, 0]), Err(WireError::Malformed(_))),
+        "empty middle"
+    );
+    assert!(
+        matches!(data(&[0x02, 0]), Err(WireError::Malformed(_))),
+        "empty end"
+    );
+    assert!(
+        matches!(data(&[0x01, 1, 1, b'a']), Err(WireError::Malformed(_))),
+        "first = total"
+    );
+    assert!(
+        matches!(
+            data(&[0x01, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, b'a']),
+            Err(WireError::TooLong { .. })
+        ),
         "total over the hard limit"
     );
     assert!(data(&[0x03, 1, b'a', 0x00, 1, b'b']).is_ok());
@@ -263,7 +299,11 @@ fn arb_status() -> impl Strategy<Value = Status> {
 
 fn arb_chunks() -> impl Strategy<Value = Vec<Chunk>> {
     proptest::collection::vec(
-        (any::<bool>(), any::<bool>(), proptest::collection::vec(any::<u8>(), 1..40)),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            proptest::collection::vec(any::<u8>(), 1..40),
+        ),
         0..5,
     )
     .prop_map(|v| {
@@ -271,7 +311,11 @@ fn arb_chunks() -> impl Strategy<Value = Vec<Chunk>> {
             .map(|(begin, end, b)| Chunk {
                 begin,
                 end,
-                total: if begin && !end { b.len() as u64 + 10 } else { 0 },
+                total: if begin && !end {
+                    b.len() as u64 + 10
+                } else {
+                    0
+                },
                 bytes: b.into(),
             })
             .collect()
