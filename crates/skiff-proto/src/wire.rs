@@ -333,6 +333,33 @@ impl Reader<'_> {
     }
 
     fn message(&mut self, prev: Option<&ByteString>) -> Result<Message, WireError> {
+        self.message_max(prev, MAX_DATAGRAM)
+    }
+
+    #[inline(always)]
+    fn message_max(
+        &mut self,
+        prev: Option<&ByteString>,
+        max_payload: usize,
+    ) -> Result<Message, WireError> {
+        let (subject, kind, fields, payload) = self.parts(prev, max_payload)?;
+        Ok(Message {
+            subject,
+            kind,
+            fields,
+            payload,
+            meta: Meta::default(),
+        })
+    }
+
+    /// The parts of one message, decoded.
+    #[allow(clippy::type_complexity)]
+    #[inline(always)]
+    fn parts(
+        &mut self,
+        prev: Option<&ByteString>,
+        max_payload: usize,
+    ) -> Result<(ByteString, Option<ByteString>, Vec<Field>, Bytes), WireError> {
         let flags = self.u8("message flags")?;
         if flags & F_RESERVED != 0 {
             return Err(WireError::Malformed("reserved message flag bits set"));
@@ -403,15 +430,276 @@ impl Reader<'_> {
             }
         }
         let n = self.varint("payload length")?;
-        let payload = self.bytes(n, MAX_DATAGRAM, "payload")?;
-        Ok(Message {
-            subject,
-            kind,
-            fields,
-            payload,
-            meta: Meta::default(),
+        let payload = self.bytes(n, max_payload, "payload")?;
+        Ok((subject, kind, fields, payload))
+    }
+}
+
+impl Reader<'_> {
+    /// Skips `len` bytes, checked as [`Reader::bytes`] does, returning them
+    /// as a plain slice (no reference count taken).
+    fn skip(&mut self, len: u64, max: usize, what: &'static str) -> Result<&[u8], WireError> {
+        if len > max as u64 {
+            return Err(WireError::TooLong { what, len, max });
+        }
+        let len = len as usize;
+        if self.buf.len() - self.pos < len {
+            return Err(WireError::Truncated { what });
+        }
+        let b = &self.buf[self.pos..self.pos + len];
+        self.pos += len;
+        Ok(b)
+    }
+
+    fn skip_str(&mut self, len: u64, max: usize, what: &'static str) -> Result<(), WireError> {
+        let b = self.skip(len, max, what)?;
+        std::str::from_utf8(b)
+            .map(|_| ())
+            .map_err(|_| WireError::Utf8(what))
+    }
+
+    /// Checks one message exactly as [`Reader::message_max`] decodes it,
+    /// building nothing. Returns whether its subject is non-empty (what a
+    /// following repeat needs). `validate_agrees_with_decode` in the tests
+    /// and the fuzz target hold the two to the same verdicts.
+    fn skip_message(&mut self, prev_nonempty: bool) -> Result<bool, WireError> {
+        let flags = self.u8("message flags")?;
+        if flags & F_RESERVED != 0 {
+            return Err(WireError::Malformed("reserved message flag bits set"));
+        }
+        let nonempty = match (flags & F_SUBJECT != 0, flags & F_REPEAT != 0) {
+            (true, true) => return Err(WireError::Malformed("subject both sent and repeated")),
+            (true, false) => {
+                let n = self.varint("subject length")?;
+                if n == 0 {
+                    return Err(WireError::Malformed("empty subject sent explicitly"));
+                }
+                self.skip_str(n, MAX_SUBJECT, "subject")?;
+                true
+            }
+            (false, true) if prev_nonempty => true,
+            (false, true) => {
+                return Err(WireError::Malformed(
+                    "repeated subject with no previous subject",
+                ))
+            }
+            (false, false) => false,
+        };
+        if flags & F_KIND != 0 {
+            let n = self.u8("type length")?;
+            self.skip_str(u64::from(n), MAX_KIND, "type")?;
+        }
+        if flags & F_FIELDS != 0 {
+            let n = self.varint("field count")?;
+            if n == 0 || n > MAX_FIELDS as u64 {
+                return Err(WireError::TooLong {
+                    what: "field count",
+                    len: n,
+                    max: MAX_FIELDS,
+                });
+            }
+            for _ in 0..n {
+                let klen = self.u8("field key length")?;
+                self.skip_str(u64::from(klen), MAX_FIELD_KEY, "field key")?;
+                match self.u8("field tag")? {
+                    TAG_BOOL => {
+                        if self.u8("bool")? > 1 {
+                            return Err(WireError::Malformed("bool is neither 0 nor 1"));
+                        }
+                    }
+                    TAG_INT => {
+                        self.varint("int")?;
+                    }
+                    TAG_FLOAT => {
+                        self.skip(8, 8, "float")?;
+                    }
+                    TAG_STR => {
+                        let n = self.varint("string length")?;
+                        self.skip_str(n, MAX_DATAGRAM, "string field")?;
+                    }
+                    TAG_BYTES => {
+                        let n = self.varint("bytes length")?;
+                        self.skip(n, MAX_DATAGRAM, "bytes field")?;
+                    }
+                    _ => return Err(WireError::Malformed("unknown field tag")),
+                }
+            }
+        }
+        let n = self.varint("payload length")?;
+        self.skip(n, MAX_DATAGRAM, "payload")?;
+        Ok(nonempty)
+    }
+}
+
+/// A validated datagram whose messages are decoded one at a time, each
+/// straight into wherever the caller wants it: the receive path's way to
+/// avoid building every message in a buffer first and moving it again.
+///
+/// [`Batch::new`] checks the whole datagram with the same rules as
+/// [`decode_into`] (accepted whole or refused whole) without building or
+/// reference-counting anything; iterating then yields exactly the messages
+/// `decode_into` would.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    buf: Bytes,
+    header: Header,
+    pos: usize,
+    index: u16,
+    prev: ByteString,
+}
+
+impl Batch {
+    /// Validates `buf` as a whole datagram.
+    pub fn new(buf: Bytes) -> Result<Batch, WireError> {
+        let header = validate(&buf)?;
+        Ok(Batch {
+            buf,
+            header,
+            pos: HEADER_LEN,
+            index: 0,
+            prev: ByteString::new(),
         })
     }
+
+    /// The datagram's header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The whole datagram.
+    pub fn bytes(&self) -> &Bytes {
+        &self.buf
+    }
+
+    /// Messages not yet yielded.
+    pub fn remaining(&self) -> usize {
+        usize::from(self.header.count - self.index)
+    }
+}
+
+impl Iterator for Batch {
+    type Item = Message;
+
+    #[inline]
+    fn next(&mut self) -> Option<Message> {
+        if self.index == self.header.count {
+            return None;
+        }
+        let mut r = Reader {
+            buf: &self.buf,
+            pos: self.pos,
+        };
+        let prev = (self.index > 0).then_some(&self.prev);
+        // Validated in `new`, so this cannot fail; if it ever did, the
+        // batch ends rather than yield garbage.
+        let Ok(mut m) = r.message(prev) else {
+            self.index = self.header.count;
+            return None;
+        };
+        m.meta = Meta {
+            seq: self.header.base_seq.wrapping_add(u64::from(self.index)),
+            source: self.header.source,
+            from: None,
+        };
+        self.pos = r.pos;
+        self.index += 1;
+        if m.subject.is_empty() {
+            if !self.prev.is_empty() {
+                self.prev = ByteString::new();
+            }
+        } else if m.subject != self.prev {
+            self.prev = m.subject.clone();
+        }
+        Some(m)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining(), Some(self.remaining()))
+    }
+}
+
+impl Batch {
+    /// Decodes up to `max` messages onto the end of `out`, each built in
+    /// place (no intermediate moves of the message), with `from` as their
+    /// origin; returns how many. The receive path's bulk form of `next`.
+    #[inline]
+    pub fn next_into(
+        &mut self,
+        out: &mut Vec<Message>,
+        max: usize,
+        from: Option<std::net::SocketAddr>,
+    ) -> usize {
+        let n = self.remaining().min(max);
+        out.reserve(n);
+        let mut r = Reader {
+            buf: &self.buf,
+            pos: self.pos,
+        };
+        for done in 0..n {
+            let prev = (self.index > 0).then_some(&self.prev);
+            // Validated in `new`, so this cannot fail; if it ever did, the
+            // batch ends rather than yield garbage.
+            let Ok((subject, kind, fields, payload)) = r.parts(prev, MAX_DATAGRAM) else {
+                self.index = self.header.count;
+                return done;
+            };
+            let seq = self.header.base_seq.wrapping_add(u64::from(self.index));
+            self.index += 1;
+            if subject.is_empty() {
+                if !self.prev.is_empty() {
+                    self.prev = ByteString::new();
+                }
+            } else if subject != self.prev {
+                self.prev = subject.clone();
+            }
+            out.push(Message {
+                subject,
+                kind,
+                fields,
+                payload,
+                meta: Meta {
+                    seq,
+                    source: self.header.source,
+                    from,
+                },
+            });
+        }
+        self.pos = r.pos;
+        n
+    }
+}
+
+/// Checks a whole datagram by the rules of [`decode_into`] without
+/// building anything, returning its header.
+pub fn validate(buf: &Bytes) -> Result<Header, WireError> {
+    let h = Header::read(buf)?;
+    if buf.len() > MAX_DATAGRAM {
+        return Err(WireError::TooLong {
+            what: "datagram",
+            len: buf.len() as u64,
+            max: MAX_DATAGRAM,
+        });
+    }
+    if h.count == 0 {
+        return Err(WireError::Malformed("empty batch"));
+    }
+    if usize::from(h.count) > (buf.len() - HEADER_LEN) / 2 {
+        return Err(WireError::Truncated { what: "batch" });
+    }
+    let mut r = Reader {
+        buf,
+        pos: HEADER_LEN,
+    };
+    let mut prev_nonempty = false;
+    for _ in 0..h.count {
+        prev_nonempty = r.skip_message(prev_nonempty)?;
+    }
+    if buf[r.pos..].iter().any(|&b| b != 0) {
+        return Err(WireError::Malformed(
+            "trailing bytes after the last message",
+        ));
+    }
+    Ok(h)
 }
 
 /// Decodes a whole datagram, appending its messages to `out` with their
@@ -466,9 +754,102 @@ fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), Wi
     Ok(())
 }
 
+/// Decodes one message that fills `buf` exactly (no header, no subject
+/// repeat), with payloads up to `max_payload` bytes: what a stream protocol
+/// such as the node's client protocol carries inside its own frames, so a
+/// message has one encoding everywhere. Strings and payload are zero-copy
+/// slices of `buf`. Total and bounded like [`decode_into`].
+pub fn decode_message(buf: &Bytes, max_payload: usize) -> Result<Message, WireError> {
+    let mut r = Reader { buf, pos: 0 };
+    let m = r.message_max(None, max_payload)?;
+    if r.pos != buf.len() {
+        return Err(WireError::Malformed("trailing bytes after the message"));
+    }
+    Ok(m)
+}
+
 /// Decodes a datagram into a new vector (see [`decode_into`]).
 pub fn decode(buf: &Bytes) -> Result<(Header, Vec<Message>), WireError> {
     let mut out = Vec::new();
     let h = decode_into(buf, &mut out)?;
     Ok((h, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Vec<u8> {
+        let msgs = vec![
+            Message::new("a.b", "x")
+                .with_kind("t")
+                .with_field("k", 1i64),
+            Message::new("a.b", "y"),
+            Message::from_payload("z"),
+            Message::new("c", "w")
+                .with_field("s", "v")
+                .with_field("f", 1.5)
+                .with_field("b", true),
+        ];
+        let mut d = encode_datagram(7, 0, 3, &msgs).unwrap();
+        d.extend_from_slice(&[0, 0]);
+        d
+    }
+
+    fn agree(buf: &[u8]) -> Result<(), TestCaseError> {
+        let b = Bytes::copy_from_slice(buf);
+        let decoded = decode(&b);
+        let batch = Batch::new(b.clone());
+        match (&decoded, batch) {
+            (Ok((h, msgs)), Ok(batch)) => {
+                prop_assert_eq!(h, batch.header());
+                // In bulk, in two uneven steps, as the receive path does.
+                let mut bulk = Vec::new();
+                let mut b2 = batch.clone();
+                let first = b2.next_into(&mut bulk, 2, None);
+                let rest = b2.next_into(&mut bulk, usize::MAX, None);
+                prop_assert_eq!(first + rest, msgs.len());
+                prop_assert_eq!(msgs, &bulk);
+                let lazy: Vec<Message> = batch.collect();
+                prop_assert_eq!(msgs, &lazy);
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a, &b),
+            (a, b) => prop_assert!(
+                false,
+                "decode {:?} but validate {:?}",
+                a.as_ref().err(),
+                b.err()
+            ),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// `validate` + `Batch` accept and refuse exactly what `decode`
+        /// does, with the same error, and yield the same messages.
+        #[test]
+        fn validate_agrees_with_decode(flips in proptest::collection::vec((0usize..200, any::<u8>()), 0..4)) {
+            let mut d = sample();
+            for (at, v) in flips {
+                let n = d.len();
+                d[at % n] = v;
+            }
+            agree(&d)?;
+        }
+
+        #[test]
+        fn validate_agrees_on_prefixes(cut in 0usize..200) {
+            let d = sample();
+            agree(&d[..cut.min(d.len())])?;
+        }
+
+        #[test]
+        fn validate_agrees_on_noise(mut noise in proptest::collection::vec(any::<u8>(), 0..100)) {
+            if noise.len() >= HEADER_LEN {
+                noise[..4].copy_from_slice(&[b'S', b'K', VERSION, 1]);
+            }
+            agree(&noise)?;
+        }
+    }
 }

@@ -276,11 +276,21 @@ struct Tx {
     stats: QueueStats,
 }
 
+/// A received, validated datagram whose messages are handed out one by one,
+/// each decoded straight into the caller's hands.
+#[derive(Debug)]
+struct Arrived {
+    batch: wire::Batch,
+    from: SocketAddr,
+    /// Verdicts per message when the loss detector refused some; empty when
+    /// all are delivered (the common case).
+    verdicts: Vec<Verdict>,
+}
+
 #[derive(Debug)]
 struct Rx {
     batch: RecvBatch,
-    ready: Vec<Message>,
-    next: usize,
+    arrived: VecDeque<Arrived>,
     loss: LossDetector,
     verdicts: Vec<Verdict>,
     stats: QueueStats,
@@ -288,11 +298,32 @@ struct Rx {
 }
 
 impl Rx {
-    /// The next decoded message, if any.
+    /// The next received message, if any.
+    #[inline(always)]
     fn take(&mut self) -> Option<Message> {
-        let m = self.ready.get_mut(self.next).map(std::mem::take)?;
-        self.next += 1;
-        Some(m)
+        loop {
+            let a = self.arrived.front_mut()?;
+            let index = a.batch.header().count as usize - a.batch.remaining();
+            match a.batch.next() {
+                Some(mut m) => {
+                    if a.verdicts
+                        .get(index)
+                        .is_some_and(|v| *v != Verdict::Deliver)
+                    {
+                        continue;
+                    }
+                    m.meta.from = Some(a.from);
+                    return Some(m);
+                }
+                None => {
+                    self.arrived.pop_front();
+                }
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.arrived.is_empty()
     }
 }
 
@@ -380,8 +411,7 @@ impl Queue {
             }),
             rx: Mutex::new(Rx {
                 batch: RecvBatch::new(RECV_SLOTS, slot),
-                ready: Vec::new(),
-                next: 0,
+                arrived: VecDeque::new(),
                 loss: LossDetector::new(config.max_sources),
                 verdicts: Vec::new(),
                 stats: QueueStats::default(),
@@ -658,10 +688,10 @@ impl Inner {
             // send lasts). Otherwise this is a burst, and the flusher sends
             // what accumulates: batches grow exactly when sending one by
             // one could not keep up.
-            let burst = tx
-                .last_send_end
-                .is_some_and(|t| now().saturating_duration_since(t) < tx.send_cost / 2);
-            if !opened || tx.out_bytes > 0 || burst {
+            let cost = tx.send_cost / 2;
+            let mut burst =
+                |t: Option<Instant>| t.is_some_and(|t| now().saturating_duration_since(t) < cost);
+            if !opened || tx.out_bytes > 0 || burst(tx.last_send_end) {
                 if tx.flusher_parked {
                     tx.flusher_parked = false;
                     self.wake.notify_one();
@@ -858,9 +888,10 @@ impl Inner {
 
     fn try_pop(&self) -> Option<Message> {
         let mut rx = self.lock_rx()?;
-        if rx.next == rx.ready.len() {
-            self.fill(&mut rx, None);
+        if let Some(m) = rx.take() {
+            return Some(m);
         }
+        self.fill(&mut rx, None);
         rx.take()
     }
 
@@ -878,28 +909,35 @@ impl Inner {
         let Some(mut rx) = self.lock_rx() else {
             return 0;
         };
-        if rx.next == rx.ready.len() {
+        if rx.is_empty() {
             self.fill(&mut rx, None);
         }
-        let rx = &mut *rx;
-        let n = (rx.ready.len() - rx.next).min(max);
-        out.extend(
-            rx.ready[rx.next..rx.next + n]
-                .iter_mut()
-                .map(std::mem::take),
-        );
-        rx.next += n;
+        let mut n = 0;
+        while n < max {
+            let Some(a) = rx.arrived.front_mut() else {
+                break;
+            };
+            if a.verdicts.is_empty() {
+                // All delivered: decode straight into `out`.
+                n += a.batch.next_into(out, max - n, Some(a.from));
+                if a.batch.remaining() == 0 {
+                    rx.arrived.pop_front();
+                }
+            } else {
+                let Some(m) = rx.take() else { break };
+                out.push(m);
+                n += 1;
+            }
+        }
         n
     }
 
-    /// Reads what the socket holds in one `recvmmsg` and decodes it; with
-    /// `wait`, first waits up to that long (forever with `Some(None)`).
+    /// Reads what the socket holds in one `recvmmsg` and validates it;
+    /// with `wait`, first waits up to that long (forever with `Some(None)`).
     fn fill(&self, rx: &mut Rx, wait: Option<Option<Duration>>) {
-        rx.ready.clear();
-        rx.next = 0;
         let Rx {
             batch,
-            ready,
+            arrived,
             loss,
             verdicts,
             stats,
@@ -918,54 +956,53 @@ impl Inner {
                 continue;
             }
             for data in d.datagrams() {
-                accept(&self.config, d.from, data, ready, loss, verdicts, stats);
+                if let Some(a) = accept(&self.config, d.from, data, loss, verdicts, stats) {
+                    arrived.push_back(a);
+                }
             }
         }
     }
 }
 
-/// Decodes one datagram into `ready`, keeping only messages the loss
-/// detector admits; counts everything else.
+/// Validates one datagram and judges its messages with the loss detector;
+/// counts everything refused.
 fn accept(
     config: &QueueConfig,
     from: SocketAddr,
     data: Bytes,
-    ready: &mut Vec<Message>,
     loss: &mut LossDetector,
     verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
-) {
-    let start = ready.len();
-    let header = match wire::decode_into(&data, ready) {
-        Ok(h) => h,
+) -> Option<Arrived> {
+    let len = data.len() as u64;
+    let batch = match wire::Batch::new(data) {
+        Ok(b) => b,
         Err(e) => {
             stats.dropped.count_wire(e.reason());
-            return;
+            return None;
         }
     };
-    if header.endpoint != config.endpoint && header.endpoint != Dest::ANY {
-        ready.truncate(start);
+    let h = *batch.header();
+    if h.endpoint != config.endpoint && h.endpoint != Dest::ANY {
         stats.dropped.endpoint += 1;
-        return;
+        return None;
     }
-    let count = (ready.len() - start) as u64;
-    let mut keep = ready.len();
-    if loss.check_run(header.source, header.base_seq, count, verdicts) {
-        for m in &mut ready[start..] {
-            m.meta.from = Some(from);
-        }
+    let count = u64::from(h.count);
+    let delivered = if loss.check_run(h.source, h.base_seq, count, verdicts) {
+        verdicts.clear();
+        count
     } else {
-        keep = start;
-        for (i, v) in (start..ready.len()).zip(verdicts.iter()) {
-            if *v == Verdict::Deliver {
-                ready[i].meta.from = Some(from);
-                ready.swap(keep, i);
-                keep += 1;
-            }
-        }
-    }
-    ready.truncate(keep);
-    stats.recv_messages += (keep - start) as u64;
+        verdicts.iter().filter(|v| **v == Verdict::Deliver).count() as u64
+    };
+    stats.recv_messages += delivered;
     stats.recv_batches += 1;
-    stats.recv_bytes += data.len() as u64;
+    stats.recv_bytes += len;
+    if delivered == 0 {
+        return None;
+    }
+    Some(Arrived {
+        batch,
+        from,
+        verdicts: std::mem::take(verdicts),
+    })
 }

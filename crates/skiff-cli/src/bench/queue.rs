@@ -101,7 +101,10 @@ pub(crate) struct QueueArgs {
     /// waits while this many messages, or half of --sockbuf in payload
     /// bytes, are sent and not yet received, so a row shows what the
     /// receiver sustains; 0 sends open loop and shows what is lost instead.
-    #[arg(long, default_value_t = 4096)]
+    /// The default leaves the byte limit in charge: a message-count window
+    /// smaller than a datagram's worth of small messages would stop the
+    /// sender before it fills one batch.
+    #[arg(long, default_value_t = 1_000_000)]
     pub(crate) window: u64,
     /// Largest datagram the queue builds: a byte count, or `auto` (65507,
     /// the most loopback carries).
