@@ -352,6 +352,12 @@ pub struct Queue {
     flusher: Option<JoinHandle<()>>,
 }
 
+/// The longest gap after a send that still makes a push part of a burst.
+/// A flood pushes every few tens of nanoseconds; a request/reply exchange
+/// waits at least a round trip (several microseconds even on loopback), and
+/// a send that wakes the peer can itself take that long, so half the send's
+/// duration alone would misread replies as bursts.
+const BURST: Duration = Duration::from_micros(2);
 /// Datagrams per `sendmmsg`.
 const SEND_BATCH: usize = 64;
 /// Datagrams per `recvmmsg`.
@@ -683,12 +689,12 @@ impl Inner {
         }
         if self.natural() {
             // Send on this thread only if the path is idle: nothing else
-            // waits, and the application is not pushing faster than a send
-            // takes (the time since the last send ended is longer than a
-            // send lasts). Otherwise this is a burst, and the flusher sends
-            // what accumulates: batches grow exactly when sending one by
-            // one could not keep up.
-            let cost = tx.send_cost / 2;
+            // waits, and the application is not pushing faster than sends
+            // complete (the time since the last send ended is under half a
+            // send's duration, capped at BURST). Otherwise this is a burst,
+            // and the flusher sends what accumulates: batches grow exactly
+            // when sending one by one could not keep up.
+            let cost = (tx.send_cost / 2).min(BURST);
             let mut burst =
                 |t: Option<Instant>| t.is_some_and(|t| now().saturating_duration_since(t) < cost);
             if !opened || tx.out_bytes > 0 || burst(tx.last_send_end) {
