@@ -294,7 +294,6 @@ struct Rx {
     loss: LossDetector,
     verdicts: Vec<Verdict>,
     stats: QueueStats,
-    kernel_base: u64,
 }
 
 impl Rx {
@@ -325,6 +324,19 @@ impl Rx {
     fn is_empty(&self) -> bool {
         self.arrived.is_empty()
     }
+
+    /// The receive-side counters, loss included.
+    fn counters(&self) -> QueueStats {
+        let mut s = self.stats.clone();
+        let l = self.loss.stats();
+        s.lost = l.lost;
+        s.recovered = l.recovered;
+        s.dropped.duplicate = l.duplicates;
+        s.dropped.stale = l.stale;
+        s.dropped.sources_evicted = l.evicted;
+        s.dropped.kernel = self.batch.kernel_drops();
+        s
+    }
 }
 
 #[derive(Debug)]
@@ -334,6 +346,9 @@ struct Inner {
     local: SocketAddr,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
+    /// The receive counters as of the last receive, for `stats` while a
+    /// blocking pop holds `rx`.
+    rx_counters: Mutex<QueueStats>,
     wake: Condvar,
     shutdown: AtomicBool,
     /// Set while a `pop_blocking` waits in the kernel holding `rx`.
@@ -421,8 +436,8 @@ impl Queue {
                 loss: LossDetector::new(config.max_sources),
                 verdicts: Vec::new(),
                 stats: QueueStats::default(),
-                kernel_base: 0,
             }),
+            rx_counters: Mutex::new(QueueStats::default()),
             config,
             socket,
             local,
@@ -598,18 +613,17 @@ impl Queue {
     /// Counters: sent, received, lost, dropped by reason.
     pub fn stats(&self) -> QueueStats {
         let tx = self.inner.tx.lock().stats.clone();
-        let rx = {
-            let rx = self.inner.rx.lock();
-            let mut s = rx.stats.clone();
-            let l = rx.loss.stats();
-            s.lost = l.lost;
-            s.recovered = l.recovered;
-            s.dropped.duplicate = l.duplicates;
-            s.dropped.stale = l.stale;
-            s.dropped.sources_evicted = l.evicted;
-            s.dropped.kernel = rx.batch.kernel_drops().saturating_sub(rx.kernel_base);
-            s
+        // A `pop_blocking` may hold the receive state while it waits in the
+        // kernel; then the counters come from the copy the last receive left.
+        let rx = match self.inner.rx.try_lock() {
+            Some(rx) => rx.counters(),
+            None => self.inner.rx_counters.lock().clone(),
         };
+        let mut rx = rx;
+        // The socket's own drop counter is read now, not at the next arrival.
+        if let Ok(k) = self.inner.socket.kernel_drops() {
+            rx.dropped.kernel = rx.dropped.kernel.max(k);
+        }
         QueueStats {
             sent_messages: tx.sent_messages,
             sent_bytes: tx.sent_bytes,
@@ -967,6 +981,7 @@ impl Inner {
                 }
             }
         }
+        *self.rx_counters.lock() = rx.counters();
     }
 }
 

@@ -315,3 +315,30 @@ fn multicast_push_reaches_every_member() {
     }
     m1.leave_multicast(group.parse().unwrap()).unwrap();
 }
+
+#[test]
+fn stats_and_try_pop_do_not_wait_behind_a_blocked_pop() {
+    let q = std::sync::Arc::new(Queue::bind("udp://127.0.0.1:0").unwrap());
+    let waiter = {
+        let q = q.clone();
+        std::thread::spawn(move || q.pop_blocking(None))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    assert_eq!(q.stats().recv_messages, 0);
+    assert!(q.try_pop().is_none());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stats/try_pop waited for the blocked pop"
+    );
+    let a = Queue::bind("udp://127.0.0.1:0").unwrap();
+    a.push(q.local_addr(), &Message::from_payload("wake"))
+        .unwrap();
+    a.flush().unwrap();
+    let m = waiter
+        .join()
+        .unwrap()
+        .expect("the blocked pop gets the message");
+    assert_eq!(&m.payload[..], b"wake");
+    assert_eq!(q.stats().recv_messages, 1);
+}
