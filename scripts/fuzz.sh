@@ -34,13 +34,17 @@ for t in "${targets[@]}"; do
     runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' || echo '?')
     echo "   ok: $runs runs, no crash"
   else
-    echo "   CRASH in $t; last lines of $log:"
+    if grep -q 'failed to build fuzz script' "$log"; then
+      echo "   BUILD FAILED for $t; last lines of $log:"
+    else
+      echo "   CRASH in $t (input saved in fuzz/artifacts/$t/); last lines of $log:"
+    fi
     tail -n 40 "$log" | sed 's/^/   | /'
     failed+=("$t")
   fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "fuzz: ${#failed[@]} of ${#targets[@]} targets crashed: ${failed[*]} (inputs in fuzz/artifacts/)"
+  echo "fuzz: ${#failed[@]} of ${#targets[@]} targets failed: ${failed[*]}"
   exit 1
 fi
 echo "fuzz: ${#targets[@]} targets, ${secs}s each, no crash"

@@ -28,7 +28,7 @@ cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
 echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
   ip netns del skiff-probe-$$
-  cargo test -p skiff-cli --test netns --quiet -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.txt
+  cargo test -p skiff-cli --test netns --test netns_tunnel --quiet -- --ignored --test-threads=1 2>&1 | tee -a target/test-output.txt
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi

@@ -36,6 +36,8 @@ enum Op {
 
 #[derive(Arbitrary, Debug)]
 enum Subject {
+    /// The subject of the previous push (to whatever destination).
+    Previous,
     Empty,
     Pool(u8),
     Long(u16),
@@ -56,19 +58,32 @@ struct Msg {
     subject: Subject,
     kind: Option<String>,
     fields: Vec<(String, Val)>,
-    payload_len: u16,
+    payload: Payload,
     payload_byte: u8,
+}
+
+/// A payload length, or one just under what fits in a datagram (where the
+/// size rules have their edges).
+#[derive(Arbitrary, Debug)]
+enum Payload {
+    Len(u16),
+    NearMax(u8),
 }
 
 const POOL: [&str; 3] = ["daq.hallb.rate", "a", "x.y"];
 
 impl Msg {
-    fn build(self) -> Message {
+    fn build(self, max_datagram: usize, previous: &str) -> Message {
         let subject = match self.subject {
+            Subject::Previous => previous.to_owned(),
             Subject::Empty => String::new(),
             Subject::Pool(i) => POOL[usize::from(i) % POOL.len()].to_owned(),
             Subject::Long(n) => "l".repeat(usize::from(n) % 1100),
             Subject::Any(s) => s,
+        };
+        let payload_len = match self.payload {
+            Payload::Len(n) => usize::from(n) % 4000,
+            Payload::NearMax(d) => max_datagram.saturating_sub(HEADER_LEN + usize::from(d)),
         };
         let fields = self
             .fields
@@ -88,7 +103,7 @@ impl Msg {
             subject: subject.into(),
             kind: self.kind.map(Into::into),
             fields,
-            payload: Bytes::from(vec![self.payload_byte; usize::from(self.payload_len) % 4000]),
+            payload: Bytes::from(vec![self.payload_byte; payload_len]),
             ..Default::default()
         }
     }
@@ -98,7 +113,10 @@ fn dest(i: u8) -> Dest {
     let addr = SocketAddr::from(([10, 0, 0, i % 2], 4747));
     match i % 4 {
         3 => Dest::any(addr),
-        e => Dest { addr, endpoint: u32::from(e) },
+        e => Dest {
+            addr,
+            endpoint: u32::from(e),
+        },
     }
 }
 
@@ -140,7 +158,11 @@ impl Model {
             assert_eq!(segs.len(), t.segments);
             let mut n = 0;
             for (i, seg) in segs.iter().enumerate() {
-                assert!(seg.len() <= max, "{}-byte datagram, max_datagram {max}", seg.len());
+                assert!(
+                    seg.len() <= max,
+                    "{}-byte datagram, max_datagram {max}",
+                    seg.len()
+                );
                 if let Some(s) = t.segment_size {
                     assert!(i + 1 == segs.len() || seg.len() == s);
                 }
@@ -173,13 +195,23 @@ fuzz_target!(|input: Input| {
     let max = b.config().max_datagram;
     let max_dest = b.config().max_destinations;
     let mut now = Instant::now();
-    let mut model = Model { pending: BTreeMap::new(), next_seq: BTreeMap::new(), buf: Vec::new() };
+    let mut previous = String::new();
+    let mut model = Model {
+        pending: BTreeMap::new(),
+        next_seq: BTreeMap::new(),
+        buf: Vec::new(),
+    };
     for op in input.ops.into_iter().take(256) {
         match op {
-            Op::Push { dest: d, after_us, msg } => {
+            Op::Push {
+                dest: d,
+                after_us,
+                msg,
+            } => {
                 now += Duration::from_micros(u64::from(after_us));
                 let d = dest(d);
-                let msg = msg.build();
+                let msg = msg.build(max, &previous);
+                previous = msg.subject.to_string();
                 let known = model.pending.contains_key(&d);
                 let destinations = b.destinations();
                 match b.push(now, d, &msg) {
@@ -209,5 +241,8 @@ fuzz_target!(|input: Input| {
     assert_eq!(b.poll_timeout(), None);
     model.drain(&mut b, 4);
     assert_eq!(b.queued(), 0);
-    assert!(model.pending.values().all(VecDeque::is_empty), "pushed messages never sent");
+    assert!(
+        model.pending.values().all(VecDeque::is_empty),
+        "pushed messages never sent"
+    );
 });

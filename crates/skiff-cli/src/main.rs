@@ -5,7 +5,9 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod node_cmd;
 mod queue_cmd;
+mod tunnel_cmd;
 
 /// skiff: messaging middleware for clusters and clouds.
 #[derive(Debug, Parser)]
@@ -21,6 +23,21 @@ enum Command {
     Push(queue_cmd::PushArgs),
     /// Receive messages on a queue and print them.
     Pop(queue_cmd::PopArgs),
+    /// A pipe over a reliable tunnel: `cat --listen udp://0.0.0.0:4711 > out`
+    /// on one side, `cat udp://host:4711 < in` on the other.
+    Cat(tunnel_cmd::CatArgs),
+    /// Run a node: clients attach over TCP and a Unix socket.
+    Node(node_cmd::NodeArgs),
+    /// Publish messages on a subject through a node.
+    Pub(node_cmd::PubArgs),
+    /// Subscribe to a subject pattern and print what arrives.
+    Sub(node_cmd::SubArgs),
+    /// Send a request and print the reply.
+    Req(node_cmd::ReqArgs),
+    /// Answer requests on a subject or as a cluster member.
+    Reply(node_cmd::ReplyArgs),
+    /// Print a node's counters: per node, client and subscription.
+    Stats(node_cmd::StatsArgs),
     /// A complete exchange on this host, nothing else needed.
     Demo,
     /// Measure throughput and latency against baselines.
@@ -32,6 +49,13 @@ fn main() {
     let result = match cli.command {
         Command::Push(a) => queue_cmd::push(a),
         Command::Pop(a) => queue_cmd::pop(a),
+        Command::Cat(a) => tunnel_cmd::run(a),
+        Command::Node(a) => node_cmd::node(a),
+        Command::Pub(a) => node_cmd::publish(a),
+        Command::Sub(a) => node_cmd::subscribe(a),
+        Command::Req(a) => node_cmd::request(a),
+        Command::Reply(a) => node_cmd::reply(a),
+        Command::Stats(a) => node_cmd::stats(a),
         Command::Demo => demo::run(),
         Command::Bench(a) => bench::run(a),
     };

@@ -16,6 +16,8 @@
 
 pub mod association;
 pub mod batcher;
+pub mod compound;
+pub mod credits;
 pub mod error;
 pub mod loss;
 pub mod message;

@@ -45,6 +45,25 @@ pub enum Error {
     /// Nothing arrived in time.
     #[error("timed out")]
     Timeout,
+    /// A request or tunnel found nobody to answer: no subscription matches
+    /// the subject, or the cluster has no member with capacity.
+    #[error("no responders for {target:?}: nobody subscribes to it or is a member of it")]
+    NoResponders {
+        /// The subject or cluster.
+        target: String,
+    },
+    /// The node refused (a limit, an invalid name) or closed this client
+    /// (protocol error, slow consumer, shutdown); `reason` says which.
+    #[error("the node refused ({code:?}): {reason}")]
+    Refused {
+        /// The node's code.
+        code: skiff_node::Code,
+        /// The node's explanation.
+        reason: String,
+    },
+    /// A subject, pattern or type is not valid.
+    #[error(transparent)]
+    Subject(#[from] skiff_proto::router::SubjectError),
 }
 
 impl From<skiff_proto::Error> for Error {
@@ -145,6 +164,12 @@ mod tests {
             },
             Error::Closed,
             Error::Timeout,
+            Error::NoResponders { target: "x".into() },
+            Error::Refused {
+                code: skiff_node::Code::Limit,
+                reason: "max_subscriptions".into(),
+            },
+            Error::Subject(skiff_proto::router::Subject::new("").unwrap_err()),
         ];
         for e in all {
             assert!(!e.to_string().is_empty());

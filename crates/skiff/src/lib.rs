@@ -6,17 +6,29 @@
 //!
 //! - [`Queue`]: CMQ's batched datagram queue — `push` to an address without
 //!   waiting on the network, `try_pop`/`pop` what arrived, loss counted.
+//! - [`Client`]: a node's client (`skiff://`, `unix://`, in-process
+//!   `mem://`, or a `file://` log): publish/subscribe, request/reply,
+//!   clusters, broadcast and tunnels. The node itself is `skiff-node`.
+//! - [`Endpoint`] and [`Tunnel`]: QMP associations over UDP — `connect`,
+//!   `listen`/`accept`, then `send`/`recv` exactly once and in order with
+//!   back-pressure; best-effort `push` sharing the same datagrams.
 //!
 //! The wire format and the state machines live in `skiff-proto`, which
 //! does no I/O; this crate owns sockets, threads and clocks.
 
+pub mod client;
+pub mod endpoint;
 pub mod error;
 pub mod locator;
 pub mod queue;
 mod sys;
+pub mod tunnel;
 pub mod udp;
 
+pub use client::Client;
+pub use endpoint::{Endpoint, EndpointConfig, EndpointStats};
 pub use error::{Error, LocatorError};
 pub use locator::Locator;
 pub use queue::{decode_typed, typed_message, Drops, Queue, QueueConfig, QueueStats};
 pub use skiff_proto::{Dest, Field, Message, Meta, Value};
+pub use tunnel::{Tunnel, TunnelError, TunnelStream};

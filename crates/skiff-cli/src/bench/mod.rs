@@ -10,6 +10,10 @@
 //!
 //! - `queue`: the batched datagram queue (CMQ) against one UDP datagram per
 //!   message, ZeroMQ PUSH/PULL over TCP and ping-pong latency floors.
+//! - `pubsub`, `request`: publish/subscribe and request/reply through a
+//!   node, against nats-server (`--nats`) and a TCP ping-pong floor.
+//! - `tunnel`: a reliable tunnel (QMP association) against plain TCP on
+//!   the same path: bulk goodput, 64 B message rate, ping-pong latency.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -19,8 +23,11 @@ use indicatif::ProgressBar;
 
 mod baseline;
 mod plot;
+mod pubsub;
 mod queue;
 mod report;
+mod request;
+mod tunnel;
 
 use report::{Histogram, Reporter};
 
@@ -38,6 +45,15 @@ pub(crate) enum BenchCommand {
     /// The batched datagram queue against plain UDP, ZeroMQ and ping-pong
     /// latency floors, at several message sizes.
     Queue(queue::QueueArgs),
+    /// Publish/subscribe through a node (1→1, 1→4, 4→4) against
+    /// nats-server with `--nats`.
+    Pubsub(pubsub::PubsubArgs),
+    /// Request/reply through a node with 1 and 16 requesters, against
+    /// nats-server with `--nats` and a TCP ping-pong floor.
+    Request(request::RequestArgs),
+    /// A reliable tunnel against plain TCP on the same path: bulk goodput,
+    /// small-message rate and ping-pong latency.
+    Tunnel(tunnel::TunnelArgs),
 }
 
 /// Output options every benchmark takes.
@@ -59,13 +75,22 @@ pub(crate) struct OutputArgs {
 pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
     let (output, title) = match &args.command {
         BenchCommand::Queue(a) => (a.output.clone(), "skiff bench queue"),
+        BenchCommand::Pubsub(a) => (a.output.clone(), "skiff bench pubsub"),
+        BenchCommand::Request(a) => (a.output.clone(), "skiff bench request"),
+        BenchCommand::Tunnel(a) => (a.output.clone(), "skiff bench tunnel"),
     };
     let mut reporter = Reporter::new(output.json);
     let result = match &args.command {
         BenchCommand::Queue(a) => queue::run(a, &mut reporter),
+        BenchCommand::Pubsub(a) => pubsub::run(a, &mut reporter),
+        BenchCommand::Request(a) => request::run(a, &mut reporter),
+        BenchCommand::Tunnel(a) => tunnel::run(a, &mut reporter),
     };
     let notes = match &args.command {
         BenchCommand::Queue(_) => queue::targets(reporter.rows()),
+        BenchCommand::Pubsub(_) => pubsub::targets(reporter.rows()),
+        BenchCommand::Request(_) => request::targets(reporter.rows()),
+        BenchCommand::Tunnel(_) => tunnel::targets(reporter.rows()),
     };
     // Whatever was measured before a failure is still shown.
     reporter.finish(&notes)?;

@@ -1,0 +1,209 @@
+//! `skiff bench request`: request/reply round trips through a node, with
+//! 1 and 16 concurrent requesters on one connection, against nats-server
+//! (`--nats`) and a raw TCP ping-pong floor, in one run.
+//!
+//! One responder client subscribes to `bench.req` and echoes each request;
+//! a second client runs C requester tasks, each sending the next request as
+//! soon as its reply arrives, for `--duration-secs`. msgs/s is round trips
+//! per second; p50/p99 the round-trip latency. A request crosses the node
+//! twice, so the `tcp-pingpong` floor (one TCP round trip between two
+//! threads over loopback, no server) is about half of the best possible.
+
+use std::error::Error;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use skiff::client::Client;
+use skiff::Message;
+
+use super::pubsub::{run_natsbench, Server};
+use super::report::{self, record, Histogram, Reporter, Row};
+use super::{parse_secs, parse_size, OutputArgs};
+
+/// `skiff bench request`
+#[derive(clap::Args, Debug)]
+pub(crate) struct RequestArgs {
+    /// Concurrent requesters.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub(crate) concurrency: Vec<usize>,
+    /// Payload sizes.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8")]
+    pub(crate) sizes: Vec<usize>,
+    /// How long each test runs, in seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "2")]
+    pub(crate) duration_secs: Duration,
+    /// Use this node instead of starting one.
+    #[arg(long)]
+    pub(crate) node: Option<String>,
+    /// Also run against nats-server.
+    #[arg(long)]
+    pub(crate) nats: bool,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+/// Runs `skiff bench request`.
+pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let own = match &a.node {
+        Some(_) => None,
+        None => Some(Server::skiff()?),
+    };
+    let url = a
+        .node
+        .clone()
+        .or_else(|| own.as_ref().map(|s| s.url.clone()))
+        .expect("one of them");
+    let nats = if a.nats { Some(Server::nats()?) } else { None };
+    for &size in &a.sizes {
+        rep.push(tcp_pingpong(size, a.duration_secs)?)?;
+        for &conc in &a.concurrency {
+            let mut row = rt.block_on(skiff_requests(&url, conc, size, a.duration_secs))?;
+            row.options = Some(url.clone());
+            rep.push(row)?;
+            if let Some(n) = &nats {
+                rep.push(run_natsbench(&[
+                    "request".into(),
+                    "-url".into(),
+                    n.url.clone(),
+                    "-conc".into(),
+                    conc.to_string(),
+                    "-size".into(),
+                    size.to_string(),
+                    "-duration".into(),
+                    format!("{}ms", a.duration_secs.as_millis()),
+                ])?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn skiff_requests(
+    url: &str,
+    conc: usize,
+    size: usize,
+    dur: Duration,
+) -> Result<Row, Box<dyn Error>> {
+    let server = Client::connect(url).await?;
+    let mut sub = server.subscribe("bench.req", "*").await?;
+    let s2 = server.clone();
+    let responder = tokio::spawn(async move {
+        while let Some(d) = sub.recv().await {
+            let payload = d.payload.clone();
+            if s2.reply(&d, Message::new("", payload)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let c = Client::connect(url).await?;
+    let payload = bytes::Bytes::from(vec![0x5a; size]);
+    let timeout = Duration::from_secs(5);
+    for _ in 0..1000 {
+        c.request("bench.req", Message::new("", payload.clone()), timeout)
+            .await?;
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..conc {
+        let c = c.clone();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut h: Histogram = report::histogram();
+            while start.elapsed() < dur {
+                let t = Instant::now();
+                c.request("bench.req", Message::new("", payload.clone()), timeout)
+                    .await?;
+                record(&mut h, t.elapsed());
+            }
+            Ok::<Histogram, skiff::Error>(h)
+        }));
+    }
+    let mut hist = report::histogram();
+    for t in tasks {
+        hist.add(t.await??).map_err(|e| format!("{e:?}"))?;
+    }
+    let elapsed = start.elapsed();
+    responder.abort();
+    let mut row = Row::new("skiff-request", &format!("conc={conc}"), size);
+    row.set_latency(&hist);
+    row.set_throughput(hist.len(), elapsed);
+    Ok(row)
+}
+
+/// One TCP round trip between two threads over loopback: the floor.
+fn tcp_pingpong(size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; size];
+        loop {
+            if s.read_exact(&mut buf).is_err() {
+                return Ok(());
+            }
+            s.write_all(&buf)?;
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut buf = vec![0x5au8; size];
+    let mut hist = report::histogram();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < dur {
+        let t = Instant::now();
+        s.write_all(&buf)?;
+        s.read_exact(&mut buf)?;
+        if n >= 1000 {
+            record(&mut hist, t.elapsed());
+        }
+        n += 1;
+    }
+    drop(s);
+    let _ = echo.join();
+    let mut row = Row::new("tcp-pingpong", "floor", size);
+    row.set_latency(&hist);
+    row.set_throughput(hist.len(), start.elapsed());
+    Ok(row)
+}
+
+/// The targets, from the rows of this run.
+pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    let find = |test: &str, mode: &str| rows.iter().find(|r| r.test == test && r.mode == mode);
+    let mut out = Vec::new();
+    if let (Some(s), Some(n)) = (
+        find("skiff-request", "conc=16"),
+        find("nats-request", "conc=16"),
+    ) {
+        if let (Some(a), Some(b)) = (s.msgs_per_s, n.msgs_per_s) {
+            out.push(format!(
+                "target: request rate with 16 requesters >= 2x nats-server: {:.2}x ({} vs {}/s): {}",
+                a / b,
+                report::si(a),
+                report::si(b),
+                verdict(a >= 2.0 * b)
+            ));
+        }
+    }
+    if let (Some(s), Some(n)) = (
+        find("skiff-request", "conc=1"),
+        find("nats-request", "conc=1"),
+    ) {
+        if let (Some(a), Some(b)) = (s.p50_us, n.p50_us) {
+            let floor = find("tcp-pingpong", "floor")
+                .and_then(|f| f.p50_us)
+                .unwrap_or(0.0);
+            out.push(format!(
+                "target: one requester p50 <= nats-server's: {a:.1} us vs {b:.1} us (tcp ping-pong floor {floor:.1} us): {}",
+                verdict(a <= b)
+            ));
+        }
+    }
+    out
+}

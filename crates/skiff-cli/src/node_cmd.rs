@@ -1,0 +1,383 @@
+//! `skiff node`, `pub`, `sub`, `req`, `reply` and `stats`: run a node and
+//! talk to one from the shell.
+
+use std::error::Error;
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use skiff::client::{Client, Incoming, Policy, SubOptions, Target};
+use skiff::Message;
+use skiff_node::{Config, Node};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Where the node is: `skiff://host:port`, `unix:///path`, `mem://`,
+/// `file:///path`.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct NodeLoc {
+    /// The node's locator [default: $SKIFF_NODE, else
+    /// skiff://127.0.0.1:4747].
+    #[arg(short = 'n', long = "node")]
+    node: Option<String>,
+}
+
+impl NodeLoc {
+    async fn connect(&self) -> Result<Client> {
+        let loc = self
+            .node
+            .clone()
+            .or_else(|| std::env::var("SKIFF_NODE").ok())
+            .unwrap_or_else(|| "skiff://127.0.0.1:4747".into());
+        Client::connect(&loc)
+            .await
+            .map_err(|e| format!("cannot reach the node at {loc}: {e}").into())
+    }
+}
+
+/// `skiff node`
+#[derive(clap::Args, Debug)]
+pub(crate) struct NodeArgs {
+    /// TOML configuration file (see docs/node.md); `SKIFF_*` variables
+    /// and flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP address to listen on (`none` for no TCP).
+    #[arg(long)]
+    tcp: Option<String>,
+    /// Unix socket path to listen on.
+    #[arg(long)]
+    unix: Option<String>,
+    /// Any setting as name=value, e.g. `--set max_payload=65536`.
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    set: Vec<String>,
+}
+
+/// Runs a node until SIGINT or SIGTERM, then shuts down gracefully.
+pub(crate) fn node(a: NodeArgs) -> Result<()> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    cfg.apply_env(std::env::vars())?;
+    if let Some(t) = &a.tcp {
+        cfg.set("tcp", t)?;
+    }
+    if let Some(u) = &a.unix {
+        cfg.set("unix", u)?;
+    }
+    for kv in &a.set {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv:?}: expected NAME=VALUE"))?;
+        cfg.set(k.trim(), v.trim())?;
+    }
+    runtime()?.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Handlers first: a signal right after the "listening" line must
+        // shut down gracefully, not kill the process.
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let node = Node::start(&cfg).await?;
+        if let Some(a) = node.tcp_addr() {
+            eprintln!("skiff node listening on tcp {a}");
+        }
+        if let Some(p) = node.unix_path() {
+            eprintln!("skiff node listening on unix {}", p.display());
+        }
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("skiff node: shutting down (draining queues)");
+        node.shutdown().await;
+        Ok(())
+    })
+}
+
+/// `skiff pub`
+#[derive(clap::Args, Debug)]
+pub(crate) struct PubArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+    /// Subject, e.g. `daq.hallb.rate`.
+    subject: String,
+    /// Payload; without it, each line of standard input is one message.
+    payload: Option<String>,
+    /// Message type.
+    #[arg(long = "type")]
+    kind: Option<String>,
+    /// Send the payload this many times.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+}
+
+pub(crate) fn publish(a: PubArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect().await?;
+        let make = |p: Bytes| {
+            let m = Message::new(a.subject.as_str(), p);
+            match &a.kind {
+                Some(k) => m.with_kind(k.as_str()),
+                None => m,
+            }
+        };
+        match &a.payload {
+            Some(p) => {
+                for _ in 0..a.count {
+                    c.publish(make(Bytes::from(p.clone()))).await?;
+                }
+            }
+            None => {
+                for line in std::io::stdin().lock().lines() {
+                    c.publish(make(Bytes::from(line?))).await?;
+                }
+            }
+        }
+        c.flush().await?;
+        if let (n @ 1.., Some(e)) = c.async_errors() {
+            return Err(format!("the node refused {n} message(s): {e}").into());
+        }
+        Ok(())
+    })
+}
+
+/// `skiff sub`
+#[derive(clap::Args, Debug)]
+pub(crate) struct SubArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+    /// Subject pattern (`*` one token, `>` the rest).
+    pattern: String,
+    /// Type pattern (`*` any).
+    #[arg(long = "type", default_value = "*")]
+    kind: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Slow-consumer policy: drop-oldest, drop-newest, block, disconnect.
+    #[arg(long, default_value = "drop-oldest", value_parser = parse_policy)]
+    policy: Policy,
+    /// Queue bound in the node, in messages.
+    #[arg(long, default_value_t = 65_536)]
+    queue: u32,
+}
+
+fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
+    Policy::parse(s).ok_or_else(|| {
+        format!("`{s}` is not a policy: use drop-oldest, drop-newest, block or disconnect")
+    })
+}
+
+fn show(m: &Message) -> String {
+    let kind = m
+        .kind
+        .as_deref()
+        .map(|k| format!(" [{k}]"))
+        .unwrap_or_default();
+    format!(
+        "{}{kind} {}",
+        m.subject,
+        String::from_utf8_lossy(&m.payload)
+    )
+}
+
+pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect().await?;
+        let opts = SubOptions::default().policy(a.policy).queue(a.queue);
+        let mut s = c.subscribe_with(&a.pattern, &a.kind, opts).await?;
+        let mut n = 0u64;
+        let mut dropped = 0;
+        while let Some(d) = s.recv().await {
+            println!("{}", show(&d));
+            if s.dropped() != dropped {
+                dropped = s.dropped();
+                eprintln!(
+                    "skiff sub: {dropped} message(s) dropped so far (policy {})",
+                    a.policy.name()
+                );
+            }
+            n += 1;
+            if a.count.is_some_and(|c| n >= c) {
+                return Ok(());
+            }
+        }
+        match s.error() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    })
+}
+
+/// `skiff req`
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReqArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+    /// Subject, or cluster name with `--cluster`.
+    target: String,
+    /// Request payload.
+    #[arg(default_value = "")]
+    payload: String,
+    /// The target is a cluster: one member answers.
+    #[arg(long)]
+    cluster: bool,
+    /// Affinity key (clusters).
+    #[arg(long)]
+    key: Option<String>,
+    /// Seconds to wait.
+    #[arg(long, default_value = "5", value_parser = crate::bench::parse_secs)]
+    timeout: Duration,
+    /// Scatter-gather: collect up to this many replies.
+    #[arg(long)]
+    many: Option<usize>,
+}
+
+pub(crate) fn request(a: ReqArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect().await?;
+        let target = if a.cluster {
+            let t = Target::cluster(a.target.clone());
+            match &a.key {
+                Some(k) => t.with_key(Bytes::from(k.clone())),
+                None => t,
+            }
+        } else {
+            Target::from(a.target.as_str())
+        };
+        let msg = Message::new("", a.payload.clone());
+        match a.many {
+            Some(max) => {
+                for r in c.request_many(target, msg, a.timeout, max).await? {
+                    println!("{}", String::from_utf8_lossy(&r.payload));
+                }
+            }
+            None => {
+                let r = c.request(target, msg, a.timeout).await?;
+                println!("{}", String::from_utf8_lossy(&r.payload));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `skiff reply`
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReplyArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+    /// Subject pattern to answer, or cluster name with `--cluster`.
+    target: String,
+    /// The reply payload; without it, each request is echoed back.
+    payload: Option<String>,
+    /// Join the cluster `target` with this capacity instead of subscribing.
+    #[arg(long)]
+    cluster: bool,
+    /// Capacity advertised with `--cluster`.
+    #[arg(long, default_value_t = 1)]
+    capacity: u32,
+    /// Stop after this many requests.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect().await?;
+        let answer = |req: &Message| match &a.payload {
+            Some(p) => Message::new("", p.clone()),
+            None => Message::new("", req.payload.clone()),
+        };
+        let mut n = 0u64;
+        let done = |n: u64| a.count.is_some_and(|c| n >= c);
+        if a.cluster {
+            let m = c.join(&a.target, a.capacity).await?;
+            eprintln!(
+                "skiff reply: member of cluster {} (capacity {})",
+                a.target, a.capacity
+            );
+            while let Some(i) = m.recv().await {
+                match i {
+                    Incoming::Request(r) => {
+                        let out = answer(&r.msg);
+                        r.reply(out).await?;
+                        n += 1;
+                    }
+                    Incoming::Broadcast(b) => println!("broadcast: {}", show(&b)),
+                    _ => {}
+                }
+                if done(n) {
+                    break;
+                }
+            }
+        } else {
+            let mut s = c.subscribe(&a.target, "*").await?;
+            eprintln!("skiff reply: answering requests on {}", a.target);
+            while let Some(d) = s.recv().await {
+                if d.is_request() {
+                    c.reply(&d, answer(&d)).await?;
+                    n += 1;
+                    if done(n) {
+                        break;
+                    }
+                }
+            }
+        }
+        c.flush().await?;
+        Ok(())
+    })
+}
+
+/// `skiff stats`
+#[derive(clap::Args, Debug)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+    /// Print the raw JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn stats(a: StatsArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect().await?;
+        if a.json {
+            println!("{}", c.stats_json().await?);
+            return Ok(());
+        }
+        let s = c.stats().await?;
+        println!(
+            "node: up {:.0}s, {} client(s) ({} since start), {} subscription(s), {} cluster(s), {} tunnel(s)",
+            s.uptime_s, s.connections, s.connections_total, s.subscriptions, s.clusters, s.tunnels
+        );
+        println!(
+            "      published {}, requests {}, replies {}, no responders {}, broadcasts {}, limit hits {}, protocol errors {}, slow consumers {}",
+            s.published, s.requests, s.replies, s.no_responders, s.broadcasts, s.limit_hits, s.protocol_errors, s.slow_consumers
+        );
+        for cl in &s.clients {
+            if cl.id == c.id() {
+                continue; // this command's own connection
+            }
+            println!(
+                "client {} {}: published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
+                cl.id, cl.peer, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
+            );
+            for sub in &cl.subscriptions {
+                println!(
+                    "  sub {} {} [{}] {}: queued {}, delivered {}, dropped {}",
+                    sub.sid, sub.pattern, sub.kind, sub.policy, sub.counters.queued, sub.counters.delivered, sub.counters.dropped
+                );
+            }
+        }
+        Ok(())
+    })
+}

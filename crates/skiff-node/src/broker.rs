@@ -1,0 +1,932 @@
+//! The node's state and what it does with each client frame: the router
+//! (subject trie), clusters, requests in flight and tunnels. It owns no
+//! sockets: connection tasks ([`crate::server`]) and in-process clients
+//! ([`crate::MemLink`]) hand it decoded [`ClientFrame`]s, and it answers by
+//! queueing [`ServerFrame`]s in the clients' [`ClientOut`]s.
+//!
+//! One lock guards the routing state; each client's outbox has its own, and
+//! is only ever taken after the routing lock or alone, never before it. A
+//! publish matches under the routing lock and queues the same
+//! [`Message`] (payload shared by reference count) to every matching
+//! subscription. Only a `block` subscription that is full makes the
+//! publisher wait, and it waits with no lock held.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
+use skiff_proto::router::{Clusters, Router, SubId, Subject};
+use skiff_proto::Message;
+
+use crate::config::Limits;
+use crate::frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use crate::outbox::{cost, ClientOut, Push, SubCounters};
+
+/// The `corr` of an error frame about a publish, broadcast or reply, which
+/// has no correlation id of its own; the connection stays open.
+pub const ASYNC_ERROR: u64 = u64::MAX;
+
+#[derive(Debug)]
+struct SubEntry {
+    out: Arc<ClientOut>,
+    sid: u64,
+}
+
+#[derive(Debug)]
+struct ClientEntry {
+    out: Arc<ClientOut>,
+    peer: String,
+    /// The client's sid → router id, policy and patterns.
+    sids: FxHashMap<u64, (SubId, Policy, String, String)>,
+    /// The client's request id → node token.
+    requests: FxHashMap<u64, u64>,
+    /// Cluster requests this client was chosen to answer.
+    serving: FxHashSet<u64>,
+    tunnels: FxHashSet<u64>,
+    published: u64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    requester: u64,
+    rid: u64,
+    /// Replies still wanted.
+    left: u32,
+    /// Responders reached that have not answered.
+    expect: u32,
+    /// Cluster members reached, for their load.
+    members: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    router: Router<u64>,
+    subs: FxHashMap<SubId, SubEntry>,
+    clients: FxHashMap<u64, ClientEntry>,
+    clusters: Clusters<u64>,
+    load: FxHashMap<u64, u32>,
+    pending: FxHashMap<u64, Pending>,
+    next_token: u64,
+    tunnels: FxHashMap<u64, (u64, u64)>,
+    next_tunnel: u64,
+}
+
+/// Node-wide counters.
+#[derive(Debug, Default)]
+struct Counters {
+    connections_total: AtomicU64,
+    published: AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
+    no_responders: AtomicU64,
+    broadcasts: AtomicU64,
+    limit_hits: AtomicU64,
+    protocol_errors: AtomicU64,
+    slow_consumers: AtomicU64,
+}
+
+/// The node's state, shared by every connection. See the module
+/// documentation.
+#[derive(Debug)]
+pub struct Broker {
+    state: Mutex<State>,
+    limits: Limits,
+    next_client: AtomicU64,
+    counters: Counters,
+    shutting_down: AtomicBool,
+    started: std::time::Instant,
+}
+
+/// Why a frame could not be handled: the client is closed with this error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fatal {
+    /// Why.
+    pub code: Code,
+    /// A sentence for the client.
+    pub text: String,
+}
+
+impl Broker {
+    /// A node with no clients.
+    pub fn new(limits: Limits) -> Broker {
+        Broker {
+            state: Mutex::new(State {
+                next_token: 1,
+                next_tunnel: 1,
+                ..State::default()
+            }),
+            limits,
+            next_client: AtomicU64::new(1),
+            counters: Counters::default(),
+            shutting_down: AtomicBool::new(false),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Adds a client (`peer` says where from, for stats) and queues its
+    /// `Welcome`; refuses when the connection limit is reached or the node
+    /// is shutting down.
+    pub fn attach(&self, peer: String) -> Result<Arc<ClientOut>, Fatal> {
+        if self.shutting_down.load(Relaxed) {
+            return Err(Fatal {
+                code: Code::Shutdown,
+                text: "the node is shutting down".into(),
+            });
+        }
+        let mut st = self.state.lock();
+        if st.clients.len() >= self.limits.max_connections {
+            self.counters.limit_hits.fetch_add(1, Relaxed);
+            return Err(Fatal {
+                code: Code::Limit,
+                text: format!(
+                    "the node already has {} clients (max_connections)",
+                    self.limits.max_connections
+                ),
+            });
+        }
+        let id = self.next_client.fetch_add(1, Relaxed);
+        let out = Arc::new(ClientOut::new(id, self.limits.max_pending_bytes));
+        out.control(ServerFrame::Welcome {
+            client: id,
+            max_payload: self.limits.max_payload as u64,
+        });
+        st.clients.insert(
+            id,
+            ClientEntry {
+                out: out.clone(),
+                peer,
+                sids: FxHashMap::default(),
+                requests: FxHashMap::default(),
+                serving: FxHashSet::default(),
+                tunnels: FxHashSet::default(),
+                published: 0,
+            },
+        );
+        self.counters.connections_total.fetch_add(1, Relaxed);
+        Ok(out)
+    }
+
+    /// Number of clients attached.
+    pub fn client_count(&self) -> usize {
+        self.state.lock().clients.len()
+    }
+
+    /// Number of subscriptions held.
+    pub fn subscription_count(&self) -> usize {
+        self.state.lock().router.len()
+    }
+
+    /// Removes a client and everything it held (subscriptions, cluster
+    /// memberships, requests, tunnels), closing it with `error` if given.
+    pub fn detach(&self, client: u64, error: Option<(Code, String)>) {
+        let mut st = self.state.lock();
+        let Some(c) = st.clients.remove(&client) else {
+            return;
+        };
+        c.out.close(error);
+        st.router.remove_subscriber(client);
+        for (_, (id, ..)) in c.sids {
+            st.subs.remove(&id);
+        }
+        st.clusters.remove_member(client);
+        st.load.remove(&client);
+        for (_, token) in c.requests {
+            if let Some(p) = st.pending.remove(&token) {
+                release_members(&mut st, &p.members);
+            }
+        }
+        for token in c.serving {
+            let Some(p) = st.pending.get_mut(&token) else {
+                continue;
+            };
+            p.expect = p.expect.saturating_sub(1);
+            p.members.retain(|m| *m != client);
+            if p.expect == 0 {
+                let p = st.pending.remove(&token).expect("present");
+                release_members(&mut st, &p.members);
+                if let Some(r) = st.clients.get_mut(&p.requester) {
+                    r.requests.remove(&p.rid);
+                    r.out.control(ServerFrame::ReqDone {
+                        rid: p.rid,
+                        code: Code::NoResponders,
+                    });
+                }
+            }
+        }
+        for t in c.tunnels {
+            if let Some((a, b)) = st.tunnels.remove(&t) {
+                let other = if a == client { b } else { a };
+                if let Some(o) = st.clients.get_mut(&other) {
+                    o.tunnels.remove(&t);
+                    o.out.control(ServerFrame::TunClose { tunnel: t });
+                }
+            }
+        }
+    }
+
+    /// Stops accepting clients (see [`crate::Node::shutdown`]).
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Relaxed);
+    }
+
+    /// Whether every client's queue is empty.
+    pub(crate) fn drained(&self) -> bool {
+        self.state
+            .lock()
+            .clients
+            .values()
+            .all(|c| c.out.is_drained())
+    }
+
+    /// Closes every client with `code`.
+    pub(crate) fn close_all(&self, code: Code, text: &str) {
+        let ids: Vec<u64> = self.state.lock().clients.keys().copied().collect();
+        for id in ids {
+            self.detach(id, Some((code, text.to_owned())));
+        }
+    }
+
+    fn limit(&self, text: String) -> (Code, String) {
+        self.counters.limit_hits.fetch_add(1, Relaxed);
+        (Code::Limit, text)
+    }
+
+    /// Checks a message from a client against the limits.
+    fn check_message(&self, msg: &Message, subject_needed: bool) -> Result<(), (Code, String)> {
+        if msg.payload.len() > self.limits.max_payload {
+            return Err(self.limit(format!(
+                "payload of {} bytes is over the node's limit of {} (max_payload)",
+                msg.payload.len(),
+                self.limits.max_payload
+            )));
+        }
+        if msg.subject.len() > self.limits.max_subject {
+            return Err(self.limit(format!(
+                "subject of {} bytes is over the node's limit of {} (max_subject)",
+                msg.subject.len(),
+                self.limits.max_subject
+            )));
+        }
+        if subject_needed {
+            Subject::new(&msg.subject).map_err(|e| (Code::Invalid, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Handles one frame from client `me`. An `Err` means the client must
+    /// be closed with that error (the caller calls [`Broker::detach`]).
+    pub async fn handle(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
+        use ClientFrame as F;
+        match frame {
+            F::Pub(msg) => {
+                if let Err((code, text)) = self.check_message(&msg, true) {
+                    me.control(ServerFrame::Error {
+                        corr: ASYNC_ERROR,
+                        code,
+                        text,
+                    });
+                    return Ok(());
+                }
+                self.counters.published.fetch_add(1, Relaxed);
+                self.fan_out(me, &msg, 0, None).await;
+            }
+            F::Req {
+                rid,
+                flags,
+                max,
+                target,
+                key,
+                msg,
+            } => {
+                self.request(me, rid, flags, max.max(1), target, key, msg)
+                    .await
+            }
+            other => self.handle_control(me, other)?,
+        }
+        Ok(())
+    }
+
+    /// Handles a frame that never waits: anything but `Pub` and `Req`,
+    /// which this refuses as a protocol error (use [`Broker::handle`]).
+    pub fn handle_control(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
+        use ClientFrame as F;
+        match frame {
+            F::Pub(_) | F::Req { .. } => {
+                return Err(Fatal {
+                    code: Code::Protocol,
+                    text: "publish and request frames go through Broker::handle".into(),
+                })
+            }
+            F::Sub {
+                sid,
+                pattern,
+                kind,
+                policy,
+                queue,
+                credit,
+            } => {
+                let r = self.subscribe(me, sid, pattern, kind, policy, queue, credit);
+                me.control(match r {
+                    Ok(()) => ServerFrame::Ack { corr: sid },
+                    Err((code, text)) => ServerFrame::Error {
+                        corr: sid,
+                        code,
+                        text,
+                    },
+                });
+            }
+            F::Unsub { sid } => {
+                let mut st = self.state.lock();
+                let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
+                if let Some((id, ..)) = removed {
+                    st.router.unsubscribe(id);
+                    st.subs.remove(&id);
+                }
+                drop(st);
+                me.remove_sub(sid);
+            }
+            F::Credit { sid, n } => me.credit(sid, n),
+            F::Reply { token, msg } => self.reply(token, msg),
+            F::Cancel { rid } => {
+                let mut st = self.state.lock();
+                let token = st
+                    .clients
+                    .get_mut(&me.id)
+                    .and_then(|c| c.requests.remove(&rid));
+                if let Some(p) = token.and_then(|t| st.pending.remove(&t)) {
+                    release_members(&mut st, &p.members);
+                }
+            }
+            F::Join {
+                corr,
+                cluster,
+                capacity,
+            } => {
+                let r = Subject::new(&cluster).map(|_| ());
+                match r {
+                    Ok(()) => {
+                        self.state.lock().clusters.join(&cluster, me.id, capacity);
+                        me.control(ServerFrame::Ack { corr });
+                    }
+                    Err(e) => me.control(ServerFrame::Error {
+                        corr,
+                        code: Code::Invalid,
+                        text: format!("cluster name: {e}"),
+                    }),
+                }
+            }
+            F::Leave { corr, cluster } => {
+                self.state.lock().clusters.leave(&cluster, me.id);
+                me.control(ServerFrame::Ack { corr });
+            }
+            F::Bcast { cluster, msg } => {
+                if let Err((code, text)) = self.check_message(&msg, false) {
+                    me.control(ServerFrame::Error {
+                        corr: ASYNC_ERROR,
+                        code,
+                        text,
+                    });
+                    return Ok(());
+                }
+                self.counters.broadcasts.fetch_add(1, Relaxed);
+                let st = self.state.lock();
+                let size = cost(&msg);
+                for m in st.clusters.members(&cluster) {
+                    if let Some(c) = st.clients.get(&m) {
+                        c.out.control_bounded(
+                            ServerFrame::Bcast {
+                                cluster: cluster.clone(),
+                                msg: msg.clone(),
+                            },
+                            size,
+                        );
+                    }
+                }
+            }
+            F::TunOpen {
+                corr,
+                cluster,
+                key,
+                window,
+            } => self.tunnel_open(me, corr, cluster, key, window),
+            F::TunData { tunnel, msg } => {
+                let size = cost(&msg);
+                self.tunnel_relay(me, tunnel, |out| {
+                    out.control_bounded(ServerFrame::TunData { tunnel, msg }, size);
+                })?
+            }
+            F::TunCredit { tunnel, n } => self.tunnel_relay(me, tunnel, |out| {
+                out.control(ServerFrame::TunCredit { tunnel, n })
+            })?,
+            F::TunClose { tunnel } => {
+                let mut st = self.state.lock();
+                if let Some((a, b)) = st.tunnels.remove(&tunnel) {
+                    for end in [a, b] {
+                        if let Some(c) = st.clients.get_mut(&end) {
+                            c.tunnels.remove(&tunnel);
+                            if end != me.id {
+                                c.out.control(ServerFrame::TunClose { tunnel });
+                            }
+                        }
+                    }
+                }
+            }
+            F::Stats { corr } => {
+                let json = serde_json::to_string(&self.stats()).unwrap_or_default();
+                me.control(ServerFrame::Stats { corr, json });
+            }
+            F::Ping { corr } => me.control(ServerFrame::Pong { corr }),
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe(
+        &self,
+        me: &Arc<ClientOut>,
+        sid: u64,
+        pattern: String,
+        kind: String,
+        policy: Policy,
+        queue: u32,
+        credit: u32,
+    ) -> Result<(), (Code, String)> {
+        if pattern.len() > self.limits.max_subject {
+            return Err(self.limit(format!(
+                "pattern of {} bytes is over the node's limit of {} (max_subject)",
+                pattern.len(),
+                self.limits.max_subject
+            )));
+        }
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let Some(c) = st.clients.get_mut(&me.id) else {
+            return Err((Code::NotFound, "client is closing".into()));
+        };
+        if c.sids.len() >= self.limits.max_subscriptions {
+            return Err(self.limit(format!(
+                "the client already holds {} subscriptions (max_subscriptions)",
+                self.limits.max_subscriptions
+            )));
+        }
+        if c.sids.contains_key(&sid) {
+            return Err((Code::Invalid, format!("subscription id {sid} is in use")));
+        }
+        // The queue exists before the interest, so nothing matched is lost.
+        me.add_sub(sid, queue as usize, policy, credit);
+        match st.router.subscribe(&pattern, &kind, me.id) {
+            Ok(id) => {
+                st.subs.insert(
+                    id,
+                    SubEntry {
+                        out: me.clone(),
+                        sid,
+                    },
+                );
+                c.sids.insert(sid, (id, policy, pattern, kind));
+                Ok(())
+            }
+            Err(e) => {
+                me.remove_sub(sid);
+                Err((Code::Invalid, e.to_string()))
+            }
+        }
+    }
+
+    /// Queues `msg` to every subscription matching its subject and type;
+    /// returns how many matched. Waits (with no lock held) for full `block`
+    /// subscriptions.
+    async fn fan_out(
+        &self,
+        me: &Arc<ClientOut>,
+        msg: &Message,
+        token: u64,
+        pending: Option<u64>,
+    ) -> usize {
+        let Ok(subject) = Subject::new(&msg.subject) else {
+            return 0;
+        };
+        let mut blocked: Vec<(Arc<ClientOut>, u64)> = Vec::new();
+        let mut kill: Vec<u64> = Vec::new();
+        let mut matched = 0usize;
+        {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            if let Some(c) = st.clients.get_mut(&me.id) {
+                c.published += 1;
+            }
+            let subs = &st.subs;
+            st.router
+                .for_each_match(subject, msg.kind.as_deref(), |id, client| {
+                    let Some(e) = subs.get(&id) else { return };
+                    matched += 1;
+                    match e.out.push(e.sid, token, msg) {
+                        Push::Queued | Push::Dropped => e.out.wake(),
+                        Push::Full => blocked.push((e.out.clone(), e.sid)),
+                        Push::Kill => kill.push(client),
+                        Push::Gone => matched -= 1,
+                    }
+                });
+            if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
+                p.expect = matched as u32;
+            }
+        }
+        for k in kill {
+            self.counters.slow_consumers.fetch_add(1, Relaxed);
+            self.detach(
+                k,
+                Some((
+                    Code::SlowConsumer,
+                    "a subscription with policy `disconnect` was full: slow consumer".into(),
+                )),
+            );
+        }
+        for (out, sid) in blocked {
+            // Stop waiting if the publisher itself is closed.
+            tokio::select! {
+                _ = out.wait_space(sid, token, msg) => {}
+                _ = me.closed() => break,
+            }
+        }
+        matched
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn request(
+        &self,
+        me: &Arc<ClientOut>,
+        rid: u64,
+        flags: u8,
+        max: u32,
+        target: String,
+        key: Bytes,
+        msg: Message,
+    ) {
+        let cluster = flags & req_flags::CLUSTER != 0;
+        let many = flags & req_flags::MANY != 0;
+        self.counters.requests.fetch_add(1, Relaxed);
+        let refuse = |code, text: String| {
+            me.control(ServerFrame::Error {
+                corr: ASYNC_ERROR,
+                code,
+                text,
+            });
+            me.control(ServerFrame::ReqDone { rid, code });
+        };
+        if let Err((code, text)) = self.check_message(&msg, false) {
+            return refuse(code, text);
+        }
+        let token;
+        {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            let Some(c) = st.clients.get_mut(&me.id) else {
+                return;
+            };
+            if c.requests.len() >= self.limits.max_requests {
+                let e = self.limit(format!(
+                    "the client already has {} requests awaiting replies (max_requests)",
+                    self.limits.max_requests
+                ));
+                return refuse(e.0, e.1);
+            }
+            token = st.next_token;
+            st.next_token += 1;
+            c.requests.insert(rid, token);
+            let mut p = Pending {
+                requester: me.id,
+                rid,
+                left: if many { max } else { 1 },
+                expect: 0,
+                members: Vec::new(),
+            };
+            if cluster {
+                let key = (!key.is_empty()).then_some(&key[..]);
+                if many {
+                    p.members = st
+                        .clusters
+                        .members(&target)
+                        .filter(|m| {
+                            st.clusters
+                                .weight(&target, *m)
+                                .is_some_and(|(cap, _)| cap > 0)
+                        })
+                        .collect();
+                } else if let Some(m) = st.clusters.pick(&target, key) {
+                    p.members.push(m);
+                }
+                for &m in &p.members {
+                    if let Some(c) = st.clients.get_mut(&m) {
+                        c.serving.insert(token);
+                        c.out.control(ServerFrame::Request {
+                            token,
+                            cluster: target.clone(),
+                            msg: msg.clone(),
+                        });
+                    }
+                    let load = st.load.entry(m).or_default();
+                    *load += 1;
+                    let load = *load;
+                    st.clusters.set_load(m, load);
+                }
+                p.expect = p.members.len() as u32;
+            }
+            st.pending.insert(token, p);
+        }
+        if !cluster {
+            let msg = Message {
+                subject: target.as_str().into(),
+                ..msg
+            };
+            if let Err((code, text)) = self.check_message(&msg, true) {
+                self.finish(token, None);
+                return refuse(code, text);
+            }
+            self.fan_out(me, &msg, token, Some(token)).await;
+        }
+        let none = self
+            .state
+            .lock()
+            .pending
+            .get(&token)
+            .is_some_and(|p| p.expect == 0);
+        if none {
+            self.counters.no_responders.fetch_add(1, Relaxed);
+            self.finish(token, Some(Code::NoResponders));
+        }
+    }
+
+    /// Forgets request `token`, telling the requester `done` if given.
+    fn finish(&self, token: u64, done: Option<Code>) {
+        let mut st = self.state.lock();
+        let Some(p) = st.pending.remove(&token) else {
+            return;
+        };
+        release_members(&mut st, &p.members);
+        if let Some(c) = st.clients.get_mut(&p.requester) {
+            c.requests.remove(&p.rid);
+            if let Some(code) = done {
+                c.out.control(ServerFrame::ReqDone { rid: p.rid, code });
+            }
+        }
+        for m in p.members {
+            if let Some(c) = st.clients.get_mut(&m) {
+                c.serving.remove(&token);
+            }
+        }
+    }
+
+    fn reply(&self, token: u64, msg: Message) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let Some(p) = st.pending.get_mut(&token) else {
+            return; // late or duplicate: the requester stopped waiting
+        };
+        self.counters.replies.fetch_add(1, Relaxed);
+        p.left -= 1;
+        p.expect = p.expect.saturating_sub(1);
+        let done = if p.left == 0 {
+            Some(None)
+        } else if p.expect == 0 {
+            Some(Some(Code::Complete))
+        } else {
+            None
+        };
+        let (requester, rid) = (p.requester, p.rid);
+        // Forget the request (and release the members' load) before the
+        // reply can reach the requester, so its next request sees the load
+        // as it is.
+        if done.is_some() {
+            let p = st.pending.remove(&token).expect("present");
+            release_members(st, &p.members);
+            for m in p.members {
+                if let Some(c) = st.clients.get_mut(&m) {
+                    c.serving.remove(&token);
+                }
+            }
+        }
+        if let Some(c) = st.clients.get_mut(&requester) {
+            c.out.control(ServerFrame::Reply { rid, msg });
+            if let Some(code) = done {
+                c.requests.remove(&rid);
+                if let Some(code) = code {
+                    c.out.control(ServerFrame::ReqDone { rid, code });
+                }
+            }
+        }
+    }
+
+    fn tunnel_open(
+        &self,
+        me: &Arc<ClientOut>,
+        corr: u64,
+        cluster: String,
+        key: Bytes,
+        window: u32,
+    ) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let key = (!key.is_empty()).then_some(&key[..]);
+        let Some(member) = st.clusters.pick(&cluster, key) else {
+            self.counters.no_responders.fetch_add(1, Relaxed);
+            me.control(ServerFrame::Error {
+                corr,
+                code: Code::NoResponders,
+                text: format!("cluster {cluster:?} has no members with capacity"),
+            });
+            return;
+        };
+        let t = st.next_tunnel;
+        st.next_tunnel += 1;
+        st.tunnels.insert(t, (me.id, member));
+        for end in [me.id, member] {
+            if let Some(c) = st.clients.get_mut(&end) {
+                c.tunnels.insert(t);
+            }
+        }
+        if let Some(c) = st.clients.get(&member) {
+            c.out.control(ServerFrame::TunIncoming {
+                tunnel: t,
+                cluster,
+                window,
+            });
+        }
+        me.control(ServerFrame::TunOpened {
+            corr,
+            tunnel: t,
+            window,
+        });
+    }
+
+    fn tunnel_relay(
+        &self,
+        me: &Arc<ClientOut>,
+        tunnel: u64,
+        send: impl FnOnce(&ClientOut),
+    ) -> Result<(), Fatal> {
+        let st = self.state.lock();
+        match st.tunnels.get(&tunnel) {
+            Some(&(a, b)) if a == me.id || b == me.id => {
+                let other = if a == me.id { b } else { a };
+                if let Some(c) = st.clients.get(&other) {
+                    send(&c.out);
+                }
+                Ok(())
+            }
+            Some(_) => Err(Fatal {
+                code: Code::Protocol,
+                text: format!("tunnel {tunnel} is not yours"),
+            }),
+            // Closed by the other side while this frame was on its way.
+            None => Ok(()),
+        }
+    }
+
+    /// Every counter: the node's, each client's and each subscription's.
+    pub fn stats(&self) -> NodeStats {
+        let st = self.state.lock();
+        let c = &self.counters;
+        let mut clients: Vec<ClientStats> = st
+            .clients
+            .iter()
+            .map(|(&id, e)| {
+                let (pending_bytes, delivered, dropped_control) = e.out.counters();
+                let mut subscriptions: Vec<SubStats> = e
+                    .sids
+                    .iter()
+                    .map(|(&sid, (_, policy, pattern, kind))| SubStats {
+                        sid,
+                        pattern: pattern.clone(),
+                        kind: kind.clone(),
+                        policy: policy.name().into(),
+                        counters: e.out.sub_counters(sid).unwrap_or_default(),
+                    })
+                    .collect();
+                subscriptions.sort_by_key(|s| s.sid);
+                ClientStats {
+                    id,
+                    peer: e.peer.clone(),
+                    published: e.published,
+                    delivered,
+                    pending_bytes,
+                    dropped_control,
+                    requests_waiting: e.requests.len(),
+                    subscriptions,
+                }
+            })
+            .collect();
+        clients.sort_by_key(|c| c.id);
+        NodeStats {
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            connections: st.clients.len(),
+            connections_total: c.connections_total.load(Relaxed),
+            subscriptions: st.router.len(),
+            clusters: st.clusters.cluster_count(),
+            tunnels: st.tunnels.len(),
+            published: c.published.load(Relaxed),
+            requests: c.requests.load(Relaxed),
+            replies: c.replies.load(Relaxed),
+            no_responders: c.no_responders.load(Relaxed),
+            broadcasts: c.broadcasts.load(Relaxed),
+            limit_hits: c.limit_hits.load(Relaxed),
+            protocol_errors: c.protocol_errors.load(Relaxed),
+            slow_consumers: c.slow_consumers.load(Relaxed),
+            clients,
+        }
+    }
+
+    /// Counts a protocol error (the caller closes the client).
+    pub(crate) fn protocol_error(&self) {
+        self.counters.protocol_errors.fetch_add(1, Relaxed);
+    }
+}
+
+fn release_members(st: &mut State, members: &[u64]) {
+    for &m in members {
+        if let Some(l) = st.load.get_mut(&m) {
+            *l = l.saturating_sub(1);
+            let l = *l;
+            st.clusters.set_load(m, l);
+        }
+    }
+}
+
+/// The node's counters ([`Broker::stats`], `skiff stats`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Seconds since the node started.
+    pub uptime_s: f64,
+    /// Clients attached now.
+    pub connections: usize,
+    /// Clients attached since the start.
+    pub connections_total: u64,
+    /// Subscriptions held.
+    pub subscriptions: usize,
+    /// Clusters with members.
+    pub clusters: usize,
+    /// Tunnels open.
+    pub tunnels: usize,
+    /// Messages published.
+    pub published: u64,
+    /// Requests received.
+    pub requests: u64,
+    /// Replies relayed.
+    pub replies: u64,
+    /// Requests and tunnels refused for want of a responder.
+    pub no_responders: u64,
+    /// Broadcasts received.
+    pub broadcasts: u64,
+    /// Times a limit was reached.
+    pub limit_hits: u64,
+    /// Clients closed for protocol errors.
+    pub protocol_errors: u64,
+    /// Clients closed as slow consumers.
+    pub slow_consumers: u64,
+    /// Per client.
+    pub clients: Vec<ClientStats>,
+}
+
+/// One client's counters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientStats {
+    /// The node's id for it.
+    pub id: u64,
+    /// Where it connected from.
+    pub peer: String,
+    /// Messages it published.
+    pub published: u64,
+    /// Messages delivered to it.
+    pub delivered: u64,
+    /// Bytes queued for it.
+    pub pending_bytes: usize,
+    /// Broadcasts and tunnel data not queued for it (pending-bytes limit).
+    pub dropped_control: u64,
+    /// Its requests awaiting replies.
+    pub requests_waiting: usize,
+    /// Per subscription.
+    pub subscriptions: Vec<SubStats>,
+}
+
+/// One subscription's counters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubStats {
+    /// The client's id for it.
+    pub sid: u64,
+    /// Subject pattern.
+    pub pattern: String,
+    /// Type pattern.
+    pub kind: String,
+    /// Slow-consumer policy.
+    pub policy: String,
+    /// Queue counters.
+    #[serde(flatten)]
+    pub counters: SubCounters,
+}

@@ -1,0 +1,257 @@
+//! The node's configuration: where it listens and the limits it enforces,
+//! from a TOML file, then `SKIFF_*` environment variables, then flags (each
+//! overrides the one before).
+//!
+//! ```toml
+//! tcp = "127.0.0.1:4747"        # "" to not listen on TCP
+//! unix = "/tmp/skiff.sock"      # optional
+//! [limits]
+//! max_subject = 256             # bytes
+//! max_payload = 1048576         # bytes
+//! max_subscriptions = 10000     # per client
+//! max_pending_bytes = 67108864  # queued for one client, bytes
+//! max_connections = 65536
+//! max_requests = 65536          # requests in flight per client
+//! drain_timeout_ms = 2000       # graceful shutdown
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// What a node enforces. Every limit is reported when reached: the client
+/// gets an error frame with [`crate::Code::Limit`] that names it, and the
+/// node counts it in its stats.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Longest subject or pattern, in bytes.
+    pub max_subject: usize,
+    /// Largest payload, in bytes.
+    pub max_payload: usize,
+    /// Most subscriptions one client may hold.
+    pub max_subscriptions: usize,
+    /// Most bytes of messages queued in the node for one client; past it the
+    /// subscription's policy applies as if its queue were full.
+    pub max_pending_bytes: usize,
+    /// Most clients at once (TCP, Unix and in-process together).
+    pub max_connections: usize,
+    /// Most requests one client may have awaiting replies.
+    pub max_requests: usize,
+    /// How long a graceful shutdown waits for queues to drain, in ms.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_subject: 256,
+            max_payload: 1 << 20,
+            max_subscriptions: 10_000,
+            max_pending_bytes: 64 << 20,
+            max_connections: 65_536,
+            max_requests: 65_536,
+            drain_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl Limits {
+    /// How long a graceful shutdown waits for queues to drain.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
+/// A node's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// TCP address to listen on; `None` for no TCP listener.
+    pub tcp: Option<SocketAddr>,
+    /// Unix socket path to listen on; `None` for none.
+    pub unix: Option<PathBuf>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tcp: Some(SocketAddr::from(([127, 0, 0, 1], crate::DEFAULT_PORT))),
+            unix: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What is wrong with a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML is not valid or names unknown keys.
+    #[error("{path}: {message}")]
+    Toml {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// An environment variable or flag has a bad value.
+    #[error("{name}={value:?} is not valid: expected {expected}")]
+    Value {
+        /// The variable or flag.
+        name: String,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+}
+
+impl Config {
+    /// Parses TOML text (see the module documentation).
+    pub fn from_toml(text: &str, path: &std::path::Path) -> Result<Config, ConfigError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            tcp: Option<String>,
+            unix: Option<PathBuf>,
+            #[serde(default)]
+            limits: Limits,
+        }
+        let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut c = Config {
+            unix: raw.unix,
+            limits: raw.limits,
+            ..Config::default()
+        };
+        if let Some(t) = raw.tcp {
+            c.set("tcp", &t)?;
+        }
+        Ok(c)
+    }
+
+    /// Reads a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml(&text, path)
+    }
+
+    /// Sets one setting by name (`tcp`, `unix`, or a [`Limits`] field), as
+    /// given by a flag or an environment variable.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let bad = |expected| ConfigError::Value {
+            name: name.into(),
+            value: value.into(),
+            expected,
+        };
+        let num = || {
+            value
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| bad("a whole number"))
+        };
+        let l = &mut self.limits;
+        match name {
+            "tcp" => {
+                self.tcp = if value.is_empty() || value == "none" {
+                    None
+                } else {
+                    Some(value.parse().map_err(|_| bad("host:port, e.g. 127.0.0.1:4747, or none"))?)
+                }
+            }
+            "unix" => {
+                self.unix = (!value.is_empty() && value != "none").then(|| PathBuf::from(value))
+            }
+            "max_subject" => l.max_subject = num()? as usize,
+            "max_payload" => l.max_payload = num()? as usize,
+            "max_subscriptions" => l.max_subscriptions = num()? as usize,
+            "max_pending_bytes" => l.max_pending_bytes = num()? as usize,
+            "max_connections" => l.max_connections = num()? as usize,
+            "max_requests" => l.max_requests = num()? as usize,
+            "drain_timeout_ms" => l.drain_timeout_ms = num()?,
+            _ => return Err(bad("a known setting: tcp, unix, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+        }
+        Ok(())
+    }
+
+    /// Applies `SKIFF_TCP`, `SKIFF_UNIX`, `SKIFF_MAX_PAYLOAD`, … (the
+    /// setting's name in upper case after `SKIFF_`) from `vars`, e.g.
+    /// `std::env::vars()`. Other variables are ignored.
+    pub fn apply_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        const NAMES: [&str; 9] = [
+            "tcp",
+            "unix",
+            "max_subject",
+            "max_payload",
+            "max_subscriptions",
+            "max_pending_bytes",
+            "max_connections",
+            "max_requests",
+            "drain_timeout_ms",
+        ];
+        for (k, v) in vars {
+            let Some(rest) = k.strip_prefix("SKIFF_") else {
+                continue;
+            };
+            let lower = rest.to_ascii_lowercase();
+            if let Some(name) = NAMES.iter().find(|n| **n == lower) {
+                self.set(name, &v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_env_and_flags_layer() {
+        let mut c = Config::from_toml(
+            "tcp = \"127.0.0.1:5000\"\n[limits]\nmax_payload = 100\n",
+            std::path::Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.tcp, Some("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(c.limits.max_payload, 100);
+        assert_eq!(c.limits.max_subject, Limits::default().max_subject);
+        c.apply_env([
+            ("SKIFF_MAX_PAYLOAD".into(), "200".into()),
+            ("SKIFF_TCP".into(), "none".into()),
+            ("HOME".into(), "/".into()),
+        ])
+        .unwrap();
+        assert_eq!(c.limits.max_payload, 200);
+        assert_eq!(c.tcp, None);
+        c.set("max_subscriptions", "3").unwrap();
+        assert_eq!(c.limits.max_subscriptions, 3);
+        let e = c.set("max_payload", "lots").unwrap_err().to_string();
+        assert!(e.contains("whole number"), "{e}");
+        let e = Config::from_toml("bogus = 1", std::path::Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x.toml"), "{e}");
+    }
+}

@@ -1,0 +1,196 @@
+//! Frame codec tests: round trips (whole and byte by byte) and bad input.
+
+use super::*;
+
+fn msg() -> Message {
+    Message::new("a.b", Bytes::from_static(b"hello"))
+        .with_kind("t")
+        .with_field("n", 3i64)
+}
+
+fn client_frames() -> Vec<ClientFrame> {
+    use ClientFrame as F;
+    vec![
+        F::Pub(msg()),
+        F::Sub {
+            sid: 7,
+            pattern: "a.>".into(),
+            kind: "*".into(),
+            policy: Policy::Block,
+            queue: 100,
+            credit: 50,
+        },
+        F::Unsub { sid: 7 },
+        F::Credit { sid: 7, n: 9 },
+        F::Req {
+            rid: 1,
+            flags: req_flags::CLUSTER,
+            max: 1,
+            target: "c".into(),
+            key: Bytes::from_static(b"k"),
+            msg: msg(),
+        },
+        F::Reply {
+            token: 3,
+            msg: msg(),
+        },
+        F::Cancel { rid: 1 },
+        F::Join {
+            corr: 1,
+            cluster: "c".into(),
+            capacity: 4,
+        },
+        F::Leave {
+            corr: 2,
+            cluster: "c".into(),
+        },
+        F::Bcast {
+            cluster: "c".into(),
+            msg: msg(),
+        },
+        F::TunOpen {
+            corr: 3,
+            cluster: "c".into(),
+            key: Bytes::new(),
+            window: 64,
+        },
+        F::TunData {
+            tunnel: 1,
+            msg: msg(),
+        },
+        F::TunCredit { tunnel: 1, n: 2 },
+        F::TunClose { tunnel: 1 },
+        F::Stats { corr: 5 },
+        F::Ping { corr: 6 },
+    ]
+}
+
+fn server_frames() -> Vec<ServerFrame> {
+    use ServerFrame as F;
+    vec![
+        F::Welcome {
+            client: 1,
+            max_payload: 1 << 20,
+        },
+        F::Ack { corr: 2 },
+        F::Error {
+            corr: 0,
+            code: Code::SlowConsumer,
+            text: "slow".into(),
+        },
+        F::Msg {
+            sid: 1,
+            token: 0,
+            msg: msg(),
+        },
+        F::Dropped { sid: 1, total: 5 },
+        F::Request {
+            token: 9,
+            cluster: "c".into(),
+            msg: msg(),
+        },
+        F::Bcast {
+            cluster: "c".into(),
+            msg: msg(),
+        },
+        F::Reply { rid: 1, msg: msg() },
+        F::ReqDone {
+            rid: 1,
+            code: Code::NoResponders,
+        },
+        F::TunIncoming {
+            tunnel: 1,
+            cluster: "c".into(),
+            window: 8,
+        },
+        F::TunOpened {
+            corr: 1,
+            tunnel: 1,
+            window: 8,
+        },
+        F::TunData {
+            tunnel: 1,
+            msg: msg(),
+        },
+        F::TunCredit { tunnel: 1, n: 1 },
+        F::TunClose { tunnel: 1 },
+        F::Stats {
+            corr: 1,
+            json: "{}".into(),
+        },
+        F::Pong { corr: 1 },
+    ]
+}
+
+#[test]
+fn frames_round_trip_whole_and_byte_by_byte() {
+    let mut out = Vec::new();
+    for f in client_frames() {
+        f.encode(&mut out);
+    }
+    let dec = Decoder::new(1 << 20);
+    // Fed one byte at a time.
+    let mut buf = BytesMut::new();
+    let mut got = Vec::new();
+    for b in &out {
+        buf.extend_from_slice(&[*b]);
+        while let Some(body) = dec.next(&mut buf).unwrap() {
+            got.push(ClientFrame::decode(body, 1 << 20).unwrap());
+        }
+    }
+    assert_eq!(got, client_frames());
+
+    let mut out = Vec::new();
+    for f in server_frames() {
+        f.encode(&mut out);
+    }
+    let mut buf = BytesMut::from(&out[..]);
+    let mut got = Vec::new();
+    while let Some(body) = dec.next(&mut buf).unwrap() {
+        got.push(ServerFrame::decode(body, 1 << 20).unwrap());
+    }
+    assert_eq!(got, server_frames());
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let dec = Decoder::new(1000);
+    let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0x7f, 1][..]);
+    assert!(dec.next(&mut buf).is_err(), "oversized length refused");
+    assert!(buf.capacity() < 1 << 20);
+    let mut buf = BytesMut::from(&[0, 0, 0, 0][..]);
+    assert!(dec.next(&mut buf).is_err(), "empty frame refused");
+    assert!(ClientFrame::decode(Bytes::from_static(&[200]), 100).is_err());
+    assert!(ClientFrame::decode(Bytes::from_static(&[op::SUB, 1]), 100).is_err());
+    assert!(ClientFrame::decode(Bytes::from_static(&[op::UNSUB, 1, 0]), 100).is_err());
+    // Every prefix of every valid frame is refused, never a panic.
+    for f in client_frames() {
+        let mut out = Vec::new();
+        f.encode(&mut out);
+        for cut in 1..out.len() - LEN_PREFIX {
+            let body = Bytes::copy_from_slice(&out[LEN_PREFIX..LEN_PREFIX + cut]);
+            let _ = ClientFrame::decode(body, 100);
+        }
+    }
+    // A payload over the limit is refused.
+    let mut out = Vec::new();
+    ClientFrame::Pub(Message::new("a", vec![0u8; 200])).encode(&mut out);
+    let body = Bytes::copy_from_slice(&out[LEN_PREFIX..]);
+    assert!(ClientFrame::decode(body, 100).is_err());
+}
+
+#[test]
+fn codes_and_policies_round_trip() {
+    for n in 0..10 {
+        assert_eq!(Code::from_u16(n).to_u16(), n);
+    }
+    for p in [
+        Policy::DropOldest,
+        Policy::DropNewest,
+        Policy::Block,
+        Policy::Disconnect,
+    ] {
+        assert_eq!(Policy::parse(p.name()), Some(p));
+        assert_eq!(Policy::from_u8(p as u8), Some(p));
+    }
+}

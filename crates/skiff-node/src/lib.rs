@@ -1,0 +1,41 @@
+//! skiff-node: the skiff node (the daemon, one per host, as Iris and the
+//! cMsg server have) as a library.
+//!
+//! Clients attach over TCP or a Unix socket ([`Node::start`]), or in the
+//! same process ([`Node::embedded`], [`MemLink`]: what `mem://` uses). The
+//! node routes by name:
+//! - **publish/subscribe**: subject patterns with `*` (one token) and `>`
+//!   (one or more remaining tokens, so `a.>` does not match `a`), types
+//!   exactly or `*`; each subscription has a bounded queue in the node and
+//!   a slow-consumer [`Policy`] of its own;
+//! - **request/reply**: to a subject (every matching subscription gets it,
+//!   the first reply wins, or up to `max` for scatter-gather) or to a
+//!   cluster (one member, by smooth weighted round robin over capacity
+//!   minus load, or by key affinity), with an immediate "no responders";
+//! - **clusters** (Iris): join/leave with a capacity, broadcast to every
+//!   member, tunnels (ordered, credit flow-controlled streams relayed over
+//!   the clients' connections).
+//!
+//! Layout: [`frame`] is the client↔node protocol (no I/O); [`broker`] the
+//! shared state and what each frame does (no I/O, no clock: it queues
+//! frames into each client's [`outbox`]); [`server`] owns the sockets and
+//! tasks (tokio). Routing itself is `skiff_proto::router`, whose subscriber
+//! handle can later also be another node of a mesh.
+//!
+//! The client side (`Client::connect("skiff://…")`, `mem://`) is in the
+//! `skiff` crate, which depends on this one.
+
+pub mod broker;
+pub mod config;
+pub mod frame;
+pub mod outbox;
+pub mod server;
+
+pub use broker::{Broker, ClientStats, Fatal, NodeStats, SubStats, ASYNC_ERROR};
+pub use config::{Config, ConfigError, Limits};
+pub use frame::{ClientFrame, Code, Policy, ServerFrame};
+pub use outbox::{ClientOut, SubCounters};
+pub use server::{MemLink, Node};
+
+/// The node's default TCP port.
+pub const DEFAULT_PORT: u16 = 4747;

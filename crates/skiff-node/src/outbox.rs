@@ -1,0 +1,382 @@
+//! What the node holds for one client until its connection takes it: a
+//! queue of control frames and one bounded queue per subscription, each
+//! with the subscriber's [`Policy`] and its credit (how many messages the
+//! client can take now).
+//!
+//! The node's fan-out pushes here; the client's writer (a socket writer
+//! task, or the in-process client itself) takes everything ready in one
+//! batch with [`ClientOut::next_batch`], so one wake-up and one system call
+//! carry many messages. A message is queued as a [`Message`] whose payload
+//! is a reference-counted [`bytes::Bytes`]: every subscriber's queue holds
+//! the same bytes.
+//!
+//! A slow subscription only fills its own queue, so it never slows another
+//! subscription (of this client or any other), except under
+//! [`Policy::Block`], where the publisher waits for room by design.
+
+use std::collections::VecDeque;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use skiff_proto::Message;
+use tokio::sync::Notify;
+
+use crate::frame::{Code, Policy, ServerFrame};
+
+/// Bytes a queued message is charged against the client's pending-bytes
+/// limit.
+pub(crate) fn cost(msg: &Message) -> usize {
+    msg.payload.len() + msg.subject.len() + 32
+}
+
+/// Most messages taken from one subscription before the writer visits the
+/// next one, so a busy subscription does not starve the others.
+const BURST: u32 = 256;
+
+/// Most frames handed out in one batch.
+const MAX_BATCH: usize = 8192;
+
+/// What happened to a pushed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Queued.
+    Queued,
+    /// Dropped by the policy (counted), or an older one was.
+    Dropped,
+    /// The queue is full and the policy is `block`: wait for room.
+    Full,
+    /// The queue is full and the policy is `disconnect`.
+    Kill,
+    /// The subscription or the client is gone.
+    Gone,
+}
+
+#[derive(Debug)]
+struct SubQueue {
+    q: VecDeque<(u64, Message)>,
+    cap: usize,
+    policy: Policy,
+    credit: u32,
+    in_ready: bool,
+    dropped: u64,
+    delivered: u64,
+    drop_reported: bool,
+}
+
+/// A subscription's counters, for stats.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct SubCounters {
+    /// Messages waiting in the node.
+    pub queued: usize,
+    /// Messages handed to the client's connection.
+    pub delivered: u64,
+    /// Messages lost to the policy.
+    pub dropped: u64,
+    /// Messages the client may take now.
+    pub credit: u32,
+}
+
+#[derive(Debug, Default)]
+struct Outbox {
+    control: VecDeque<ServerFrame>,
+    subs: FxHashMap<u64, SubQueue>,
+    ready: VecDeque<u64>,
+    drop_reports: Vec<u64>,
+    pending_bytes: usize,
+    max_pending: usize,
+    /// A frame to send last, then close.
+    closing: Option<ServerFrame>,
+    /// Frames not queued because the pending-bytes limit was reached
+    /// (broadcasts).
+    dropped_control: u64,
+    delivered: u64,
+}
+
+/// One client's outbound side. See the module documentation.
+#[derive(Debug)]
+pub struct ClientOut {
+    /// The node's name for the client.
+    pub id: u64,
+    inner: Mutex<Outbox>,
+    /// Wakes the writer.
+    ready: Notify,
+    /// Wakes publishers waiting on a full `block` subscription.
+    space: Notify,
+    closed: AtomicBool,
+    closed_notify: Notify,
+}
+
+impl ClientOut {
+    pub(crate) fn new(id: u64, max_pending: usize) -> ClientOut {
+        ClientOut {
+            id,
+            inner: Mutex::new(Outbox {
+                max_pending,
+                ..Outbox::default()
+            }),
+            ready: Notify::new(),
+            space: Notify::new(),
+            closed: AtomicBool::new(false),
+            closed_notify: Notify::new(),
+        }
+    }
+
+    /// Queues a control frame (acks, replies, requests to a member).
+    pub(crate) fn control(&self, f: ServerFrame) {
+        self.inner.lock().control.push_back(f);
+        self.ready.notify_one();
+    }
+
+    /// Queues a control frame unless the client's pending bytes are over
+    /// the limit (broadcasts, tunnel data); returns whether it was queued.
+    pub(crate) fn control_bounded(&self, f: ServerFrame, bytes: usize) -> bool {
+        let mut o = self.inner.lock();
+        if o.pending_bytes + bytes > o.max_pending {
+            o.dropped_control += 1;
+            return false;
+        }
+        o.control.push_back(f);
+        drop(o);
+        self.ready.notify_one();
+        true
+    }
+
+    pub(crate) fn add_sub(&self, sid: u64, cap: usize, policy: Policy, credit: u32) {
+        self.inner.lock().subs.insert(
+            sid,
+            SubQueue {
+                q: VecDeque::new(),
+                cap: cap.max(1),
+                policy,
+                credit,
+                in_ready: false,
+                dropped: 0,
+                delivered: 0,
+                drop_reported: true,
+            },
+        );
+    }
+
+    pub(crate) fn remove_sub(&self, sid: u64) {
+        let mut o = self.inner.lock();
+        if let Some(s) = o.subs.remove(&sid) {
+            let bytes: usize = s.q.iter().map(|(_, m)| cost(m)).sum();
+            o.pending_bytes -= bytes;
+        }
+        drop(o);
+        self.space.notify_waiters();
+    }
+
+    /// Adds `n` to a subscription's credit.
+    pub(crate) fn credit(&self, sid: u64, n: u32) {
+        let mut o = self.inner.lock();
+        let Some(s) = o.subs.get_mut(&sid) else {
+            return;
+        };
+        s.credit = s.credit.saturating_add(n);
+        if !s.q.is_empty() && !s.in_ready {
+            s.in_ready = true;
+            o.ready.push_back(sid);
+            drop(o);
+            self.ready.notify_one();
+        }
+    }
+
+    /// Queues `msg` for subscription `sid` under its policy. Does not wake
+    /// the writer: call [`ClientOut::wake`] after a batch of pushes.
+    pub(crate) fn push(&self, sid: u64, token: u64, msg: &Message) -> Push {
+        if self.is_closed() {
+            return Push::Gone;
+        }
+        let mut o = self.inner.lock();
+        let size = cost(msg);
+        let over = o.pending_bytes + size > o.max_pending;
+        let o = &mut *o;
+        let Some(s) = o.subs.get_mut(&sid) else {
+            return Push::Gone;
+        };
+        let mut result = Push::Queued;
+        if s.q.len() >= s.cap || over {
+            match s.policy {
+                Policy::Block => return Push::Full,
+                Policy::Disconnect => return Push::Kill,
+                Policy::DropNewest => {
+                    s.dropped += 1;
+                    if s.drop_reported {
+                        s.drop_reported = false;
+                        o.drop_reports.push(sid);
+                    }
+                    return Push::Dropped;
+                }
+                Policy::DropOldest => {
+                    s.dropped += 1;
+                    if s.drop_reported {
+                        s.drop_reported = false;
+                        o.drop_reports.push(sid);
+                    }
+                    match s.q.pop_front() {
+                        Some((_, old)) => o.pending_bytes -= cost(&old),
+                        None => return Push::Dropped,
+                    }
+                    result = Push::Dropped;
+                }
+            }
+        }
+        s.q.push_back((token, msg.clone()));
+        o.pending_bytes += size;
+        if s.credit > 0 && !s.in_ready {
+            s.in_ready = true;
+            o.ready.push_back(sid);
+        }
+        result
+    }
+
+    /// Wakes the writer.
+    pub(crate) fn wake(&self) {
+        self.ready.notify_one();
+    }
+
+    /// Waits until a `block` subscription may have room.
+    pub(crate) async fn wait_space(&self, sid: u64, token: u64, msg: &Message) -> Push {
+        loop {
+            let mut n = pin!(self.space.notified());
+            n.as_mut().enable();
+            match self.push(sid, token, msg) {
+                Push::Full => {}
+                other => {
+                    self.wake();
+                    return other;
+                }
+            }
+            n.await;
+        }
+    }
+
+    /// Moves every ready frame into `out`, waiting until there is one.
+    /// Returns `false` once the client is closed (after the final frame,
+    /// if any, has been handed out).
+    pub async fn next_batch(&self, out: &mut Vec<ServerFrame>) -> bool {
+        loop {
+            let n = self.ready.notified();
+            if self.take(out) {
+                return true;
+            }
+            if self.is_closed() {
+                if let Some(f) = self.inner.lock().closing.take() {
+                    out.push(f);
+                    return true;
+                }
+                return false;
+            }
+            n.await;
+        }
+    }
+
+    /// Moves every ready frame into `out` without waiting; returns whether
+    /// it moved any.
+    pub fn take(&self, out: &mut Vec<ServerFrame>) -> bool {
+        let start = out.len();
+        let mut freed = false;
+        {
+            let mut o = self.inner.lock();
+            let o = &mut *o;
+            out.extend(o.control.drain(..));
+            for sid in o.drop_reports.drain(..) {
+                if let Some(s) = o.subs.get_mut(&sid) {
+                    s.drop_reported = true;
+                    out.push(ServerFrame::Dropped {
+                        sid,
+                        total: s.dropped,
+                    });
+                }
+            }
+            // Round robin over ready subscriptions, up to BURST each per
+            // visit, until nothing is ready or the batch is large.
+            while out.len() - start < MAX_BATCH {
+                let Some(sid) = o.ready.pop_front() else {
+                    break;
+                };
+                let Some(s) = o.subs.get_mut(&sid) else {
+                    continue;
+                };
+                let take = s.credit.min(BURST).min(s.q.len() as u32);
+                for _ in 0..take {
+                    let (token, msg) = s.q.pop_front().expect("counted");
+                    o.pending_bytes -= cost(&msg);
+                    out.push(ServerFrame::Msg { sid, token, msg });
+                }
+                freed |= take > 0;
+                s.credit -= take;
+                s.delivered += u64::from(take);
+                o.delivered += u64::from(take);
+                if s.credit > 0 && !s.q.is_empty() {
+                    o.ready.push_back(sid);
+                } else {
+                    s.in_ready = false;
+                }
+            }
+        }
+        if freed {
+            self.space.notify_waiters();
+        }
+        out.len() > start
+    }
+
+    /// Whether nothing is queued (a draining shutdown waits for this).
+    pub fn is_drained(&self) -> bool {
+        let o = self.inner.lock();
+        o.control.is_empty() && o.ready.is_empty()
+    }
+
+    /// Marks the client closed: the writer sends `code`/`text` (if any)
+    /// after what is queued, then stops; blocked publishers stop waiting.
+    pub(crate) fn close(&self, error: Option<(Code, String)>) {
+        {
+            let mut o = self.inner.lock();
+            if self.closed.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            o.closing = error.map(|(code, text)| ServerFrame::Error {
+                corr: 0,
+                code,
+                text,
+            });
+        }
+        self.ready.notify_one();
+        self.space.notify_waiters();
+        self.closed_notify.notify_waiters();
+    }
+
+    /// Whether [`ClientOut::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the client is closed.
+    pub async fn closed(&self) {
+        let mut n = pin!(self.closed_notify.notified());
+        n.as_mut().enable();
+        if self.is_closed() {
+            return;
+        }
+        n.await;
+    }
+
+    pub(crate) fn sub_counters(&self, sid: u64) -> Option<SubCounters> {
+        let o = self.inner.lock();
+        o.subs.get(&sid).map(|s| SubCounters {
+            queued: s.q.len(),
+            delivered: s.delivered,
+            dropped: s.dropped,
+            credit: s.credit,
+        })
+    }
+
+    /// (pending bytes, messages delivered, control frames dropped).
+    pub(crate) fn counters(&self) -> (usize, u64, u64) {
+        let o = self.inner.lock();
+        (o.pending_bytes, o.delivered, o.dropped_control)
+    }
+}

@@ -1,0 +1,355 @@
+//! The node's I/O: TCP and Unix-socket listeners, one reader and one
+//! writer task per connection, in-process attachment ([`MemLink`]), and
+//! graceful shutdown.
+//!
+//! A connection's reader decodes frames ([`crate::frame::Decoder`], bounded
+//! by the payload limit) and hands them to the [`Broker`] in order; its
+//! writer takes every ready frame from the client's outbox in one batch and
+//! writes them with one system call. A frame that does not decode closes
+//! that client with an error frame; the node goes on.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::broker::{Broker, Fatal};
+use crate::config::Config;
+use crate::frame::{ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
+use crate::outbox::ClientOut;
+
+/// A running node: its listeners and connections run as tokio tasks on the
+/// runtime that started it.
+#[derive(Debug)]
+pub struct Node {
+    broker: Arc<Broker>,
+    tcp: Option<SocketAddr>,
+    unix: Option<PathBuf>,
+    stop: watch::Sender<bool>,
+    tasks: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Node {
+    /// A node with no listeners, for in-process clients only (`mem://`).
+    /// Needs no runtime until a client uses it.
+    pub fn embedded(config: &Config) -> Node {
+        let (stop, _) = watch::channel(false);
+        Node {
+            broker: Arc::new(Broker::new(config.limits.clone())),
+            tcp: None,
+            unix: None,
+            stop,
+            tasks: None,
+        }
+    }
+
+    /// Binds the listeners named in `config` and starts serving on the
+    /// current tokio runtime. A TCP port of 0 picks a free port (see
+    /// [`Node::tcp_addr`]).
+    pub async fn start(config: &Config) -> io::Result<Node> {
+        let mut node = Node::embedded(config);
+        let mut set = JoinSet::new();
+        if let Some(addr) = config.tcp {
+            let l = TcpListener::bind(addr).await?;
+            node.tcp = Some(l.local_addr()?);
+            set.spawn(accept_tcp(l, node.broker.clone(), node.stop.subscribe()));
+        }
+        if let Some(path) = &config.unix {
+            // A stale socket file from a previous run would make bind fail.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            }) {
+                let _ = std::fs::remove_file(path);
+            }
+            let l = UnixListener::bind(path)?;
+            node.unix = Some(path.clone());
+            set.spawn(accept_unix(l, node.broker.clone(), node.stop.subscribe()));
+        }
+        node.tasks = Some(tokio::spawn(async move {
+            while set.join_next().await.is_some() {}
+        }));
+        Ok(node)
+    }
+
+    /// The TCP address the node listens on.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The Unix socket path the node listens on.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        self.unix.as_deref()
+    }
+
+    /// The node's state (for stats and tests).
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Attaches an in-process client.
+    pub fn attach_mem(&self) -> Result<MemLink, Fatal> {
+        MemLink::attach(self.broker.clone())
+    }
+
+    /// Graceful shutdown: stops accepting clients and reading from them,
+    /// waits (up to the configured drain timeout) until everything queued
+    /// for them has been handed to their connections, then closes every
+    /// client with a `shutdown` error frame.
+    pub async fn shutdown(mut self) {
+        self.broker.begin_shutdown();
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + self.broker.limits().drain_timeout();
+        while !self.broker.drained() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.broker
+            .close_all(Code::Shutdown, "the node is shutting down");
+        if let Some(t) = self.tasks.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        if let Some(p) = &self.unix {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.broker
+            .close_all(Code::Shutdown, "the node was dropped");
+    }
+}
+
+async fn accept_tcp(l: TcpListener, broker: Arc<Broker>, mut stop: watch::Receiver<bool>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, peer)) => {
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.into_split();
+                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), stop.clone()));
+                }
+                // Out of descriptors or similar: back off, keep serving.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+async fn accept_unix(l: UnixListener, broker: Arc<Broker>, mut stop: watch::Receiver<bool>) {
+    let mut conns = JoinSet::new();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, _)) => {
+                    n += 1;
+                    let (r, w) = s.into_split();
+                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), stop.clone()));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+/// Serves one connection until either side closes it.
+async fn serve<R, W>(
+    broker: Arc<Broker>,
+    mut r: R,
+    mut w: W,
+    peer: String,
+    mut stop: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let out = match broker.attach(peer) {
+        Ok(out) => out,
+        Err(f) => {
+            let mut buf = Vec::new();
+            ServerFrame::Error {
+                corr: 0,
+                code: f.code,
+                text: f.text,
+            }
+            .encode(&mut buf);
+            let _ = w.write_all(&buf).await;
+            let _ = w.shutdown().await;
+            return;
+        }
+    };
+    let writer = tokio::spawn(write_loop(out.clone(), w));
+    let max_payload = broker.limits().max_payload;
+    let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut error = None;
+    'read: loop {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        tokio::select! {
+            n = r.read_buf(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
+            _ = out.closed() => break,
+            _ = stop.changed() => break,
+        }
+        loop {
+            let body = match dec.next(&mut buf) {
+                Ok(Some(b)) => b,
+                Ok(None) => break,
+                Err(e) => {
+                    error = Some(protocol(&broker, e));
+                    break 'read;
+                }
+            };
+            let frame = match ClientFrame::decode(body, max_payload) {
+                Ok(f) => f,
+                Err(e) => {
+                    error = Some(protocol(&broker, e));
+                    break 'read;
+                }
+            };
+            if let Err(f) = broker.handle(&out, frame).await {
+                broker.protocol_error();
+                error = Some((f.code, f.text));
+                break 'read;
+            }
+        }
+    }
+    if *stop.borrow() && error.is_none() {
+        // Shutting down: the node drains, then closes every client.
+        let _ = writer.await;
+        return;
+    }
+    broker.detach(out.id, error);
+    let _ = writer.await;
+}
+
+fn protocol(broker: &Broker, e: skiff_proto::WireError) -> (Code, String) {
+    broker.protocol_error();
+    (
+        Code::Protocol,
+        format!("protocol error, closing this connection: {e}"),
+    )
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(out: Arc<ClientOut>, mut w: W) {
+    let mut frames = Vec::new();
+    let mut buf = Vec::with_capacity(64 * 1024);
+    while out.next_batch(&mut frames).await {
+        for f in frames.drain(..) {
+            f.encode(&mut buf);
+            if buf.len() >= 256 * 1024 {
+                if w.write_all(&buf).await.is_err() {
+                    return;
+                }
+                buf.clear();
+            }
+        }
+        if !buf.is_empty() {
+            if w.write_all(&buf).await.is_err() {
+                return;
+            }
+            buf.clear();
+        }
+        if buf.capacity() > 4 << 20 {
+            buf = Vec::with_capacity(64 * 1024);
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// An in-process client's attachment to a node (`mem://`): frames go in
+/// and come out as values, with no encoding and no copy.
+#[derive(Debug)]
+pub struct MemLink {
+    broker: Arc<Broker>,
+    out: Arc<ClientOut>,
+}
+
+impl MemLink {
+    /// Attaches a new client to `broker`.
+    pub fn attach(broker: Arc<Broker>) -> Result<MemLink, Fatal> {
+        let out = broker.attach("mem".into())?;
+        Ok(MemLink { broker, out })
+    }
+
+    /// Hands one frame to the node. An error means the node closed this
+    /// client.
+    pub async fn send(&self, frame: ClientFrame) -> Result<(), Fatal> {
+        if self.out.is_closed() {
+            return Err(Fatal {
+                code: Code::Shutdown,
+                text: "closed".into(),
+            });
+        }
+        match self.broker.handle(&self.out, frame).await {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                self.broker
+                    .detach(self.out.id, Some((f.code, f.text.clone())));
+                Err(f)
+            }
+        }
+    }
+
+    /// Hands a frame that never waits (anything but publish and request)
+    /// to the node at once.
+    pub fn send_control(&self, frame: ClientFrame) -> Result<(), Fatal> {
+        match self.broker.handle_control(&self.out, frame) {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                self.broker
+                    .detach(self.out.id, Some((f.code, f.text.clone())));
+                Err(f)
+            }
+        }
+    }
+
+    /// Moves every frame the node has for this client into `out`, waiting
+    /// until there is one; `false` once the client is closed.
+    pub async fn recv(&self, out: &mut Vec<ServerFrame>) -> bool {
+        self.out.next_batch(out).await
+    }
+
+    /// The client's outbox in the node, from which [`MemLink::recv`] takes
+    /// frames (for a task that must not keep the link alive).
+    pub fn outbox(&self) -> Arc<ClientOut> {
+        self.out.clone()
+    }
+
+    /// The node's id for this client.
+    pub fn id(&self) -> u64 {
+        self.out.id
+    }
+
+    /// Detaches the client (also done on drop).
+    pub fn close(&self) {
+        self.broker.detach(self.out.id, None);
+    }
+}
+
+impl Drop for MemLink {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,148 @@
+//! The harness shared by the node's tests: one node per test, reached in
+//! process (`mem://`), over TCP (`skiff://`) or over a Unix socket, so one
+//! suite runs against every transport.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use skiff::client::{Client, Subscription};
+use skiff_node::{Config, Node};
+
+/// How the test's clients reach the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Mem,
+    Tcp,
+    Unix,
+}
+
+/// A node for one test.
+pub struct H {
+    pub node: Node,
+    pub kind: Kind,
+    _dir: Option<TempDir>,
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn temp_dir(tag: &str) -> TempDir {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("skiff-{tag}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+impl H {
+    pub async fn new(kind: Kind) -> H {
+        H::with(kind, Config::default()).await
+    }
+
+    pub async fn with(kind: Kind, mut config: Config) -> H {
+        config.tcp = None;
+        config.unix = None;
+        let mut dir = None;
+        match kind {
+            Kind::Mem => {
+                return H {
+                    node: Node::embedded(&config),
+                    kind,
+                    _dir: None,
+                }
+            }
+            Kind::Tcp => config.tcp = Some("127.0.0.1:0".parse().unwrap()),
+            Kind::Unix => {
+                let d = temp_dir("sock");
+                config.unix = Some(d.0.join("node.sock"));
+                dir = Some(d);
+            }
+        }
+        H {
+            node: Node::start(&config).await.unwrap(),
+            kind,
+            _dir: dir,
+        }
+    }
+
+    pub fn locator(&self) -> String {
+        match self.kind {
+            Kind::Mem => unreachable!("mem clients attach directly"),
+            Kind::Tcp => format!("skiff://{}", self.node.tcp_addr().unwrap()),
+            Kind::Unix => format!("unix://{}", self.node.unix_path().unwrap().display()),
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        self.try_client().await.unwrap()
+    }
+
+    pub async fn try_client(&self) -> Result<Client, skiff::Error> {
+        match self.kind {
+            Kind::Mem => Client::attach(&self.node),
+            _ => Client::connect(&self.locator()).await,
+        }
+    }
+}
+
+/// Receives `n` messages or fails after a generous timeout.
+pub async fn recv_n(sub: &mut Subscription, n: usize) -> Vec<skiff::client::Delivery> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(Duration::from_secs(10), sub.recv()).await {
+            Ok(Some(d)) => out.push(d),
+            Ok(None) => panic!("subscription ended after {} of {n}", out.len()),
+            Err(_) => panic!("timed out after {} of {n}", out.len()),
+        }
+    }
+    out
+}
+
+/// Asserts nothing more arrives within a short while.
+pub async fn quiet(sub: &mut Subscription) {
+    if let Ok(Some(d)) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+        panic!("unexpected message on {}", d.subject);
+    }
+}
+
+/// Polls `f` until it holds or 5 s pass.
+pub async fn eventually(mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(5), "condition never held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Generates one `#[tokio::test]` per transport for each named async fn
+/// taking an [`H`].
+#[macro_export]
+macro_rules! on_every_transport {
+    ($($name:ident),* $(,)?) => {
+        mod mem {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::common::H::new(super::common::Kind::Mem).await).await
+            })*
+        }
+        mod tcp {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::common::H::new(super::common::Kind::Tcp).await).await
+            })*
+        }
+        mod unix {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::common::H::new(super::common::Kind::Unix).await).await
+            })*
+        }
+    };
+}

@@ -1,0 +1,77 @@
+//! A small single-consumer queue with a waker, shared by the connection's
+//! dispatcher (which pushes) and one subscription, member or tunnel
+//! (which pops): poll-based, so [`futures_core::Stream`] is a thin wrapper.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::Mutex;
+
+#[derive(Debug)]
+pub(crate) struct Inbox<T> {
+    pub(crate) q: VecDeque<T>,
+    waker: Option<Waker>,
+    pub(crate) closed: bool,
+    pub(crate) paused: bool,
+    /// Messages the node dropped for this subscription, as it last said.
+    pub(crate) dropped: u64,
+    /// Why it closed, if not by the user.
+    pub(crate) error: Option<String>,
+}
+
+pub(crate) type Shared<T> = Arc<Mutex<Inbox<T>>>;
+
+pub(crate) fn shared<T>() -> Shared<T> {
+    Arc::new(Mutex::new(Inbox {
+        q: VecDeque::new(),
+        waker: None,
+        closed: false,
+        paused: false,
+        dropped: 0,
+        error: None,
+    }))
+}
+
+impl<T> Inbox<T> {
+    /// Appends and wakes the consumer.
+    pub(crate) fn push(&mut self, t: T) {
+        self.q.push_back(t);
+        self.wake();
+    }
+
+    pub(crate) fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Ends the queue: the consumer gets what is queued, then `None`.
+    pub(crate) fn close(&mut self, error: Option<String>) {
+        self.closed = true;
+        if self.error.is_none() {
+            self.error = error;
+        }
+        self.wake();
+    }
+
+    /// The next item, or `Ready(None)` once closed and empty; `Pending`
+    /// while paused.
+    pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if !self.paused {
+            if let Some(t) = self.q.pop_front() {
+                return Poll::Ready(Some(t));
+            }
+            if self.closed {
+                return Poll::Ready(None);
+            }
+        } else if self.closed && self.q.is_empty() {
+            return Poll::Ready(None);
+        }
+        match &self.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => self.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}

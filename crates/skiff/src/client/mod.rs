@@ -1,0 +1,810 @@
+//! The client API of a skiff node: publish/subscribe, request/reply,
+//! clusters, broadcast and tunnels (cMsg, Iris, RBMQ).
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), skiff::Error> {
+//! use std::time::Duration;
+//! use skiff::client::Client;
+//! use skiff::Message;
+//! let c = Client::connect("skiff://127.0.0.1:4747").await?; // or "mem://"
+//! let mut sub = c.subscribe("daq.*.rate", "*").await?;      // node holds it now
+//! c.publish(Message::new("daq.hallb.rate", "42")).await?;
+//! let m = sub.recv().await.unwrap();
+//! # Ok(()) }
+//! ```
+//!
+//! # Locators
+//! - `mem://` (or `mem://name`): a node inside this process, started on
+//!   first use and shared by every client of the process that names it (the
+//!   embedded default; no socket, no copy).
+//! - `skiff://host:port[,host:port…]` or `tcp://host:port`: a node over TCP;
+//!   the addresses are tried in order (a failover list).
+//! - `unix:///path`: a node over a Unix socket.
+//! - `file:///path`: cMsg's file domain: [`Client::publish`] appends to the
+//!   log, [`Client::subscribe`] reads it back; nothing else is supported.
+//!
+//! # What is promised
+//! - Publish: at most once, in order per publisher and subscription. A
+//!   subscription's queue is bounded in the node and its [`Policy`] says
+//!   what happens when it is full; every drop is counted and reported
+//!   ([`Subscription::dropped`]).
+//! - [`Client::subscribe`] returns once the node holds the interest: a
+//!   message published after it returns is delivered (no slow joiner).
+//! - [`Client::request`]: the first reply, [`Error::Timeout`], or at once
+//!   [`Error::NoResponders`] when nobody subscribes or the cluster is empty.
+//! - Tunnels are relayed over the client's node connection (TCP, Unix or in
+//!   process), not yet over UDP associations: ordered and exactly once while
+//!   both ends live, flow controlled by a window of messages.
+
+mod cluster;
+mod file;
+mod inbox;
+mod link;
+mod sub;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use skiff_node::frame::req_flags;
+use skiff_node::{ClientFrame, Code, Config, Node, ServerFrame, ASYNC_ERROR};
+use skiff_proto::router::{KindPattern, Pattern, Subject};
+use skiff_proto::Message;
+use tokio::sync::{mpsc, oneshot};
+
+pub use cluster::{Incoming, Member, Request, Target, Tunnel};
+pub use file::FileLog;
+pub use skiff_node::{NodeStats, Policy};
+pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
+
+use crate::Error;
+use inbox::Shared;
+use link::Link;
+
+/// What the dispatcher hands a waiting call.
+#[derive(Debug)]
+enum Answer {
+    Ack,
+    Tunnel(Tunnel),
+    Stats(String),
+}
+
+/// What a request hears.
+#[derive(Debug)]
+enum ReqEvent {
+    Reply(Message),
+    Done(Code),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    subs: FxHashMap<u64, Shared<Delivery>>,
+    waiters: FxHashMap<u64, oneshot::Sender<Result<Answer, Error>>>,
+    requests: FxHashMap<u64, mpsc::UnboundedSender<ReqEvent>>,
+    members: FxHashMap<String, Shared<Incoming>>,
+    tunnels: FxHashMap<u64, Arc<cluster::TunShared>>,
+    /// Why the node closed this client.
+    fatal: Option<String>,
+    /// Errors about publishes, which have no call to return them to.
+    async_errors: u64,
+    last_async_error: Option<String>,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Node,
+    File(FileLog),
+}
+
+/// Shared by a [`Client`] and every handle made from it.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    link: Option<Link>,
+    backend: Backend,
+    state: Mutex<State>,
+    next: AtomicU64,
+    pub(crate) max_payload: usize,
+    id: u64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(l) = &self.link {
+            l.close();
+        }
+    }
+}
+
+/// A connection to a skiff node; cheap to clone (clones share it). See
+/// the module documentation.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn embedded(name: &str) -> Arc<Node> {
+    static NODES: OnceLock<Mutex<HashMap<String, Arc<Node>>>> = OnceLock::new();
+    NODES
+        .get_or_init(Default::default)
+        .lock()
+        .entry(name.to_owned())
+        .or_insert_with(|| Arc::new(Node::embedded(&Config::default())))
+        .clone()
+}
+
+impl Client {
+    /// Connects to a node named by a locator (see the module
+    /// documentation). Needs a tokio runtime.
+    pub async fn connect(locator: &str) -> Result<Client, Error> {
+        let (scheme, rest) = locator
+            .split_once("://")
+            .ok_or_else(|| crate::LocatorError::NoScheme(locator.into()))?;
+        let rest = rest.split('?').next().unwrap_or("");
+        match scheme {
+            "mem" => Client::attach(&embedded(rest)),
+            "skiff" | "tcp" => {
+                let mut last = None;
+                for addr in rest.split(',').filter(|a| !a.is_empty()) {
+                    let addr = if addr.contains(':') {
+                        addr.to_owned()
+                    } else {
+                        format!("{addr}:{}", skiff_node::DEFAULT_PORT)
+                    };
+                    match tokio::net::TcpStream::connect(&addr).await {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            let (r, w) = s.into_split();
+                            return Client::over_stream(r, w).await;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(match last {
+                    Some(e) => Error::io("connect to node")(e),
+                    None => crate::LocatorError::Address {
+                        addr: rest.into(),
+                        why: "no address given".into(),
+                    }
+                    .into(),
+                })
+            }
+            "unix" => {
+                let s = tokio::net::UnixStream::connect(rest)
+                    .await
+                    .map_err(Error::io("connect to node socket"))?;
+                let (r, w) = s.into_split();
+                Client::over_stream(r, w).await
+            }
+            "file" => Ok(Client {
+                inner: Arc::new(Inner {
+                    link: None,
+                    backend: Backend::File(FileLog::open(rest)?),
+                    state: Mutex::new(State::default()),
+                    next: AtomicU64::new(1),
+                    max_payload: usize::MAX,
+                    id: 0,
+                }),
+            }),
+            other => Err(crate::LocatorError::Scheme {
+                scheme: other.into(),
+                accepted: "mem, skiff, tcp, unix, file",
+            }
+            .into()),
+        }
+    }
+
+    /// Attaches to a node running in this process (what `mem://` does with
+    /// the process's embedded node).
+    pub fn attach(node: &Node) -> Result<Client, Error> {
+        let link = node.attach_mem().map_err(|f| Error::Refused {
+            code: f.code,
+            reason: f.text,
+        })?;
+        // The Welcome is the first frame in the outbox.
+        let mut first = Vec::new();
+        let out = link.outbox();
+        out.take(&mut first);
+        let (id, max_payload) = match first.first() {
+            Some(ServerFrame::Welcome {
+                client,
+                max_payload,
+            }) => (*client, *max_payload),
+            _ => (link.id(), node.broker().limits().max_payload as u64),
+        };
+        let inner = Arc::new(Inner {
+            link: Some(Link::Mem(link)),
+            backend: Backend::Node,
+            state: Mutex::new(State::default()),
+            next: AtomicU64::new(1),
+            max_payload: max_payload as usize,
+            id,
+        });
+        link::spawn_mem(&inner);
+        Ok(Client { inner })
+    }
+
+    async fn over_stream<R, W>(mut r: R, w: W) -> Result<Client, Error>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let (id, max_payload) = link::read_welcome(&mut r, &mut buf).await?;
+        let tx = Arc::new(link::StreamTx::default());
+        let inner = Arc::new(Inner {
+            link: Some(Link::Stream(tx.clone())),
+            backend: Backend::Node,
+            state: Mutex::new(State::default()),
+            next: AtomicU64::new(1),
+            max_payload: max_payload as usize,
+            id,
+        });
+        link::spawn_stream(&inner, tx, r, w, buf);
+        Ok(Client { inner })
+    }
+
+    /// The node's id for this client.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Largest payload the node accepts.
+    pub fn max_payload(&self) -> usize {
+        self.inner.max_payload
+    }
+
+    /// Errors the node reported about publishes (which return before the
+    /// node sees them): how many, and the last one.
+    pub fn async_errors(&self) -> (u64, Option<String>) {
+        let st = self.inner.state.lock();
+        (st.async_errors, st.last_async_error.clone())
+    }
+
+    fn check(&self, msg: &Message) -> Result<(), Error> {
+        skiff_proto::wire::check(msg)?;
+        if msg.payload.len() > self.inner.max_payload {
+            return Err(Error::Refused {
+                code: Code::Limit,
+                reason: format!(
+                    "payload of {} bytes is over the node's limit of {} (max_payload)",
+                    msg.payload.len(),
+                    self.inner.max_payload
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes `msg` on its subject. Returns once the message is handed
+    /// to the node (in process: routed); waits while a `block` subscriber
+    /// or the connection pushes back.
+    pub async fn publish(&self, msg: Message) -> Result<(), Error> {
+        Subject::new(&msg.subject)?;
+        if let Backend::File(f) = &self.inner.backend {
+            return f.append(&msg);
+        }
+        self.check(&msg)?;
+        self.inner.send(ClientFrame::Pub(msg)).await
+    }
+
+    /// Subscribes to subjects matching `pattern` with types matching
+    /// `kind` (`*` for any), with the default [`SubOptions`].
+    pub async fn subscribe(&self, pattern: &str, kind: &str) -> Result<Subscription, Error> {
+        self.subscribe_with(pattern, kind, SubOptions::default())
+            .await
+    }
+
+    /// Subscribes with options (queue bound, policy, window). Returns once
+    /// the node holds the interest.
+    pub async fn subscribe_with(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+    ) -> Result<Subscription, Error> {
+        Pattern::new(pattern)?;
+        KindPattern::new(kind)?;
+        if let Backend::File(f) = &self.inner.backend {
+            return f.subscribe(self.inner.clone(), pattern, kind);
+        }
+        let sid = self.inner.next_id();
+        let inbox = inbox::shared();
+        let rx = {
+            let mut st = self.inner.state.lock();
+            if let Some(e) = &st.fatal {
+                return Err(Error::Refused {
+                    code: Code::Shutdown,
+                    reason: e.clone(),
+                });
+            }
+            st.subs.insert(sid, inbox.clone());
+            self.inner.waiter(&mut st, sid)
+        };
+        let window = opts.window.max(1);
+        let r = self
+            .inner
+            .call(
+                rx,
+                ClientFrame::Sub {
+                    sid,
+                    pattern: pattern.into(),
+                    kind: kind.into(),
+                    policy: opts.policy,
+                    queue: opts.queue.max(1),
+                    credit: window,
+                },
+            )
+            .await;
+        if let Err(e) = r {
+            self.inner.state.lock().subs.remove(&sid);
+            return Err(e);
+        }
+        Ok(Subscription::new(self.inner.clone(), sid, inbox, window))
+    }
+
+    /// Subscribes and calls `f` for each message on a task of its own (the
+    /// callback form); the handle pauses, resumes and ends it.
+    pub async fn subscribe_fn<F>(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        f: F,
+    ) -> Result<SubscriptionHandle, Error>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let sub = self.subscribe_with(pattern, kind, opts).await?;
+        Ok(SubscriptionHandle::spawn(sub, f))
+    }
+
+    /// Answers a request received on a subscription (a [`Delivery`] with
+    /// [`Delivery::is_request`]). A reply to a request that is no longer
+    /// waited for is dropped by the node.
+    pub async fn reply(&self, to: &Delivery, msg: Message) -> Result<(), Error> {
+        let token = to.token.ok_or(Error::Refused {
+            code: Code::Invalid,
+            reason: "this message is not a request; there is nobody to reply to".into(),
+        })?;
+        self.inner.reply(token, msg).await
+    }
+
+    /// Sends a request and waits for the first reply: to every subscription
+    /// matching a subject (`"svc.echo"`), or to one member of a cluster
+    /// ([`Target::cluster`]). [`Error::NoResponders`] comes at once when
+    /// nobody could answer; [`Error::Timeout`] after `timeout`.
+    pub async fn request(
+        &self,
+        target: impl Into<Target>,
+        msg: Message,
+        timeout: Duration,
+    ) -> Result<Message, Error> {
+        let mut v = self.request_inner(target.into(), msg, timeout, 1).await?;
+        v.pop().ok_or(Error::Timeout)
+    }
+
+    /// Scatter-gather: sends to every matching subscription (or every
+    /// member of a cluster) and collects replies until `max` arrived, every
+    /// responder answered, or `timeout` passed. An empty result means
+    /// nobody answered in time; [`Error::NoResponders`] means nobody could.
+    pub async fn request_many(
+        &self,
+        target: impl Into<Target>,
+        msg: Message,
+        timeout: Duration,
+        max: usize,
+    ) -> Result<Vec<Message>, Error> {
+        let max = max.clamp(1, u32::MAX as usize) as u32;
+        self.request_inner(target.into(), msg, timeout, max).await
+    }
+
+    async fn request_inner(
+        &self,
+        target: Target,
+        msg: Message,
+        timeout: Duration,
+        max: u32,
+    ) -> Result<Vec<Message>, Error> {
+        self.check(&msg)?;
+        let (name, key, mut flags) = match &target {
+            Target::Subject(s) => {
+                Subject::new(s)?;
+                (s.clone(), Bytes::new(), 0)
+            }
+            Target::Cluster { name, key } => (
+                name.clone(),
+                key.clone().unwrap_or_default(),
+                req_flags::CLUSTER,
+            ),
+        };
+        if max > 1 {
+            flags |= req_flags::MANY;
+        }
+        let rid = self.inner.next_id();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.inner.state.lock().requests.insert(rid, tx);
+        let sent = self
+            .inner
+            .send(ClientFrame::Req {
+                rid,
+                flags,
+                max,
+                target: name.clone(),
+                key,
+                msg,
+            })
+            .await;
+        if let Err(e) = sent {
+            self.inner.state.lock().requests.remove(&rid);
+            return Err(e);
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut replies = Vec::new();
+        let mut finished = false;
+        let outcome = loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(ReqEvent::Reply(m))) => {
+                    replies.push(m);
+                    if replies.len() >= max as usize {
+                        finished = true;
+                        break Ok(());
+                    }
+                }
+                Ok(Some(ReqEvent::Done(Code::NoResponders))) if replies.is_empty() => {
+                    finished = true;
+                    break Err(Error::NoResponders { target: name });
+                }
+                Ok(Some(ReqEvent::Done(_))) => {
+                    finished = true;
+                    break Ok(());
+                }
+                Ok(None) => {
+                    finished = true;
+                    break Err(self.inner.closed_error());
+                }
+                Err(_) => break Ok(()),
+            }
+        };
+        self.inner.state.lock().requests.remove(&rid);
+        if !finished {
+            let _ = self.inner.send_now(ClientFrame::Cancel { rid });
+        }
+        outcome?;
+        if replies.is_empty() && max == 1 {
+            return Err(Error::Timeout);
+        }
+        Ok(replies)
+    }
+
+    /// Joins `cluster` with `capacity` (its share of requests; 0: only
+    /// broadcasts). Requests, broadcasts and tunnels for this member arrive
+    /// on the returned [`Member`].
+    pub async fn join(&self, cluster: &str, capacity: u32) -> Result<Member, Error> {
+        Subject::new(cluster)?;
+        let inbox = {
+            let mut st = self.inner.state.lock();
+            st.members
+                .entry(cluster.to_owned())
+                .or_insert_with(inbox::shared)
+                .clone()
+        };
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        self.inner
+            .call(
+                rx,
+                ClientFrame::Join {
+                    corr,
+                    cluster: cluster.into(),
+                    capacity,
+                },
+            )
+            .await?;
+        Ok(Member::new(self.inner.clone(), cluster.into(), inbox))
+    }
+
+    /// Sends `msg` to every member of `cluster`, at most once each.
+    pub async fn broadcast(&self, cluster: &str, msg: Message) -> Result<(), Error> {
+        self.check(&msg)?;
+        self.inner
+            .send(ClientFrame::Bcast {
+                cluster: cluster.into(),
+                msg,
+            })
+            .await
+    }
+
+    /// Opens a tunnel to one member of `cluster` (chosen like a request's;
+    /// `key` for affinity), waiting at most `timeout`.
+    pub async fn tunnel(
+        &self,
+        cluster: impl Into<Target>,
+        timeout: Duration,
+    ) -> Result<Tunnel, Error> {
+        let (name, key) = match cluster.into() {
+            Target::Subject(s) => (s, Bytes::new()),
+            Target::Cluster { name, key } => (name, key.unwrap_or_default()),
+        };
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        let frame = ClientFrame::TunOpen {
+            corr,
+            cluster: name.clone(),
+            key,
+            window: cluster::TUNNEL_WINDOW,
+        };
+        match tokio::time::timeout(timeout, self.inner.call(rx, frame)).await {
+            Ok(Ok(Answer::Tunnel(t))) => Ok(t),
+            Ok(Ok(_)) => Err(Error::Codec("unexpected answer to a tunnel".into())),
+            Ok(Err(Error::Refused {
+                code: Code::NoResponders,
+                ..
+            })) => Err(Error::NoResponders { target: name }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                self.inner.state.lock().waiters.remove(&corr);
+                Err(Error::Timeout)
+            }
+        }
+    }
+
+    /// The node's counters: per node, client and subscription.
+    pub async fn stats(&self) -> Result<NodeStats, Error> {
+        let json = self.stats_json().await?;
+        serde_json::from_str(&json).map_err(|e| Error::Codec(format!("stats: {e}")))
+    }
+
+    /// The node's counters as JSON text.
+    pub async fn stats_json(&self) -> Result<String, Error> {
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        match self.inner.call(rx, ClientFrame::Stats { corr }).await? {
+            Answer::Stats(s) => Ok(s),
+            _ => Err(Error::Codec("unexpected answer to stats".into())),
+        }
+    }
+
+    /// Waits until the node has handled everything this client sent before.
+    pub async fn flush(&self) -> Result<(), Error> {
+        if self.inner.link.is_none() {
+            return Ok(());
+        }
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        self.inner
+            .call(rx, ClientFrame::Ping { corr })
+            .await
+            .map(|_| ())
+    }
+
+    /// Closes the connection now (dropping every clone does the same).
+    pub fn close(&self) {
+        if let Some(l) = &self.inner.link {
+            l.close();
+        }
+    }
+}
+
+impl Inner {
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn link(&self) -> Result<&Link, Error> {
+        self.link.as_ref().ok_or(Error::Refused {
+            code: Code::Invalid,
+            reason: "a file:// log supports publish and subscribe only".into(),
+        })
+    }
+
+    pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
+        if let Some(e) = &self.state.lock().fatal {
+            return Err(Error::Refused {
+                code: Code::Shutdown,
+                reason: e.clone(),
+            });
+        }
+        self.link()?.send(f).await
+    }
+
+    pub(crate) fn send_now(&self, f: ClientFrame) -> Result<(), Error> {
+        self.link()?.send_now(f)
+    }
+
+    pub(crate) async fn reply(&self, token: u64, msg: Message) -> Result<(), Error> {
+        skiff_proto::wire::check(&msg)?;
+        self.send(ClientFrame::Reply { token, msg }).await
+    }
+
+    fn waiter(&self, st: &mut State, corr: u64) -> oneshot::Receiver<Result<Answer, Error>> {
+        let (tx, rx) = oneshot::channel();
+        st.waiters.insert(corr, tx);
+        rx
+    }
+
+    async fn call(
+        &self,
+        rx: oneshot::Receiver<Result<Answer, Error>>,
+        f: ClientFrame,
+    ) -> Result<Answer, Error> {
+        self.send(f).await?;
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(self.closed_error()),
+        }
+    }
+
+    fn closed_error(&self) -> Error {
+        match &self.state.lock().fatal {
+            Some(e) => Error::Refused {
+                code: Code::Shutdown,
+                reason: e.clone(),
+            },
+            None => Error::Closed,
+        }
+    }
+
+    /// The node closed this client: everything waiting learns why.
+    pub(crate) fn fail(&self, why: String) {
+        let mut st = self.state.lock();
+        if st.fatal.is_none() {
+            st.fatal = Some(why.clone());
+        }
+        for (_, s) in st.subs.drain() {
+            s.lock().close(Some(why.clone()));
+        }
+        for (_, m) in st.members.drain() {
+            m.lock().close(Some(why.clone()));
+        }
+        for (_, t) in st.tunnels.drain() {
+            t.close_local();
+        }
+        for (_, w) in st.waiters.drain() {
+            let _ = w.send(Err(Error::Refused {
+                code: Code::Shutdown,
+                reason: why.clone(),
+            }));
+        }
+        st.requests.clear();
+    }
+
+    /// Routes frames from the node to the calls and handles waiting for
+    /// them.
+    pub(crate) fn dispatch(self: &Arc<Self>, frames: &mut Vec<ServerFrame>) {
+        let mut fatal = None;
+        {
+            let mut st = self.state.lock();
+            for f in frames.drain(..) {
+                match f {
+                    ServerFrame::Msg { sid, token, msg } => {
+                        if let Some(s) = st.subs.get(&sid) {
+                            s.lock().push(Delivery {
+                                msg,
+                                token: (token != 0).then_some(token),
+                            });
+                        }
+                    }
+                    ServerFrame::Dropped { sid, total } => {
+                        if let Some(s) = st.subs.get(&sid) {
+                            s.lock().dropped = total;
+                        }
+                    }
+                    ServerFrame::Ack { corr } | ServerFrame::Pong { corr } => {
+                        if let Some(w) = st.waiters.remove(&corr) {
+                            let _ = w.send(Ok(Answer::Ack));
+                        }
+                    }
+                    ServerFrame::Error { corr: 0, text, .. } => fatal = Some(text),
+                    ServerFrame::Error {
+                        corr: ASYNC_ERROR,
+                        text,
+                        ..
+                    } => {
+                        st.async_errors += 1;
+                        st.last_async_error = Some(text);
+                    }
+                    ServerFrame::Error { corr, code, text } => {
+                        if let Some(w) = st.waiters.remove(&corr) {
+                            let _ = w.send(Err(Error::Refused { code, reason: text }));
+                        }
+                    }
+                    ServerFrame::Reply { rid, msg } => {
+                        if let Some(r) = st.requests.get(&rid) {
+                            let _ = r.send(ReqEvent::Reply(msg));
+                        }
+                    }
+                    ServerFrame::ReqDone { rid, code } => {
+                        if let Some(r) = st.requests.get(&rid) {
+                            let _ = r.send(ReqEvent::Done(code));
+                        }
+                    }
+                    ServerFrame::Request {
+                        token,
+                        cluster,
+                        msg,
+                    } => {
+                        if let Some(m) = st.members.get(&cluster) {
+                            m.lock().push(Incoming::Request(Request::new(
+                                self.clone(),
+                                token,
+                                msg,
+                            )));
+                        }
+                    }
+                    ServerFrame::Bcast { cluster, msg } => {
+                        if let Some(m) = st.members.get(&cluster) {
+                            m.lock().push(Incoming::Broadcast(msg));
+                        }
+                    }
+                    ServerFrame::TunIncoming {
+                        tunnel,
+                        cluster,
+                        window,
+                    } => {
+                        let (t, shared) = Tunnel::new(self.clone(), tunnel, window);
+                        st.tunnels.insert(tunnel, shared);
+                        match st.members.get(&cluster) {
+                            Some(m) => m.lock().push(Incoming::Tunnel(t)),
+                            None => drop(t),
+                        }
+                    }
+                    ServerFrame::TunOpened {
+                        corr,
+                        tunnel,
+                        window,
+                    } => {
+                        let (t, shared) = Tunnel::new(self.clone(), tunnel, window);
+                        st.tunnels.insert(tunnel, shared);
+                        match st.waiters.remove(&corr) {
+                            Some(w) => {
+                                let _ = w.send(Ok(Answer::Tunnel(t)));
+                            }
+                            None => drop(t),
+                        }
+                    }
+                    ServerFrame::TunData { tunnel, msg } => {
+                        if let Some(t) = st.tunnels.get(&tunnel) {
+                            t.data(msg);
+                        }
+                    }
+                    ServerFrame::TunCredit { tunnel, n } => {
+                        if let Some(t) = st.tunnels.get(&tunnel) {
+                            t.credit(n);
+                        }
+                    }
+                    ServerFrame::TunClose { tunnel } => {
+                        if let Some(t) = st.tunnels.remove(&tunnel) {
+                            t.close_local();
+                        }
+                    }
+                    ServerFrame::Stats { corr, json } => {
+                        if let Some(w) = st.waiters.remove(&corr) {
+                            let _ = w.send(Ok(Answer::Stats(json)));
+                        }
+                    }
+                    ServerFrame::Welcome { .. } => {}
+                    _ => {}
+                }
+            }
+        }
+        if let Some(why) = fatal {
+            self.fail(why);
+        }
+    }
+
+    pub(crate) fn forget_sub(&self, sid: u64) {
+        self.state.lock().subs.remove(&sid);
+    }
+
+    pub(crate) fn forget_tunnel(&self, tunnel: u64) {
+        self.state.lock().tunnels.remove(&tunnel);
+    }
+
+    pub(crate) fn forget_member(&self, cluster: &str) {
+        self.state.lock().members.remove(cluster);
+    }
+}

@@ -1,0 +1,273 @@
+//! Subscriptions: what [`super::Client::subscribe`] returns.
+//!
+//! Messages wait in two bounded places: the subscription's queue in the
+//! node (bound [`SubOptions::queue`], where the [`Policy`] applies), and a
+//! window of at most [`SubOptions::window`] messages in this process. The
+//! client grants the node credit as the application takes messages, so a
+//! subscriber that stops reading (or is paused) fills its node queue, and
+//! only its own.
+
+use std::future::poll_fn;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use skiff_node::{ClientFrame, Policy};
+use skiff_proto::Message;
+
+use super::inbox::Shared;
+use super::Inner;
+
+/// Options of one subscription.
+#[derive(Debug, Clone, Copy)]
+pub struct SubOptions {
+    /// What the node does when the queue is full.
+    pub policy: Policy,
+    /// Most messages queued in the node for this subscription.
+    pub queue: u32,
+    /// Most messages held in this process before the application takes
+    /// them (the credit window).
+    pub window: u32,
+}
+
+impl Default for SubOptions {
+    fn default() -> Self {
+        SubOptions {
+            policy: Policy::DropOldest,
+            queue: 65_536,
+            window: 4_096,
+        }
+    }
+}
+
+impl SubOptions {
+    /// Sets the policy.
+    #[must_use]
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.policy = p;
+        self
+    }
+
+    /// Sets the node-side queue bound, in messages.
+    #[must_use]
+    pub fn queue(mut self, n: u32) -> Self {
+        self.queue = n;
+        self
+    }
+
+    /// Sets the in-process window, in messages.
+    #[must_use]
+    pub fn window(mut self, n: u32) -> Self {
+        self.window = n;
+        self
+    }
+}
+
+/// A received message; dereferences to the [`Message`]. When
+/// [`Delivery::is_request`], answer it with [`super::Client::reply`].
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message.
+    pub msg: Message,
+    pub(crate) token: Option<u64>,
+}
+
+impl Delivery {
+    /// Whether the sender waits for a reply.
+    pub fn is_request(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// The message, without the reply token.
+    pub fn into_message(self) -> Message {
+        self.msg
+    }
+}
+
+impl Deref for Delivery {
+    type Target = Message;
+    fn deref(&self) -> &Message {
+        &self.msg
+    }
+}
+
+/// A subscription: an async stream of [`Delivery`]s. Dropping it
+/// unsubscribes.
+#[derive(Debug)]
+pub struct Subscription {
+    inner: Arc<Inner>,
+    sid: u64,
+    inbox: Shared<Delivery>,
+    window: u32,
+    /// Taken since credit was last granted.
+    taken: u32,
+}
+
+impl Subscription {
+    pub(crate) fn new(inner: Arc<Inner>, sid: u64, inbox: Shared<Delivery>, window: u32) -> Self {
+        Subscription {
+            inner,
+            sid,
+            inbox,
+            window,
+            taken: 0,
+        }
+    }
+
+    /// The next message; `None` once the subscription or the connection
+    /// ended (see [`Subscription::error`]).
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// The next message if one is here now.
+    pub fn try_recv(&mut self) -> Option<Delivery> {
+        let d = {
+            let mut i = self.inbox.lock();
+            if i.paused {
+                return None;
+            }
+            i.q.pop_front()
+        };
+        if d.is_some() {
+            self.took();
+        }
+        d
+    }
+
+    /// Polls for the next message.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
+        let r = self.inbox.lock().poll_pop(cx);
+        if let Poll::Ready(Some(_)) = &r {
+            self.took();
+        }
+        r
+    }
+
+    fn took(&mut self) {
+        self.taken += 1;
+        if self.taken >= (self.window / 2).max(1) {
+            let n = std::mem::take(&mut self.taken);
+            let _ = self
+                .inner
+                .send_now(ClientFrame::Credit { sid: self.sid, n });
+        }
+    }
+
+    /// Stops handing out messages (cMsg's pause); they wait, and once the
+    /// window and the node's queue are full the policy applies.
+    pub fn pause(&self) {
+        self.inbox.lock().paused = true;
+    }
+
+    /// Hands out messages again.
+    pub fn resume(&self) {
+        let mut i = self.inbox.lock();
+        i.paused = false;
+        i.wake();
+    }
+
+    /// Whether paused.
+    pub fn is_paused(&self) -> bool {
+        self.inbox.lock().paused
+    }
+
+    /// Messages waiting in this process (at most the window; the node's
+    /// queue is in [`super::Client::stats`]).
+    pub fn queue_len(&self) -> usize {
+        self.inbox.lock().q.len()
+    }
+
+    /// Messages the node dropped for this subscription so far, as last
+    /// reported by the node.
+    pub fn dropped(&self) -> u64 {
+        self.inbox.lock().dropped
+    }
+
+    /// Why the subscription ended, if the node ended it (e.g. slow
+    /// consumer).
+    pub fn error(&self) -> Option<String> {
+        self.inbox.lock().error.clone()
+    }
+
+    /// The client's id for this subscription (as in the node's stats).
+    pub fn id(&self) -> u64 {
+        self.sid
+    }
+
+    /// Ends the subscription.
+    pub fn unsubscribe(self) {}
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.inner.forget_sub(self.sid);
+        let _ = self.inner.send_now(ClientFrame::Unsub { sid: self.sid });
+    }
+}
+
+impl futures_core::Stream for Subscription {
+    type Item = Delivery;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+/// The callback form of a subscription: a task calls the function for each
+/// message. Dropping the handle ends the subscription.
+#[derive(Debug)]
+pub struct SubscriptionHandle {
+    inbox: Shared<Delivery>,
+    sid: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SubscriptionHandle {
+    pub(crate) fn spawn<F: FnMut(Delivery) + Send + 'static>(
+        mut sub: Subscription,
+        mut f: F,
+    ) -> Self {
+        let inbox = sub.inbox.clone();
+        let sid = sub.sid;
+        let task = tokio::spawn(async move {
+            while let Some(d) = sub.recv().await {
+                f(d);
+            }
+        });
+        SubscriptionHandle { inbox, sid, task }
+    }
+
+    /// Stops calling the function; messages wait (cMsg's pause).
+    pub fn pause(&self) {
+        self.inbox.lock().paused = true;
+    }
+
+    /// Calls the function again.
+    pub fn resume(&self) {
+        let mut i = self.inbox.lock();
+        i.paused = false;
+        i.wake();
+    }
+
+    /// Messages waiting in this process.
+    pub fn queue_len(&self) -> usize {
+        self.inbox.lock().q.len()
+    }
+
+    /// Messages the node dropped for this subscription so far.
+    pub fn dropped(&self) -> u64 {
+        self.inbox.lock().dropped
+    }
+
+    /// The subscription's id.
+    pub fn id(&self) -> u64 {
+        self.sid
+    }
+}
+
+impl Drop for SubscriptionHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,669 @@
+//! The endpoint's state under its lock: the listener, the associations
+//! this side initiated, each tunnel's receive queue and wakers, the
+//! best-effort batcher and inbox, and the routing of datagrams between
+//! them. No I/O here: the driver (`driver.rs`) moves the bytes.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::task::Waker;
+use std::time::Instant;
+
+use bytes::Bytes;
+use rustc_hash::FxHashMap;
+use skiff_proto::association::frame::RTN;
+use skiff_proto::association::{
+    self, Association, AssociationConfig, AssociationStats, CloseReason, Event, FailReason, Handle,
+    Listener, SendError, State,
+};
+use skiff_proto::error::Reason;
+use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireError};
+
+use super::{add_stats, wake_all, EndpointStats};
+use crate::tunnel::TunnelError;
+
+/// How a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Closed gracefully; who started it.
+    Closed(CloseReason),
+    /// The association failed.
+    Failed(FailReason),
+    /// The endpoint stopped.
+    Gone,
+}
+
+impl End {
+    /// The error a tunnel call reports once the tunnel ended this way.
+    pub(crate) fn error(&self, peer: SocketAddr, local_closed: bool) -> TunnelError {
+        match self {
+            End::Closed(_) if local_closed => TunnelError::Closed,
+            End::Closed(CloseReason::Local) => TunnelError::Closed,
+            End::Closed(CloseReason::Peer) => TunnelError::PeerClosed,
+            End::Failed(reason) => TunnelError::Failed {
+                peer,
+                reason: *reason,
+            },
+            End::Gone => TunnelError::EndpointGone,
+        }
+    }
+}
+
+/// A tunnel's state beside its association.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) peer: SocketAddr,
+    /// Initiated here (the association is in `Core::outgoing`) rather than
+    /// accepted (it is in the listener).
+    outgoing: bool,
+    inbox: VecDeque<Bytes>,
+    inbox_bytes: usize,
+    pub(crate) end: Option<End>,
+    pub(crate) connected: bool,
+    local_closed: bool,
+    dropped: bool,
+    pub(crate) readers: Vec<Waker>,
+    pub(crate) writers: Vec<Waker>,
+    pub(crate) final_stats: AssociationStats,
+    /// `final_stats` were added to the endpoint's finished total.
+    folded: bool,
+}
+
+impl Conn {
+    fn new(peer: SocketAddr, outgoing: bool) -> Conn {
+        Conn {
+            peer,
+            outgoing,
+            inbox: VecDeque::new(),
+            inbox_bytes: 0,
+            end: None,
+            connected: false,
+            local_closed: false,
+            dropped: false,
+            readers: Vec::new(),
+            writers: Vec::new(),
+            final_stats: AssociationStats::default(),
+            folded: false,
+        }
+    }
+}
+
+/// A frame to send: destination and its bytes in `Core::fbuf`.
+type Frame = (SocketAddr, usize, usize);
+
+/// Everything the driver and the handles share, under one lock.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) listener: Listener,
+    pub(crate) listening: bool,
+    pub(crate) stopped: bool,
+    outgoing: FxHashMap<u64, Association>,
+    pub(crate) conns: FxHashMap<u64, Conn>,
+    pub(crate) accepted: VecDeque<(u64, SocketAddr)>,
+    pub(crate) accept_wakers: Vec<Waker>,
+    pub(crate) batcher: Batcher,
+    loss: LossDetector,
+    pub(crate) inbox: VecDeque<Message>,
+    max_inbox: usize,
+    pub(crate) pop_wakers: Vec<Waker>,
+    pub(crate) stats: EndpointStats,
+    finished: AssociationStats,
+    touched: Vec<u64>,
+    next_deadline: Option<Instant>,
+    // Scratch space reused across calls.
+    frames_in: Vec<Bytes>,
+    msgs: Vec<Message>,
+    verdicts: Vec<Verdict>,
+    fbuf: Vec<u8>,
+    frames: Vec<Frame>,
+    tmp: Vec<u8>,
+}
+
+/// Data packets one association may emit before the next gets a turn.
+const PER_TURN: usize = 16;
+
+impl Core {
+    pub(crate) fn new(
+        listener: Listener,
+        batcher: Batcher,
+        loss: LossDetector,
+        max_inbox: usize,
+    ) -> Core {
+        Core {
+            listener,
+            listening: false,
+            stopped: false,
+            outgoing: FxHashMap::default(),
+            conns: FxHashMap::default(),
+            accepted: VecDeque::new(),
+            accept_wakers: Vec::new(),
+            batcher,
+            loss,
+            inbox: VecDeque::new(),
+            max_inbox,
+            pop_wakers: Vec::new(),
+            stats: EndpointStats::default(),
+            finished: AssociationStats::default(),
+            touched: Vec::new(),
+            next_deadline: None,
+            frames_in: Vec::new(),
+            msgs: Vec::new(),
+            verdicts: Vec::new(),
+            fbuf: Vec::new(),
+            frames: Vec::new(),
+            tmp: Vec::new(),
+        }
+    }
+
+    /// The association behind tunnel `key`.
+    pub(crate) fn assoc(&mut self, key: u64) -> Option<&mut Association> {
+        if let Some(a) = self.outgoing.get_mut(&key) {
+            return Some(a);
+        }
+        self.listener.association(Handle(key))
+    }
+
+    /// Creates an outgoing association; returns its key.
+    pub(crate) fn connect(
+        &mut self,
+        now: Instant,
+        config: &AssociationConfig,
+        peer: SocketAddr,
+        service: u32,
+    ) -> u64 {
+        let key = loop {
+            let k = rand::random::<u64>() & !RTN;
+            if k != 0 && !self.outgoing.contains_key(&k) && self.listener.get(Handle(k)).is_none() {
+                break k;
+            }
+        };
+        let a = Association::connect(now, config.clone(), peer, service, key);
+        self.outgoing.insert(key, a);
+        self.conns.insert(key, Conn::new(peer, true));
+        key
+    }
+
+    /// Offers `msg` to tunnel `key`: `Ok(true)` accepted, `Ok(false)` no
+    /// room yet.
+    pub(crate) fn try_send(&mut self, key: u64, msg: &Bytes) -> Result<bool, TunnelError> {
+        let Some(c) = self.conns.get(&key) else {
+            return Err(TunnelError::EndpointGone);
+        };
+        if let Some(e) = &c.end {
+            return Err(e.error(c.peer, c.local_closed));
+        }
+        let Some(a) = self.assoc(key) else {
+            return Err(TunnelError::EndpointGone);
+        };
+        match a.send(msg.clone()) {
+            Ok(()) => Ok(true),
+            Err(SendError::WouldBlock) => Ok(false),
+            Err(SendError::TooLarge { len, max }) => Err(TunnelError::TooLarge { len, max }),
+            Err(_) => {
+                // Closing or finished: a failure waiting in the events says
+                // more than "closed".
+                self.pump(key, usize::MAX);
+                let c = &self.conns[&key];
+                Err(match (&c.end, c.local_closed) {
+                    (Some(e), l) => e.error(c.peer, l),
+                    (None, true) => TunnelError::Closed,
+                    (None, false) => TunnelError::PeerClosed,
+                })
+            }
+        }
+    }
+
+    /// The next message of tunnel `key`, if one is ready or the tunnel
+    /// ended; and whether events were taken from the association (the
+    /// driver should transmit: the window may have opened).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn try_recv(
+        &mut self,
+        key: u64,
+        limit: usize,
+    ) -> (Option<Result<Option<Bytes>, TunnelError>>, bool) {
+        let mut pumped = false;
+        for attempt in 0..2 {
+            let Some(c) = self.conns.get_mut(&key) else {
+                return (Some(Err(TunnelError::EndpointGone)), pumped);
+            };
+            if let Some(b) = c.inbox.pop_front() {
+                c.inbox_bytes -= b.len();
+                if c.inbox_bytes < limit / 2 {
+                    pumped |= self.pump(key, limit);
+                }
+                return (Some(Ok(Some(b))), pumped);
+            }
+            if attempt == 0 {
+                pumped |= self.pump(key, limit);
+            }
+        }
+        let c = &self.conns[&key];
+        let r = match &c.end {
+            Some(End::Closed(_)) => Some(Ok(None)),
+            Some(e) => Some(Err(e.error(c.peer, c.local_closed))),
+            None => None,
+        };
+        (r, pumped)
+    }
+
+    /// Moves events from tunnel `key`'s association into its queue while
+    /// the queue holds under `limit` bytes (all of them once the
+    /// association is finished, or the tunnel dropped). Wakes its tasks if
+    /// anything moved; returns whether anything did.
+    pub(crate) fn pump(&mut self, key: u64, limit: usize) -> bool {
+        let Core {
+            listener,
+            outgoing,
+            conns,
+            stats,
+            finished,
+            ..
+        } = self;
+        let Some(c) = conns.get_mut(&key) else {
+            return false;
+        };
+        let a = if c.outgoing {
+            outgoing.get_mut(&key)
+        } else {
+            listener.association(Handle(key))
+        };
+        let Some(a) = a else {
+            if c.end.is_none() {
+                c.end = Some(End::Gone);
+                wake_all(&mut c.readers);
+                wake_all(&mut c.writers);
+            }
+            return false;
+        };
+        let mut any = false;
+        loop {
+            let done = matches!(a.state(), State::Closed | State::Drained);
+            if c.inbox_bytes >= limit && !done && !c.dropped {
+                break;
+            }
+            let Some(ev) = a.poll_event() else { break };
+            any = true;
+            match ev {
+                Event::Connected => c.connected = true,
+                Event::Message(b) if c.dropped => {
+                    let _ = b;
+                    stats.discarded_after_drop += 1;
+                }
+                Event::Message(b) => {
+                    c.inbox_bytes += b.len();
+                    c.inbox.push_back(b);
+                }
+                Event::Writable => {}
+                Event::Closed(r) => c.end = Some(End::Closed(r)),
+                Event::Failed(r) => c.end = Some(End::Failed(r)),
+            }
+            if c.end.is_some() && !c.folded {
+                c.folded = true;
+                c.final_stats = a.stats();
+                add_stats(finished, &c.final_stats);
+            }
+        }
+        if any {
+            wake_all(&mut c.readers);
+            wake_all(&mut c.writers);
+        } else if !c.writers.is_empty() && (a.has_events() || a.buffered() == 0) {
+            // Events held back by a full queue may include `Writable`.
+            wake_all(&mut c.writers);
+        }
+        any
+    }
+
+    pub(crate) fn close(&mut self, key: u64) {
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.local_closed = true;
+        }
+        if let Some(a) = self.assoc(key) {
+            a.close();
+        }
+    }
+
+    /// The tunnel handle is gone: close in the background, discard what
+    /// arrives, forget the tunnel once it ended.
+    pub(crate) fn drop_tunnel(&mut self, key: u64) {
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        c.dropped = true;
+        self.stats.discarded_after_drop += c.inbox.len() as u64;
+        c.inbox.clear();
+        c.inbox_bytes = 0;
+        if c.end.is_none() {
+            if let Some(a) = self.assoc(key) {
+                a.close();
+            }
+        }
+        self.touched.push(key);
+    }
+
+    /// Forgets a set-up that timed out.
+    pub(crate) fn abort(&mut self, key: u64) {
+        if let Some(a) = self.outgoing.remove(&key) {
+            add_stats(&mut self.finished, &a.stats());
+        }
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.end
+                .get_or_insert(End::Failed(FailReason::HandshakeTimeout));
+        }
+    }
+
+    /// The driver stopped: every tunnel and waiter learns it.
+    pub(crate) fn stop(&mut self) {
+        self.stopped = true;
+        for c in self.conns.values_mut() {
+            c.end.get_or_insert(End::Gone);
+            wake_all(&mut c.readers);
+            wake_all(&mut c.writers);
+        }
+        wake_all(&mut self.accept_wakers);
+        wake_all(&mut self.pop_wakers);
+    }
+
+    /// Counters, live associations included.
+    pub(crate) fn stats(&self) -> EndpointStats {
+        let mut s = self.stats.clone();
+        s.listener = self.listener.stats();
+        s.associations = self.finished;
+        let mut open = 0;
+        for (k, c) in &self.conns {
+            if c.end.is_some() {
+                continue;
+            }
+            open += 1;
+            let a = match self.outgoing.get(k) {
+                Some(a) => Some(a),
+                None => self.listener.get(Handle(*k)),
+            };
+            if let Some(a) = a {
+                add_stats(&mut s.associations, &a.stats());
+            }
+        }
+        s.tunnels_open = open;
+        let l = self.loss.stats();
+        s.lost = l.lost;
+        s.duplicate = l.duplicates;
+        s.stale = l.stale;
+        s
+    }
+
+    /// Takes one received datagram.
+    pub(crate) fn handle_datagram(&mut self, now: Instant, from: SocketAddr, data: Bytes) {
+        self.stats.datagrams_received += 1;
+        if data.len() < 2 || data[0..2] != wire::MAGIC {
+            self.stats.dropped_foreign += 1;
+            return;
+        }
+        if data.len() < 4 {
+            self.stats.dropped_malformed += 1;
+            return;
+        }
+        if data[2] != wire::VERSION {
+            self.stats.dropped_version += 1;
+            return;
+        }
+        if data[3] != compound::KIND {
+            return self.handle_frame(now, from, data);
+        }
+        let mut frames = std::mem::take(&mut self.frames_in);
+        match compound::decode(&data, &mut frames) {
+            Ok(()) => {
+                self.stats.compound_received += 1;
+                for f in frames.drain(..) {
+                    self.handle_frame(now, from, f);
+                }
+            }
+            Err(_) => self.stats.dropped_malformed += 1,
+        }
+        self.frames_in = frames;
+    }
+
+    fn handle_frame(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
+        match f[3] {
+            association::KIND => self.handle_association(now, from, f),
+            1 => self.handle_batch(from, f),
+            _ => self.stats.dropped_kind += 1,
+        }
+    }
+
+    fn handle_association(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
+        let Some(k) = association::peek_key(&f) else {
+            // Too short to hold a key: the listener counts it malformed.
+            self.listener.handle_datagram(now, from, f);
+            return;
+        };
+        if k & RTN != 0 {
+            if let Some(a) = self.outgoing.get_mut(&(k & !RTN)) {
+                a.handle_datagram(now, from, f);
+                self.touched.push(k & !RTN);
+                return;
+            }
+        }
+        // Byte 4 is the flags; 0x01 is FIRST (see association::frame).
+        let first = k & RTN == 0 && f[4] & 0x01 != 0;
+        if first && !self.listening {
+            self.stats.first_not_listening += 1;
+            return;
+        }
+        self.listener.handle_datagram(now, from, f);
+        if !first {
+            self.touched.push(k & !RTN);
+        }
+    }
+
+    fn handle_batch(&mut self, from: SocketAddr, f: Bytes) {
+        let Core {
+            msgs,
+            loss,
+            verdicts,
+            inbox,
+            stats,
+            max_inbox,
+            ..
+        } = self;
+        let max = *max_inbox;
+        msgs.clear();
+        let header = match wire::decode_into(&f, msgs) {
+            Ok(h) => h,
+            Err(e) => {
+                match WireError::reason(&e) {
+                    "kind" => stats.dropped_kind += 1,
+                    "truncated" => stats.dropped_truncated += 1,
+                    _ => stats.dropped_malformed += 1,
+                }
+                return;
+            }
+        };
+        let all = loss.check_run(header.source, header.base_seq, msgs.len() as u64, verdicts);
+        for (i, mut m) in msgs.drain(..).enumerate() {
+            if !all && verdicts[i] != Verdict::Deliver {
+                continue;
+            }
+            if inbox.len() >= max {
+                stats.inbox_full += 1;
+                continue;
+            }
+            m.meta.from = Some(from);
+            inbox.push_back(m);
+            stats.popped_ready += 1;
+        }
+        wake_all(&mut self.pop_wakers);
+    }
+
+    /// After a batch of input: timers, new tunnels, events into tunnels.
+    pub(crate) fn after_input(&mut self, now: Instant, limit: usize) {
+        let fired = self.next_deadline.is_some_and(|t| now >= t);
+        if fired {
+            self.listener.handle_timeout(now);
+            for a in self.outgoing.values_mut() {
+                if a.poll_timeout().is_some_and(|t| now >= t) {
+                    a.handle_timeout(now);
+                }
+            }
+            self.batcher.handle_timeout(now);
+        }
+        while let Some(h) = self.listener.accept() {
+            let Some(peer) = self.listener.get(h).map(|a| a.peer()) else {
+                continue;
+            };
+            self.conns.insert(h.0, Conn::new(peer, false));
+            self.accepted.push_back((h.0, peer));
+            wake_all(&mut self.accept_wakers);
+        }
+        let mut keys = std::mem::take(&mut self.touched);
+        if fired {
+            keys.extend(self.conns.keys().copied());
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        for &k in &keys {
+            self.pump(k, limit);
+        }
+        for k in keys.drain(..) {
+            if self
+                .conns
+                .get(&k)
+                .is_some_and(|c| c.dropped && c.end.is_some())
+            {
+                self.conns.remove(&k);
+            }
+        }
+        self.touched = keys;
+    }
+
+    /// Collects what every state machine has to send, at most about
+    /// `max_bytes`, into `out` (datagrams, small frames to one host packed
+    /// into compound datagrams of at most `max_datagram` bytes). Returns
+    /// whether more may be waiting.
+    pub(crate) fn collect(
+        &mut self,
+        now: Instant,
+        out: &mut super::driver::Outbox,
+        max_datagram: usize,
+        max_bytes: usize,
+    ) -> bool {
+        self.fbuf.clear();
+        self.frames.clear();
+        let mut tmp = std::mem::take(&mut self.tmp);
+        self.batcher.flush();
+        while let Some(t) = self.batcher.poll_transmit(&mut tmp, 1) {
+            self.add_frame(t.dest.addr, &tmp);
+        }
+        let mut more = false;
+        loop {
+            let mut progressed = false;
+            for a in self.outgoing.values_mut() {
+                for _ in 0..PER_TURN {
+                    let Some(t) = a.poll_transmit(now, &mut tmp) else {
+                        break;
+                    };
+                    let start = self.fbuf.len();
+                    self.fbuf.extend_from_slice(&tmp);
+                    self.frames.push((t.destination, start, self.fbuf.len()));
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+            if self.fbuf.len() >= max_bytes {
+                more = true;
+                break;
+            }
+        }
+        while self.fbuf.len() < max_bytes {
+            let Some(t) = self.listener.poll_transmit(now, &mut tmp) else {
+                break;
+            };
+            self.add_frame(t.destination, &tmp);
+        }
+        if self.fbuf.len() >= max_bytes {
+            more = true;
+        }
+        self.tmp = tmp;
+        // Finished associations whose tunnel is gone or has seen the end.
+        let conns = &self.conns;
+        let finished = &mut self.finished;
+        self.outgoing.retain(|k, a| {
+            let keep =
+                !a.is_drained() || a.has_events() || conns.get(k).is_some_and(|c| c.end.is_none());
+            if !keep && conns.get(k).is_none() {
+                add_stats(finished, &a.stats());
+            }
+            keep
+        });
+        self.pack(out, max_datagram);
+        self.next_deadline = self.poll_timeout();
+        more
+    }
+
+    fn add_frame(&mut self, dest: SocketAddr, bytes: &[u8]) {
+        let start = self.fbuf.len();
+        self.fbuf.extend_from_slice(bytes);
+        self.frames.push((dest, start, self.fbuf.len()));
+    }
+
+    /// Writes the frames into `out`: small ones to the same host share
+    /// compound datagrams, the others go alone.
+    fn pack(&mut self, out: &mut super::driver::Outbox, max_datagram: usize) {
+        // Groups of frame indices (first member, in sending order); a group
+        // of one travels as it is.
+        let mut groups: Vec<(usize, usize)> = Vec::with_capacity(self.frames.len());
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        // Open compound per destination: (members index, bytes so far).
+        let mut open: FxHashMap<SocketAddr, (usize, usize)> = FxHashMap::default();
+        for (i, &(dest, s, e)) in self.frames.iter().enumerate() {
+            let len = e - s;
+            let need = skiff_proto::varint::len(len as u64) + len;
+            match open.get_mut(&dest) {
+                Some((m, bytes))
+                    if *bytes + need <= max_datagram
+                        && members[*m].len() < compound::MAX_FRAMES =>
+                {
+                    members[*m].push(i);
+                    *bytes += need;
+                }
+                _ => {
+                    members.push(vec![i]);
+                    open.insert(dest, (members.len() - 1, compound::HEADER_LEN + need));
+                    groups.push((members.len() - 1, i));
+                }
+            }
+        }
+        for (m, i) in groups {
+            let (dest, s, e) = self.frames[i];
+            if members[m].len() == 1 {
+                out.push(dest, &self.fbuf[s..e]);
+                continue;
+            }
+            let (buf, start) = out.begin();
+            let mut enc = compound::Encoder::new(buf);
+            for &j in &members[m] {
+                let (_, s, e) = self.frames[j];
+                let ok = enc.push(&self.fbuf[s..e], max_datagram);
+                debug_assert!(ok, "sized above");
+            }
+            self.stats.compound_sent += 1;
+            self.stats.frames_shared += members[m].len() as u64;
+            out.end(dest, start);
+        }
+    }
+
+    /// The earliest timer of any state machine.
+    pub(crate) fn poll_timeout(&mut self) -> Option<Instant> {
+        let mut t = self.listener.poll_timeout();
+        for a in self.outgoing.values() {
+            if let Some(x) = a.poll_timeout() {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        }
+        if let Some(x) = self.batcher.poll_timeout() {
+            t = Some(t.map_or(x, |t| t.min(x)));
+        }
+        self.next_deadline = t;
+        t
+    }
+}

@@ -1,0 +1,608 @@
+//! The association endpoint: one UDP socket that carries reliable
+//! [`Tunnel`]s (QMP associations) and best-effort messages to the same
+//! hosts, sharing datagrams.
+//!
+//! An [`Endpoint`] owns a [`UdpSocket`], a QMP [`Listener`] for the
+//! tunnels it accepts, the associations it initiated, and a [`Batcher`]
+//! for best-effort [`Endpoint::push`]es. One driver thread runs them all:
+//! it sleeps until the socket is readable, the application asks for
+//! something, or the earliest timer of any state machine is due; each
+//! wake-up receives everything waiting (`recvmmsg`, GRO), runs the timers,
+//! and sends everything due in one `sendmmsg` (equal-size runs to one host
+//! as one GSO send). Application calls only touch the state machines under
+//! a lock and nudge the driver, so many calls between two wake-ups leave
+//! together.
+//!
+//! **Sharing the path**: within one wake-up, small frames to the same host
+//! (acknowledgements, small data packets, best-effort batches) are packed
+//! into one compound datagram ([`skiff_proto::compound`], frame kind 3)
+//! up to the path's datagram size; the receiver splits it and hands each
+//! frame to its decoder. Frames that fill a datagram alone travel alone.
+//!
+//! What the endpoint guarantees is the association's (see
+//! [`crate::tunnel`]) for tunnels and the queue's for pushes: best effort,
+//! at most once, loss counted. Everything it drops is counted in
+//! [`EndpointStats`], with the listener's and the associations' own
+//! rejection counters.
+//!
+//! Dropping the endpoint stops the driver at once: its tunnels fail
+//! ([`TunnelError::EndpointGone`]) and their peers see them go silent (they
+//! detect a dead peer after `idle_timeout`). Close tunnels first to end
+//! them gracefully.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use skiff_proto::association::{
+    AssociationConfig, AssociationStats, Listener, ListenerConfig, ListenerStats,
+};
+use skiff_proto::{Batcher, BatcherConfig, Dest, LossDetector, Message};
+use tokio::sync::Notify;
+
+use crate::error::{Error, LocatorError};
+use crate::locator::{self, Locator};
+use crate::tunnel::{Tunnel, TunnelError};
+use crate::udp::{UdpConfig, UdpSocket};
+
+mod core;
+mod driver;
+
+use self::core::{Conn, Core};
+
+/// Options of an endpoint locator (`udp://0.0.0.0:4711?…`), with their
+/// defaults.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// Address to bind.
+    pub bind: SocketAddr,
+    /// The service id this endpoint accepts and connects to (`service`,
+    /// default 0): QMP's explicit addressing.
+    pub service: u32,
+    /// Every association's settings: `mtu` (default 1472), `window`
+    /// (packets, both directions), `recv_buffer`, `send_buffer`,
+    /// `max_message`, `sreq_every`, `ack_delay`, `min_rto`, `initial_rto`,
+    /// `keepalive`, `idle_timeout`, `handshake_timeout`.
+    pub association: AssociationConfig,
+    /// Most accepted associations at once (`max_associations`).
+    pub max_associations: usize,
+    /// Most accepted set-ups waiting for confirmation (`max_half_open`).
+    pub max_half_open: usize,
+    /// Bytes of received messages a tunnel holds for `recv` beyond its
+    /// association's window (`tunnel_buffer`, default 1 MiB).
+    pub tunnel_buffer: usize,
+    /// Best-effort messages held for `pop` before further ones are dropped
+    /// and counted (`max_inbox`, default 65536).
+    pub max_inbox: usize,
+    /// Largest datagram built, best-effort batches and compound datagrams
+    /// included; default: the association `mtu`.
+    pub max_datagram: usize,
+    /// Socket options (`sndbuf`, `rcvbuf` default 4 MiB; `gso`, `gro`).
+    pub udp: UdpConfig,
+}
+
+const OPTIONS: &str = "service, mtu, window, recv_buffer, send_buffer, max_message, sreq_every, \
+     ack_delay, min_rto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
+     max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
+     gso, gro";
+
+impl EndpointConfig {
+    /// Defaults, bound to `bind`.
+    pub fn new(bind: SocketAddr) -> EndpointConfig {
+        EndpointConfig {
+            bind,
+            service: 0,
+            association: AssociationConfig::default(),
+            max_associations: 4096,
+            max_half_open: 256,
+            tunnel_buffer: 1 << 20,
+            max_inbox: 1 << 16,
+            max_datagram: 0,
+            udp: UdpConfig {
+                send_buffer: Some(4 << 20),
+                recv_buffer: Some(4 << 20),
+                ..UdpConfig::default()
+            },
+        }
+    }
+
+    /// Parses a `udp://host:port?…` locator; options are listed on the
+    /// fields.
+    pub fn from_locator(s: &str) -> Result<EndpointConfig, LocatorError> {
+        let l: Locator = s.parse()?;
+        l.expect_scheme("udp")?;
+        let mut c = EndpointConfig::new(l.socket_addr()?);
+        let a = &mut c.association;
+        l.options(OPTIONS, |k, v| {
+            let count = || locator::parse_uint::<u64>(k, v, "a positive count");
+            match k {
+                "service" => c.service = locator::parse_uint(k, v, "a service id (u32)")?,
+                "mtu" => {
+                    a.mtu = locator::parse_bytes(k, v)?;
+                    if !(skiff_proto::association::frame::MIN_MTU..=skiff_proto::wire::MAX_DATAGRAM)
+                        .contains(&a.mtu)
+                    {
+                        return Err(LocatorError::BadValue {
+                            name: k.into(),
+                            value: v.into(),
+                            expected: "a datagram size from 128 to 65507 bytes",
+                        });
+                    }
+                }
+                "window" => {
+                    a.recv_window = count()?.max(1);
+                    a.send_window = a.recv_window;
+                }
+                "recv_buffer" => a.recv_buffer = locator::parse_bytes(k, v)?,
+                "send_buffer" => a.send_buffer = locator::parse_bytes(k, v)?,
+                "max_message" => a.max_message = locator::parse_bytes(k, v)? as u64,
+                "sreq_every" => a.sreq_every = locator::parse_uint(k, v, "a packet count")?,
+                "ack_delay" => a.ack_delay = locator::parse_duration(k, v)?,
+                "min_rto" => a.min_rto = locator::parse_duration(k, v)?,
+                "initial_rto" => a.initial_rto = locator::parse_duration(k, v)?,
+                "keepalive" => a.keepalive = locator::parse_duration(k, v)?,
+                "idle_timeout" => a.idle_timeout = locator::parse_duration(k, v)?,
+                "handshake_timeout" => a.handshake_timeout = locator::parse_duration(k, v)?,
+                "max_associations" => c.max_associations = count()? as usize,
+                "max_half_open" => c.max_half_open = count()? as usize,
+                "tunnel_buffer" => c.tunnel_buffer = locator::parse_bytes(k, v)?,
+                "max_inbox" => c.max_inbox = count()? as usize,
+                "max_datagram" => c.max_datagram = locator::parse_bytes(k, v)?,
+                "sndbuf" => c.udp.send_buffer = Some(locator::parse_bytes(k, v)?),
+                "rcvbuf" => c.udp.recv_buffer = Some(locator::parse_bytes(k, v)?),
+                "gso" => c.udp.gso = locator::parse_bool(k, v)?,
+                "gro" => c.udp.gro = locator::parse_bool(k, v)?,
+                _ => return Ok(false),
+            }
+            Ok(true)
+        })?;
+        Ok(c)
+    }
+
+    fn datagram_limit(&self) -> usize {
+        let d = if self.max_datagram == 0 {
+            self.association.mtu
+        } else {
+            self.max_datagram
+        };
+        d.clamp(
+            skiff_proto::wire::HEADER_LEN + 16,
+            skiff_proto::wire::MAX_DATAGRAM,
+        )
+    }
+}
+
+/// Counters of an endpoint. Everything dropped on purpose is counted
+/// somewhere in here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Datagrams handed to the kernel.
+    pub datagrams_sent: u64,
+    /// Datagrams received.
+    pub datagrams_received: u64,
+    /// `sendmmsg` calls.
+    pub send_calls: u64,
+    /// `recvmmsg` calls that returned datagrams.
+    pub recv_calls: u64,
+    /// Driver wake-ups.
+    pub wakeups: u64,
+    /// Compound datagrams sent (several frames sharing one datagram).
+    pub compound_sent: u64,
+    /// Frames that travelled inside compound datagrams sent.
+    pub frames_shared: u64,
+    /// Compound datagrams received and split.
+    pub compound_received: u64,
+    /// Datagrams that were not skiff's (bad magic).
+    pub dropped_foreign: u64,
+    /// Datagrams of another wire version.
+    pub dropped_version: u64,
+    /// Datagrams or frames of an unknown kind.
+    pub dropped_kind: u64,
+    /// Datagrams or frames that did not decode (compound, batch).
+    pub dropped_malformed: u64,
+    /// Datagrams cut by the receive buffer slot.
+    pub dropped_truncated: u64,
+    /// FIRSTs received while not listening.
+    pub first_not_listening: u64,
+    /// Datagrams the kernel refused to send (the association
+    /// retransmits; best-effort messages in them are lost).
+    pub send_errors: u64,
+    /// Tunnel messages that arrived after their `Tunnel` was dropped.
+    pub discarded_after_drop: u64,
+    /// Best-effort messages accepted by `push`.
+    pub pushed: u64,
+    /// Best-effort messages received and kept for `pop`.
+    pub popped_ready: u64,
+    /// Best-effort messages numbered for us that never arrived.
+    pub lost: u64,
+    /// Best-effort messages received twice (dropped).
+    pub duplicate: u64,
+    /// Best-effort messages older than the reorder window (dropped).
+    pub stale: u64,
+    /// Best-effort messages dropped because `max_inbox` were unread.
+    pub inbox_full: u64,
+    /// Tunnels open (handed out and not yet finished).
+    pub tunnels_open: u64,
+    /// The listener's counters: FIRSTs accepted and rejected (full,
+    /// half-open limit, wrong service, duplicates), unknown keys, wrong
+    /// sources, malformed packets.
+    pub listener: ListenerStats,
+    /// The associations' counters, summed over live and finished ones:
+    /// retransmissions, duplicates, out-of-window, acks of unsent data,
+    /// wrong keys and sources, protocol violations.
+    pub associations: AssociationStats,
+}
+
+/// Sums association counters.
+pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
+    a.packets_sent += b.packets_sent;
+    a.packets_received += b.packets_received;
+    a.messages_sent += b.messages_sent;
+    a.messages_delivered += b.messages_delivered;
+    a.data_packets += b.data_packets;
+    a.retransmits += b.retransmits;
+    a.fast_retransmits += b.fast_retransmits;
+    a.rto_expired += b.rto_expired;
+    a.probes += b.probes;
+    a.duplicates += b.duplicates;
+    a.out_of_window += b.out_of_window;
+    a.ack_of_unsent += b.ack_of_unsent;
+    a.malformed += b.malformed;
+    a.wrong_key += b.wrong_key;
+    a.wrong_source += b.wrong_source;
+    a.stray += b.stray;
+    a.protocol_violations += b.protocol_violations;
+}
+
+/// What the driver thread and the handles share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) core: Mutex<Core>,
+    pub(crate) socket: UdpSocket,
+    pub(crate) config: EndpointConfig,
+    /// Nudges the driver: something to send or a new deadline.
+    pub(crate) wake: Notify,
+    pub(crate) shutdown: AtomicBool,
+}
+
+/// An endpoint: see the module documentation.
+#[derive(Debug)]
+pub struct Endpoint {
+    shared: Arc<Shared>,
+    local: SocketAddr,
+    driver: Option<JoinHandle<()>>,
+}
+
+impl Endpoint {
+    /// Binds an endpoint: `udp://0.0.0.0:4711?mtu=1472&idle_timeout=10s`.
+    pub fn bind(locator: &str) -> Result<Endpoint, Error> {
+        Endpoint::with_config(EndpointConfig::from_locator(locator)?)
+    }
+
+    /// Binds an endpoint with an explicit configuration.
+    pub fn with_config(config: EndpointConfig) -> Result<Endpoint, Error> {
+        let socket =
+            UdpSocket::bind(config.bind, &config.udp).map_err(Error::io("bind UDP socket"))?;
+        let local = socket
+            .local_addr()
+            .map_err(Error::io("read local address"))?;
+        let listener = Listener::new(ListenerConfig {
+            service: config.service,
+            max_associations: config.max_associations,
+            max_half_open: config.max_half_open,
+            seed: rand::random(),
+            association: config.association.clone(),
+        });
+        let batcher = Batcher::new(BatcherConfig {
+            qthresh: config.datagram_limit(),
+            timeout: Duration::ZERO,
+            max_datagram: config.datagram_limit(),
+            max_destinations: 1 << 16,
+            source: rand::random(),
+        });
+        let core = Core::new(listener, batcher, LossDetector::new(4096), config.max_inbox);
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            socket,
+            config,
+            wake: Notify::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("skiff-endpoint".into())
+            .spawn(move || driver::run(s))
+            .map_err(Error::io("spawn endpoint driver thread"))?;
+        Ok(Endpoint {
+            shared,
+            local,
+            driver: Some(driver),
+        })
+    }
+
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.shared.config
+    }
+
+    /// Starts accepting tunnels (QMP's listening context); before this,
+    /// set-ups are dropped and counted (`first_not_listening`).
+    pub fn listen(&self) {
+        self.shared.core.lock().listening = true;
+    }
+
+    /// The next tunnel a peer set up. Fails with
+    /// [`TunnelError::NotListening`] unless [`Endpoint::listen`] was called.
+    pub async fn accept(&self) -> Result<Tunnel, TunnelError> {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// The next accepted tunnel, without waiting.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Tunnel, TunnelError>> {
+        let mut core = self.shared.core.lock();
+        if core.stopped {
+            return Poll::Ready(Err(TunnelError::EndpointGone));
+        }
+        if !core.listening {
+            return Poll::Ready(Err(TunnelError::NotListening));
+        }
+        if let Some((key, peer)) = core.accepted.pop_front() {
+            return Poll::Ready(Ok(Tunnel {
+                shared: self.shared.clone(),
+                key,
+                peer,
+            }));
+        }
+        register(&mut core.accept_wakers, cx.waker());
+        Poll::Pending
+    }
+
+    /// Sets up a tunnel to the endpoint listening at `peer` (same service
+    /// id), waiting up to `timeout` for its answer.
+    pub async fn connect(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Tunnel, TunnelError> {
+        let key = {
+            let mut core = self.shared.core.lock();
+            if core.stopped {
+                return Err(TunnelError::EndpointGone);
+            }
+            let key = core.connect(
+                Instant::now(),
+                &self.shared.config.association,
+                peer,
+                self.shared.config.service,
+            );
+            self.shared.wake.notify_one();
+            key
+        };
+        // From here the tunnel owns the association: dropping it on error
+        // or timeout cleans up.
+        let tunnel = Tunnel {
+            shared: self.shared.clone(),
+            key,
+            peer,
+        };
+        let connected = std::future::poll_fn(|cx| self.shared.poll_connected(key, cx));
+        match tokio::time::timeout(timeout, connected).await {
+            Ok(Ok(())) => Ok(tunnel),
+            Ok(Err(TunnelError::Failed {
+                reason: skiff_proto::association::FailReason::HandshakeTimeout,
+                ..
+            }))
+            | Err(_) => {
+                self.shared.abort(key);
+                Err(TunnelError::ConnectTimeout {
+                    peer,
+                    service: self.shared.config.service,
+                })
+            }
+            Ok(Err(e)) => Err(e),
+        }
+    }
+
+    /// Queues a best-effort message for `dest` (batched, sharing datagrams
+    /// with tunnels to the same host); never waits on the network.
+    pub fn push(&self, dest: SocketAddr, msg: &Message) -> Result<(), Error> {
+        let mut core = self.shared.core.lock();
+        let now = Instant::now();
+        core.batcher.push(now, Dest::any(dest), msg)?;
+        core.stats.pushed += 1;
+        drop(core);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// A best-effort message that arrived, if any.
+    pub fn try_pop(&self) -> Option<Message> {
+        self.shared.core.lock().inbox.pop_front()
+    }
+
+    /// The next best-effort message, waiting for one.
+    pub async fn pop(&self) -> Message {
+        std::future::poll_fn(|cx| {
+            let mut core = self.shared.core.lock();
+            match core.inbox.pop_front() {
+                Some(m) => Poll::Ready(m),
+                None => {
+                    register(&mut core.pop_wakers, cx.waker());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Counters so far; see [`EndpointStats`].
+    pub fn stats(&self) -> EndpointStats {
+        self.shared.core.lock().stats()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        if let Some(h) = self.driver.take() {
+            let _ = h.join();
+        }
+        self.shared.core.lock().stop();
+    }
+}
+
+/// Adds `w` to `wakers` unless an equivalent one is there.
+pub(crate) fn register(wakers: &mut Vec<Waker>, w: &Waker) {
+    if !wakers.iter().any(|x| x.will_wake(w)) {
+        wakers.push(w.clone());
+    }
+}
+
+/// Wakes and clears `wakers`.
+pub(crate) fn wake_all(wakers: &mut Vec<Waker>) {
+    for w in wakers.drain(..) {
+        w.wake();
+    }
+}
+
+impl Shared {
+    fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn poll_send(
+        &self,
+        key: u64,
+        cx: &mut Context<'_>,
+        msg: &Bytes,
+    ) -> Poll<Result<(), TunnelError>> {
+        let mut core = self.core.lock();
+        match core.try_send(key, msg) {
+            Ok(true) => {
+                drop(core);
+                self.nudge();
+                Poll::Ready(Ok(()))
+            }
+            Ok(false) => {
+                if let Some(c) = core.conns.get_mut(&key) {
+                    register(&mut c.writers, cx.waker());
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    pub(crate) fn poll_recv(
+        &self,
+        key: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, TunnelError>> {
+        let limit = self.config.tunnel_buffer;
+        let mut core = self.core.lock();
+        let (got, pumped) = core.try_recv(key, limit);
+        if pumped {
+            self.nudge();
+        }
+        match got {
+            Some(r) => Poll::Ready(r),
+            None => {
+                if let Some(c) = core.conns.get_mut(&key) {
+                    register(&mut c.readers, cx.waker());
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    pub(crate) fn poll_connected(
+        &self,
+        key: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), TunnelError>> {
+        let mut core = self.core.lock();
+        let Some(c) = core.conns.get_mut(&key) else {
+            return Poll::Ready(Err(TunnelError::EndpointGone));
+        };
+        if c.connected {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(e) = &c.end {
+            return Poll::Ready(Err(e.error(c.peer, false)));
+        }
+        register(&mut c.readers, cx.waker());
+        Poll::Pending
+    }
+
+    pub(crate) fn start_close(&self, key: u64) {
+        self.core.lock().close(key);
+        self.nudge();
+    }
+
+    pub(crate) fn poll_closed(
+        &self,
+        key: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), TunnelError>> {
+        let limit = self.config.tunnel_buffer;
+        let mut core = self.core.lock();
+        if core.pump(key, limit) {
+            self.nudge();
+        }
+        let Some(c) = core.conns.get_mut(&key) else {
+            return Poll::Ready(Err(TunnelError::EndpointGone));
+        };
+        match &c.end {
+            Some(core::End::Closed(_)) => Poll::Ready(Ok(())),
+            Some(e) => Poll::Ready(Err(e.error(c.peer, true))),
+            None => {
+                register(&mut c.readers, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    pub(crate) fn tunnel_stats(&self, key: u64) -> AssociationStats {
+        let mut core = self.core.lock();
+        match core.assoc(key) {
+            Some(a) => a.stats(),
+            None => core
+                .conns
+                .get(&key)
+                .map(|c| c.final_stats)
+                .unwrap_or_default(),
+        }
+    }
+
+    pub(crate) fn tunnel_rtt(&self, key: u64) -> Option<Duration> {
+        self.core.lock().assoc(key).and_then(|a| a.rtt())
+    }
+
+    pub(crate) fn drop_tunnel(&self, key: u64) {
+        self.core.lock().drop_tunnel(key);
+        self.nudge();
+    }
+
+    pub(crate) fn abort(&self, key: u64) {
+        self.core.lock().abort(key);
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Endpoint>();
+    is::<Tunnel>();
+    is::<Conn>();
+}

@@ -1,0 +1,276 @@
+//! Tunnels (Iris): a reliable, ordered, flow-controlled message channel
+//! between two endpoints, carried by a QMP association
+//! ([`skiff_proto::association`]) that an [`Endpoint`](crate::Endpoint)
+//! drives.
+//!
+//! What a [`Tunnel`] promises while it lives: every message sent is
+//! delivered once and in order, or the tunnel fails on both sides and says
+//! why ([`TunnelError`]). [`Tunnel::send`] waits while the send buffer is
+//! full, so a slow reader slows the writer instead of growing memory; the
+//! receiving side holds at most its association's window plus
+//! `tunnel_buffer` bytes of unread messages.
+//!
+//! [`Tunnel::close`] closes both directions gracefully: the messages
+//! already accepted by `send` are delivered, the peer's own queued messages
+//! still arrive on `recv`, and `close` returns once both ends have seen
+//! each other's last message. A `Tunnel` dropped without `close` closes
+//! the same way in the background (messages arriving afterwards are
+//! discarded and counted). [`TunnelStream`] adapts a tunnel to tokio's
+//! [`AsyncRead`]/[`AsyncWrite`] for byte streams.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use skiff_proto::association::{AssociationStats, FailReason};
+use skiff_proto::Message;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::endpoint::Shared;
+
+/// Why a tunnel operation failed, grouped by who is at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TunnelError {
+    /// The peer or the path failed: nothing was heard from the peer for
+    /// `idle_timeout`, it reset the tunnel, it broke the protocol, or it
+    /// acknowledged nothing for `idle_timeout` while data waited.
+    #[error("tunnel to {peer} failed: {reason}")]
+    Failed {
+        /// The peer.
+        peer: SocketAddr,
+        /// What the association saw.
+        reason: FailReason,
+    },
+    /// No listener answered the set-up in time.
+    #[error(
+        "no answer from {peer} within the timeout; is `skiff cat --listen` (or another \
+         listener for service {service}) running there, and is the port open?"
+    )]
+    ConnectTimeout {
+        /// Where the set-up went.
+        peer: SocketAddr,
+        /// The service asked for.
+        service: u32,
+    },
+    /// This side closed the tunnel (or dropped its endpoint); nothing more
+    /// can be sent.
+    #[error("the tunnel was closed on this side")]
+    Closed,
+    /// The peer closed the tunnel; nothing more can be sent, and `recv`
+    /// returns what it sent before closing, then `None`.
+    #[error("the peer closed the tunnel")]
+    PeerClosed,
+    /// The endpoint that drove this tunnel is gone (dropped, or its driver
+    /// stopped on a system error).
+    #[error("the endpoint driving this tunnel was dropped or stopped")]
+    EndpointGone,
+    /// The endpoint does not accept tunnels: call
+    /// [`Endpoint::listen`](crate::Endpoint::listen) first.
+    #[error("this endpoint is not listening; call Endpoint::listen before accept")]
+    NotListening,
+    /// The message is larger than either end accepts (`max_message`).
+    #[error("message of {len} bytes is over the limit of {max} bytes (max_message)")]
+    TooLarge {
+        /// The message's size.
+        len: usize,
+        /// The limit in force.
+        max: u64,
+    },
+}
+
+impl From<TunnelError> for io::Error {
+    fn from(e: TunnelError) -> io::Error {
+        let kind = match &e {
+            TunnelError::Failed {
+                reason: FailReason::Reset,
+                ..
+            } => io::ErrorKind::ConnectionReset,
+            TunnelError::Failed { .. } | TunnelError::EndpointGone => {
+                io::ErrorKind::ConnectionAborted
+            }
+            TunnelError::ConnectTimeout { .. } => io::ErrorKind::TimedOut,
+            TunnelError::Closed | TunnelError::PeerClosed => io::ErrorKind::BrokenPipe,
+            TunnelError::NotListening => io::ErrorKind::NotConnected,
+            TunnelError::TooLarge { .. } => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// One end of a tunnel; see the module documentation.
+///
+/// Methods take `&self`, so one task may send while another receives
+/// (share it with `Arc`). Dropping it closes the tunnel gracefully in the
+/// background.
+pub struct Tunnel {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) key: u64,
+    pub(crate) peer: SocketAddr,
+}
+
+impl fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tunnel")
+            .field("peer", &self.peer)
+            .field("key", &format_args!("{:#x}", self.key))
+            .finish()
+    }
+}
+
+impl Tunnel {
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Sends one message, waiting while the send buffer is full. Returns
+    /// once the message is accepted (it is then delivered unless the tunnel
+    /// fails, which `recv` and later `send`s report).
+    pub async fn send(&self, msg: impl Into<Bytes>) -> Result<(), TunnelError> {
+        let msg = msg.into();
+        poll_fn(|cx| self.poll_send(cx, &msg)).await
+    }
+
+    /// Sends a [`Message`]'s payload (subject, type and fields are not
+    /// carried: a tunnel moves bytes between two ends that know each
+    /// other).
+    pub async fn send_message(&self, msg: &Message) -> Result<(), TunnelError> {
+        self.send(msg.payload.clone()).await
+    }
+
+    /// Offers `msg` without waiting: `Pending` (with the waker registered)
+    /// while the send buffer is full.
+    pub fn poll_send(&self, cx: &mut Context<'_>, msg: &Bytes) -> Poll<Result<(), TunnelError>> {
+        self.shared.poll_send(self.key, cx, msg)
+    }
+
+    /// The next message, in order; `Ok(None)` once the tunnel closed
+    /// gracefully and every message was read; an error if it failed.
+    pub async fn recv(&self) -> Result<Option<Bytes>, TunnelError> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// The next message without waiting; see [`Tunnel::recv`].
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, TunnelError>> {
+        self.shared.poll_recv(self.key, cx)
+    }
+
+    /// Closes both directions gracefully and waits until both ends have
+    /// delivered everything (see the module documentation). Messages the
+    /// peer sent before closing stay readable with `recv`.
+    pub async fn close(&self) -> Result<(), TunnelError> {
+        self.shared.start_close(self.key);
+        poll_fn(|cx| self.shared.poll_closed(self.key, cx)).await
+    }
+
+    /// The association's counters (retransmissions, duplicates, window
+    /// probes, everything dropped).
+    pub fn stats(&self) -> AssociationStats {
+        self.shared.tunnel_stats(self.key)
+    }
+
+    /// The smoothed round-trip time, once measured.
+    pub fn rtt(&self) -> Option<std::time::Duration> {
+        self.shared.tunnel_rtt(self.key)
+    }
+
+    /// A byte-stream view of this tunnel (tokio `AsyncRead`/`AsyncWrite`).
+    pub fn into_stream(self) -> TunnelStream {
+        TunnelStream {
+            tunnel: self,
+            read: Bytes::new(),
+            eof: false,
+            chunk: 64 << 10,
+        }
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        self.shared.drop_tunnel(self.key);
+    }
+}
+
+/// A tunnel as a byte stream: writes are cut into messages of at most
+/// 64 KiB, reads return the bytes of the messages in order; `shutdown`
+/// closes the tunnel gracefully (both directions) and read returns 0 once
+/// the peer closed and everything was read.
+#[derive(Debug)]
+pub struct TunnelStream {
+    tunnel: Tunnel,
+    read: Bytes,
+    eof: bool,
+    chunk: usize,
+}
+
+impl TunnelStream {
+    /// The tunnel underneath.
+    pub fn tunnel(&self) -> &Tunnel {
+        &self.tunnel
+    }
+
+    /// Sets the largest message a write produces (default 64 KiB).
+    pub fn set_chunk(&mut self, bytes: usize) {
+        self.chunk = bytes.max(1);
+    }
+}
+
+impl AsyncRead for TunnelStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        while this.read.is_empty() && !this.eof {
+            match this.tunnel.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Some(b))) => this.read = b,
+                Poll::Ready(Ok(None)) => this.eof = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+            }
+        }
+        let n = this.read.len().min(buf.remaining());
+        buf.put_slice(&this.read[..n]);
+        this.read.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for TunnelStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let n = buf.len().min(this.chunk);
+        // A full buffer costs one wasted copy per wait, not per byte.
+        let msg = Bytes::copy_from_slice(&buf[..n]);
+        match this.tunnel.poll_send(cx, &msg) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Written bytes are in the tunnel's reliable send buffer already.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let t = &self.get_mut().tunnel;
+        t.shared.start_close(t.key);
+        t.shared.poll_closed(t.key, cx).map_err(io::Error::from)
+    }
+}

@@ -1,0 +1,334 @@
+//! Tunnels over loopback: set-up, ordered exactly-once delivery,
+//! back-pressure, fragmentation, the byte-stream adapter, close, dead-peer
+//! detection, path sharing with best-effort traffic, and FIRST floods.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use skiff::{Endpoint, Message, TunnelError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(5);
+
+fn pair(opts: &str) -> (Endpoint, Endpoint) {
+    let server = Endpoint::bind(&format!("udp://127.0.0.1:0?{opts}")).unwrap();
+    server.listen();
+    let client = Endpoint::bind(&format!("udp://127.0.0.1:0?{opts}")).unwrap();
+    (server, client)
+}
+
+async fn connected(opts: &str) -> (Endpoint, Endpoint, skiff::Tunnel, skiff::Tunnel) {
+    let (server, client) = pair(opts);
+    let (c, s) = tokio::join!(client.connect(server.local_addr(), T), server.accept());
+    (server, client, s.unwrap(), c.unwrap())
+}
+
+#[tokio::test]
+async fn connect_accept_and_exchange() {
+    let (server, client, s, c) = connected("").await;
+    assert_eq!(s.peer(), client.local_addr());
+    assert_eq!(c.peer(), server.local_addr());
+    c.send(&b"ping"[..]).await.unwrap();
+    assert_eq!(
+        s.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"ping")
+    );
+    s.send(&b"pong"[..]).await.unwrap();
+    assert_eq!(
+        c.recv().await.unwrap().unwrap(),
+        Bytes::from_static(b"pong")
+    );
+    assert_eq!(server.stats().listener.established, 1);
+    assert_eq!(server.stats().tunnels_open, 1);
+}
+
+#[tokio::test]
+async fn connect_without_listener_times_out() {
+    let (server, client) = pair("");
+    let quiet = Endpoint::bind("udp://127.0.0.1:0").unwrap(); // not listening
+    let e = client
+        .connect(quiet.local_addr(), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TunnelError::ConnectTimeout { .. }), "{e}");
+    assert!(e.to_string().contains("listener"));
+    assert!(quiet.stats().first_not_listening >= 1);
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_messages_arrive_once_in_order() {
+    let (_server, _client, s, c) = connected("").await;
+    const N: u32 = 50_000;
+    let sender = tokio::spawn(async move {
+        for i in 0..N {
+            c.send(Bytes::copy_from_slice(&i.to_le_bytes()))
+                .await
+                .unwrap();
+        }
+        c.close().await.unwrap();
+        c
+    });
+    for i in 0..N {
+        let m = s.recv().await.unwrap().expect("message before close");
+        assert_eq!(u32::from_le_bytes(m[..].try_into().unwrap()), i);
+    }
+    assert_eq!(
+        s.recv().await.unwrap(),
+        None,
+        "graceful end after all messages"
+    );
+    let c = sender.await.unwrap();
+    assert_eq!(c.stats().messages_sent, u64::from(N));
+    assert_eq!(s.stats().messages_delivered, u64::from(N));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_waits_while_the_receiver_does_not_read() {
+    let opts = "send_buffer=64k&recv_buffer=64k&tunnel_buffer=64k&window=32";
+    let (server, _client, s, c) = connected(opts).await;
+    let chunk = Bytes::from(vec![7u8; 1000]);
+    // Without a reader, sends stop being accepted after a bounded amount.
+    let mut accepted = 0usize;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), c.send(chunk.clone())).await {
+            Ok(r) => {
+                r.unwrap();
+                accepted += 1;
+            }
+            Err(_) => break,
+        }
+        assert!(accepted < 10_000, "send never waited: unbounded buffering");
+    }
+    // Sender buffer + receiver window + receiver queues, with slack.
+    let bound = (64 + 64 + 64) * 1024 + 32 * 1500;
+    assert!(
+        accepted * 1000 <= bound * 2,
+        "{accepted} KB accepted with no reader"
+    );
+    // Reading lets everything through, in order and complete.
+    let total = accepted + 500;
+    let writer = tokio::spawn(async move {
+        for _ in accepted..total {
+            c.send(chunk.clone()).await.unwrap();
+        }
+        c
+    });
+    for _ in 0..total {
+        assert_eq!(s.recv().await.unwrap().unwrap().len(), 1000);
+    }
+    let _c = writer.await.unwrap();
+    assert_eq!(server.stats().associations.protocol_violations, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_are_fragmented_and_reassembled() {
+    let (_server, _client, s, c) = connected("send_buffer=1m").await;
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let big = Bytes::from(big);
+    let b2 = big.clone();
+    let w = tokio::spawn(async move {
+        c.send(b2.clone()).await.unwrap();
+        c.send(b2.slice(..12345)).await.unwrap();
+        c
+    });
+    let got = s.recv().await.unwrap().unwrap();
+    assert_eq!(got.len(), big.len());
+    assert!(got == big, "8 MiB message intact");
+    assert_eq!(s.recv().await.unwrap().unwrap(), big.slice(..12345));
+    let c = w.await.unwrap();
+    assert!(c.stats().data_packets > 5000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_adapter_copies_bytes_exactly() {
+    let (_server, _client, s, c) = connected("").await;
+    let data: Vec<u8> = (0..3_000_001u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let expect = data.clone();
+    let mut w = c.into_stream();
+    let writer = tokio::spawn(async move {
+        let mut src = &data[..];
+        tokio::io::copy(&mut src, &mut w).await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    let mut r = s.into_stream();
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(got.len(), expect.len());
+    assert!(got == expect);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_from_either_side() {
+    // Client closes first.
+    let (_server, _client, s, c) = connected("").await;
+    c.send(&b"last"[..]).await.unwrap();
+    let (r, got) = tokio::join!(c.close(), async {
+        let m = s.recv().await.unwrap();
+        let end = s.recv().await.unwrap();
+        (m, end)
+    });
+    r.unwrap();
+    assert_eq!(got.0.unwrap(), Bytes::from_static(b"last"));
+    assert_eq!(got.1, None);
+    assert_eq!(c.send(&b"more"[..]).await.unwrap_err(), TunnelError::Closed);
+    assert_eq!(
+        s.send(&b"more"[..]).await.unwrap_err(),
+        TunnelError::PeerClosed
+    );
+    // Server closes first; its pending message still arrives.
+    let (_server, _client, s, c) = connected("").await;
+    s.send(&b"bye"[..]).await.unwrap();
+    let (r, m) = tokio::join!(s.close(), c.recv());
+    r.unwrap();
+    assert_eq!(m.unwrap().unwrap(), Bytes::from_static(b"bye"));
+    assert_eq!(c.recv().await.unwrap(), None);
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_peer_is_detected_when_its_endpoint_is_dropped() {
+    let (server, client, s, c) = connected("idle_timeout=1s&keepalive=200ms").await;
+    c.send(&b"x"[..]).await.unwrap();
+    assert_eq!(s.recv().await.unwrap().unwrap(), Bytes::from_static(b"x"));
+    drop(server);
+    // The server side's own handle reports the endpoint gone at once.
+    assert_eq!(s.recv().await.unwrap_err(), TunnelError::EndpointGone);
+    let started = std::time::Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(5), c.recv())
+        .await
+        .expect("dead peer detected within idle_timeout plus slack")
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TunnelError::Failed {
+                reason: skiff_proto::association::FailReason::PeerDead,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert!(e.to_string().contains("silent"), "{e}");
+    assert!(c.send(&b"y"[..]).await.is_err());
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_effort_and_tunnel_share_datagrams() {
+    let (server, client, s, c) = connected("").await;
+    let to = server.local_addr();
+    // Small tunnel messages and pushes in the same breath: the driver
+    // packs what is due for one host in one wake-up into compound
+    // datagrams (and the receiver's acknowledgements ride with its own
+    // pushes back).
+    for round in 0..200u32 {
+        for i in 0..5u32 {
+            client
+                .push(to, &Message::from_payload(format!("be-{round}-{i}")))
+                .unwrap();
+        }
+        c.send(Bytes::from(format!("t-{round}"))).await.unwrap();
+        let m = s.recv().await.unwrap().unwrap();
+        assert_eq!(m, Bytes::from(format!("t-{round}")));
+    }
+    let mut popped = 0;
+    while let Ok(m) = tokio::time::timeout(Duration::from_millis(300), server.pop()).await {
+        assert!(m.payload.starts_with(b"be-"));
+        assert_eq!(m.meta.from, Some(client.local_addr()));
+        popped += 1;
+    }
+    let cs = client.stats();
+    let ss = server.stats();
+    eprintln!("client {cs:?}\nserver {ss:?}");
+    assert_eq!(
+        popped + ss.lost,
+        1000,
+        "every push delivered or counted lost"
+    );
+    assert!(cs.compound_sent > 0, "no datagram carried both kinds");
+    assert_eq!(ss.compound_received, cs.compound_sent);
+    assert_eq!(ss.dropped_malformed, 0);
+}
+
+#[tokio::test]
+async fn a_compound_datagram_from_outside_is_split_and_decoded() {
+    let server = Endpoint::bind("udp://127.0.0.1:0").unwrap();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let batch = skiff_proto::wire::encode_datagram(
+        42,
+        u32::MAX,
+        0,
+        &[
+            Message::from_payload(&b"a"[..]),
+            Message::from_payload(&b"b"[..]),
+        ],
+    )
+    .unwrap();
+    // An association packet with a key nobody has: counted, not delivered.
+    let mut assoc = b"SK\x01\x02\x04".to_vec();
+    assoc.extend_from_slice(&(0x1234u64 | 1 << 63).to_le_bytes());
+    assoc.extend_from_slice(&[0, 0, 0, 0]);
+    let mut d = Vec::new();
+    let mut e = skiff_proto::compound::Encoder::new(&mut d);
+    assert!(e.push(&batch, 1472));
+    assert!(e.push(&assoc, 1472));
+    sock.send_to(&d, server.local_addr()).unwrap();
+    sock.send_to(b"SK\x01\x03\x05junk", server.local_addr())
+        .unwrap();
+    let a = tokio::time::timeout(T, server.pop()).await.unwrap();
+    let b = tokio::time::timeout(T, server.pop()).await.unwrap();
+    assert_eq!((&a.payload[..], &b.payload[..]), (&b"a"[..], &b"b"[..]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let st = server.stats();
+    assert_eq!(st.compound_received, 1);
+    assert_eq!(st.dropped_malformed, 1);
+    assert_eq!(
+        st.listener.unknown_key + st.listener.malformed,
+        1,
+        "{:?}",
+        st.listener
+    );
+}
+
+#[tokio::test]
+async fn first_flood_is_bounded_and_counted() {
+    let server = Endpoint::bind("udp://127.0.0.1:0?max_half_open=16&max_associations=64").unwrap();
+    server.listen();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to: SocketAddr = server.local_addr();
+    // Forged FIRSTs: distinct keys, never confirmed.
+    for k in 1..=2000u64 {
+        let p = skiff_proto::association::frame::Packet {
+            key: k,
+            first: Some(skiff_proto::association::frame::First {
+                service: 0,
+                mtu: 1472,
+                max_message: 1 << 20,
+            }),
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        p.encode(&mut buf);
+        sock.send_to(&buf, to).unwrap();
+        if k % 200 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = server.stats();
+    eprintln!("{:?}", st.listener);
+    assert!(st.listener.first_accepted <= 16, "{:?}", st.listener);
+    assert!(st.listener.first_rejected_half_open > 0);
+    assert_eq!(st.tunnels_open, 0);
+    // A real client still cannot get in while the half-open set is full,
+    // but the flood cost bounded memory; after the handshake timeout it can.
+    let client = Endpoint::bind("udp://127.0.0.1:0").unwrap();
+    let r = client.connect(to, Duration::from_millis(200)).await;
+    assert!(r.is_err());
+}
