@@ -429,7 +429,7 @@ impl Producer {
             Flow::Overwrite => self.pending.pop_front(),
             Flow::Credits => {
                 let front = *self.live.front()?;
-                let reached = slowest.map_or(true, |s| s.consumed >= front.start + front.len);
+                let reached = slowest.is_none_or(|s| s.consumed >= front.start + front.len);
                 if reached {
                     self.live.pop_front();
                     Some(front)
@@ -542,7 +542,7 @@ impl Consumer {
             Flow::Credits => (self.received, self.received),
             Flow::Overwrite => (self.received, head.saturating_sub(len)),
         };
-        if start < min || start > max || start.checked_add(len).map_or(true, |e| e > head) {
+        if start < min || start > max || start.checked_add(len).is_none_or(|e| e > head) {
             return Err(Corrupt::OutOfRange {
                 what: "segment start",
                 value: start,
