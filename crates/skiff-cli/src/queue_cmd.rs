@@ -33,8 +33,9 @@ pub(crate) struct PushArgs {
     #[arg(long)]
     interval: Option<String>,
     /// After the messages, send this many `fin` messages, one datagram each
-    /// 1 ms apart: a receiver learns of a loss only from a later sequence
-    /// number, so these reveal losses at the very end.
+    /// 20 ms apart: a receiver learns of a loss only from a later sequence
+    /// number, so these reveal losses at the very end (spaced so that a
+    /// receiver still draining a backlog gets some of them).
     #[arg(long, default_value_t = 0)]
     fin: u32,
 }
@@ -120,7 +121,7 @@ pub(crate) fn push(a: PushArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     q.flush()?;
     for _ in 0..a.fin {
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(20));
         let mut m = base.clone();
         m.payload = Bytes::from_static(b"fin");
         q.push(dest, &m)?;

@@ -8,94 +8,14 @@
 //! runs them with `--ignored` where the machine allows.
 
 use std::collections::HashSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-struct Netns {
-    names: [String; 2],
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Netns {
-    /// Two namespaces `a` (10.213.N.1) and `b` (10.213.N.2) over veth.
-    fn new(tag: &str, subnet: u8) -> Netns {
-        let pid = std::process::id();
-        let names = [
-            format!("skiff-{tag}-{pid}-a"),
-            format!("skiff-{tag}-{pid}-b"),
-        ];
-        let [a, b] = &names;
-        let n = Netns {
-            names: names.clone(),
-        };
-        ip(&["netns", "add", a]);
-        ip(&["netns", "add", b]);
-        let (va, vb) = (
-            format!("sk{subnet}a{}", pid % 10000),
-            format!("sk{subnet}b{}", pid % 10000),
-        );
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
-        ip(&["link", "set", &va, "netns", a]);
-        ip(&["link", "set", &vb, "netns", b]);
-        for (ns, dev, host) in [(a, &va, 1), (b, &vb, 2)] {
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("10.213.{subnet}.{host}/24"),
-                "dev",
-                dev,
-            ]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        n
-    }
-
-    fn exec(&self, which: usize) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.names[which]]);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
+mod common;
+use common::Netns;
 
 fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
     let ns = Netns::new(tag, subnet);
-    let rule = [
-        "-A",
-        "INPUT",
-        "-m",
-        "statistic",
-        "--mode",
-        "random",
-        "--probability",
-        "0.014",
-        "-j",
-        "DROP",
-    ];
-    let st = ns
-        .exec(1)
-        .arg("iptables")
-        .args(rule)
-        .status()
-        .expect("run iptables");
-    assert!(st.success(), "iptables rule refused");
+    ns.drop_on_receiver(0.014);
     let bin = env!("CARGO_BIN_EXE_skiff");
     let dst = format!("10.213.{subnet}.2:4711");
     let pop = ns

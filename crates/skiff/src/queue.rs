@@ -353,6 +353,9 @@ struct Inner {
     shutdown: AtomicBool,
     /// Set while a `pop_blocking` waits in the kernel holding `rx`.
     waiting: AtomicBool,
+    /// Set when a pop hands out a message; the next idle-path push is then
+    /// taken for a reply and sent at once.
+    popped: AtomicBool,
     async_fd: OnceLock<tokio::io::unix::AsyncFd<OwnedFd>>,
 }
 
@@ -367,12 +370,6 @@ pub struct Queue {
     flusher: Option<JoinHandle<()>>,
 }
 
-/// The longest gap after a send that still makes a push part of a burst.
-/// A flood pushes every few tens of nanoseconds; a request/reply exchange
-/// waits at least a round trip (several microseconds even on loopback), and
-/// a send that wakes the peer can itself take that long, so half the send's
-/// duration alone would misread replies as bursts.
-const BURST: Duration = Duration::from_micros(2);
 /// Datagrams per `sendmmsg`.
 const SEND_BATCH: usize = 64;
 /// Datagrams per `recvmmsg`.
@@ -444,6 +441,7 @@ impl Queue {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             waiting: AtomicBool::new(false),
+            popped: AtomicBool::new(false),
             async_fd: OnceLock::new(),
         });
         let i = inner.clone();
@@ -514,13 +512,17 @@ impl Queue {
     /// The next received message, or `None` at once if there is none
     /// (CMQ's `cwPop`).
     pub fn try_pop(&self) -> Option<Message> {
-        self.inner.try_pop()
+        self.inner.popped(self.inner.try_pop())
     }
 
     /// Moves up to `max` received messages into `out` without blocking;
     /// returns how many. Cheaper per message than `try_pop` in a loop.
     pub fn try_pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
-        self.inner.pop_many(out, max)
+        let n = self.inner.pop_many(out, max);
+        if n > 0 {
+            self.inner.popped.store(true, Ordering::Relaxed);
+        }
+        n
     }
 
     /// Waits up to `timeout` (forever with `None`) for a message. The wait
@@ -532,7 +534,7 @@ impl Queue {
         loop {
             let mut rx = self.inner.rx.lock();
             if let Some(m) = rx.take() {
-                return Some(m);
+                return self.inner.popped(Some(m));
             }
             let left = match deadline {
                 Some(d) => {
@@ -548,7 +550,7 @@ impl Queue {
             self.inner.fill(&mut rx, Some(left));
             self.inner.waiting.store(false, Ordering::Relaxed);
             if let Some(m) = rx.take() {
-                return Some(m);
+                return self.inner.popped(Some(m));
             }
         }
     }
@@ -703,14 +705,18 @@ impl Inner {
         }
         if self.natural() {
             // Send on this thread only if the path is idle: nothing else
-            // waits, and the application is not pushing faster than sends
-            // complete (the time since the last send ended is under half a
-            // send's duration, capped at BURST). Otherwise this is a burst,
-            // and the flusher sends what accumulates: batches grow exactly
-            // when sending one by one could not keep up.
-            let cost = (tx.send_cost / 2).min(BURST);
-            let mut burst =
-                |t: Option<Instant>| t.is_some_and(|t| now().saturating_duration_since(t) < cost);
+            // waits, and either this push answers a message popped since
+            // the last send (request/reply: latency matters, and the
+            // exchange itself paces the sends), or the application is not
+            // pushing faster than sends complete (the time since the last
+            // send ended exceeds half a send's duration). Otherwise this is
+            // a burst, and the flusher sends what accumulates: batches grow
+            // exactly when sending one by one could not keep up.
+            let cost = tx.send_cost / 2;
+            let mut burst = |t: Option<Instant>| {
+                !self.popped.swap(false, Ordering::Relaxed)
+                    && t.is_some_and(|t| now().saturating_duration_since(t) < cost)
+            };
             if !opened || tx.out_bytes > 0 || burst(tx.last_send_end) {
                 if tx.flusher_parked {
                     tx.flusher_parked = false;
@@ -904,6 +910,14 @@ impl Inner {
                 tx.flusher_parked = false;
             }
         }
+    }
+
+    /// Notes that a pop handed out a message (see `popped`).
+    fn popped(&self, m: Option<Message>) -> Option<Message> {
+        if m.is_some() {
+            self.popped.store(true, Ordering::Relaxed);
+        }
+        m
     }
 
     fn try_pop(&self) -> Option<Message> {
