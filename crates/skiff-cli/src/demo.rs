@@ -129,6 +129,95 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     if got != 1000 {
         return Err(format!("alice received {got} of 1000 messages").into());
     }
+    node_demo()?;
     println!("\ndemo complete.");
     Ok(())
+}
+
+/// The node's patterns over `mem://` (the node inside this process):
+/// publish/subscribe, request/reply, a cluster request and a broadcast.
+fn node_demo() -> Result<(), Box<dyn std::error::Error>> {
+    use skiff::client::{Client, Incoming, Target};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        println!("\nskiff demo: a node inside this process (mem://)\n");
+        let a = Client::connect("mem://demo").await?;
+        let b = Client::connect("mem://demo").await?;
+        let wait = Duration::from_secs(2);
+
+        // 6. Publish/subscribe with a wildcard; subscribe returns once the
+        //    node holds the interest.
+        let mut sub = b.subscribe("daq.*.rate", "*").await?;
+        a.publish(Message::new("daq.hallb.rate", "42 kHz")).await?;
+        let d = tokio::time::timeout(wait, sub.recv()).await?.ok_or("no message")?;
+        println!(
+            "6. publish/subscribe: b's `daq.*.rate` got {} {:?}",
+            d.subject,
+            String::from_utf8_lossy(&d.payload)
+        );
+
+        // 7. Request/reply to a subject; and no responders, at once.
+        let mut svc = b.subscribe("svc.upper", "*").await?;
+        let b2 = b.clone();
+        tokio::spawn(async move {
+            while let Some(d) = svc.recv().await {
+                let up = String::from_utf8_lossy(&d.payload).to_uppercase();
+                let _ = b2.reply(&d, Message::new("", up)).await;
+            }
+        });
+        let r = a.request("svc.upper", Message::new("", "hello"), wait).await?;
+        println!("7. request svc.upper \"hello\" -> {:?}", String::from_utf8_lossy(&r.payload));
+        match a.request("svc.nobody", Message::new("", "?"), wait).await {
+            Err(e) => println!("   request svc.nobody -> {e}"),
+            Ok(_) => return Err("a request with no responders was answered".into()),
+        }
+
+        // 8. A cluster: two members with capacities 1 and 3; six requests
+        //    split 1:3 by weighted round robin; a broadcast reaches both.
+        let mut members = Vec::new();
+        for (name, cap) in [("small", 1u32), ("big", 3)] {
+            let c = Client::connect("mem://demo").await?;
+            let m = c.join("workers", cap).await?;
+            members.push((name, c, m));
+        }
+        let mut handles = Vec::new();
+        for (name, _c, m) in members {
+            handles.push(tokio::spawn(async move {
+                let mut broadcasts = 0;
+                while let Some(i) = m.recv().await {
+                    match i {
+                        Incoming::Request(r) => {
+                            let _ = r.reply(Message::new("", name)).await;
+                        }
+                        Incoming::Broadcast(_) => {
+                            broadcasts += 1;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                (name, broadcasts, _c)
+            }));
+        }
+        let mut who = Vec::new();
+        for _ in 0..8 {
+            let r = a.request(Target::cluster("workers"), Message::new("", "job"), wait).await?;
+            who.push(String::from_utf8_lossy(&r.payload).into_owned());
+        }
+        println!("8. 8 requests to cluster `workers` (capacities small=1, big=3): {}", who.join(" "));
+        a.broadcast("workers", Message::new("all.hands", "stop")).await?;
+        for h in handles {
+            let (name, n, _c) = tokio::time::timeout(wait, h).await??;
+            println!("   broadcast reached {name} ({n})");
+        }
+        let st = a.stats().await?;
+        println!(
+            "   node stats: {} clients, {} subscriptions, {} published, {} requests, {} no responders",
+            st.connections, st.subscriptions, st.published, st.requests, st.no_responders
+        );
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
 }

@@ -307,7 +307,7 @@ async fn skiff_shape(
         senders.push(tokio::spawn(async move {
             let mut n = 0u64;
             while n < max {
-                if n % 1024 == 0 && start.elapsed() >= dur {
+                if n & 1023 == 0 && start.elapsed() >= dur {
                     break;
                 }
                 c.publish(Message::new("bench.ps", payload.clone())).await?;

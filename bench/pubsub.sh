@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# skiff's node against nats-server, side by side in one run: publish/
+# subscribe (1->1, 1->4, 4->4 at 8 B, 256 B, 4 KB), request/reply (1 and 16
+# concurrent requesters, with a TCP ping-pong floor), and each server's CPU
+# and RSS idle and under load. Prints a Markdown section for
+# bench/RESULTS.md on standard output.
+#
+#   bench/pubsub.sh [--duration-secs 2]
+#
+# Installs Debian's nats-server (apt) if missing and builds the nats.go
+# load generator in bench/nats/ (Go module proxy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=2
+if [[ "${1:-}" == "--duration-secs" ]]; then DUR="$2"; fi
+
+if ! command -v nats-server >/dev/null; then
+    echo "installing nats-server (apt)..." >&2
+    apt-get update >/dev/null && apt-get install -y nats-server >/dev/null
+fi
+bench/nats/build.sh >&2
+cargo build --release -p skiff-cli >&2
+SKIFF="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/skiff"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+"$SKIFF" bench pubsub --nats --duration-secs "$DUR" --markdown "$TMP/pubsub.md" >&2
+"$SKIFF" bench request --nats --duration-secs "$DUR" --markdown "$TMP/request.md" >&2
+
+echo "## Node: publish/subscribe and request/reply against nats-server"
+echo
+echo "Machine: $(nproc) cores, $(uname -r); nats-server $(nats-server --version | awk '{print $NF}'); $(date -u +%Y-%m-%d)."
+echo "Command: \`bench/pubsub.sh --duration-secs $DUR\`. Both servers run as child processes on loopback;"
+echo "the load generator is \`skiff bench\` (skiff rows) or \`bench/nats/natsbench\` (nats.go, nats rows), same shapes."
+echo "skiff subscriptions use the \`block\` policy (lossless, flow controlled); nats subscribers use 64 MB / 65536-message pending limits."
+echo
+echo "### Publish/subscribe"
+echo
+cat "$TMP/pubsub.md"
+echo
+echo "### Request/reply"
+echo
+cat "$TMP/request.md"
