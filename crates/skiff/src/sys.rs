@@ -316,7 +316,12 @@ pub(crate) fn recvmmsg(
     wait: bool,
 ) -> io::Result<usize> {
     let slot_size = slot_size.max(1);
-    let n = bufs.slots().min(out.len()).min(arena.len() / slot_size);
+    // A waiting receive takes one datagram: a request/reply exchange has
+    // only one, and asking the kernel for more costs a second, failing
+    // attempt inside the call. What else arrived is read by the next,
+    // non-blocking call.
+    let slots = if wait { 1 } else { bufs.slots() };
+    let n = slots.min(out.len()).min(arena.len() / slot_size);
     if n == 0 {
         return Ok(0);
     }
