@@ -95,6 +95,18 @@ pub enum UsageError {
     /// Too many typed fields on one message.
     #[error("message has {0} fields; the limit is {max}", max = crate::wire::MAX_FIELDS)]
     TooManyFields(usize),
+    /// The message, encoded, is over the `max_message` of a reliable
+    /// association (either end's).
+    #[error(
+        "message needs {len} bytes encoded but a reliable association carries at most \
+         {max} (max_message); send a smaller payload or raise max_message on both ends"
+    )]
+    OverMaxMessage {
+        /// Encoded size of the message.
+        len: usize,
+        /// The limit in force.
+        max: u64,
+    },
 }
 
 /// A configured limit was reached.
@@ -106,6 +118,21 @@ pub enum LimitError {
         "{max} destinations already have queues (max_destinations); raise it or push to fewer"
     )]
     Destinations {
+        /// The limit.
+        max: usize,
+    },
+    /// A reliable queue's backlog for one destination is full: its
+    /// association's window and send buffer are full and `max` bytes more
+    /// wait behind them. Nothing was queued; the receiver reads slower than
+    /// the sender pushes, or is unreachable.
+    #[error(
+        "the backlog to {dest} is full ({max} bytes wait for the association's window, \
+         max_backlog); the receiver is slower than the pushes or unreachable: retry later, \
+         push less, or raise max_backlog"
+    )]
+    Backlog {
+        /// The destination.
+        dest: std::net::SocketAddr,
         /// The limit.
         max: usize,
     },
@@ -175,6 +202,16 @@ mod tests {
             .into(),
             UsageError::TooManyFields(100).into(),
             LimitError::Destinations { max: 10 }.into(),
+            UsageError::OverMaxMessage {
+                len: 5000,
+                max: 4096,
+            }
+            .into(),
+            LimitError::Backlog {
+                dest: "127.0.0.1:4711".parse().unwrap(),
+                max: 1 << 20,
+            }
+            .into(),
         ];
         for e in all {
             let s = e.to_string();

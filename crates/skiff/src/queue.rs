@@ -20,6 +20,11 @@
 //! delivered or counted in [`QueueStats::lost`]; every datagram or message
 //! dropped on purpose is counted in [`QueueStats::dropped`] under its
 //! reason, including the kernel's own receive-buffer drops.
+//!
+//! **Reliable queues** (`udp://…?reliable=true`): the same calls over QMP
+//! associations, one per destination: exactly once, in order, flow
+//! controlled; see [`reliable`]. [`Queue`] is either kind, chosen by the
+//! locator; [`DatagramQueue`] and [`ReliableQueue`] are the two kinds.
 
 use std::collections::VecDeque;
 use std::io;
@@ -40,6 +45,10 @@ use skiff_proto::{wire, Batcher, BatcherConfig, Dest, Message, Verdict};
 use crate::error::{Error, LocatorError};
 use crate::locator::{self, Locator};
 use crate::udp::{MulticastInterface, Outgoing, RecvBatch, UdpConfig, UdpSocket};
+
+pub mod reliable;
+
+pub use reliable::ReliableQueue;
 
 /// Options of a `udp://` queue locator, with their defaults.
 #[derive(Debug, Clone)]
@@ -71,11 +80,21 @@ pub struct QueueConfig {
     /// The IPv4 interface address for multicast joins and sends
     /// (`interface`), e.g. 127.0.0.1; default: the kernel's choice.
     pub interface: Option<std::net::Ipv4Addr>,
+    /// Push over associations, exactly once and in order (`reliable`,
+    /// default false); see [`reliable`]. Then `max_backlog` bounds each
+    /// destination's backlog, `endpoint` is the association service id,
+    /// `max_datagram` the association MTU, and the association options
+    /// below apply.
+    pub reliable: bool,
+    /// The associations' settings when `reliable`: `window` (packets),
+    /// `idle_timeout`, `handshake_timeout`, `max_message`.
+    pub association: skiff_proto::association::AssociationConfig,
 }
 
 const OPTIONS: &str =
     "qthresh, timeout, max_datagram, endpoint, max_destinations, max_sources, max_backlog, \
-                       sndbuf, rcvbuf, gso, gro, multicast_loop, ttl, reuse, join, interface";
+                       sndbuf, rcvbuf, gso, gro, multicast_loop, ttl, reuse, join, interface, \
+                       reliable, window, idle_timeout, handshake_timeout, max_message";
 
 impl QueueConfig {
     /// Parses a `udp://host:port?…` locator.
@@ -94,6 +113,8 @@ impl QueueConfig {
             udp: UdpConfig::default(),
             join: Vec::new(),
             interface: None,
+            reliable: false,
+            association: skiff_proto::association::AssociationConfig::default(),
         };
         l.options(OPTIONS, |k, v| {
             match k {
@@ -136,14 +157,17 @@ impl QueueConfig {
                         expected: "the IPv4 address of a local interface, e.g. 127.0.0.1",
                     })?)
                 }
-                "reliable" => {
-                    return Err(LocatorError::BadValue {
-                        name: k.into(),
-                        value: v.into(),
-                        expected:
-                            "nothing yet: reliable queues over associations are not in this build",
-                    })
+                "reliable" => c.reliable = locator::parse_bool(k, v)?,
+                "window" => {
+                    let w: u64 = locator::parse_uint(k, v, "a positive packet count")?;
+                    c.association.recv_window = w.max(1);
+                    c.association.send_window = w.max(1);
                 }
+                "idle_timeout" => c.association.idle_timeout = locator::parse_duration(k, v)?,
+                "handshake_timeout" => {
+                    c.association.handshake_timeout = locator::parse_duration(k, v)?
+                }
+                "max_message" => c.association.max_message = locator::parse_bytes(k, v)? as u64,
                 _ => return Ok(false),
             }
             Ok(true)
@@ -217,6 +241,10 @@ pub struct Drops {
     pub send_error: u64,
     /// Sources forgotten because `max_sources` was reached.
     pub sources_evicted: u64,
+    /// Reliable queues: messages pushed that may not have arrived, because
+    /// their association failed before acknowledging them (or the peer's
+    /// `max_message` refused them). Always 0 on a datagram queue.
+    pub unconfirmed: u64,
 }
 
 impl Drops {
@@ -245,6 +273,7 @@ impl Drops {
             + self.kernel
             + self.backlog
             + self.send_error
+            + self.unconfirmed
     }
 }
 
@@ -360,12 +389,13 @@ struct Inner {
 }
 
 /// A batched, asynchronous datagram queue; see the module documentation.
+/// Normally used through [`Queue`].
 ///
-/// `Queue` is `Send + Sync`: share it with `Arc` to push and pop from
-/// several threads. Dropping it flushes what is queued and stops its
+/// `DatagramQueue` is `Send + Sync`: share it with `Arc` to push and pop
+/// from several threads. Dropping it flushes what is queued and stops its
 /// flusher thread.
 #[derive(Debug)]
-pub struct Queue {
+pub struct DatagramQueue {
     inner: Arc<Inner>,
     flusher: Option<JoinHandle<()>>,
 }
@@ -375,15 +405,15 @@ const SEND_BATCH: usize = 64;
 /// Datagrams per `recvmmsg`.
 const RECV_SLOTS: usize = 32;
 
-impl Queue {
+impl DatagramQueue {
     /// Binds a queue: `udp://0.0.0.0:4711?qthresh=512&timeout=200ms`.
     /// Options are listed on [`QueueConfig`].
-    pub fn bind(locator: &str) -> Result<Queue, Error> {
-        Queue::with_config(QueueConfig::from_locator(locator)?)
+    pub fn bind(locator: &str) -> Result<DatagramQueue, Error> {
+        DatagramQueue::with_config(QueueConfig::from_locator(locator)?)
     }
 
-    /// Binds a queue with an explicit configuration.
-    pub fn with_config(config: QueueConfig) -> Result<Queue, Error> {
+    /// Binds a queue with an explicit configuration (`reliable` ignored).
+    pub fn with_config(config: QueueConfig) -> Result<DatagramQueue, Error> {
         let socket =
             UdpSocket::bind(config.bind, &config.udp).map_err(Error::io("bind UDP socket"))?;
         let iface = config.interface.map(MulticastInterface::Addr);
@@ -449,7 +479,7 @@ impl Queue {
             .name("skiff-flusher".into())
             .spawn(move || i.flusher())
             .map_err(Error::io("spawn flusher thread"))?;
-        Ok(Queue {
+        Ok(DatagramQueue {
             inner,
             flusher: Some(flusher),
         })
@@ -641,7 +671,7 @@ impl Queue {
     }
 }
 
-impl Drop for Queue {
+impl Drop for DatagramQueue {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Ordering::Release);
         {
@@ -1040,4 +1070,178 @@ fn accept(
         from,
         verdicts: std::mem::take(verdicts),
     })
+}
+
+/// A queue: [`push`](Queue::push) to an address, [`try_pop`](Queue::try_pop)
+/// or [`pop`](Queue::pop) what arrived. The locator chooses the kind:
+/// best-effort datagrams ([`DatagramQueue`], the default; see the module
+/// documentation) or, with `reliable=true`, associations ([`ReliableQueue`]:
+/// exactly once, in order, flow controlled).
+///
+/// `Queue` is `Send + Sync`: share it with `Arc` to push and pop from
+/// several threads.
+#[derive(Debug)]
+pub struct Queue(Kind);
+
+#[derive(Debug)]
+enum Kind {
+    Datagram(DatagramQueue),
+    Reliable(Box<ReliableQueue>),
+}
+
+impl Queue {
+    /// Binds a queue: `udp://0.0.0.0:4711?qthresh=512&timeout=200ms`, or
+    /// `udp://0.0.0.0:4711?reliable=true`. Options are listed on
+    /// [`QueueConfig`].
+    pub fn bind(locator: &str) -> Result<Queue, Error> {
+        Queue::with_config(QueueConfig::from_locator(locator)?)
+    }
+
+    /// Binds a queue with an explicit configuration.
+    pub fn with_config(config: QueueConfig) -> Result<Queue, Error> {
+        Ok(Queue(if config.reliable {
+            Kind::Reliable(Box::new(ReliableQueue::with_config(config)?))
+        } else {
+            Kind::Datagram(DatagramQueue::with_config(config)?)
+        }))
+    }
+
+    /// The datagram queue, if this is one.
+    pub fn as_datagram(&self) -> Option<&DatagramQueue> {
+        match &self.0 {
+            Kind::Datagram(q) => Some(q),
+            Kind::Reliable(_) => None,
+        }
+    }
+
+    /// The reliable queue, if this is one.
+    pub fn as_reliable(&self) -> Option<&ReliableQueue> {
+        match &self.0 {
+            Kind::Reliable(q) => Some(q),
+            Kind::Datagram(_) => None,
+        }
+    }
+
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        match &self.0 {
+            Kind::Datagram(q) => q.local_addr(),
+            Kind::Reliable(q) => q.local_addr(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &QueueConfig {
+        match &self.0 {
+            Kind::Datagram(q) => q.config(),
+            Kind::Reliable(q) => q.config(),
+        }
+    }
+
+    /// Queues `msg` for `dest` (a `SocketAddr` works: any endpoint there);
+    /// never waits on the network. Fails if the message can never be sent
+    /// as it is (too large: the error names the limit) or a limit is
+    /// reached (on a reliable queue, the destination's backlog:
+    /// [`ReliableQueue`] explains).
+    pub fn push(&self, dest: impl Into<Dest>, msg: &Message) -> Result<(), Error> {
+        match &self.0 {
+            Kind::Datagram(q) => q.push(dest, msg),
+            Kind::Reliable(q) => q.push(dest, msg),
+        }
+    }
+
+    /// Serializes `value` (postcard) and pushes it with its Rust type name as
+    /// the message type, for [`Queue::try_pop_typed`] (CMQ's polymorphic
+    /// queue).
+    pub fn push_typed<T: Serialize>(&self, dest: impl Into<Dest>, value: &T) -> Result<(), Error> {
+        self.push(dest, &typed_message(value)?)
+    }
+
+    /// Datagram queue: hands everything queued to the kernel now, waiting
+    /// while the socket's send buffer is full. Reliable queue: waits until
+    /// every message pushed is acknowledged by its receiver. Either reports
+    /// what failed since the previous flush.
+    pub fn flush(&self) -> Result<(), Error> {
+        match &self.0 {
+            Kind::Datagram(q) => q.flush(),
+            Kind::Reliable(q) => q.flush(),
+        }
+    }
+
+    /// The next received message, or `None` at once if there is none
+    /// (CMQ's `cwPop`).
+    pub fn try_pop(&self) -> Option<Message> {
+        match &self.0 {
+            Kind::Datagram(q) => q.try_pop(),
+            Kind::Reliable(q) => q.try_pop(),
+        }
+    }
+
+    /// Moves up to `max` received messages into `out` without blocking;
+    /// returns how many. Cheaper per message than `try_pop` in a loop.
+    pub fn try_pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
+        match &self.0 {
+            Kind::Datagram(q) => q.try_pop_many(out, max),
+            Kind::Reliable(q) => q.try_pop_many(out, max),
+        }
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for a message.
+    pub fn pop_blocking(&self, timeout: Option<Duration>) -> Option<Message> {
+        match &self.0 {
+            Kind::Datagram(q) => q.pop_blocking(timeout),
+            Kind::Reliable(q) => q.pop_blocking(timeout),
+        }
+    }
+
+    /// Waits for the next message (tokio). A datagram queue must be polled
+    /// inside a tokio runtime with I/O enabled.
+    pub async fn pop(&self) -> Result<Message, Error> {
+        match &self.0 {
+            Kind::Datagram(q) => q.pop().await,
+            Kind::Reliable(q) => q.pop().await,
+        }
+    }
+
+    /// Pops the next message and deserializes it as `T`; `None` if nothing
+    /// is waiting. A message of another type is consumed and reported as
+    /// [`Error::TypeMismatch`].
+    pub fn try_pop_typed<T: DeserializeOwned>(&self) -> Option<Result<T, Error>> {
+        self.try_pop().map(|m| decode_typed(&m))
+    }
+
+    /// Joins a multicast group (datagram queues only).
+    pub fn join_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        match &self.0 {
+            Kind::Datagram(q) => q.join_multicast(group),
+            Kind::Reliable(_) => Err(no_multicast()),
+        }
+    }
+
+    /// Leaves a multicast group (datagram queues only).
+    pub fn leave_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        match &self.0 {
+            Kind::Datagram(q) => q.leave_multicast(group),
+            Kind::Reliable(_) => Err(no_multicast()),
+        }
+    }
+
+    /// Counters: sent, received, lost, dropped by reason.
+    pub fn stats(&self) -> QueueStats {
+        match &self.0 {
+            Kind::Datagram(q) => q.stats(),
+            Kind::Reliable(q) => q.stats(),
+        }
+    }
+}
+
+fn no_multicast() -> Error {
+    Error::Io {
+        what: "multicast",
+        source: io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a reliable queue has no multicast: each association has one peer; \
+             use a queue without reliable=true",
+        ),
+    }
 }

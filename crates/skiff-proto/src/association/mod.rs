@@ -18,7 +18,10 @@
 //!   slow reader slows the writer instead of growing memory.
 //! - **Error control**: status requests (SREQ) every `sreq_every` packets
 //!   and on the last packet of a burst, selective acknowledgements, fast
-//!   retransmission when a packet three transmissions younger is acked, and
+//!   retransmission when a packet three transmissions younger is acked, a
+//!   tail-loss probe after RFC 8985 (the newest unacknowledged packet sent
+//!   again once when the flight is silent for 2 x SRTT + `ack_delay`, so a
+//!   lost last packet costs about two round trips instead of an RTO), and
 //!   a retransmission timer after RFC 6298 (SRTT, RTTVAR, Karn's rule,
 //!   exponential backoff).
 //! - **Messages** of up to `max_message` bytes (64 MiB by default),
@@ -248,6 +251,12 @@ pub struct AssociationStats {
     pub fast_retransmits: u64,
     /// Retransmission timer expiries with data outstanding.
     pub rto_expired: u64,
+    /// Tail-loss probes: the newest unacknowledged packet sent again
+    /// because the flight was silent for about two round trips.
+    pub tail_probes: u64,
+    /// Messages of ours the peer acknowledged (cumulatively, so delivered
+    /// unless it failed before reading them).
+    pub messages_acked: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
     /// Data packets received before (dropped).
@@ -395,7 +404,12 @@ impl Association {
         config.keepalive = config.keepalive.min(config.idle_timeout / 3);
         let rtt = Rtt::new(config.initial_rto, config.min_rto, config.max_rto);
         Association {
-            send: SendState::new(config.send_window, config.send_buffer, rtt),
+            send: SendState::new(
+                config.send_window,
+                config.send_buffer,
+                config.ack_delay,
+                rtt,
+            ),
             recv: RecvState::new(config.recv_window, config.recv_buffer, config.max_message),
             mtu: config.mtu,
             peer_max_message: config.max_message,
@@ -614,6 +628,7 @@ impl Association {
         if let Some(st) = &p.status {
             let out = self.send.on_status(now, st);
             self.stats.fast_retransmits += out.fast_lost;
+            self.stats.messages_acked += out.messages_acked;
             if out.progress {
                 self.last_progress = now;
             }
@@ -749,6 +764,8 @@ impl Association {
                     } else {
                         self.ping_due = true;
                     }
+                } else if self.send.tlp_deadline.is_some_and(|t| now >= t) && self.send.on_tlp() {
+                    self.stats.tail_probes += 1;
                 }
                 if now >= self.last_sent + self.config.keepalive {
                     self.ping_due = true;
@@ -784,6 +801,7 @@ impl Association {
                     at(Some(self.last_progress + self.config.idle_timeout));
                 }
                 at(self.send.rto_deadline);
+                at(self.send.tlp_deadline);
                 at(self.ack_at);
             }
         }

@@ -1,6 +1,17 @@
 //! The sending half of an association: the queue of accepted messages, the
-//! packets in flight, selective-ack processing, loss detection and the
-//! retransmission timer (RFC 6298).
+//! packets in flight, selective-ack processing, loss detection, the
+//! retransmission timer (RFC 6298) and the tail-loss probe (RFC 8985).
+//!
+//! **Tail-loss probe**: a loss among the last packets of a burst draws no
+//! later acknowledgement to reveal it, so without help only the RTO (at
+//! least `min_rto`) recovers it. Once an RTT is measured, whenever data is
+//! in flight the probe timer runs for `PTO = 2 x SRTT + ack_delay` from the
+//! last data sent or the last acknowledgement that made progress; when it
+//! fires first, the newest packet not yet acknowledged is sent again once,
+//! asking for a status. Its acknowledgement either shows that nothing was
+//! lost, or (through the SACK rule) which earlier packets were. One probe
+//! per episode: another only after new progress; the RTO stays armed
+//! behind it.
 //!
 //! Memory is bounded twice: `send` refuses once `send_buffer` bytes are
 //! accepted and not yet acknowledged (one message larger than that is let in
@@ -100,6 +111,8 @@ struct Sent {
     acked: bool,
     /// Waiting in the retransmission queue.
     lost: bool,
+    /// Messages whose last byte is in this packet.
+    ends: u32,
 }
 
 impl Sent {
@@ -115,6 +128,8 @@ pub(super) struct AckOutcome {
     pub(super) fast_lost: u64,
     /// Whether any packet was newly acknowledged.
     pub(super) progress: bool,
+    /// Messages whose every packet is now acknowledged cumulatively.
+    pub(super) messages_acked: u64,
 }
 
 /// The sending half; see the module documentation.
@@ -147,11 +162,17 @@ pub(super) struct SendState {
     /// `send` refused for lack of room; report `Writable` later.
     pub(super) blocked: bool,
     pub(super) rto_deadline: Option<Instant>,
+    /// When to send a tail-loss probe, if one is due.
+    pub(super) tlp_deadline: Option<Instant>,
+    /// A probe was sent and nothing was acknowledged since.
+    tlp_spent: bool,
+    /// The receiver's longest deliberate acknowledgement delay.
+    ack_delay: Duration,
     pub(super) rtt: Rtt,
 }
 
 impl SendState {
-    pub(super) fn new(window: u64, send_buffer: usize, rtt: Rtt) -> SendState {
+    pub(super) fn new(window: u64, send_buffer: usize, ack_delay: Duration, rtt: Rtt) -> SendState {
         SendState {
             queue: VecDeque::new(),
             front_off: 0,
@@ -171,6 +192,9 @@ impl SendState {
             since_sreq: 0,
             blocked: false,
             rto_deadline: None,
+            tlp_deadline: None,
+            tlp_spent: false,
+            ack_delay,
             rtt,
         }
     }
@@ -238,6 +262,43 @@ impl SendState {
         if self.unacked == 0 && !self.window_blocked() {
             self.rto_deadline = None;
         }
+        if self.unacked == 0 {
+            self.tlp_deadline = None;
+        }
+    }
+
+    /// (Re)starts the probe timer from `now`, unless a probe is spent, no
+    /// RTT is known yet, nothing is in flight, or the RTO would fire first
+    /// anyway.
+    fn arm_tlp(&mut self, now: Instant) {
+        self.tlp_deadline = None;
+        if self.tlp_spent || self.unacked == 0 {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else {
+            return;
+        };
+        let at = now + (2 * srtt + self.ack_delay).max(GRANULARITY);
+        if self.rto_deadline.is_none_or(|rto| at < rto) {
+            self.tlp_deadline = Some(at);
+        }
+    }
+
+    /// The probe timer fired: queues the newest packet not acknowledged for
+    /// retransmission (once per episode). Returns whether a probe was
+    /// queued.
+    pub(super) fn on_tlp(&mut self) -> bool {
+        self.tlp_deadline = None;
+        if self.tlp_spent || !self.rtx.is_empty() {
+            return false;
+        }
+        let Some(i) = self.inflight.iter().rposition(|p| !p.acked && !p.lost) else {
+            return false;
+        };
+        self.inflight[i].lost = true;
+        self.rtx.push_back(self.una + i as u64);
+        self.tlp_spent = true;
+        true
     }
 
     /// Chooses the next data packet: the oldest loss first, else a new
@@ -271,6 +332,7 @@ impl SendState {
             return None;
         }
         let (chunks, bytes) = self.fill(budget);
+        let ends = chunks.iter().filter(|c| c.end).count() as u32;
         let close = self.close_requested && self.queue.is_empty();
         let seq = self.next;
         if close {
@@ -287,15 +349,26 @@ impl SendState {
             sends: 1,
             acked: false,
             lost: false,
+            ends,
         });
         self.unacked += 1;
         self.since_sreq += 1;
+        self.arm_tlp_after_send(now);
         let sreq = self.since_sreq >= sreq_every || close || !self.has_data();
         if sreq {
             self.since_sreq = 0;
         }
         self.arm(now);
         Some((seq, sreq, false))
+    }
+
+    fn arm_tlp_after_send(&mut self, now: Instant) {
+        // The RTO deadline is set below in `arm`; compare with what it
+        // will be.
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        self.arm_tlp(now);
     }
 
     /// Takes chunks from the queue for one packet.
@@ -368,6 +441,7 @@ impl SendState {
         let advanced = st.rseq > self.una;
         while self.una < st.rseq {
             let p = self.inflight.pop_front().expect("una < rseq <= next");
+            out.messages_acked += u64::from(p.ends);
             if !p.acked {
                 self.buffered -= p.bytes;
                 self.unacked -= 1;
@@ -411,8 +485,12 @@ impl SendState {
         }
         if advanced || out.progress {
             self.rto_deadline = None;
+            self.tlp_spent = false;
         }
         self.arm(now);
+        if out.progress {
+            self.arm_tlp(now);
+        }
         out
     }
 
@@ -430,6 +508,9 @@ impl SendState {
             }
         }
         self.rto_deadline = None;
+        // The timeout recovers the whole tail; no probe until progress.
+        self.tlp_spent = true;
+        self.tlp_deadline = None;
         self.arm(now);
         n
     }
@@ -465,6 +546,7 @@ mod tests {
         let mut s = SendState::new(
             64,
             1 << 20,
+            Duration::ZERO,
             Rtt::new(
                 Duration::from_secs(1),
                 Duration::ZERO,

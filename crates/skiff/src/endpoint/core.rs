@@ -54,25 +54,32 @@ pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     /// Initiated here (the association is in `Core::outgoing`) rather than
     /// accepted (it is in the listener).
-    outgoing: bool,
+    pub(super) outgoing: bool,
+    /// Carries a reliable queue's messages (see `reliable.rs`) rather than
+    /// a `Tunnel`'s.
+    pub(super) queue: bool,
+    /// Messages delivered so far (a reliable queue numbers them).
+    pub(super) delivered: u64,
     inbox: VecDeque<Bytes>,
     inbox_bytes: usize,
     pub(crate) end: Option<End>,
     pub(crate) connected: bool,
     local_closed: bool,
-    dropped: bool,
+    pub(super) dropped: bool,
     pub(crate) readers: Vec<Waker>,
     pub(crate) writers: Vec<Waker>,
     pub(crate) final_stats: AssociationStats,
     /// `final_stats` were added to the endpoint's finished total.
-    folded: bool,
+    pub(super) folded: bool,
 }
 
 impl Conn {
-    fn new(peer: SocketAddr, outgoing: bool) -> Conn {
+    pub(super) fn new(peer: SocketAddr, outgoing: bool) -> Conn {
         Conn {
             peer,
             outgoing,
+            queue: false,
+            delivered: 0,
             inbox: VecDeque::new(),
             inbox_bytes: 0,
             end: None,
@@ -96,8 +103,10 @@ pub(crate) struct Core {
     pub(crate) listener: Listener,
     pub(crate) listening: bool,
     pub(crate) stopped: bool,
-    outgoing: FxHashMap<u64, Association>,
+    pub(super) outgoing: FxHashMap<u64, Association>,
     pub(crate) conns: FxHashMap<u64, Conn>,
+    /// The reliable queue this endpoint serves, if it is one's.
+    pub(crate) queue: Option<super::reliable::QueueState>,
     pub(crate) accepted: VecDeque<(u64, SocketAddr)>,
     pub(crate) accept_wakers: Vec<Waker>,
     pub(crate) batcher: Batcher,
@@ -106,7 +115,7 @@ pub(crate) struct Core {
     max_inbox: usize,
     pub(crate) pop_wakers: Vec<Waker>,
     pub(crate) stats: EndpointStats,
-    finished: AssociationStats,
+    pub(super) finished: AssociationStats,
     touched: Vec<u64>,
     next_deadline: Option<Instant>,
     // Scratch space reused across calls.
@@ -134,6 +143,7 @@ impl Core {
             stopped: false,
             outgoing: FxHashMap::default(),
             conns: FxHashMap::default(),
+            queue: None,
             accepted: VecDeque::new(),
             accept_wakers: Vec::new(),
             batcher,
@@ -251,6 +261,9 @@ impl Core {
     /// association is finished, or the tunnel dropped). Wakes its tasks if
     /// anything moved; returns whether anything did.
     pub(crate) fn pump(&mut self, key: u64, limit: usize) -> bool {
+        if self.conns.get(&key).is_some_and(|c| c.queue) {
+            return self.pump_queue(key);
+        }
         let Core {
             listener,
             outgoing,
@@ -361,6 +374,9 @@ impl Core {
         }
         wake_all(&mut self.accept_wakers);
         wake_all(&mut self.pop_wakers);
+        if let Some(q) = &mut self.queue {
+            wake_all(&mut q.waiters);
+        }
     }
 
     /// Counters, live associations included.
@@ -509,7 +525,16 @@ impl Core {
             let Some(peer) = self.listener.get(h).map(|a| a.peer()) else {
                 continue;
             };
-            self.conns.insert(h.0, Conn::new(peer, false));
+            let mut c = Conn::new(peer, false);
+            if let Some(q) = &mut self.queue {
+                // A reliable queue accepts every association itself.
+                c.queue = true;
+                q.adopt(peer, h.0);
+                self.touched.push(h.0);
+                self.conns.insert(h.0, c);
+                continue;
+            }
+            self.conns.insert(h.0, c);
             self.accepted.push_back((h.0, peer));
             wake_all(&mut self.accept_wakers);
         }
@@ -526,7 +551,7 @@ impl Core {
             if self
                 .conns
                 .get(&k)
-                .is_some_and(|c| c.dropped && c.end.is_some())
+                .is_some_and(|c| (c.dropped || c.queue) && c.end.is_some())
             {
                 self.conns.remove(&k);
             }

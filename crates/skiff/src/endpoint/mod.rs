@@ -52,6 +52,7 @@ use crate::udp::{UdpConfig, UdpSocket};
 
 mod core;
 mod driver;
+pub(crate) mod reliable;
 
 use self::core::{Conn, Core};
 
@@ -248,6 +249,8 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.retransmits += b.retransmits;
     a.fast_retransmits += b.fast_retransmits;
     a.rto_expired += b.rto_expired;
+    a.tail_probes += b.tail_probes;
+    a.messages_acked += b.messages_acked;
     a.probes += b.probes;
     a.duplicates += b.duplicates;
     a.out_of_window += b.out_of_window;

@@ -841,3 +841,64 @@ fn stalled_path_detected() {
         "{took:?}"
     );
 }
+
+#[test]
+fn tail_loss_recovered_by_probe_before_rto() {
+    // A lone request whose only packet is lost: nothing later reveals the
+    // loss, so without a probe only the RTO (min_rto 200 ms here) would
+    // recover it.
+    let cfg = AssociationConfig {
+        min_rto: Duration::from_millis(200),
+        ..test_config()
+    };
+    let mut p = Pair::with_config(11, Net::default(), cfg);
+    p.connect();
+    // A few exchanges measure the RTT (10 ms).
+    for i in 0..5 {
+        p.client.send(msg(i, 100)).unwrap();
+        p.drive();
+    }
+    let srtt = p.client.rtt().unwrap();
+    assert!(p.client.rto() >= Duration::from_millis(200));
+    let first = p.log.len();
+    p.filter = Some(Box::new(move |w| {
+        w.index == first && w.dir == Dir::ToServer && w.packet.data.is_some()
+    }));
+    let t0 = p.now;
+    p.client.send(msg(5, 100)).unwrap();
+    let ok = p.drive_until(Duration::from_secs(5), |p| {
+        Pair::messages(&p.server_events).len() == 6
+    });
+    assert!(ok, "the lost tail arrived");
+    let took = p.now - t0;
+    p.drive();
+    let s = p.client.stats();
+    assert_eq!(s.tail_probes, 1, "{s:?}");
+    assert_eq!(s.rto_expired, 0, "{s:?}");
+    assert_eq!(s.retransmits, 1, "{s:?}");
+    assert_eq!(s.messages_acked, 6, "{s:?}");
+    // About 2 x SRTT + ack_delay to the probe, then half a round trip.
+    let bound = 3 * srtt + test_config().ack_delay + Duration::from_millis(2);
+    assert!(took <= bound, "{took:?} > {bound:?}");
+    assert!(took < p.client.rto(), "{took:?}");
+    assert_eq!(
+        Pair::messages(&p.server_events),
+        (0..6).map(|i| msg(i, 100)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn no_probe_when_nothing_is_lost() {
+    let mut p = lossless();
+    p.connect();
+    for i in 0..20 {
+        for j in 0..3 {
+            p.client.send(msg(i * 3 + j, 700)).unwrap();
+        }
+        p.drive();
+    }
+    let s = p.client.stats();
+    assert_eq!(s.tail_probes, 0, "{s:?}");
+    assert_eq!(s.retransmits, 0, "{s:?}");
+    assert_eq!(s.messages_acked, 60, "{s:?}");
+}
