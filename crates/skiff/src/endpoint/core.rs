@@ -116,6 +116,9 @@ pub(crate) struct Core {
     pub(crate) pop_wakers: Vec<Waker>,
     pub(crate) stats: EndpointStats,
     pub(super) finished: AssociationStats,
+    /// Outgoing associations whose connection ended, was folded into
+    /// `finished` and forgotten before the association itself was dropped.
+    folded_gone: rustc_hash::FxHashSet<u64>,
     touched: Vec<u64>,
     next_deadline: Option<Instant>,
     // Scratch space reused across calls.
@@ -153,6 +156,7 @@ impl Core {
             pop_wakers: Vec::new(),
             stats: EndpointStats::default(),
             finished: AssociationStats::default(),
+            folded_gone: Default::default(),
             touched: Vec::new(),
             next_deadline: None,
             frames_in: Vec::new(),
@@ -553,7 +557,13 @@ impl Core {
                 .get(&k)
                 .is_some_and(|c| (c.dropped || c.queue) && c.end.is_some())
             {
-                self.conns.remove(&k);
+                let c = self.conns.remove(&k);
+                // Its stats were folded into `finished` when it ended; the
+                // outgoing association, dropped later, must not add them
+                // again.
+                if c.is_some_and(|c| c.folded) && self.outgoing.contains_key(&k) {
+                    self.folded_gone.insert(k);
+                }
             }
         }
         self.touched = keys;
@@ -612,10 +622,11 @@ impl Core {
         // Finished associations whose tunnel is gone or has seen the end.
         let conns = &self.conns;
         let finished = &mut self.finished;
+        let folded_gone = &mut self.folded_gone;
         self.outgoing.retain(|k, a| {
             let keep =
                 !a.is_drained() || a.has_events() || conns.get(k).is_some_and(|c| c.end.is_none());
-            if !keep && conns.get(k).is_none() {
+            if !keep && !folded_gone.remove(k) && conns.get(k).is_none() {
                 add_stats(finished, &a.stats());
             }
             keep
