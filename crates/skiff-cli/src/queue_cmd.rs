@@ -32,6 +32,11 @@ pub(crate) struct PushArgs {
     /// Pause between messages, e.g. 1ms (default: none).
     #[arg(long)]
     interval: Option<String>,
+    /// Send at most this many messages per second (default: as fast as
+    /// pushes go). Pacing keeps a slow receiver from overflowing, so that
+    /// what is lost is what the network lost.
+    #[arg(long)]
+    rate: Option<u64>,
     /// After the messages, send this many `fin` messages, one datagram each
     /// 20 ms apart: a receiver learns of a loss only from a later sequence
     /// number, so these reveal losses at the very end (spaced so that a
@@ -93,7 +98,9 @@ pub(crate) fn push(a: PushArgs) -> Result<(), Box<dyn std::error::Error>> {
             .ok_or_else(|| format!("field {f:?} is not key=value"))?;
         base = base.with_field(k, Value::from(v));
     }
-    let send = |text: &str| -> Result<(), Box<dyn std::error::Error>> {
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut send = |text: &str| -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..a.count {
             let body = if text.contains("{i}") {
                 text.replace("{i}", &i.to_string())
@@ -103,9 +110,17 @@ pub(crate) fn push(a: PushArgs) -> Result<(), Box<dyn std::error::Error>> {
             let mut m = base.clone();
             m.payload = Bytes::from(body);
             q.push(dest, &m)?;
+            sent += 1;
             if let Some(d) = interval {
                 q.flush()?;
                 std::thread::sleep(d);
+            }
+            if let Some(r) = a.rate.filter(|r| *r > 0) {
+                let due = started + Duration::from_secs_f64(sent as f64 / r as f64);
+                let now = Instant::now();
+                if due > now + Duration::from_micros(500) {
+                    std::thread::sleep(due - now);
+                }
             }
         }
         Ok(())

@@ -18,6 +18,11 @@ fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
     ns.drop_on_receiver(0.014);
     let bin = env!("CARGO_BIN_EXE_skiff");
     let dst = format!("10.213.{subnet}.2:4711");
+    // The receiver writes to a file, not a pipe: a pipe nobody reads while
+    // the sender runs fills up, stalls the receiver and turns the test into
+    // one of receive-buffer overflow instead of network loss.
+    let out_path =
+        std::env::temp_dir().join(format!("skiff-netns-{tag}-{}.jsonl", std::process::id()));
     let pop = ns
         .exec(1)
         .args([
@@ -29,7 +34,7 @@ fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
             "3s",
             "--stats",
         ])
-        .stdout(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -46,6 +51,8 @@ fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
             &n.to_string(),
             "--fin",
             "20",
+            "--rate",
+            "20000",
             "--from",
             &from,
         ])
@@ -63,7 +70,9 @@ fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
         serde_json::from_str(stderr.lines().last().expect("stats line")).expect("stats are JSON");
     let mut seen = HashSet::new();
     let mut fins = Vec::new();
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let _ = std::fs::remove_file(&out_path);
+    for line in text.lines() {
         let m: serde_json::Value = serde_json::from_str(line).unwrap();
         if m["payload"] == "fin" {
             fins.push(m["seq"].as_u64().unwrap());
@@ -126,6 +135,11 @@ fn reliable_queue_delivers_every_message_at_1_4_percent_drop() {
     ns.drop_on_receiver(0.014);
     let bin = env!("CARGO_BIN_EXE_skiff");
     let dst = format!("10.213.{subnet}.2:4711");
+    // The receiver writes to a file, not a pipe: a pipe nobody reads while
+    // the sender runs fills up, stalls the receiver and turns the test into
+    // one of receive-buffer overflow instead of network loss.
+    let out_path =
+        std::env::temp_dir().join(format!("skiff-netns-rel-{}.jsonl", std::process::id()));
     let pop = ns
         .exec(1)
         .args([
@@ -137,7 +151,7 @@ fn reliable_queue_delivers_every_message_at_1_4_percent_drop() {
             "5s",
             "--stats",
         ])
-        .stdout(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -172,7 +186,9 @@ fn reliable_queue_delivers_every_message_at_1_4_percent_drop() {
     let stats: serde_json::Value =
         serde_json::from_str(stderr.lines().last().expect("stats line")).expect("stats are JSON");
     let mut count = 0u64;
-    for (i, line) in String::from_utf8(out.stdout).unwrap().lines().enumerate() {
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let _ = std::fs::remove_file(&out_path);
+    for (i, line) in text.lines().enumerate() {
         let m: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(
             m["payload"],
