@@ -23,7 +23,29 @@ use skiff_proto::Message;
 
 use crate::config::Limits;
 use crate::frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
-use crate::outbox::{cost, ClientOut, Push, SubCounters};
+use crate::outbox::{cost, Body, ClientOut, Push, SubCounters};
+
+/// A message from a client's `Pub` frame, for [`Broker::publish_batch`]:
+/// its encoding, and the decoded message unless the encoding is the simple
+/// kind [`crate::frame::simple_message`] reads in place.
+#[derive(Debug)]
+pub struct Published {
+    /// The message's encoding (checked).
+    pub raw: Bytes,
+    /// The message, decoded, when it is not simple.
+    pub msg: Option<Box<Message>>,
+}
+
+impl Published {
+    /// (subject, type, payload length).
+    fn parts(&self, max_payload: usize) -> (&str, Option<&str>, usize) {
+        match &self.msg {
+            Some(m) => (&m.subject, m.kind.as_deref(), m.payload.len()),
+            None => crate::frame::simple_message(&self.raw, max_payload)
+                .map_or(("", None, 0), |(s, n)| (s, None, n)),
+        }
+    }
+}
 
 /// The `corr` of an error frame about a publish, broadcast or reply, which
 /// has no correlation id of its own; the connection stays open.
@@ -261,22 +283,30 @@ impl Broker {
 
     /// Checks a message from a client against the limits.
     fn check_message(&self, msg: &Message, subject_needed: bool) -> Result<(), (Code, String)> {
-        if msg.payload.len() > self.limits.max_payload {
+        self.check_parts(&msg.subject, msg.payload.len(), subject_needed)
+    }
+
+    fn check_parts(
+        &self,
+        subject: &str,
+        payload: usize,
+        subject_needed: bool,
+    ) -> Result<(), (Code, String)> {
+        if payload > self.limits.max_payload {
             return Err(self.limit(format!(
                 "payload of {} bytes is over the node's limit of {} (max_payload)",
-                msg.payload.len(),
-                self.limits.max_payload
+                payload, self.limits.max_payload
             )));
         }
-        if msg.subject.len() > self.limits.max_subject {
+        if subject.len() > self.limits.max_subject {
             return Err(self.limit(format!(
                 "subject of {} bytes is over the node's limit of {} (max_subject)",
-                msg.subject.len(),
+                subject.len(),
                 self.limits.max_subject
             )));
         }
         if subject_needed {
-            Subject::new(&msg.subject).map_err(|e| (Code::Invalid, e.to_string()))?;
+            Subject::new(subject).map_err(|e| (Code::Invalid, e.to_string()))?;
         }
         Ok(())
     }
@@ -296,7 +326,9 @@ impl Broker {
                     return Ok(());
                 }
                 self.counters.published.fetch_add(1, Relaxed);
-                self.fan_out(me, &msg, 0, None).await;
+                let msg = Arc::new(msg);
+                self.fan_out(me, &msg, &Body::Val(msg.clone()), 0, None)
+                    .await;
             }
             F::Req {
                 rid,
@@ -508,6 +540,7 @@ impl Broker {
         &self,
         me: &Arc<ClientOut>,
         msg: &Message,
+        body: &Body,
         token: u64,
         pending: Option<u64>,
     ) -> usize {
@@ -528,7 +561,7 @@ impl Broker {
                 .for_each_match(subject, msg.kind.as_deref(), |id, client| {
                     let Some(e) = subs.get(&id) else { return };
                     matched += 1;
-                    match e.out.push(e.sid, token, msg) {
+                    match e.out.push(e.sid, token, body) {
                         Push::Queued | Push::Dropped => e.out.wake(),
                         Push::Full => blocked.push((e.out.clone(), e.sid)),
                         Push::Kill => kill.push(client),
@@ -552,11 +585,105 @@ impl Broker {
         for (out, sid) in blocked {
             // Stop waiting if the publisher itself is closed.
             tokio::select! {
-                _ = out.wait_space(sid, token, msg) => {}
+                _ = out.wait_space(sid, token, body) => {}
                 _ = me.closed() => break,
             }
         }
         matched
+    }
+
+    /// Publishes a batch of messages from one client (as read from `Pub`
+    /// frames), in order: what [`Broker::handle`] does for each `Pub`, with one routing
+    /// lock per run of messages (until one waits for a full `block`
+    /// subscription) and one match per run of messages with the same
+    /// subject and type. Wakes each subscriber once per run. Empties
+    /// `batch`.
+    pub async fn publish_batch(&self, me: &Arc<ClientOut>, batch: &mut Vec<Published>) {
+        // A subscription that was full, with what it has still to get.
+        let mut blocked: Vec<Blocked> = Vec::new();
+        let mut kill: Vec<u64> = Vec::new();
+        // Subscriptions matching the previous message: (router id, client).
+        let mut targets: Vec<(SubId, u64)> = Vec::new();
+        // Messages for `targets` not yet queued to them.
+        let mut run: Vec<Body> = Vec::new();
+        let mut woken: Vec<u64> = Vec::new();
+        let mut i = 0;
+        while i < batch.len() {
+            {
+                let mut st = self.state.lock();
+                let st = &mut *st;
+                let mut prev: Option<usize> = None;
+                let mut published = 0u64;
+                while i < batch.len() && blocked.is_empty() && kill.is_empty() {
+                    let p = &batch[i];
+                    i += 1;
+                    let (subject, kind, payload) = p.parts(self.limits.max_payload);
+                    let same = prev.is_some_and(|q| {
+                        let (s, k, _) = batch[q].parts(self.limits.max_payload);
+                        s == subject && k == kind
+                    });
+                    // A subject seen just before was checked and matched.
+                    if let Err((code, text)) = self.check_parts(subject, payload, !same) {
+                        me.control(ServerFrame::Error {
+                            corr: ASYNC_ERROR,
+                            code,
+                            text,
+                        });
+                        continue;
+                    }
+                    if !same {
+                        flush_run(st, &mut run, &targets, &mut woken, &mut blocked, &mut kill);
+                        if !blocked.is_empty() || !kill.is_empty() {
+                            i -= 1;
+                            break;
+                        }
+                        let Ok(subject) = Subject::new(subject) else {
+                            continue;
+                        };
+                        targets.clear();
+                        st.router
+                            .for_each_match(subject, kind, |id, client| targets.push((id, client)));
+                        prev = Some(i - 1);
+                    }
+                    published += 1;
+                    run.push(Body::encoded(&p.raw));
+                }
+                flush_run(st, &mut run, &targets, &mut woken, &mut blocked, &mut kill);
+                if let Some(c) = st.clients.get_mut(&me.id) {
+                    c.published += published;
+                }
+                self.counters.published.fetch_add(published, Relaxed);
+                for c in woken.drain(..) {
+                    if let Some(c) = st.clients.get(&c) {
+                        c.out.wake();
+                    }
+                }
+            }
+            for k in kill.drain(..) {
+                self.counters.slow_consumers.fetch_add(1, Relaxed);
+                self.detach(
+                    k,
+                    Some((
+                        Code::SlowConsumer,
+                        "a subscription with policy `disconnect` was full: slow consumer".into(),
+                    )),
+                );
+            }
+            for (out, sid, rest) in blocked.drain(..) {
+                for body in &rest {
+                    tokio::select! {
+                        r = out.wait_space(sid, 0, body) => if r != Push::Queued && r != Push::Dropped {
+                            break;
+                        },
+                        _ = me.closed() => {
+                            batch.clear();
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        batch.clear();
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -650,7 +777,9 @@ impl Broker {
                 self.finish(token, None);
                 return refuse(code, text);
             }
-            self.fan_out(me, &msg, token, Some(token)).await;
+            let msg = Arc::new(msg);
+            self.fan_out(me, &msg, &Body::Val(msg.clone()), token, Some(token))
+                .await;
         }
         let none = self
             .state
@@ -847,6 +976,38 @@ impl Broker {
     pub(crate) fn protocol_error(&self) {
         self.counters.protocol_errors.fetch_add(1, Relaxed);
     }
+}
+
+/// A subscription that was full, with the messages it has still to get.
+type Blocked = (Arc<ClientOut>, u64, Vec<Body>);
+
+/// Queues `run` to every subscription in `targets`, one outbox lock per
+/// target, and empties it; notes whom to wake, who is blocked and whom to
+/// close.
+fn flush_run(
+    st: &State,
+    run: &mut Vec<Body>,
+    targets: &[(SubId, u64)],
+    woken: &mut Vec<u64>,
+    blocked: &mut Vec<Blocked>,
+    kill: &mut Vec<u64>,
+) {
+    if run.is_empty() {
+        return;
+    }
+    for &(id, client) in targets {
+        let Some(e) = st.subs.get(&id) else { continue };
+        let (k, r) = e.out.push_run(e.sid, run);
+        if k > 0 && !woken.contains(&client) {
+            woken.push(client);
+        }
+        match r {
+            Push::Full => blocked.push((e.out.clone(), e.sid, run[k..].to_vec())),
+            Push::Kill => kill.push(client),
+            _ => {}
+        }
+    }
+    run.clear();
 }
 
 fn release_members(st: &mut State, members: &[u64]) {

@@ -17,13 +17,16 @@
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 
-use crate::frame::{Code, Policy, ServerFrame};
+use crate::frame::{encode_msg, encode_msg_raw, Code, Policy, ServerFrame};
 
 /// Bytes a queued message is charged against the client's pending-bytes
 /// limit.
@@ -37,6 +40,85 @@ const BURST: u32 = 256;
 
 /// Most frames handed out in one batch.
 const MAX_BATCH: usize = 8192;
+
+/// Bytes encoded for one socket write before the writer writes them.
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// Encoded messages up to this long are copied into the queue entry, so a
+/// queued small message pins no receive buffer and costs no reference
+/// count.
+const SMALL: usize = 38;
+
+/// Memory one queue entry takes besides what it points to.
+const ENTRY: usize = std::mem::size_of::<(u64, Body)>();
+
+/// A message queued for subscriptions: its wire encoding (as the
+/// publisher sent it), or a value from an in-process publisher.
+#[derive(Debug, Clone)]
+pub enum Body {
+    /// A short encoding, copied.
+    Small {
+        /// Bytes used in `buf`.
+        len: u8,
+        /// The encoding.
+        buf: [u8; SMALL],
+    },
+    /// An encoding, a slice of the publisher's receive buffer.
+    Raw(Bytes),
+    /// A message from an in-process client, shared by every subscriber.
+    Val(Arc<Message>),
+}
+
+impl Body {
+    /// A message encoded by [`skiff_proto::wire::encode_message`] (and
+    /// already checked by decoding it).
+    pub fn encoded(raw: &Bytes) -> Body {
+        if raw.len() <= SMALL {
+            let mut buf = [0; SMALL];
+            buf[..raw.len()].copy_from_slice(raw);
+            Body::Small {
+                len: raw.len() as u8,
+                buf,
+            }
+        } else {
+            Body::Raw(raw.clone())
+        }
+    }
+
+    /// A message as a value.
+    pub fn value(msg: Message) -> Body {
+        Body::Val(Arc::new(msg))
+    }
+
+    /// Bytes charged against the client's pending-bytes limit.
+    fn cost(&self) -> usize {
+        match self {
+            Body::Small { len, .. } => usize::from(*len) + ENTRY,
+            Body::Raw(b) => b.len() + ENTRY,
+            Body::Val(m) => cost(m) + ENTRY,
+        }
+    }
+
+    /// Appends the `Msg` frame for subscription `sid`.
+    fn encode(&self, out: &mut Vec<u8>, sid: u64, token: u64) {
+        match self {
+            Body::Small { len, buf } => encode_msg_raw(out, sid, token, &buf[..usize::from(*len)]),
+            Body::Raw(b) => encode_msg_raw(out, sid, token, b),
+            Body::Val(m) => encode_msg(out, sid, token, m),
+        }
+    }
+
+    /// The message as a value (for in-process clients). An encoding was
+    /// checked when it arrived, so it decodes.
+    fn into_message(self) -> Option<Message> {
+        let raw = match self {
+            Body::Small { len, buf } => Bytes::copy_from_slice(&buf[..usize::from(len)]),
+            Body::Raw(b) => b,
+            Body::Val(m) => return Some(Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone())),
+        };
+        skiff_proto::wire::decode_message(&raw, usize::MAX).ok()
+    }
+}
 
 /// What happened to a pushed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +137,7 @@ pub(crate) enum Push {
 
 #[derive(Debug)]
 struct SubQueue {
-    q: VecDeque<(u64, Message)>,
+    q: VecDeque<(u64, Body)>,
     cap: usize,
     policy: Policy,
     credit: u32,
@@ -63,6 +145,15 @@ struct SubQueue {
     dropped: u64,
     delivered: u64,
     drop_reported: bool,
+}
+
+impl SubQueue {
+    /// Messages the queue may hold: its bound, plus those the client has
+    /// credit for (on their way to it as soon as the writer runs, so they
+    /// do not count against the bound however late the writer runs).
+    fn room(&self) -> usize {
+        self.cap.saturating_add(self.credit as usize)
+    }
 }
 
 /// A subscription's counters, for stats.
@@ -92,6 +183,13 @@ struct Outbox {
     /// (broadcasts).
     dropped_control: u64,
     delivered: u64,
+}
+
+/// Where [`ClientOut::drain`] puts what it takes.
+trait Sink {
+    fn frame(&mut self, f: ServerFrame);
+    fn msg(&mut self, sid: u64, token: u64, body: Body);
+    fn full(&self) -> bool;
 }
 
 /// One client's outbound side. See the module documentation.
@@ -162,7 +260,7 @@ impl ClientOut {
     pub(crate) fn remove_sub(&self, sid: u64) {
         let mut o = self.inner.lock();
         if let Some(s) = o.subs.remove(&sid) {
-            let bytes: usize = s.q.iter().map(|(_, m)| cost(m)).sum();
+            let bytes: usize = s.q.iter().map(|(_, m)| m.cost()).sum();
             o.pending_bytes -= bytes;
         }
         drop(o);
@@ -186,19 +284,19 @@ impl ClientOut {
 
     /// Queues `msg` for subscription `sid` under its policy. Does not wake
     /// the writer: call [`ClientOut::wake`] after a batch of pushes.
-    pub(crate) fn push(&self, sid: u64, token: u64, msg: &Message) -> Push {
+    pub(crate) fn push(&self, sid: u64, token: u64, msg: &Body) -> Push {
         if self.is_closed() {
             return Push::Gone;
         }
         let mut o = self.inner.lock();
-        let size = cost(msg);
+        let size = msg.cost();
         let over = o.pending_bytes + size > o.max_pending;
         let o = &mut *o;
         let Some(s) = o.subs.get_mut(&sid) else {
             return Push::Gone;
         };
         let mut result = Push::Queued;
-        if s.q.len() >= s.cap || over {
+        if s.q.len() >= s.room() || over {
             match s.policy {
                 Policy::Block => return Push::Full,
                 Policy::Disconnect => return Push::Kill,
@@ -217,7 +315,7 @@ impl ClientOut {
                         o.drop_reports.push(sid);
                     }
                     match s.q.pop_front() {
-                        Some((_, old)) => o.pending_bytes -= cost(&old),
+                        Some((_, old)) => o.pending_bytes -= old.cost(),
                         None => return Push::Dropped,
                     }
                     result = Push::Dropped;
@@ -233,13 +331,72 @@ impl ClientOut {
         result
     }
 
+    /// Queues `msgs` in order for subscription `sid` (token 0), under one
+    /// lock, as [`ClientOut::push`] would one by one; stops at the first
+    /// that is not queued or dropped. Returns how many were taken and the
+    /// last result. Does not wake the writer.
+    pub(crate) fn push_run(&self, sid: u64, msgs: &[Body]) -> (usize, Push) {
+        if self.is_closed() {
+            return (0, Push::Gone);
+        }
+        let mut o = self.inner.lock();
+        let o = &mut *o;
+        let Some(s) = o.subs.get_mut(&sid) else {
+            return (0, Push::Gone);
+        };
+        let mut last = (msgs.len(), Push::Queued);
+        for (k, msg) in msgs.iter().enumerate() {
+            let size = msg.cost();
+            if s.q.len() >= s.room() || o.pending_bytes + size > o.max_pending {
+                match s.policy {
+                    Policy::Block => {
+                        last = (k, Push::Full);
+                        break;
+                    }
+                    Policy::Disconnect => {
+                        last = (k, Push::Kill);
+                        break;
+                    }
+                    Policy::DropNewest => {
+                        s.dropped += 1;
+                        if s.drop_reported {
+                            s.drop_reported = false;
+                            o.drop_reports.push(sid);
+                        }
+                        last.1 = Push::Dropped;
+                        continue;
+                    }
+                    Policy::DropOldest => {
+                        s.dropped += 1;
+                        if s.drop_reported {
+                            s.drop_reported = false;
+                            o.drop_reports.push(sid);
+                        }
+                        last.1 = Push::Dropped;
+                        match s.q.pop_front() {
+                            Some((_, old)) => o.pending_bytes -= old.cost(),
+                            None => continue,
+                        }
+                    }
+                }
+            }
+            s.q.push_back((0, msg.clone()));
+            o.pending_bytes += size;
+        }
+        if s.credit > 0 && !s.in_ready && !s.q.is_empty() {
+            s.in_ready = true;
+            o.ready.push_back(sid);
+        }
+        last
+    }
+
     /// Wakes the writer.
     pub(crate) fn wake(&self) {
         self.ready.notify_one();
     }
 
     /// Waits until a `block` subscription may have room.
-    pub(crate) async fn wait_space(&self, sid: u64, token: u64, msg: &Message) -> Push {
+    pub(crate) async fn wait_space(&self, sid: u64, token: u64, msg: &Body) -> Push {
         loop {
             let mut n = pin!(self.space.notified());
             n.as_mut().enable();
@@ -277,16 +434,80 @@ impl ClientOut {
     /// Moves every ready frame into `out` without waiting; returns whether
     /// it moved any.
     pub fn take(&self, out: &mut Vec<ServerFrame>) -> bool {
+        struct Frames<'a>(&'a mut Vec<ServerFrame>, usize);
+        impl Sink for Frames<'_> {
+            fn frame(&mut self, f: ServerFrame) {
+                self.0.push(f);
+                self.1 += 1;
+            }
+            fn msg(&mut self, sid: u64, token: u64, body: Body) {
+                if let Some(msg) = body.into_message() {
+                    self.0.push(ServerFrame::Msg { sid, token, msg });
+                }
+                self.1 += 1;
+            }
+            fn full(&self) -> bool {
+                self.1 >= MAX_BATCH
+            }
+        }
+        let mut sink = Frames(out, 0);
+        self.drain(&mut sink);
+        sink.1 > 0
+    }
+
+    /// Encodes every ready frame (up to a batch of about 256 KiB) onto
+    /// `out`, waiting until there is one: what a socket writer sends with
+    /// one system call. Returns `false` once the client is closed (after
+    /// the final frame, if any, has been encoded).
+    pub async fn next_encoded(&self, out: &mut Vec<u8>) -> bool {
+        loop {
+            let n = self.ready.notified();
+            if self.take_encoded(out) {
+                return true;
+            }
+            if self.is_closed() {
+                if let Some(f) = self.inner.lock().closing.take() {
+                    f.encode(out);
+                    return true;
+                }
+                return false;
+            }
+            n.await;
+        }
+    }
+
+    /// Encodes ready frames onto `out` without waiting; returns whether it
+    /// encoded any.
+    pub fn take_encoded(&self, out: &mut Vec<u8>) -> bool {
+        struct Enc<'a>(&'a mut Vec<u8>, usize);
+        impl Sink for Enc<'_> {
+            fn frame(&mut self, f: ServerFrame) {
+                f.encode(self.0);
+            }
+            fn msg(&mut self, sid: u64, token: u64, body: Body) {
+                body.encode(self.0, sid, token);
+            }
+            fn full(&self) -> bool {
+                self.0.len() - self.1 >= MAX_BATCH_BYTES
+            }
+        }
         let start = out.len();
+        self.drain(&mut Enc(out, start));
+        out.len() > start
+    }
+
+    fn drain<S: Sink>(&self, out: &mut S) {
         let mut freed = false;
         {
             let mut o = self.inner.lock();
             let o = &mut *o;
-            out.extend(o.control.drain(..));
+            for f in o.control.drain(..) {
+                out.frame(f);
+            }
             for sid in o.drop_reports.drain(..) {
                 if let Some(s) = o.subs.get_mut(&sid) {
                     s.drop_reported = true;
-                    out.push(ServerFrame::Dropped {
+                    out.frame(ServerFrame::Dropped {
                         sid,
                         total: s.dropped,
                     });
@@ -294,7 +515,7 @@ impl ClientOut {
             }
             // Round robin over ready subscriptions, up to BURST each per
             // visit, until nothing is ready or the batch is large.
-            while out.len() - start < MAX_BATCH {
+            while !out.full() {
                 let Some(sid) = o.ready.pop_front() else {
                     break;
                 };
@@ -302,11 +523,12 @@ impl ClientOut {
                     continue;
                 };
                 let take = s.credit.min(BURST).min(s.q.len() as u32);
-                for _ in 0..take {
-                    let (token, msg) = s.q.pop_front().expect("counted");
-                    o.pending_bytes -= cost(&msg);
-                    out.push(ServerFrame::Msg { sid, token, msg });
+                let mut bytes = 0;
+                for (token, body) in s.q.drain(..take as usize) {
+                    bytes += body.cost();
+                    out.msg(sid, token, body);
                 }
+                o.pending_bytes -= bytes;
                 freed |= take > 0;
                 s.credit -= take;
                 s.delivered += u64::from(take);
@@ -321,7 +543,6 @@ impl ClientOut {
         if freed {
             self.space.notify_waiters();
         }
-        out.len() > start
     }
 
     /// Whether nothing is queued (a draining shutdown waits for this).

@@ -20,9 +20,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::broker::{Broker, Fatal};
+use crate::broker::{Broker, Fatal, Published};
 use crate::config::Config;
-use crate::frame::{ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
+use crate::frame::{
+    is_pub, simple_message, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD,
+};
 use crate::outbox::ClientOut;
 
 /// A running node: its listeners and connections run as tokio tasks on the
@@ -200,6 +202,7 @@ async fn serve<R, W>(
     let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error = None;
+    let mut pubs = Vec::new();
     'read: loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -212,6 +215,8 @@ async fn serve<R, W>(
             _ = out.closed() => break,
             _ = stop.changed() => break,
         }
+        // Every whole frame read: runs of publishes go to the broker as
+        // one batch, other frames one by one, in order.
         loop {
             let body = match dec.next(&mut buf) {
                 Ok(Some(b)) => b,
@@ -221,19 +226,43 @@ async fn serve<R, W>(
                     break 'read;
                 }
             };
+            if is_pub(&body) {
+                let raw = body.slice(1..);
+                drop(body);
+                let msg = if simple_message(&raw, max_payload).is_some() {
+                    None
+                } else {
+                    match skiff_proto::wire::decode_message(&raw, max_payload) {
+                        Ok(m) => Some(Box::new(m)),
+                        Err(e) => {
+                            broker.publish_batch(&out, &mut pubs).await;
+                            error = Some(protocol(&broker, e));
+                            break 'read;
+                        }
+                    }
+                };
+                pubs.push(Published { raw, msg });
+                if pubs.len() >= 1024 {
+                    broker.publish_batch(&out, &mut pubs).await;
+                }
+                continue;
+            }
             let frame = match ClientFrame::decode(body, max_payload) {
                 Ok(f) => f,
                 Err(e) => {
+                    broker.publish_batch(&out, &mut pubs).await;
                     error = Some(protocol(&broker, e));
                     break 'read;
                 }
             };
+            broker.publish_batch(&out, &mut pubs).await;
             if let Err(f) = broker.handle(&out, frame).await {
                 broker.protocol_error();
                 error = Some((f.code, f.text));
                 break 'read;
             }
         }
+        broker.publish_batch(&out, &mut pubs).await;
     }
     if *stop.borrow() && error.is_none() {
         // Shutting down: the node drains, then closes every client.
@@ -253,18 +282,8 @@ fn protocol(broker: &Broker, e: skiff_proto::WireError) -> (Code, String) {
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(out: Arc<ClientOut>, mut w: W) {
-    let mut frames = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
-    while out.next_batch(&mut frames).await {
-        for f in frames.drain(..) {
-            f.encode(&mut buf);
-            if buf.len() >= 256 * 1024 {
-                if w.write_all(&buf).await.is_err() {
-                    return;
-                }
-                buf.clear();
-            }
-        }
+    while out.next_encoded(&mut buf).await {
         if !buf.is_empty() {
             if w.write_all(&buf).await.is_err() {
                 return;

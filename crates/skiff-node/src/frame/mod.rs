@@ -639,6 +639,62 @@ impl ClientFrame {
     }
 }
 
+/// Appends a `Msg` frame whose message is already encoded (`raw`, as
+/// [`skiff_proto::wire::encode_message`] writes it, e.g. the body of a
+/// client's `Pub` frame after its op): the node forwards a published
+/// message without decoding and re-encoding it.
+pub fn encode_msg_raw(out: &mut Vec<u8>, sid: u64, token: u64, raw: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&[0; LEN_PREFIX]);
+    out.push(op::MSG);
+    varint::put(out, sid);
+    varint::put(out, token);
+    out.extend_from_slice(raw);
+    let len = (out.len() - start - LEN_PREFIX) as u32;
+    out[start..start + LEN_PREFIX].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The subject and payload length of an encoded message with a subject and
+/// nothing else but its payload (the common publish), read without
+/// building a [`Message`]; `None` for any other encoding, valid or not
+/// (decode those with [`skiff_proto::wire::decode_message`]). Accepts only
+/// what `decode_message(raw, max_payload)` accepts.
+pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
+    const F_SUBJECT: u8 = 1;
+    if *raw.first()? != F_SUBJECT {
+        return None;
+    }
+    let (n, a) = varint::get(&raw[1..]).ok()?;
+    if n == 0 || n > MAX_SUBJECT as u64 {
+        return None;
+    }
+    let start = 1 + a;
+    let end = start.checked_add(n as usize)?;
+    let subject = std::str::from_utf8(raw.get(start..end)?).ok()?;
+    let (len, b) = varint::get(raw.get(end..)?).ok()?;
+    if len > max_payload as u64 || (raw.len() - end - b) as u64 != len {
+        return None;
+    }
+    Some((subject, len as usize))
+}
+
+/// Appends a `Pub` frame for `msg` (what [`ClientFrame::Pub`] encodes to,
+/// without building the frame).
+pub fn encode_pub(out: &mut Vec<u8>, msg: &Message) {
+    Enc::new(out, op::PUB).msg(msg).end();
+}
+
+/// Appends a `Msg` frame for `msg` (what [`ServerFrame::Msg`] encodes to).
+pub fn encode_msg(out: &mut Vec<u8>, sid: u64, token: u64, msg: &Message) {
+    Enc::new(out, op::MSG).v(sid).v(token).msg(msg).end();
+}
+
+/// Whether a frame body is a client's `Pub`; its encoded message is then
+/// `body[1..]`.
+pub fn is_pub(body: &[u8]) -> bool {
+    body.first() == Some(&op::PUB)
+}
+
 impl ServerFrame {
     /// Appends the frame, length prefix included, to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {

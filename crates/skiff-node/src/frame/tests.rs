@@ -194,3 +194,48 @@ fn codes_and_policies_round_trip() {
         assert_eq!(Policy::from_u8(p as u8), Some(p));
     }
 }
+
+/// `simple_message` accepts only what `decode_message` accepts, and reads
+/// the same subject and payload length; it never panics.
+#[test]
+fn simple_message_agrees_with_decode_message() {
+    let mut inputs: Vec<Vec<u8>> = Vec::new();
+    for m in [
+        Message::new("bench.ps", Bytes::from_static(b"12345678")),
+        Message::new("a", Bytes::new()),
+        msg(),
+    ] {
+        let mut out = Vec::new();
+        skiff_proto::wire::encode_message(&mut out, &m, false);
+        inputs.push(out);
+    }
+    // Every prefix and one-byte corruption of each.
+    let base = inputs.clone();
+    for b in &base {
+        for n in 0..b.len() {
+            inputs.push(b[..n].to_vec());
+            for x in [0u8, 1, 0x7f, 0x80, 0xff] {
+                let mut c = b.clone();
+                c[n] = x;
+                inputs.push(c);
+            }
+        }
+        let mut longer = b.clone();
+        longer.push(0);
+        inputs.push(longer);
+    }
+    let mut simple = 0;
+    for raw in inputs {
+        for max in [0, 4, 8, 1 << 20] {
+            if let Some((subject, len)) = simple_message(&raw, max) {
+                simple += 1;
+                let m = skiff_proto::wire::decode_message(&Bytes::from(raw.clone()), max)
+                    .expect("a simple message decodes");
+                assert_eq!(&*m.subject, subject);
+                assert_eq!(m.payload.len(), len);
+                assert!(m.kind.is_none() && m.fields.is_empty());
+            }
+        }
+    }
+    assert!(simple > 0);
+}

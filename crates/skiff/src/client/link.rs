@@ -9,8 +9,9 @@ use std::sync::{Arc, Weak};
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
-use skiff_node::frame::{Decoder, FRAME_OVERHEAD};
+use skiff_node::frame::{encode_pub, Decoder, FRAME_OVERHEAD};
 use skiff_node::{ClientFrame, Code, MemLink, ServerFrame};
+use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -34,6 +35,44 @@ pub(crate) struct StreamTx {
     closed: AtomicBool,
 }
 
+impl StreamTx {
+    /// Appends a frame (`encode` writes it) to the write buffer, waiting
+    /// while the buffer is over its high-water mark. Wakes the writer only
+    /// when the buffer becomes non-empty: the writer takes all of it at
+    /// once, so one wake-up and one write carry every frame queued since.
+    async fn send_with(&self, mut encode: impl FnMut(&mut Vec<u8>)) -> Result<(), Error> {
+        loop {
+            if self.try_send_with(&mut encode)? {
+                return Ok(());
+            }
+            let n = self.drained.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.try_send_with(&mut encode)? {
+                return Ok(());
+            }
+            n.await;
+        }
+    }
+
+    fn try_send_with(&self, encode: &mut impl FnMut(&mut Vec<u8>)) -> Result<bool, Error> {
+        let mut buf = self.buf.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if buf.len() >= HIGH_WATER {
+            return Ok(false);
+        }
+        let wake = buf.is_empty();
+        encode(&mut buf);
+        drop(buf);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Ok(true)
+    }
+}
+
 fn refused(code: Code, text: String) -> Error {
     Error::Refused { code, reason: text }
 }
@@ -44,24 +83,22 @@ impl Link {
     pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
         match self {
             Link::Mem(m) => m.send(f).await.map_err(|e| refused(e.code, e.text)),
-            Link::Stream(s) => loop {
-                let n = s.drained.notified();
-                tokio::pin!(n);
-                n.as_mut().enable();
-                {
-                    let mut buf = s.buf.lock();
-                    if s.closed.load(Ordering::Acquire) {
-                        return Err(Error::Closed);
-                    }
-                    if buf.len() < HIGH_WATER {
-                        f.encode(&mut buf);
-                        drop(buf);
-                        s.wake_writer.notify_one();
-                        return Ok(());
-                    }
-                }
-                n.await;
+            Link::Stream(s) => s.send_with(|buf| f.encode(buf)).await,
+        }
+    }
+
+    /// Publishes `msg` if that needs no wait: over a stream with room in
+    /// the write buffer, encodes it straight into the buffer (no frame
+    /// built, nothing moved). `None`: send a `Pub` frame instead.
+    pub(crate) fn try_publish(&self, msg: &Message) -> Option<Result<(), Error>> {
+        match self {
+            Link::Stream(s) => match s.try_send_with(&mut |buf: &mut Vec<u8>| encode_pub(buf, msg))
+            {
+                Ok(true) => Some(Ok(())),
+                Ok(false) => None,
+                Err(e) => Some(Err(e)),
             },
+            Link::Mem(_) => None,
         }
     }
 
@@ -73,8 +110,13 @@ impl Link {
                 if s.closed.load(Ordering::Acquire) {
                     return Err(Error::Closed);
                 }
-                f.encode(&mut s.buf.lock());
-                s.wake_writer.notify_one();
+                let mut buf = s.buf.lock();
+                let wake = buf.is_empty();
+                f.encode(&mut buf);
+                drop(buf);
+                if wake {
+                    s.wake_writer.notify_one();
+                }
                 Ok(())
             }
         }

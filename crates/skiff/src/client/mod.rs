@@ -43,7 +43,7 @@ mod link;
 mod sub;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -106,6 +106,8 @@ pub(crate) struct Inner {
     link: Option<Link>,
     backend: Backend,
     state: Mutex<State>,
+    /// Set once `state.fatal` is (so a publish need not take the lock).
+    failed: AtomicBool,
     next: AtomicU64,
     pub(crate) max_payload: usize,
     id: u64,
@@ -184,6 +186,7 @@ impl Client {
                     link: None,
                     backend: Backend::File(FileLog::open(rest)?),
                     state: Mutex::new(State::default()),
+                    failed: AtomicBool::new(false),
                     next: AtomicU64::new(1),
                     max_payload: usize::MAX,
                     id: 0,
@@ -219,6 +222,7 @@ impl Client {
             link: Some(Link::Mem(link)),
             backend: Backend::Node,
             state: Mutex::new(State::default()),
+            failed: AtomicBool::new(false),
             next: AtomicU64::new(1),
             max_payload: max_payload as usize,
             id,
@@ -239,6 +243,7 @@ impl Client {
             link: Some(Link::Stream(tx.clone())),
             backend: Backend::Node,
             state: Mutex::new(State::default()),
+            failed: AtomicBool::new(false),
             next: AtomicU64::new(1),
             max_payload: max_payload as usize,
             id,
@@ -288,6 +293,11 @@ impl Client {
             return f.append(&msg);
         }
         self.check(&msg)?;
+        // Most publishes fit in the write buffer at once: encode there by
+        // reference, with no future to move the message into.
+        if let Some(r) = self.inner.try_publish(&msg) {
+            return r;
+        }
         self.inner.send(ClientFrame::Pub(msg)).await
     }
 
@@ -602,13 +612,24 @@ impl Inner {
     }
 
     pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
-        if let Some(e) = &self.state.lock().fatal {
-            return Err(Error::Refused {
-                code: Code::Shutdown,
-                reason: e.clone(),
-            });
+        if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &self.state.lock().fatal {
+                return Err(Error::Refused {
+                    code: Code::Shutdown,
+                    reason: e.clone(),
+                });
+            }
         }
         self.link()?.send(f).await
+    }
+
+    /// Publishes at once if that needs no wait; `None` otherwise (send
+    /// the frame).
+    fn try_publish(&self, msg: &Message) -> Option<Result<(), Error>> {
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.link.as_ref()?.try_publish(msg)
     }
 
     pub(crate) fn send_now(&self, f: ClientFrame) -> Result<(), Error> {
@@ -653,6 +674,7 @@ impl Inner {
         let mut st = self.state.lock();
         if st.fatal.is_none() {
             st.fatal = Some(why.clone());
+            self.failed.store(true, Ordering::Release);
         }
         for (_, s) in st.subs.drain() {
             s.lock().close(Some(why.clone()));
@@ -674,19 +696,32 @@ impl Inner {
 
     /// Routes frames from the node to the calls and handles waiting for
     /// them.
+    ///
+    /// (Batched: see `flush_run`.)
     pub(crate) fn dispatch(self: &Arc<Self>, frames: &mut Vec<ServerFrame>) {
         let mut fatal = None;
         {
             let mut st = self.state.lock();
+            let mut run: Option<(u64, Option<Shared<Delivery>>)> = None;
+            let mut pend = Vec::new();
             for f in frames.drain(..) {
+                if !matches!(f, ServerFrame::Msg { .. }) {
+                    flush_run(&run, &mut pend);
+                    run = None;
+                }
                 match f {
                     ServerFrame::Msg { sid, token, msg } => {
-                        if let Some(s) = st.subs.get(&sid) {
-                            s.lock().push(Delivery {
-                                msg,
-                                token: (token != 0).then_some(token),
-                            });
+                        // Consecutive messages for one subscription go in
+                        // under one lock, with one wake-up.
+                        if run.as_ref().map(|(s, _)| *s) != Some(sid) {
+                            flush_run(&run, &mut pend);
+                            run = Some((sid, st.subs.get(&sid).cloned()));
                         }
+                        pend.push(Delivery {
+                            msg,
+                            token: (token != 0).then_some(token),
+                        });
+                        continue;
                     }
                     ServerFrame::Dropped { sid, total } => {
                         if let Some(s) = st.subs.get(&sid) {
@@ -790,6 +825,7 @@ impl Inner {
                     _ => {}
                 }
             }
+            flush_run(&run, &mut pend);
         }
         if let Some(why) = fatal {
             self.fail(why);
@@ -807,4 +843,17 @@ impl Inner {
     pub(crate) fn forget_member(&self, cluster: &str) {
         self.state.lock().members.remove(cluster);
     }
+}
+
+/// Hands the deliveries gathered for one subscription to its inbox under
+/// one lock, with one wake-up.
+fn flush_run(run: &Option<(u64, Option<Shared<Delivery>>)>, pend: &mut Vec<Delivery>) {
+    if let Some((_, Some(s))) = run {
+        if !pend.is_empty() {
+            let mut i = s.lock();
+            i.q.extend(pend.drain(..));
+            i.wake();
+        }
+    }
+    pend.clear();
 }
