@@ -12,10 +12,15 @@
  *    "msgs_per_s":..,"mb_per_s":..,"p50_us":null,"p99_us":null,
  *    "lost":0,"cpu_pct":..,"elapsed_s":..,"options":"..."}
  *
- * usage: zmq_bench SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS]]]
+ * usage: zmq_bench SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS [TRANSPORT]]]]
  *   IO_THREADS  libzmq I/O threads per context (default 1)
  *   CONTEXTS    1: both sockets share one context (default);
  *               2: one context each, as two processes would have
+ *   TRANSPORT   tcp (default): PUSH/PULL over tcp://127.0.0.1;
+ *               ipc: PUSH/PULL over ipc:// (a Unix socket), test "zmq-ipc";
+ *               ipc-pingpong: MESSAGES round trips of SIZE bytes between
+ *               two PAIR sockets over ipc://, test "zmq-ipc-pingpong",
+ *               with p50_us/p99_us (used by `skiff bench shm`).
  *
  * Build: bench/zmq/build.sh (installs libzmq3-dev and gcc if missing).
  */
@@ -28,6 +33,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct sender_args {
@@ -91,9 +97,96 @@ static void *sender(void *p) {
     return NULL;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct echo_args {
+    void *ctx;
+    char endpoint[256];
+    size_t size;
+    int error;
+};
+
+static void *echo(void *p) {
+    struct echo_args *a = p;
+    void *pair = zmq_socket(a->ctx, ZMQ_PAIR);
+    if (!pair || zmq_connect(pair, a->endpoint) != 0) {
+        a->error = zmq_errno();
+        return NULL;
+    }
+    char *buf = malloc(a->size + 1);
+    for (;;) {
+        int n = zmq_recv(pair, buf, a->size + 1, 0);
+        if (n < 0) {
+            if (zmq_errno() == EINTR) continue;
+            a->error = zmq_errno();
+            break;
+        }
+        if (n == 0) break;
+        while (zmq_send(pair, buf, (size_t)n, 0) < 0 && zmq_errno() == EINTR) {
+        }
+    }
+    free(buf);
+    zmq_close(pair);
+    return NULL;
+}
+
+/* MESSAGES round trips over ipc:// PAIR sockets; one JSON row. */
+static int pingpong(size_t size, uint64_t messages, double duration, int io_threads) {
+    void *ctx = zmq_ctx_new();
+    zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads);
+    void *pair = zmq_socket(ctx, ZMQ_PAIR);
+    char ep[256];
+    snprintf(ep, sizeof ep, "ipc:///tmp/zmq_bench_pp_%d.ipc", (int)getpid());
+    if (!pair || zmq_bind(pair, ep) != 0) die("zmq_bind ipc");
+    struct echo_args a;
+    memset(&a, 0, sizeof a);
+    a.ctx = ctx;
+    a.size = size;
+    snprintf(a.endpoint, sizeof a.endpoint, "%s", ep);
+    pthread_t t;
+    if (pthread_create(&t, NULL, echo, &a) != 0) {
+        perror("pthread_create");
+        return 1;
+    }
+    char *buf = malloc(size + 1);
+    memset(buf, 0xA5, size);
+    double *rtt = malloc(sizeof(double) * (messages ? messages : 1));
+    uint64_t warm = messages < 1000 ? messages : 1000, n = 0;
+    double cpu0 = cpu_s(), wall0 = now_s(), deadline = wall0 + duration;
+    for (uint64_t i = 0; i < warm + messages; i++) {
+        double t0 = now_s();
+        if (zmq_send(pair, buf, size, 0) < 0) die("zmq_send");
+        if (zmq_recv(pair, buf, size + 1, 0) < 0) die("zmq_recv");
+        if (i >= warm) rtt[n++] = (now_s() - t0) * 1e6;
+        if (now_s() >= deadline) break;
+    }
+    double wall = now_s() - wall0;
+    double cpu_pct = (cpu_s() - cpu0) / wall * 100.0;
+    zmq_send(pair, "", 0, 0);
+    pthread_join(t, NULL);
+    qsort(rtt, n, sizeof(double), cmp_double);
+    double p50 = n ? rtt[n / 2] : 0, p99 = n ? rtt[(size_t)((double)n * 0.99)] : 0;
+    printf("{\"test\":\"zmq-ipc-pingpong\",\"mode\":\"pair-ipc\",\"size\":%zu,\"messages\":%llu,"
+           "\"msgs_per_s\":null,\"mb_per_s\":null,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+           "\"lost\":0,\"cpu_pct\":%.1f,\"elapsed_s\":%.6f,"
+           "\"options\":\"%s io_threads=%d libzmq %d.%d.%d\"}\n",
+           size, (unsigned long long)n, p50, p99, cpu_pct, wall, ep, io_threads, ZMQ_VERSION_MAJOR,
+           ZMQ_VERSION_MINOR, ZMQ_VERSION_PATCH);
+    free(rtt);
+    free(buf);
+    zmq_close(pair);
+    zmq_ctx_term(ctx);
+    unlink(ep + 6);
+    return a.error ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS]]]\n", argv[0]);
+        fprintf(stderr, "usage: %s SIZE MESSAGES [DURATION_SECS [IO_THREADS [CONTEXTS [TRANSPORT]]]]\n",
+                argv[0]);
         return 2;
     }
     size_t size = strtoull(argv[1], NULL, 10);
@@ -101,6 +194,13 @@ int main(int argc, char **argv) {
     double duration = argc > 3 ? atof(argv[3]) : 1e9;
     int io_threads = argc > 4 ? atoi(argv[4]) : 1;
     int contexts = argc > 5 ? atoi(argv[5]) : 1;
+    const char *transport = argc > 6 ? argv[6] : "tcp";
+    int ipc = strcmp(transport, "ipc") == 0;
+    if (!ipc && strcmp(transport, "tcp") != 0 && strcmp(transport, "ipc-pingpong") != 0) {
+        fprintf(stderr, "zmq_bench: TRANSPORT must be tcp, ipc or ipc-pingpong\n");
+        return 2;
+    }
+    if (strcmp(transport, "ipc-pingpong") == 0) return pingpong(size, messages, duration, io_threads);
     if (size == 0 || messages == 0 || duration <= 0 || io_threads < 1 || contexts < 1 || contexts > 2) {
         fprintf(stderr, "zmq_bench: SIZE and MESSAGES must be positive, CONTEXTS 1 or 2\n");
         return 2;
@@ -115,7 +215,9 @@ int main(int argc, char **argv) {
     }
     void *pull = zmq_socket(rctx, ZMQ_PULL);
     if (!pull) die("zmq_socket");
-    if (zmq_bind(pull, "tcp://127.0.0.1:*") != 0) die("zmq_bind");
+    char ipc_ep[256];
+    snprintf(ipc_ep, sizeof ipc_ep, "ipc:///tmp/zmq_bench_%d.ipc", (int)getpid());
+    if (zmq_bind(pull, ipc ? ipc_ep : "tcp://127.0.0.1:*") != 0) die("zmq_bind");
     int hwm = 0;
     size_t hwm_len = sizeof hwm;
     zmq_getsockopt(pull, ZMQ_RCVHWM, &hwm, &hwm_len);
@@ -157,16 +259,17 @@ int main(int argc, char **argv) {
     double elapsed = ts_s(last) - ts_s(a.start);
     if (elapsed <= 0) elapsed = 1e-9;
     double rate = (double)received / elapsed;
-    printf("{\"test\":\"zmq\",\"mode\":\"push-pull-tcp\",\"size\":%zu,\"messages\":%llu,"
+    printf("{\"test\":\"%s\",\"mode\":\"push-pull-%s\",\"size\":%zu,\"messages\":%llu,"
            "\"msgs_per_s\":%.1f,\"mb_per_s\":%.3f,\"p50_us\":null,\"p99_us\":null,"
            "\"lost\":%llu,\"cpu_pct\":%.1f,\"elapsed_s\":%.6f,"
-           "\"options\":\"tcp://127.0.0.1 hwm=%d io_threads=%d contexts=%d libzmq %d.%d.%d\"}\n",
-           size, (unsigned long long)a.sent, rate, rate * (double)size / 1e6, (unsigned long long)(a.sent - received),
-           cpu_pct, elapsed, hwm, io_threads, contexts, ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR,
+           "\"options\":\"%s hwm=%d io_threads=%d contexts=%d libzmq %d.%d.%d\"}\n",
+           ipc ? "zmq-ipc" : "zmq", transport, size, (unsigned long long)a.sent, rate, rate * (double)size / 1e6, (unsigned long long)(a.sent - received),
+           cpu_pct, elapsed, ipc ? ipc_ep : "tcp://127.0.0.1", hwm, io_threads, contexts, ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR,
            ZMQ_VERSION_PATCH);
     free(buf);
     zmq_close(pull);
     if (sctx != rctx) zmq_ctx_term(sctx);
     zmq_ctx_term(rctx);
+    if (ipc) unlink(ipc_ep + 6);
     return 0;
 }

@@ -148,8 +148,9 @@ pub struct Geometry {
     records: u64,
 }
 
-/// Largest data capacity accepted (RocketBufs' 32-bit size field).
-pub const MAX_CAPACITY: u64 = u32::MAX as u64;
+/// Largest data capacity accepted: RocketBufs' 32-bit size field, less
+/// one value (`u32::MAX`) that transports may reserve for control frames.
+pub const MAX_CAPACITY: u64 = u32::MAX as u64 - 1;
 /// Largest record count accepted.
 pub const MAX_RECORDS: u64 = 1 << 24;
 
@@ -158,7 +159,7 @@ impl Geometry {
     pub fn new(capacity: u64, records: u64) -> Result<Geometry, CreditError> {
         if capacity == 0 || capacity > MAX_CAPACITY {
             return Err(CreditError::Geometry(
-                "capacity must be 1..=4294967295 bytes",
+                "capacity must be 1..=4294967294 bytes",
             ));
         }
         if records == 0 || records > MAX_RECORDS {

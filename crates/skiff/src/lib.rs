@@ -21,6 +21,7 @@ pub mod endpoint;
 pub mod error;
 pub mod locator;
 pub mod queue;
+pub mod shm;
 mod sys;
 pub mod tunnel;
 pub mod udp;

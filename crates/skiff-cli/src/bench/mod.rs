@@ -14,6 +14,8 @@
 //!   node, against nats-server (`--nats`) and a TCP ping-pong floor.
 //! - `tunnel`: a reliable tunnel (QMP association) against plain TCP on
 //!   the same path: bulk goodput, 64 B message rate, ping-pong latency.
+//! - `shm`: RocketBufs buffers over shared memory against a Unix domain
+//!   socket and ZeroMQ `ipc://`: message rate and round trip.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -27,6 +29,7 @@ mod pubsub;
 mod queue;
 mod report;
 mod request;
+mod shm;
 mod tunnel;
 
 use report::{Histogram, Reporter};
@@ -54,6 +57,9 @@ pub(crate) enum BenchCommand {
     /// A reliable tunnel against plain TCP on the same path: bulk goodput,
     /// small-message rate and ping-pong latency.
     Tunnel(tunnel::TunnelArgs),
+    /// RocketBufs buffers over shared memory against a Unix socket and
+    /// ZeroMQ ipc: message rate and round trip, busy-poll and futex.
+    Shm(shm::ShmArgs),
 }
 
 /// Output options every benchmark takes.
@@ -78,6 +84,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
         BenchCommand::Pubsub(a) => (a.output.clone(), "skiff bench pubsub"),
         BenchCommand::Request(a) => (a.output.clone(), "skiff bench request"),
         BenchCommand::Tunnel(a) => (a.output.clone(), "skiff bench tunnel"),
+        BenchCommand::Shm(a) => (a.output.clone(), "skiff bench shm"),
     };
     let mut reporter = Reporter::new(output.json);
     let result = match &args.command {
@@ -85,12 +92,14 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
         BenchCommand::Pubsub(a) => pubsub::run(a, &mut reporter),
         BenchCommand::Request(a) => request::run(a, &mut reporter),
         BenchCommand::Tunnel(a) => tunnel::run(a, &mut reporter),
+        BenchCommand::Shm(a) => shm::run(a, &mut reporter),
     };
     let notes = match &args.command {
         BenchCommand::Queue(_) => queue::targets(reporter.rows()),
         BenchCommand::Pubsub(_) => pubsub::targets(reporter.rows()),
         BenchCommand::Request(_) => request::targets(reporter.rows()),
         BenchCommand::Tunnel(_) => tunnel::targets(reporter.rows()),
+        BenchCommand::Shm(_) => shm::targets(reporter.rows()),
     };
     // Whatever was measured before a failure is still shown.
     reporter.finish(&notes)?;

@@ -1,0 +1,451 @@
+//! `skiff bench shm`: RocketBufs buffers over shared memory (`shm://`)
+//! against a Unix domain socket (Rust std) and ZeroMQ `ipc://`, in one run.
+//!
+//! - `msgs`: `--messages` messages of each `--sizes` size from a producer
+//!   thread to a consumer thread through one credit-flow buffer of
+//!   `--buffer` bytes. Modes: one segment per message (`per-msg`: the cost
+//!   of one deliver and one receive per message) and messages packed into
+//!   segments of up to `--batch` bytes (`batch=…`: RocketBufs' batching,
+//!   the application asks for a large segment), each with busy-poll
+//!   (`spin=1s`) and futex wake-ups (`spin=0`). The Unix socket carries
+//!   the same load one `write` per message and through a 64 KiB
+//!   `BufWriter`; ZeroMQ PUSH/PULL over `ipc://` runs as a child process.
+//! - `pingpong`: one message each way through two buffers, timed per round
+//!   trip, busy-poll and futex; the Unix socket and ZeroMQ PAIR over
+//!   `ipc://` likewise.
+//!
+//! Producer and consumer run as two threads of this process; the ring
+//! files live in `--dir` (default `/dev/shm/skiff`) exactly as between two
+//! processes, so the figures are those of the shared-memory path.
+
+use std::error::Error;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use skiff::shm::{Flow, Input, Output};
+
+use super::report::{self, CpuMeter, Reporter, Row};
+use super::{parse_secs, parse_size, round_trips, Limits, OutputArgs};
+
+/// The tests `skiff bench shm` can run.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Test {
+    /// Message rate.
+    Msgs,
+    /// Round-trip latency.
+    Pingpong,
+}
+
+/// `skiff bench shm`
+#[derive(clap::Args, Debug)]
+pub(crate) struct ShmArgs {
+    /// Message sizes.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8,4k")]
+    pub(crate) sizes: Vec<usize>,
+    /// Messages per rate test.
+    #[arg(long, default_value_t = 20_000_000)]
+    pub(crate) messages: u64,
+    /// Round trips per ping-pong test (after up to 1000 of warm-up).
+    #[arg(long, default_value_t = 50_000)]
+    pub(crate) round_trips: u64,
+    /// Longest time one test runs, in seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "5")]
+    pub(crate) duration_secs: Duration,
+    /// Buffer (ring) size.
+    #[arg(long, value_parser = parse_size, default_value = "4m")]
+    pub(crate) buffer: usize,
+    /// Segment size of the batched mode.
+    #[arg(long, value_parser = parse_size, default_value = "64k")]
+    pub(crate) batch: usize,
+    /// Directory of the ring files.
+    #[arg(long)]
+    pub(crate) dir: Option<PathBuf>,
+    /// The ZeroMQ peer (bench/zmq/build.sh builds it); by default
+    /// target/zmq_bench, skipped with a note if missing.
+    #[arg(long)]
+    pub(crate) zmq: Option<PathBuf>,
+    /// Tests to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "msgs,pingpong"
+    )]
+    pub(crate) tests: Vec<Test>,
+    /// Output format.
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+/// Busy-poll: spin this long before sleeping (longer than any gap).
+const BUSY: &str = "1s";
+
+impl ShmArgs {
+    fn locator(&self, name: &str, spin: &str) -> String {
+        let dir = self.dir.clone().unwrap_or_else(skiff::shm::default_dir);
+        format!("shm://{name}?spin={spin}&dir={}", dir.display())
+    }
+}
+
+/// Runs the tests asked for.
+pub(crate) fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
+    let show = out.progress_enabled();
+    let zmq = zmq_path(args.zmq.as_deref());
+    let limits = Limits {
+        messages: args.messages,
+        duration: args.duration_secs,
+    };
+    if args.tests.contains(&Test::Msgs) {
+        for &size in &args.sizes {
+            for (spin, wake) in [(BUSY, "busy-poll"), ("0us", "futex")] {
+                for batch in [None, Some(args.batch.max(size))] {
+                    let mode = match batch {
+                        None => format!("per-msg {wake}"),
+                        Some(b) => format!("batch={b}B {wake}"),
+                    };
+                    let pb = report::spinner(show, &format!("shm {size} B {mode}"));
+                    let row = shm_msgs(args, size, batch, spin, &mode, limits);
+                    pb.finish_and_clear();
+                    out.push(row?)?;
+                }
+            }
+            for buffered in [false, true] {
+                let pb = report::spinner(show, &format!("uds {size} B"));
+                let row = uds_msgs(size, buffered, limits);
+                pb.finish_and_clear();
+                out.push(row?)?;
+            }
+            if let Some(z) = &zmq {
+                let pb = report::spinner(show, &format!("zmq ipc {size} B"));
+                let rows = zmq_rows(z, size, limits.messages, limits.duration, "ipc");
+                pb.finish_and_clear();
+                for r in rows? {
+                    out.push(r)?;
+                }
+            }
+        }
+    }
+    if args.tests.contains(&Test::Pingpong) {
+        let limits = Limits {
+            messages: args.round_trips,
+            duration: args.duration_secs,
+        };
+        for &size in &args.sizes {
+            for (spin, wake) in [(BUSY, "busy-poll"), ("0us", "futex")] {
+                let pb = report::progress(show, limits.messages, &format!("shm pingpong {wake}"));
+                let row = shm_pingpong(args, size, spin, wake, limits, &pb);
+                pb.finish_and_clear();
+                out.push(row?)?;
+            }
+            let pb = report::progress(show, limits.messages, "uds pingpong");
+            let row = uds_pingpong(size, limits, &pb);
+            pb.finish_and_clear();
+            out.push(row?)?;
+            if let Some(z) = &zmq {
+                let rows = zmq_rows(z, size, limits.messages, limits.duration, "ipc-pingpong");
+                for r in rows? {
+                    out.push(r)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A unique ring name for one test.
+fn name(what: &str) -> String {
+    format!("bench-{what}-{}", std::process::id())
+}
+
+fn shm_msgs(
+    args: &ShmArgs,
+    size: usize,
+    batch: Option<usize>,
+    spin: &str,
+    mode: &str,
+    limits: Limits,
+) -> Result<Row, Box<dyn Error>> {
+    let loc = args.locator(&name("msgs"), spin);
+    let mut out = Output::open(&loc)?;
+    let buffer = args.buffer.max(batch.unwrap_or(size) * 2);
+    out.create_buffer(1, buffer, Flow::Credits)?;
+    let mut input = Input::open(&loc)?;
+    input.subscribe(1, buffer)?;
+    let per_seg = batch.map_or(1, |b| (b / size).max(1)) as u64;
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    let (sent, received, last) =
+        std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
+            let consumer = s.spawn(move || -> Result<(u64, Instant), String> {
+                let mut n = 0u64;
+                let mut last = Instant::now();
+                loop {
+                    let seg = match input.recv(Some(Duration::from_secs(2))) {
+                        Ok(Some(seg)) => seg,
+                        Ok(None) => return Ok((n, last)),
+                        Err(skiff::shm::BufferError::Closed { .. }) => return Ok((n, last)),
+                        Err(e) => return Err(e.to_string()),
+                    };
+                    let len = seg.len();
+                    // Touch the payload as a consumer would.
+                    let (a, _) = seg.slices().map_err(|e| e.to_string())?;
+                    std::hint::black_box(a.first());
+                    n += (len / size) as u64;
+                    last = Instant::now();
+                    input.consumed(1, len).map_err(|e| e.to_string())?;
+                }
+            });
+            let payload = vec![0xA5u8; size * per_seg as usize];
+            let mut sent = 0u64;
+            while sent < limits.messages {
+                if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
+                    break;
+                }
+                let k = per_seg.min(limits.messages - sent) as usize;
+                let mut seg = out.segment(1, k * size, true)?;
+                seg.write(0, &payload[..k * size]);
+                out.deliver(seg, k * size)?;
+                sent += k as u64;
+            }
+            drop(out);
+            let (received, last) = consumer
+                .join()
+                .map_err(|_| "consumer panicked".to_string())??;
+            Ok((sent, received, last))
+        })
+        .map_err(|e| e.to_string())?;
+    let mut row = Row::new("shm", mode, size);
+    row.messages = sent;
+    row.set_throughput(received, last.duration_since(start));
+    row.lost = Some(sent - received);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(format!("{loc} buffer={}", args.buffer));
+    Ok(row)
+}
+
+fn uds_msgs(size: usize, buffered: bool, limits: Limits) -> Result<Row, Box<dyn Error>> {
+    let (tx, mut rx) = UnixStream::pair()?;
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    let reader = std::thread::spawn(move || -> (u64, Instant) {
+        let mut buf = vec![0u8; 256 << 10];
+        let (mut bytes, mut last) = (0u64, Instant::now());
+        while let Ok(n) = rx.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            bytes += n as u64;
+            last = Instant::now();
+        }
+        (bytes, last)
+    });
+    let msg = vec![0xA5u8; size];
+    let mut sent = 0u64;
+    {
+        let mut w: Box<dyn Write> = if buffered {
+            Box::new(BufWriter::with_capacity(64 << 10, &tx))
+        } else {
+            Box::new(&tx)
+        };
+        while sent < limits.messages {
+            if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
+                break;
+            }
+            w.write_all(&msg)?;
+            sent += 1;
+        }
+        w.flush()?;
+    }
+    drop(tx);
+    let (bytes, last) = reader.join().map_err(|_| "uds reader panicked")?;
+    let received = bytes / size as u64;
+    let mode = if buffered {
+        "BufWriter 64KiB"
+    } else {
+        "write per msg"
+    };
+    let mut row = Row::new("uds", mode, size);
+    row.messages = sent;
+    row.set_throughput(received, last.duration_since(start));
+    row.lost = Some(sent - received);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some("std UnixStream::pair (SOCK_STREAM)".into());
+    Ok(row)
+}
+
+fn shm_pingpong(
+    args: &ShmArgs,
+    size: usize,
+    spin: &str,
+    wake: &str,
+    limits: Limits,
+    pb: &indicatif::ProgressBar,
+) -> Result<Row, Box<dyn Error>> {
+    let ping = args.locator(&name("ping"), spin);
+    let pong = args.locator(&name("pong"), spin);
+    let mut ping_out = Output::open(&ping)?;
+    ping_out.create_buffer(1, 1 << 16, Flow::Credits)?;
+    let mut pong_out = Output::open(&pong)?;
+    pong_out.create_buffer(2, 1 << 16, Flow::Credits)?;
+    let mut ping_in = Input::open(&ping)?;
+    ping_in.subscribe(1, 1 << 16)?;
+    let mut pong_in = Input::open(&pong)?;
+    pong_in.subscribe(2, 1 << 16)?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        while let Ok(Some(seg)) = ping_in.recv(Some(Duration::from_secs(2))) {
+            buf.clear();
+            seg.copy_to(&mut buf);
+            let len = seg.len();
+            if ping_in.consumed(1, len).is_err() || pong_out.send(2, &buf, true).is_err() {
+                break;
+            }
+        }
+    });
+    let msg = vec![0xA5u8; size];
+    let cpu = CpuMeter::start();
+    let (hist, lost) = round_trips(limits, pb, || -> Result<bool, Box<dyn Error>> {
+        ping_out.send(1, &msg, true)?;
+        let got = match pong_in.recv(Some(Duration::from_secs(1)))? {
+            Some(seg) => seg.len(),
+            None => return Ok(false),
+        };
+        pong_in.consumed(2, got)?;
+        Ok(true)
+    })?;
+    drop(ping_out);
+    let _ = echo.join();
+    let mut row = Row::new("shm-pingpong", wake, size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(ping);
+    Ok(row)
+}
+
+fn uds_pingpong(
+    size: usize,
+    limits: Limits,
+    pb: &indicatif::ProgressBar,
+) -> Result<Row, Box<dyn Error>> {
+    let (mut a, mut b) = UnixStream::pair()?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; size];
+        while b.read_exact(&mut buf).is_ok() {
+            if b.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut msg = vec![0xA5u8; size];
+    let cpu = CpuMeter::start();
+    let (hist, lost) = round_trips(limits, pb, || -> Result<bool, Box<dyn Error>> {
+        a.write_all(&msg)?;
+        a.read_exact(&mut msg)?;
+        Ok(true)
+    })?;
+    drop(a);
+    let _ = echo.join();
+    let mut row = Row::new("uds-pingpong", "blocking", size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some("std UnixStream::pair".into());
+    Ok(row)
+}
+
+/// The ZeroMQ peer: `explicit`, else target/zmq_bench beside this binary
+/// or under the current directory; `None` with a note if missing.
+fn zmq_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = explicit.into_iter().map(Path::to_path_buf).collect();
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        candidates.push(PathBuf::from(dir).join("zmq_bench"));
+    }
+    if let Some(t) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent().map(Path::to_path_buf))
+    {
+        candidates.push(t.join("zmq_bench"));
+    }
+    candidates.push(PathBuf::from("target/zmq_bench"));
+    let found = candidates.into_iter().find(|p| p.is_file());
+    if found.is_none() {
+        eprintln!("note: zmq rows skipped: zmq_bench not found (run bench/zmq/build.sh or pass --zmq PATH)");
+    }
+    found
+}
+
+/// Runs the ZeroMQ peer in `transport` mode (`ipc` or `ipc-pingpong`).
+fn zmq_rows(
+    path: &Path,
+    size: usize,
+    messages: u64,
+    duration: Duration,
+    transport: &str,
+) -> Result<Vec<Row>, Box<dyn Error>> {
+    let output = Command::new(path)
+        .args([
+            size.to_string(),
+            messages.to_string(),
+            format!("{}", duration.as_secs_f64()),
+            "1".into(),
+            // One context: with two, libzmq 4.3.4's ipc PUSH/PULL in this
+            // harness stalled before the end marker (not investigated).
+            "1".into(),
+            transport.into(),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed ({}): {}",
+            path.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    let rows = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<Row>(l).map_err(|e| format!("bad row: {e}: {l}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+/// The targets: at least 30 M 8-byte messages/s over shm, and a
+/// busy-poll round trip p50 of at most 2 µs; with the ZeroMQ ipc ratio.
+pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    let mut notes = Vec::new();
+    let best = |test: &str, size: usize| {
+        rows.iter()
+            .filter(|r| r.test == test && r.size == size)
+            .filter_map(|r| r.msgs_per_s.map(|m| (m, r.mode.clone())))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    if let Some((m, mode)) = best("shm", 8) {
+        notes.push(format!(
+            "target: >= 30M 8 B msgs/s over shm: {} ({mode}): {}",
+            report::si(m),
+            verdict(m >= 30e6)
+        ));
+        if let Some((z, _)) = best("zmq-ipc", 8).filter(|z| z.0 > 0.0) {
+            notes.push(format!("shm 8 B vs zmq ipc: {:.1}x", m / z));
+        }
+    }
+    if let Some(p50) = rows
+        .iter()
+        .find(|r| r.test == "shm-pingpong" && r.mode == "busy-poll" && r.size == 8)
+        .and_then(|r| r.p50_us)
+    {
+        notes.push(format!(
+            "target: busy-poll round trip p50 <= 2 us at 8 B: {p50:.2} us: {}",
+            verdict(p50 <= 2.0)
+        ));
+    }
+    notes
+}

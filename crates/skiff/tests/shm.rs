@@ -1,0 +1,460 @@
+//! The buffer API (RocketBufs rOut/rIn) over `shm://` and `tcp://`: one
+//! suite, run unchanged over both transports by the `suite!` macro, plus
+//! what only shared memory has (torn reads, crashed peers killed with
+//! SIGKILL, corrupted headers, file clean-up).
+//!
+//! Crash tests re-execute this test binary with `SKIFF_SHM_ROLE` set; the
+//! `child_role` test then plays the producer or the subscriber.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use skiff::shm::{BufferError, Flow, Input, Output};
+
+/// A fresh ring directory per test.
+fn dir() -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "skiff-shm-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[derive(Clone, Copy, Debug)]
+enum T {
+    Shm,
+    Tcp,
+}
+
+/// An output and the locator its inputs open.
+fn output(t: T) -> (Output, String) {
+    match t {
+        T::Shm => {
+            let loc = format!("shm://suite?dir={}", dir().display());
+            (Output::open(&loc).unwrap(), loc)
+        }
+        T::Tcp => {
+            let out = Output::open("tcp://127.0.0.1:0").unwrap();
+            let loc = format!("tcp://{}", out.local_addr().unwrap());
+            (out, loc)
+        }
+    }
+}
+
+/// Receives one segment within 5 s as bytes and consumes it.
+fn recv(input: &mut Input) -> (u32, Vec<u8>) {
+    let seg = input
+        .recv(Some(Duration::from_secs(5)))
+        .unwrap()
+        .expect("a segment within 5 s");
+    let (id, data) = (seg.id(), seg.to_vec());
+    input.consumed(id, data.len()).unwrap();
+    (id, data)
+}
+
+fn roundtrip_and_wraparound(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 64, Flow::Credits).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 64).unwrap();
+    let mut wrapped = 0;
+    for i in 0..20u8 {
+        let mut seg = out.segment(1, 24, true).unwrap();
+        if !seg.slices_mut().1.is_empty() {
+            wrapped += 1;
+        }
+        seg.write(0, &[i; 24]);
+        out.deliver(seg, 20).unwrap();
+        // In place, then consumed.
+        let seg = input.recv(Some(Duration::from_secs(5))).unwrap().unwrap();
+        assert_eq!(seg.id(), 1);
+        let (a, b) = seg.slices().unwrap();
+        let mut got = a.to_vec();
+        got.extend_from_slice(b);
+        assert_eq!(got, vec![i; 20], "segment {i}");
+        input.consumed(1, 20).unwrap();
+    }
+    assert!(wrapped > 0, "some segments wrapped around");
+    // Everything consumed reached every subscriber.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut delivered = 0;
+    while delivered < 20 && Instant::now() < deadline {
+        match out.poll_delivered() {
+            Some((1, _)) => delivered += 1,
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    assert_eq!(delivered, 20);
+}
+
+fn credit_exhaustion_and_recovery(t: T) {
+    const SIZE: usize = 64 << 10;
+    const SEG: usize = 8 << 10;
+    let (mut out, loc) = output(t);
+    out.create_buffer(7, SIZE, Flow::Credits).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(7, SIZE).unwrap();
+    // Fill until the producer is refused for 200 ms running (over tcp the
+    // socket buffers and the subscriber's ring hold more first); memory is
+    // bounded, so the loop must end.
+    let mut sent = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut refused_since: Option<Instant> = None;
+    loop {
+        match out.segment(7, SEG, false) {
+            Ok(mut seg) => {
+                seg.write(0, &sent.to_le_bytes());
+                out.deliver(seg, SEG).unwrap();
+                sent += 1;
+                refused_since = None;
+            }
+            Err(e) if e.is_would_block() => {
+                let since = *refused_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(200) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "never refused after {sent}");
+    }
+    assert!(sent as usize >= SIZE / SEG);
+    let e = out.segment(7, SEG, false).unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+    // The subscriber drains; the producer recovers.
+    for want in 0..sent {
+        let (_, data) = recv(&mut input);
+        assert_eq!(data[..4], want.to_le_bytes());
+    }
+    let mut seg = out.segment(7, SEG, true).unwrap();
+    seg.write(0, &sent.to_le_bytes());
+    out.deliver(seg, SEG).unwrap();
+    assert_eq!(recv(&mut input).1[..4], sent.to_le_bytes());
+}
+
+fn overwrite_never_blocks(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(3, 64, Flow::Overwrite).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(3, 4096).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    for i in 0..10_000u32 {
+        out.send(3, &i.to_le_bytes().repeat(4), false).unwrap();
+    }
+    // The reader sees some of them, in order, each whole.
+    let mut last = None;
+    while let Ok(Some(seg)) = input.recv(Some(Duration::from_millis(300))) {
+        let mut v = Vec::new();
+        if seg.copy_to(&mut v) {
+            let n = u32::from_le_bytes(v[..4].try_into().unwrap());
+            assert_eq!(v, n.to_le_bytes().repeat(4));
+            assert!(last.is_none_or(|l| n > l));
+            last = Some(n);
+        }
+        let len = seg.len();
+        let _ = input.consumed(3, len);
+    }
+    assert!(last.is_some(), "read something");
+}
+
+fn splice_forwarding(t: T) {
+    // publisher -> broker (input spliced into output) -> subscriber
+    let (mut publisher, up) = output(t);
+    publisher.create_buffer(9, 1024, Flow::Credits).unwrap();
+    let mut broker_in = Input::open(&up).unwrap();
+    broker_in.subscribe(9, 1024).unwrap();
+    let (mut broker_out, down) = output(t);
+    broker_out.splice(&mut broker_in, 9).unwrap();
+    assert!(matches!(
+        broker_out.create_buffer(9, 64, Flow::Credits),
+        Err(BufferError::DuplicateId { .. })
+    ));
+    let mut sub = Input::open(&down).unwrap();
+    sub.subscribe(9, 1024).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    for i in 0..100u32 {
+        publisher.send(9, &i.to_le_bytes(), true).unwrap();
+        let (id, data) = recv(&mut sub);
+        assert_eq!((id, data), (9, i.to_le_bytes().to_vec()));
+    }
+}
+
+fn bad_requests(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 128, Flow::Credits).unwrap();
+    let e = out.create_buffer(1, 128, Flow::Credits).unwrap_err();
+    assert!(matches!(e, BufferError::DuplicateId { id: 1, .. }), "{e}");
+    let e = out.segment(1, 129, false).unwrap_err();
+    assert!(e.to_string().contains("128"), "names the limit: {e}");
+    assert!(matches!(
+        out.segment(2, 1, false),
+        Err(BufferError::UnknownBuffer { id: 2 })
+    ));
+    let seg = out.segment(1, 8, false).unwrap();
+    assert!(out.segment(1, 8, false).is_err(), "one outstanding segment");
+    drop(seg);
+    assert!(out.segment(1, 8, false).is_ok(), "dropped segment freed");
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 128).unwrap();
+    assert!(matches!(
+        input.subscribe(1, 128),
+        Err(BufferError::DuplicateId { .. })
+    ));
+    assert!(input.consumed(1, 1).is_err(), "nothing received yet");
+}
+
+fn multiple_buffers_and_subscribers(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 256, Flow::Credits).unwrap();
+    out.create_buffer(2, 256, Flow::Credits).unwrap();
+    let mut a = Input::open(&loc).unwrap();
+    a.subscribe(1, 256).unwrap();
+    a.subscribe(2, 256).unwrap();
+    let mut b = Input::open(&loc).unwrap();
+    b.subscribe(1, 256).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    out.send(1, b"one", true).unwrap();
+    out.send(2, b"two", true).unwrap();
+    let mut got = [recv(&mut a), recv(&mut a)];
+    got.sort();
+    assert_eq!(got, [(1, b"one".to_vec()), (2, b"two".to_vec())]);
+    assert_eq!(recv(&mut b), (1, b"one".to_vec()));
+    // Closing the output ends every input, after the data.
+    out.send(1, b"last", true).unwrap();
+    drop(out);
+    assert_eq!(recv(&mut b), (1, b"last".to_vec()));
+    let e = b.recv(Some(Duration::from_secs(5))).unwrap_err();
+    assert!(matches!(e, BufferError::Closed { id: 1 }), "{e}");
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod over_shm {
+            $(#[test] fn $name() { super::$name(super::T::Shm) })*
+        }
+        mod over_tcp {
+            $(#[test] fn $name() { super::$name(super::T::Tcp) })*
+        }
+    };
+}
+
+suite!(
+    roundtrip_and_wraparound,
+    credit_exhaustion_and_recovery,
+    overwrite_never_blocks,
+    splice_forwarding,
+    bad_requests,
+    multiple_buffers_and_subscribers,
+);
+
+// ---- shared memory only ----
+
+#[test]
+fn overwrite_slow_reader_detects_torn_data() {
+    let (mut out, loc) = output(T::Shm);
+    out.create_buffer(1, 64, Flow::Overwrite).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 64).unwrap();
+    out.send(1, &[1; 32], false).unwrap();
+    {
+        let seg = input.recv(Some(Duration::from_secs(1))).unwrap().unwrap();
+        let mut v = Vec::new();
+        assert!(seg.copy_to(&mut v));
+        // The producer laps the reader while it holds the segment.
+        out.send(1, &[2; 32], false).unwrap();
+        out.send(1, &[3; 32], false).unwrap();
+        assert!(!seg.intact(), "the sequence lock broke");
+        assert!(!seg.copy_to(&mut v), "a copy now is torn");
+        assert!(seg.slices().is_err(), "no in-place reads in overwrite mode");
+    }
+    let s = input.stats(1).unwrap();
+    assert_eq!(s.torn, 2);
+    // Many more: the slow reader skips what was overwritten, counted.
+    for i in 0..100u8 {
+        out.send(1, &[i; 16], false).unwrap();
+    }
+    let seg = input.recv(Some(Duration::from_secs(1))).unwrap().unwrap();
+    assert!(seg.intact());
+    assert!(input.stats(1).unwrap().lost > 90);
+}
+
+#[test]
+fn clean_shutdown_removes_files() {
+    let d = dir();
+    let loc = format!("shm://clean?dir={}", d.display());
+    let mut out = Output::open(&loc).unwrap();
+    out.create_buffer(5, 4096, Flow::Credits).unwrap();
+    let file = d.join("clean").join("5.ring");
+    assert!(file.exists());
+    drop(out);
+    assert!(!file.exists());
+}
+
+#[test]
+fn corrupted_header_is_a_clean_error() {
+    let d = dir();
+    let loc = format!("shm://bad?dir={}", d.display());
+    let mut out = Output::open(&loc).unwrap();
+    out.create_buffer(1, 4096, Flow::Credits).unwrap();
+    let file = d.join("bad").join("1.ring");
+    let orig = std::fs::read(&file).unwrap();
+    // Each corruption of the header: refused at subscribe.
+    for (off, val) in [
+        (0usize, 0xffu8),
+        (8, 9),
+        (12, 7),
+        (16, 0xff),
+        (28, 0xff),
+        (48, 1),
+    ] {
+        let mut bytes = orig.clone();
+        bytes[off] ^= val;
+        write_at(&file, 0, &bytes[..64]);
+        let e = Input::open(&loc).unwrap().subscribe(1, 4096).unwrap_err();
+        assert!(
+            matches!(e, BufferError::Corrupt { id: 1, .. }),
+            "offset {off}: {e}"
+        );
+    }
+    write_at(&file, 0, &orig[..64]);
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 4096).unwrap();
+    out.send(1, b"ok", true).unwrap();
+    assert_eq!(recv(&mut input).1, b"ok");
+    // A producer line claiming segments that were never written: the reader
+    // refuses it and closes the buffer.
+    write_at(&file, 72, &1000u64.to_le_bytes());
+    let e = input.recv(Some(Duration::from_secs(1))).unwrap_err();
+    assert!(matches!(e, BufferError::Corrupt { .. }), "{e}");
+    let e = input.recv(Some(Duration::from_secs(1))).unwrap_err();
+    assert!(matches!(e, BufferError::Closed { .. }), "{e}");
+}
+
+fn write_at(path: &PathBuf, off: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, off).unwrap();
+}
+
+/// Spawns this binary as a child playing `role` on `loc`; returns once
+/// it printed "ready".
+fn spawn_role(role: &str, loc: &str) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
+        .env("SKIFF_SHM_ROLE", role)
+        .env("SKIFF_SHM_LOC", loc)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.trim_end().ends_with("ready") => break,
+            Some(_) => {}
+            None => panic!("child {role} exited before ready"),
+        }
+    }
+    child
+}
+
+/// Not a test by itself: the body of a child process in the crash tests.
+#[test]
+fn child_role() {
+    let Ok(role) = std::env::var("SKIFF_SHM_ROLE") else {
+        return;
+    };
+    let loc = std::env::var("SKIFF_SHM_LOC").unwrap();
+    match role.as_str() {
+        "producer" => {
+            let mut out = Output::open(&loc).unwrap();
+            out.create_buffer(1, 4096, Flow::Credits).unwrap();
+            out.send(1, b"before", true).unwrap();
+            println!("ready");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "subscriber" => {
+            let mut input = Input::open(&loc).unwrap();
+            input.subscribe(1, 256).unwrap();
+            println!("ready");
+            // Never consumes.
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn producer_killed_is_detected_and_reclaimed() {
+    let d = dir();
+    let loc = format!("shm://crash?dir={}", d.display());
+    let mut child = spawn_role("producer", &loc);
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 4096).unwrap();
+    // Joined after "before": nothing yet. Kill -9 the producer.
+    child.kill().unwrap();
+    let t = Instant::now();
+    let e = input.recv(Some(Duration::from_secs(10))).unwrap_err();
+    assert!(matches!(e, BufferError::PeerDead { id: 1, .. }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "detected promptly");
+    assert!(!d.join("crash").join("1.ring").exists(), "file reclaimed");
+    let _ = child.wait();
+    // The name is free again.
+    let mut out = Output::open(&loc).unwrap();
+    out.create_buffer(1, 4096, Flow::Credits).unwrap();
+}
+
+#[test]
+fn subscriber_killed_unblocks_the_producer() {
+    let d = dir();
+    let loc = format!("shm://crash?dir={}", d.display());
+    let mut out = Output::open(&loc).unwrap();
+    out.create_buffer(1, 256, Flow::Credits).unwrap();
+    let mut child = spawn_role("subscriber", &loc);
+    while out.send(1, &[0; 64], false).is_ok() {}
+    let e = out.segment(1, 64, false).unwrap_err();
+    assert!(e.is_would_block(), "{e}");
+    child.kill().unwrap();
+    let t = Instant::now();
+    // Blocking: waits, finds the subscriber dead, detaches it, goes on.
+    let seg = out.segment(1, 64, true).unwrap();
+    out.deliver(seg, 64).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.stats(1).unwrap().subscribers_lost, 1);
+    let _ = child.wait();
+}
+
+#[test]
+fn producer_file_of_a_dead_process_is_reclaimed_on_create() {
+    let d = dir();
+    let loc = format!("shm://stale?dir={}", d.display());
+    let mut child = spawn_role("producer", &loc);
+    let mut out = Output::open(&loc).unwrap();
+    let e = out.create_buffer(1, 4096, Flow::Credits).unwrap_err();
+    assert!(matches!(e, BufferError::DuplicateId { .. }), "{e}");
+    assert!(e.to_string().contains("pid"), "{e}");
+    child.kill().unwrap();
+    let _ = child.wait();
+    out.create_buffer(1, 4096, Flow::Credits).unwrap();
+}
+
+#[test]
+fn bad_locators_are_refused() {
+    for l in [
+        "shm://",
+        "shm://a/b",
+        "udp://x:1",
+        "shm://x?spin=fast",
+        "shm://x?bogus=1",
+    ] {
+        assert!(Output::open(l).is_err(), "{l}");
+    }
+    assert!(Output::open(&format!("shm://ok?spin=20us&dir={}", dir().display())).is_ok());
+}
