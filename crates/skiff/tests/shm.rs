@@ -295,6 +295,7 @@ fn clean_shutdown_removes_files() {
     assert!(file.exists());
     drop(out);
     assert!(!file.exists());
+    assert!(!d.join("clean").exists(), "empty namespace removed");
 }
 
 #[test]

@@ -190,9 +190,11 @@ fn shm_msgs(
                         Err(e) => return Err(e.to_string()),
                     };
                     let len = seg.len();
-                    // Touch the payload as a consumer would.
-                    let (a, _) = seg.slices().map_err(|e| e.to_string())?;
-                    std::hint::black_box(a.first());
+                    // Touch every message as a consumer would.
+                    let (a, b) = seg.slices().map_err(|e| e.to_string())?;
+                    for m in a.chunks(size).chain(b.chunks(size)) {
+                        std::hint::black_box(m.first());
+                    }
                     n += (len / size) as u64;
                     last = Instant::now();
                     input.consumed(1, len).map_err(|e| e.to_string())?;
@@ -206,7 +208,11 @@ fn shm_msgs(
                 }
                 let k = per_seg.min(limits.messages - sent) as usize;
                 let mut seg = out.segment(1, k * size, true)?;
-                seg.write(0, &payload[..k * size]);
+                // Each message written on its own, as an application
+                // packing messages into a segment would.
+                for i in 0..k {
+                    seg.write(i * size, &payload[i * size..(i + 1) * size]);
+                }
                 out.deliver(seg, k * size)?;
                 sent += k as u64;
             }

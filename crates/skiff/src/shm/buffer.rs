@@ -443,6 +443,10 @@ impl Drop for Output {
                 }
             }
         }
+        if let Kind::Shm(ns) = &self.kind {
+            // Only succeeds once the namespace is empty.
+            let _ = fs::remove_dir(ns);
+        }
         if let Some(s) = self.server.take() {
             s.shutdown();
         }

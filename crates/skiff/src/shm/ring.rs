@@ -723,3 +723,86 @@ impl RingConsumer {
         self.ring.layout.flow == Flow::Credits || self.intact(seg)
     }
 }
+
+/// Single-threaded tests of the ring over an anonymous mapping; they run
+/// under miri (`MIRIFLAGS=-Zmiri-disable-isolation cargo +nightly miri
+/// test -p skiff --lib shm::ring`), which checks the unsafe accessors.
+#[cfg(all(test, not(skiff_loom)))]
+mod tests {
+    use super::*;
+
+    fn ring(cap: u64, records: u64, flow: Flow) -> Arc<Ring> {
+        let layout = Layout::new(cap, records, 2, flow).unwrap();
+        Arc::new(Ring::init(
+            Region::anonymous(layout.total).unwrap(),
+            layout,
+            1,
+        ))
+    }
+
+    #[test]
+    fn wrapped_segments_round_trip_in_place() {
+        let r = ring(10, 4, Flow::Credits);
+        let mut c = RingConsumer::attach(Arc::clone(&r)).unwrap();
+        let mut p = RingProducer::new(Arc::clone(&r));
+        let mut wrapped = 0;
+        for k in 0..8u8 {
+            let res = p.try_reserve(4).unwrap();
+            let mut w = p.writable(res);
+            assert!(p.try_reserve(1).is_err() || p.outstanding());
+            let (a, b) = w.slices_mut();
+            wrapped += usize::from(!b.is_empty());
+            a.fill(k);
+            b.fill(k);
+            drop(w);
+            p.commit(4).unwrap();
+            let d = c.try_next().unwrap().unwrap();
+            let (a, b) = c.slices(d.start, d.len).unwrap();
+            assert_eq!([a, b].concat(), vec![k; 4]);
+            assert!(
+                c.slices(d.start, d.len + 1).is_none(),
+                "past what was received"
+            );
+            c.consume(4).unwrap();
+            assert_eq!(p.poll_delivered().map(|d| d.seg), Some(u64::from(k)));
+        }
+        assert!(wrapped > 0);
+        assert!(c.try_next().unwrap().is_none());
+    }
+
+    #[test]
+    fn full_ring_refuses_then_recovers() {
+        let r = ring(8, 4, Flow::Credits);
+        let mut c = RingConsumer::attach(Arc::clone(&r)).unwrap();
+        let mut p = RingProducer::new(Arc::clone(&r));
+        for _ in 0..2 {
+            p.try_reserve(4).unwrap();
+            p.commit(4).unwrap();
+        }
+        assert!(matches!(
+            p.try_reserve(1),
+            Err(CreditError::WouldBlock { .. })
+        ));
+        let d = c.try_next().unwrap().unwrap();
+        c.consume(d.len).unwrap();
+        assert!(p.try_reserve(4).is_ok());
+    }
+
+    #[test]
+    fn overwrite_copy_detects_torn_reads() {
+        let r = ring(8, 4, Flow::Overwrite);
+        let mut c = RingConsumer::attach(Arc::clone(&r)).unwrap();
+        let mut p = RingProducer::new(Arc::clone(&r));
+        let res = p.try_reserve(8).unwrap();
+        p.writable(res).slices_mut().0.fill(1);
+        p.commit(8).unwrap();
+        let d = c.try_next().unwrap().unwrap();
+        assert!(c.slices(d.start, d.len).is_none(), "no in-place reads");
+        let mut v = Vec::new();
+        assert!(c.copy(d.seg, d.start, d.len, &mut v));
+        p.try_reserve(8).unwrap();
+        v.clear();
+        assert!(!c.copy(d.seg, d.start, d.len, &mut v), "lock broken");
+        assert_eq!(c.torn.get(), 1);
+    }
+}
