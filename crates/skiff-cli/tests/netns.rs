@@ -13,25 +13,41 @@ use std::process::Stdio;
 mod common;
 use common::Netns;
 
-fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
-    let ns = Netns::new(tag, subnet);
-    ns.drop_on_receiver(0.014);
+/// What one `skiff pop` saw while one `skiff push` ran across the link.
+struct Exchange {
+    /// The receiver's stats, as JSON.
+    stats: serde_json::Value,
+    /// One JSON object per message received.
+    lines: Vec<serde_json::Value>,
+}
+
+/// Starts `skiff pop` in namespace `b` on `pop_opts`, then runs
+/// `skiff push` from namespace `a` with `push_args`, and collects what the
+/// receiver printed once it has been idle for `idle`.
+fn exchange(
+    ns: &Netns,
+    subnet: u8,
+    pop_opts: &str,
+    idle: &str,
+    from_opts: &str,
+    push_args: &[&str],
+) -> Exchange {
     let bin = env!("CARGO_BIN_EXE_skiff");
     let dst = format!("10.213.{subnet}.2:4711");
     // The receiver writes to a file, not a pipe: a pipe nobody reads while
     // the sender runs fills up, stalls the receiver and turns the test into
     // one of receive-buffer overflow instead of network loss.
     let out_path =
-        std::env::temp_dir().join(format!("skiff-netns-{tag}-{}.jsonl", std::process::id()));
+        std::env::temp_dir().join(format!("skiff-netns-{subnet}-{}.jsonl", std::process::id()));
     let pop = ns
         .exec(1)
         .args([
             bin,
             "pop",
-            &format!("udp://{dst}?rcvbuf=8m"),
+            &format!("udp://{dst}?{pop_opts}"),
             "--json",
             "--idle",
-            "3s",
+            idle,
             "--stats",
         ])
         .stdout(std::fs::File::create(&out_path).unwrap())
@@ -39,41 +55,40 @@ fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let from = format!("udp://10.213.{subnet}.1:0{sender_opts}");
+    let from = format!("udp://10.213.{subnet}.1:0{from_opts}");
     let st = ns
         .exec(0)
-        .args([
-            bin,
-            "push",
-            &dst,
-            "m-{i}",
-            "--count",
-            &n.to_string(),
-            "--fin",
-            "20",
-            "--rate",
-            "20000",
-            "--from",
-            &from,
-        ])
+        .args([bin, "push", &dst])
+        .args(push_args)
+        .args(["--from", &from])
         .status()
         .unwrap();
-    assert!(st.success());
+    // A reliable queue's `push` returns after `flush`, which waits for every
+    // acknowledgement, so failure there means unconfirmed messages.
+    assert!(st.success(), "push failed");
     let out = pop.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let stats: serde_json::Value =
+    assert!(out.status.success(), "{stderr}");
+    let stats =
         serde_json::from_str(stderr.lines().last().expect("stats line")).expect("stats are JSON");
-    let mut seen = HashSet::new();
-    let mut fins = Vec::new();
     let text = std::fs::read_to_string(&out_path).unwrap();
     let _ = std::fs::remove_file(&out_path);
-    for line in text.lines() {
-        let m: serde_json::Value = serde_json::from_str(line).unwrap();
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    Exchange { stats, lines }
+}
+
+fn loss_experiment(tag: &str, subnet: u8, sender_opts: &str, n: u64) {
+    let ns = Netns::new(tag, subnet);
+    ns.drop_on_receiver(0.014);
+    let count = n.to_string();
+    let push = ["m-{i}", "--count", &count, "--fin", "20", "--rate", "20000"];
+    let Exchange { stats, lines } = exchange(&ns, subnet, "rcvbuf=8m", "3s", sender_opts, &push);
+    let mut seen = HashSet::new();
+    let mut fins = Vec::new();
+    for m in &lines {
         if m["payload"] == "fin" {
             fins.push(m["seq"].as_u64().unwrap());
             continue;
@@ -133,63 +148,12 @@ fn reliable_queue_delivers_every_message_at_1_4_percent_drop() {
     let n: u64 = 50_000;
     let ns = Netns::new("rel", subnet);
     ns.drop_on_receiver(0.014);
-    let bin = env!("CARGO_BIN_EXE_skiff");
-    let dst = format!("10.213.{subnet}.2:4711");
-    // The receiver writes to a file, not a pipe: a pipe nobody reads while
-    // the sender runs fills up, stalls the receiver and turns the test into
-    // one of receive-buffer overflow instead of network loss.
-    let out_path =
-        std::env::temp_dir().join(format!("skiff-netns-rel-{}.jsonl", std::process::id()));
-    let pop = ns
-        .exec(1)
-        .args([
-            bin,
-            "pop",
-            &format!("udp://{dst}?reliable=true"),
-            "--json",
-            "--idle",
-            "5s",
-            "--stats",
-        ])
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let from = format!("udp://10.213.{subnet}.1:0?reliable=true");
-    let st = ns
-        .exec(0)
-        .args([
-            bin,
-            "push",
-            &dst,
-            "m-{i}",
-            "--count",
-            &n.to_string(),
-            "--from",
-            &from,
-        ])
-        .status()
-        .unwrap();
-    // `push` returns after `flush`, which waits for every acknowledgement.
-    assert!(
-        st.success(),
-        "push failed (flush reports unconfirmed messages)"
-    );
-    let out = pop.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stats: serde_json::Value =
-        serde_json::from_str(stderr.lines().last().expect("stats line")).expect("stats are JSON");
+    let count_arg = n.to_string();
+    let push = ["m-{i}", "--count", &count_arg];
+    let Exchange { stats, lines } =
+        exchange(&ns, subnet, "reliable=true", "5s", "?reliable=true", &push);
     let mut count = 0u64;
-    let text = std::fs::read_to_string(&out_path).unwrap();
-    let _ = std::fs::remove_file(&out_path);
-    for (i, line) in text.lines().enumerate() {
-        let m: serde_json::Value = serde_json::from_str(line).unwrap();
+    for (i, m) in lines.iter().enumerate() {
         assert_eq!(
             m["payload"],
             format!("m-{i}"),
