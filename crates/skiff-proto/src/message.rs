@@ -11,7 +11,7 @@ use bytestring::ByteString;
 ///
 /// Cloning is cheap: strings and payload are reference-counted slices, so a
 /// received message shares the receive buffer instead of copying it.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Message {
     /// Dot-separated tokens such as `daq.hallb.rate`; may be empty for queue
     /// messages addressed by destination alone.
@@ -41,7 +41,7 @@ pub struct Meta {
 }
 
 /// A named, typed value carried beside the payload.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field {
     /// The key; at most [`crate::wire::MAX_FIELD_KEY`] bytes.
     pub key: ByteString,
@@ -50,7 +50,10 @@ pub struct Field {
 }
 
 /// The value of a [`Field`].
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Equality is equality of what goes on the wire: floats compare by their
+/// bits, so a message holding NaN equals its own decoded copy.
+#[derive(Debug, Clone)]
 pub enum Value {
     /// A boolean.
     Bool(bool),
@@ -63,6 +66,21 @@ pub enum Value {
     /// Opaque bytes.
     Bytes(Bytes),
 }
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Str(a), Value::Str(b)) => a == b,
+            (Value::Bytes(a), Value::Bytes(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Value {}
 
 impl Message {
     /// A message with a subject and a payload, no type and no fields.

@@ -825,6 +825,21 @@ mod tests {
         Ok(())
     }
 
+    /// Found by CI: a flipped byte turned the float field into NaN, and
+    /// NaN != NaN made two identical decodes compare unequal.
+    #[test]
+    fn regression_nan_field_decodes_equal() {
+        let mut d = sample();
+        d[65] = 127;
+        agree(&d).unwrap();
+        let (_, msgs) = decode(&Bytes::from(d)).unwrap();
+        let nan = msgs.iter().flat_map(|m| &m.fields).any(|f| match f.value {
+            crate::message::Value::Float(x) => x.is_nan(),
+            _ => false,
+        });
+        assert!(nan, "the flip no longer produces a NaN; pick another byte");
+    }
+
     proptest! {
         /// `validate` + `Batch` accept and refuse exactly what `decode`
         /// does, with the same error, and yield the same messages.
