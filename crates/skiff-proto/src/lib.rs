@@ -20,6 +20,7 @@ pub mod compound;
 pub mod credits;
 pub mod error;
 pub mod loss;
+pub mod mesh;
 pub mod message;
 pub mod router;
 pub mod varint;

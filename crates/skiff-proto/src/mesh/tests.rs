@@ -1,0 +1,575 @@
+//! A seeded, deterministic simulation of many [`Mesh`]es on a simulated
+//! network (latency, jitter, loss, cut links, dead nodes), and the mesh's
+//! behaviour checked on it: convergence at 3, 20 and 100 nodes, partition
+//! and heal, a bounced node, exactly-once publish, requests spread by
+//! capacity, and the bounds on hostile input.
+
+use std::collections::{BTreeMap, BinaryHeap};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashSet;
+
+use super::*;
+use crate::router::Clusters;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, (i / 250) as u8, (i % 250) as u8 + 1], 4748))
+}
+
+struct Sim {
+    now: Instant,
+    nodes: Vec<Option<Mesh>>,
+    gens: Vec<u64>,
+    wire: BinaryHeap<Reverse<(Instant, u64)>>,
+    flying: FxHashMap<u64, (usize, SocketAddr, Vec<u8>)>,
+    next: u64,
+    rng: StdRng,
+    loss: f64,
+    cut: FxHashSet<(usize, usize)>,
+    /// Frames delivered: (receiver, frame).
+    frames: Vec<(usize, Bytes)>,
+    /// Every other event, per node.
+    events: Vec<Vec<MeshEvent>>,
+    trace: std::collections::hash_map::DefaultHasher,
+    config: MeshConfig,
+}
+
+impl Sim {
+    fn new(n: usize, seed: u64) -> Sim {
+        Sim::with(n, seed, MeshConfig::default())
+    }
+
+    fn with(n: usize, seed: u64, config: MeshConfig) -> Sim {
+        let now = Instant::now();
+        let mut s = Sim {
+            now,
+            nodes: Vec::new(),
+            gens: vec![1; n],
+            wire: BinaryHeap::new(),
+            flying: FxHashMap::default(),
+            next: 0,
+            rng: StdRng::seed_from_u64(seed),
+            loss: 0.0,
+            cut: FxHashSet::default(),
+            frames: Vec::new(),
+            events: vec![Vec::new(); n],
+            trace: Default::default(),
+            config,
+        };
+        for i in 0..n {
+            let m = s.make(i);
+            s.nodes.push(Some(m));
+        }
+        s
+    }
+
+    fn make(&mut self, i: usize) -> Mesh {
+        let id = NodeId {
+            addr: addr(i),
+            gen: self.gens[i],
+        };
+        let seed = self.rng.gen();
+        Mesh::new(id, self.config.clone(), self.now, seed)
+    }
+
+    fn index(a: SocketAddr) -> usize {
+        let SocketAddr::V4(v4) = a else {
+            unreachable!()
+        };
+        let o = v4.ip().octets();
+        o[2] as usize * 250 + o[3] as usize - 1
+    }
+
+    fn node(&mut self, i: usize) -> &mut Mesh {
+        self.nodes[i].as_mut().expect("alive")
+    }
+
+    /// Every node has node 0 as its seed.
+    fn join_all(&mut self) {
+        let now = self.now;
+        for i in 1..self.nodes.len() {
+            self.node(i).set_seeds(now, &[addr(0)]);
+        }
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        for i in 0..self.nodes.len() {
+            let Some(m) = self.nodes[i].as_mut() else {
+                continue;
+            };
+            m.flush();
+            let mut out = Vec::new();
+            while let Some(t) = m.poll_transmit() {
+                out.push(t);
+            }
+            let mut frames = Vec::new();
+            while let Some(e) = m.poll_event() {
+                match e {
+                    MeshEvent::Frame { frame, .. } => frames.push(frame),
+                    e => self.events[i].push(e),
+                }
+            }
+            for f in frames {
+                self.frames.push((i, f));
+            }
+            for (to, d) in out {
+                d.hash(&mut self.trace);
+                let j = Sim::index(to);
+                if self.rng.gen_bool(self.loss) || self.cut.contains(&(i, j)) {
+                    continue;
+                }
+                let at = self.now + MS / 2 + MS * self.rng.gen_range(0..2);
+                self.wire.push(Reverse((at, self.next)));
+                self.flying.insert(self.next, (i, to, d));
+                self.next += 1;
+            }
+        }
+    }
+
+    /// Runs the simulation for `d`.
+    fn run(&mut self, d: Duration) {
+        let end = self.now + d;
+        self.pump();
+        loop {
+            let timer = self.nodes.iter().flatten().map(|m| m.poll_timeout()).min();
+            let wire = self.wire.peek().map(|Reverse((t, _))| *t);
+            let Some(t) = timer.into_iter().chain(wire).min() else {
+                self.now = end;
+                return;
+            };
+            if t > end {
+                self.now = end;
+                return;
+            }
+            self.now = self.now.max(t);
+            let now = self.now;
+            while let Some(Reverse((at, n))) = self.wire.peek().copied() {
+                if at > now {
+                    break;
+                }
+                self.wire.pop();
+                let (from, to, d) = self.flying.remove(&n).expect("in flight");
+                if let Some(m) = self.nodes[Sim::index(to)].as_mut() {
+                    m.handle_datagram(now, addr(from), &d);
+                }
+            }
+            for m in self.nodes.iter_mut().flatten() {
+                if m.poll_timeout() <= now {
+                    m.handle_timeout(now);
+                }
+            }
+            self.pump();
+        }
+    }
+
+    fn up_counts(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|m| m.as_ref().map_or(0, |m| m.members().count()))
+            .collect()
+    }
+
+    fn converged(&self, alive: usize) -> bool {
+        self.nodes
+            .iter()
+            .flatten()
+            .all(|m| m.members().count() == alive - 1)
+    }
+
+    /// Runs until every live node sees every other live node, or `limit`.
+    fn run_until_converged(&mut self, limit: Duration) -> Duration {
+        let alive = self.nodes.iter().flatten().count();
+        let start = self.now;
+        while !self.converged(alive) && self.now - start < limit {
+            self.run(100 * MS);
+            eprintln!(
+                "t={:?} {:?} flying {}",
+                self.now - start,
+                self.up_counts(),
+                self.wire.len()
+            );
+        }
+        self.now - start
+    }
+
+    /// Node `i` publishes `body` on `subject`: one frame to each interested
+    /// peer.
+    fn publish(&mut self, i: usize, subject: &str, body: &[u8]) -> usize {
+        let mut to = Vec::new();
+        self.node(i).route(subject, None, &mut to);
+        for &p in &to {
+            self.node(i).send_frame(p, body).unwrap();
+        }
+        self.pump();
+        to.len()
+    }
+
+    fn kill(&mut self, i: usize) {
+        self.nodes[i] = None;
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.gens[i] += 1;
+        let m = self.make(i);
+        self.nodes[i] = Some(m);
+        let now = self.now;
+        self.node(i)
+            .set_seeds(now, &[addr(if i == 0 { 1 } else { 0 })]);
+        self.pump();
+    }
+
+    fn partition(&mut self, a: &[usize], b: &[usize]) {
+        for &x in a {
+            for &y in b {
+                self.cut.insert((x, y));
+                self.cut.insert((y, x));
+            }
+        }
+    }
+
+    fn routes(&self, i: usize, subject: &str) -> Vec<usize> {
+        let mut to = Vec::new();
+        self.nodes[i]
+            .as_ref()
+            .unwrap()
+            .route(subject, None, &mut to);
+        let mut v: Vec<usize> = to.into_iter().map(Sim::index).collect();
+        v.sort();
+        v
+    }
+}
+
+#[test]
+fn three_nodes_converge() {
+    let mut s = Sim::new(3, 1);
+    s.join_all();
+    let t = s.run_until_converged(Duration::from_secs(10));
+    assert!(s.converged(3), "after {t:?}: {:?}", s.up_counts());
+}
+
+#[test]
+fn twenty_nodes_converge() {
+    let mut s = Sim::new(20, 2);
+    s.join_all();
+    let t = s.run_until_converged(Duration::from_secs(30));
+    assert!(s.converged(20), "after {t:?}: {:?}", s.up_counts());
+}
+
+#[test]
+fn a_hundred_nodes_converge_with_loss() {
+    let mut s = Sim::new(100, 3);
+    s.loss = 0.014;
+    s.join_all();
+    let t = s.run_until_converged(Duration::from_secs(60));
+    assert!(s.converged(100), "after {t:?}: {:?}", s.up_counts());
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let trace = |seed| {
+        let mut s = Sim::new(10, seed);
+        s.loss = 0.05;
+        s.join_all();
+        s.run(Duration::from_secs(5));
+        (s.trace.finish(), s.up_counts())
+    };
+    assert_eq!(trace(7), trace(7));
+    assert_ne!(trace(7).0, trace(8).0);
+}
+
+#[test]
+fn interest_spreads_and_withdraws() {
+    let mut s = Sim::new(3, 4);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.node(1).add_interest("orders.*", "");
+    s.node(1).add_interest("orders.*", "");
+    s.node(2).add_interest("orders.>", "");
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.routes(0, "orders.new"), vec![1, 2]);
+    assert_eq!(s.routes(0, "orders.new.eu"), vec![2]);
+    assert_eq!(s.routes(0, "other"), Vec::<usize>::new());
+    // Two local subscriptions hold the pattern; removing one keeps it.
+    s.node(1).remove_interest("orders.*", "");
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.routes(0, "orders.new"), vec![1, 2]);
+    s.node(1).remove_interest("orders.*", "");
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.routes(0, "orders.new"), vec![2]);
+}
+
+/// Every message published anywhere reaches every node with a matching
+/// subscription exactly once (overlapping patterns on one node included)
+/// and no other node.
+#[test]
+fn a_publish_reaches_every_interested_node_once() {
+    let mut s = Sim::new(20, 5);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(30));
+    let mut rng = StdRng::seed_from_u64(55);
+    let mut interested: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for i in 0..20 {
+        let pats: Vec<&str> = ["t.*", "t.>", "t.a", "u.*"]
+            .into_iter()
+            .filter(|_| rng.gen_bool(0.4))
+            .collect();
+        for p in &pats {
+            s.node(i).add_interest(p, "");
+        }
+        interested.insert(i, pats);
+    }
+    s.run(Duration::from_millis(100));
+    let subjects = ["t.a", "t.b", "t.a.b", "u.x", "v"];
+    let mut want: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    for k in 0..200usize {
+        let from = rng.gen_range(0..20);
+        let subject = subjects[k % subjects.len()];
+        s.publish(from, subject, &k.to_le_bytes());
+        for (&node, pats) in &interested {
+            let hit = pats.iter().any(|p| {
+                let mut r: Router<u8> = Router::new();
+                r.subscribe(p, "", 0).unwrap();
+                r.has_interest(Subject::new(subject).unwrap())
+            });
+            if hit && node != from {
+                want.insert((node, k), 1);
+            }
+        }
+    }
+    s.run(Duration::from_millis(100));
+    let mut got: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    for (node, f) in &s.frames {
+        let k = usize::from_le_bytes(f[..8].try_into().unwrap());
+        *got.entry((*node, k)).or_default() += 1;
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn frames_to_one_peer_share_datagrams() {
+    let mut s = Sim::new(2, 6);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.node(1).add_interest("x", "");
+    s.run(Duration::from_millis(50));
+    for k in 0..1000u32 {
+        s.node(0).send_frame(addr(1), &k.to_le_bytes()).unwrap();
+    }
+    s.pump();
+    s.run(Duration::from_millis(10));
+    let p = &s.node(0).peer_stats()[0];
+    assert_eq!(p.sent_frames, 1000);
+    // 1400-byte datagrams of 5-byte frames: a few datagrams, not 1000.
+    assert!(p.sent_datagrams <= 5, "{p:?}");
+    assert_eq!(s.frames.len(), 1000);
+    let q = &s.node(1).peer_stats()[0];
+    assert_eq!((q.recv_frames, q.lost), (1000, 0));
+}
+
+#[test]
+fn requests_spread_by_advertised_capacity() {
+    let mut s = Sim::new(4, 7);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    for (i, cap) in [(1, 1), (2, 2), (3, 3)] {
+        s.node(i).set_cluster("svc", cap);
+    }
+    s.run(Duration::from_millis(100));
+    // Node 0 builds its view from the events, as the node does.
+    let mut clusters: Clusters<usize> = Clusters::new();
+    for e in std::mem::take(&mut s.events[0]) {
+        if let MeshEvent::Cluster {
+            peer,
+            cluster,
+            capacity,
+        } = e
+        {
+            clusters.join(&cluster, Sim::index(peer), capacity);
+        }
+    }
+    let mut n = [0usize; 4];
+    for _ in 0..600 {
+        n[clusters.pick("svc", None).unwrap()] += 1;
+    }
+    assert_eq!(n, [0, 100, 200, 300]);
+    let caps: BTreeMap<usize, u32> = s
+        .node(0)
+        .cluster_peers("svc")
+        .map(|(a, c)| (Sim::index(a), c))
+        .collect();
+    assert_eq!(caps, BTreeMap::from([(1, 1), (2, 2), (3, 3)]));
+}
+
+#[test]
+fn partition_then_heal_reconverges() {
+    let mut s = Sim::new(6, 8);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(20));
+    s.partition(&[0, 1, 2], &[3, 4, 5]);
+    s.run(Duration::from_secs(15));
+    assert_eq!(s.up_counts(), vec![2; 6], "each side sees only its own");
+    // Each side keeps serving its own members.
+    s.node(4).add_interest("side.b", "");
+    s.node(1).add_interest("side.a", "");
+    s.run(Duration::from_millis(100));
+    assert_eq!(s.routes(3, "side.b"), vec![4]);
+    assert_eq!(s.routes(0, "side.a"), vec![1]);
+    assert_eq!(s.routes(0, "side.b"), Vec::<usize>::new());
+    s.cut.clear();
+    let t = s.run_until_converged(Duration::from_secs(60));
+    assert!(s.converged(6), "after {t:?}: {:?}", s.up_counts());
+    s.run(Duration::from_secs(3));
+    assert_eq!(s.routes(0, "side.b"), vec![4]);
+    assert_eq!(s.routes(5, "side.a"), vec![1]);
+}
+
+#[test]
+fn a_bounced_node_rejoins_with_new_interest() {
+    let mut s = Sim::new(5, 9);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(20));
+    s.node(2).add_interest("old", "");
+    s.run(Duration::from_millis(100));
+    assert_eq!(s.routes(0, "old"), vec![2]);
+    s.kill(2);
+    s.run(Duration::from_secs(10));
+    assert_eq!(s.up_counts(), vec![3, 3, 0, 3, 3]);
+    assert_eq!(s.routes(0, "old"), Vec::<usize>::new());
+    s.restart(2);
+    s.node(2).add_interest("new", "");
+    let t = s.run_until_converged(Duration::from_secs(30));
+    assert!(s.converged(5), "after {t:?}: {:?}", s.up_counts());
+    s.run(Duration::from_secs(2));
+    assert_eq!(s.routes(0, "new"), vec![2]);
+    assert_eq!(s.routes(0, "old"), Vec::<usize>::new());
+    let p2 = s
+        .node(0)
+        .peer_stats()
+        .into_iter()
+        .find(|p| p.addr == addr(2));
+    assert_eq!(p2.map(|p| (p.gen, p.up)), Some((2, true)));
+    assert!(s.events[0].contains(&MeshEvent::Down(NodeId {
+        addr: addr(2),
+        gen: 1
+    })));
+}
+
+#[test]
+fn lost_deltas_converge_through_digests() {
+    let mut s = Sim::new(4, 10);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.loss = 0.3;
+    for k in 0..40 {
+        s.node(3).add_interest(&format!("p.{k}"), "");
+        s.run(Duration::from_millis(20));
+    }
+    s.loss = 0.0;
+    s.run(Duration::from_secs(5));
+    for i in 0..3 {
+        for k in 0..40 {
+            assert_eq!(s.routes(i, &format!("p.{k}")), vec![3], "node {i} p.{k}");
+        }
+    }
+}
+
+#[test]
+fn a_big_snapshot_travels_in_parts() {
+    let mut s = Sim::new(2, 11);
+    for k in 0..2000 {
+        s.node(1)
+            .add_interest(&format!("big.subject.number.{k}"), "");
+    }
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.run(Duration::from_secs(2));
+    assert_eq!(s.node(0).peer_stats()[0].patterns, 2000);
+    assert!(s.node(1).stats().syncs_sent >= 1);
+}
+
+#[test]
+fn another_network_is_ignored_and_counted() {
+    let mut s = Sim::new(2, 12);
+    let other = Mesh::new(
+        NodeId {
+            addr: addr(5),
+            gen: 1,
+        },
+        MeshConfig {
+            net: "other".into(),
+            ..MeshConfig::default()
+        },
+        s.now,
+        1,
+    );
+    let hello = other.hello();
+    let now = s.now;
+    s.node(0).handle_datagram(now, addr(5), &hello);
+    let mut d = Vec::new();
+    packet::envelope(&mut d, Kind::Data, packet::net_hash("other"));
+    s.node(0).handle_datagram(now, addr(5), &d);
+    assert_eq!(s.node(0).stats().wrong_net, 2);
+    assert_eq!(s.node(0).members().count(), 0);
+    assert_eq!(s.node(0).poll_transmit(), None, "no answer to a stranger");
+}
+
+#[test]
+fn hostile_peers_are_bounded_and_counted() {
+    let config = MeshConfig {
+        max_interest: 10,
+        interest_rate: 5,
+        ..MeshConfig::default()
+    };
+    let mut s = Sim::with(2, 13, config);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    let now = s.now;
+    let net = packet::net_hash("skiff");
+    // Data from a node that never joined.
+    let mut d = Vec::new();
+    packet::envelope(&mut d, Kind::Data, net);
+    d.extend_from_slice(&0u64.to_le_bytes());
+    s.node(0).handle_datagram(now, addr(9), &d);
+    assert_eq!(s.node(0).stats().unknown_sender, 1);
+    // A member floods interest: 20 deltas of 2 patterns, at one instant.
+    let epoch = s.node(1).local.epoch;
+    let version = s.node(1).local.version;
+    for k in 0..20u64 {
+        let mut d = Vec::new();
+        packet::envelope(&mut d, Kind::Delta, net);
+        d.extend_from_slice(&epoch.to_le_bytes());
+        d.extend_from_slice(&(version + k).to_le_bytes());
+        let ops = [
+            Op::Sub(format!("f.{k}.a"), String::new()),
+            Op::Sub(format!("f.{k}.b"), String::new()),
+        ];
+        packet::put_ops(&mut d, ops.iter());
+        s.node(0).handle_datagram(now, addr(1), &d);
+    }
+    let st = s.node(0).stats();
+    assert!(st.rate_limited >= 14, "{st:?}");
+    let held = s.node(0).peer_stats()[0].patterns;
+    assert!(held <= 10, "held {held}");
+    // Garbage from a member: counted, nothing else.
+    s.node(0).handle_datagram(now, addr(1), b"SM\x01\x02\0\0");
+    assert!(s.node(0).stats().malformed >= 1);
+}
+
+#[test]
+fn the_member_table_is_bounded() {
+    let config = MeshConfig {
+        max_members: 3,
+        ..MeshConfig::default()
+    };
+    let mut s = Sim::with(6, 14, config);
+    s.join_all();
+    s.run(Duration::from_secs(10));
+    assert!(s.node(0).peers.len() <= 3, "{}", s.node(0).peers.len());
+    assert!(s.node(0).stats().member_limit > 0);
+}
