@@ -47,8 +47,10 @@ Command: \`bench/queue.sh${shown_args}\`, which runs
 msgs/s counts messages received over the receiver's elapsed time; MB/s is payload
 megabytes (10^6 B) per second; \`lost\` is sent but never received (with what the
 queues dropped and counted in brackets); \`cpu %\` is the process's CPU time over
-wall time (200 = both cores). Latency rows time one message each way; with
-\`timeout=200ms\` a lone message waits for the timeout on both sides, by design.
+wall time (200 = both cores). Latency rows time one message each way, with
+both threads of a row on one CPU (\`--latency-cpu\`, named in the options) so
+that a row measures the software, not where the scheduler woke the echo thread;
+with \`timeout=200ms\` a lone message waits for the timeout on both sides, by design.
 
 EOF
 cat "$md"

@@ -4,6 +4,9 @@
 #
 #   bench/shm.sh [extra `skiff bench shm` options]
 #
+# `bench/shm.sh --transports shm,udp` adds the same buffer tests over
+# `udp://127.0.0.1:0?reliable=true` (rows buf-udp, buf-udp-pingpong).
+#
 # Builds skiff (release) and the ZeroMQ peer, runs
 #   target/release/skiff bench shm --json --plot bench/shm.svg ...
 # keeps the JSON rows in bench/shm.jsonl and the chart in bench/shm.svg,

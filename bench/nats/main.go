@@ -1,10 +1,21 @@
 // natsbench: the load generator for nats-server used by `skiff bench
-// pubsub --nats` and `skiff bench request --nats` (bench/pubsub.sh). It
-// applies the same load shapes as skiff's benchmarks and prints one JSON
-// object per result, with the fields of skiff's bench rows.
+// pubsub --nats`, `skiff bench request --nats` (bench/pubsub.sh) and
+// bench/mesh.sh. It applies the same load shapes as skiff's benchmarks and
+// prints one JSON object per result, with the fields of skiff's bench rows.
 //
 //	natsbench pubsub  -url nats://127.0.0.1:4222 -pubs 1 -subs 4 -size 256 -duration 2s
+//	natsbench pubsub  -pub-url nats://127.0.0.1:4222 -sub-url nats://127.0.0.1:4223 -latency
 //	natsbench request -url nats://127.0.0.1:4222 -conc 16 -size 8 -duration 2s
+//	natsbench request -pub-url nats://A -sub-url nats://B -sub-url nats://C -queue svc
+//
+// -pub-url is where publishers (requesters) connect, -sub-url (repeatable)
+// where subscribers (responders) connect, spread over the URLs in turn;
+// both default to -url. Before timing, the publisher sends empty probe
+// messages until every subscriber has one, so interest has crossed the
+// cluster's routes. -latency sends one message at a time and times it
+// from publish to its arrival at every subscriber. In request mode there
+// is one responder per -sub-url; with -queue they form a queue group (one
+// of them answers each request).
 package main
 
 import (
@@ -13,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,25 +55,70 @@ func die(err error) {
 	os.Exit(1)
 }
 
+// urls is a repeatable flag.
+type urls []string
+
+func (l *urls) String() string     { return strings.Join(*l, " ") }
+func (l *urls) Set(s string) error { *l = append(*l, s); return nil }
+
+// where clients connect.
+type where struct {
+	pub  string
+	subs []string
+}
+
+func (w where) sub(i int) string { return w.subs[i%len(w.subs)] }
+
+func (w where) String() string {
+	return fmt.Sprintf("pub=%s sub=%s", w.pub, strings.Join(w.subs, ","))
+}
+
+func connect(url string) *nats.Conn {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		die(fmt.Errorf("%s: %w", url, err))
+	}
+	return nc
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		die(fmt.Errorf("usage: natsbench pubsub|request [flags]"))
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
-	url := fs.String("url", nats.DefaultURL, "server")
+	url := fs.String("url", nats.DefaultURL, "server (default of -pub-url and -sub-url)")
+	pubURL := fs.String("pub-url", "", "where publishers / the requester connect")
+	var subURLs urls
+	fs.Var(&subURLs, "sub-url", "where subscribers / responders connect (repeatable; spread in turn)")
 	pubs := fs.Int("pubs", 1, "publishers")
 	subs := fs.Int("subs", 1, "subscribers")
 	conc := fs.Int("conc", 1, "concurrent requesters")
 	size := fs.Int("size", 8, "payload bytes")
 	dur := fs.Duration("duration", 2*time.Second, "how long to send")
 	max := fs.Uint64("messages", 5_000_000, "most messages per publisher")
+	latency := fs.Bool("latency", false, "pubsub: one message at a time, publish-to-arrival latency")
+	queue := fs.String("queue", "", "request: responders form this queue group")
 	fs.Parse(os.Args[2:])
+	w := where{pub: *pubURL, subs: subURLs}
+	if w.pub == "" {
+		w.pub = *url
+	}
+	if len(w.subs) == 0 {
+		w.subs = []string{*url}
+	}
+	if *size < 1 {
+		die(fmt.Errorf("-size must be at least 1 (empty messages are probes)"))
+	}
 	var r row
 	switch os.Args[1] {
 	case "pubsub":
-		r = pubsub(*url, *pubs, *subs, *size, *dur, *max)
+		if *latency {
+			r = pubsubLatency(w, *subs, *size, *dur)
+		} else {
+			r = pubsub(w, *pubs, *subs, *size, *dur, *max)
+		}
 	case "request":
-		r = request(*url, *conc, *size, *dur)
+		r = request(w, *conc, *size, *dur, *queue)
 	default:
 		die(fmt.Errorf("unknown test %q", os.Args[1]))
 	}
@@ -69,17 +126,37 @@ func main() {
 	fmt.Println(string(b))
 }
 
-func pubsub(url string, pubs, subs, size int, dur time.Duration, max uint64) row {
-	var received, dropped atomic.Uint64
+// probe publishes empty messages on subject from nc until ready says every
+// subscriber has seen one.
+func probe(nc *nats.Conn, subject string, ready func() bool) {
+	deadline := time.Now().Add(10 * time.Second)
+	for !ready() {
+		if time.Now().After(deadline) {
+			die(fmt.Errorf("subscribers got no probe on %s within 10 s: are the servers routed?", subject))
+		}
+		if err := nc.Publish(subject, nil); err != nil {
+			die(err)
+		}
+		nc.Flush()
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func pubsub(w where, pubs, subs, size int, dur time.Duration, max uint64) row {
+	var received, dropped, probed atomic.Uint64
 	var last atomic.Int64
 	var conns []*nats.Conn
 	for i := 0; i < subs; i++ {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			die(err)
-		}
+		nc := connect(w.sub(i))
 		conns = append(conns, nc)
+		var seen atomic.Bool
 		s, err := nc.Subscribe("bench.ps", func(m *nats.Msg) {
+			if len(m.Data) == 0 {
+				if !seen.Swap(true) {
+					probed.Add(1)
+				}
+				return
+			}
 			received.Add(1)
 			last.Store(time.Now().UnixNano())
 		})
@@ -93,16 +170,18 @@ func pubsub(url string, pubs, subs, size int, dur time.Duration, max uint64) row
 			dropped.Add(uint64(d))
 		}(s)
 	}
+	var pubConns []*nats.Conn
+	for p := 0; p < pubs; p++ {
+		nc := connect(w.pub)
+		conns = append(conns, nc)
+		pubConns = append(pubConns, nc)
+	}
+	probe(pubConns[0], "bench.ps", func() bool { return probed.Load() == uint64(subs) })
 	payload := make([]byte, size)
 	var sent atomic.Uint64
 	var wg sync.WaitGroup
 	start := time.Now()
-	for p := 0; p < pubs; p++ {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			die(err)
-		}
-		conns = append(conns, nc)
+	for _, nc := range pubConns {
 		wg.Add(1)
 		go func(nc *nats.Conn) {
 			defer wg.Done()
@@ -141,27 +220,110 @@ func pubsub(url string, pubs, subs, size int, dur time.Duration, max uint64) row
 		Test: "nats", Mode: fmt.Sprintf("%dx%d", pubs, subs), Size: size,
 		Messages: sent.Load(), MsgsPerS: f(rate), MBPerS: f(rate * float64(size) / 1e6),
 		Lost: u(want - got), Dropped: u(dropped.Load()), Elapsed: f(elapsed.Seconds()),
-		Options: url,
+		Options: w.String(),
 	}
 }
 
-func request(url string, conc, size int, dur time.Duration) row {
-	srv, err := nats.Connect(url)
-	if err != nil {
-		die(err)
+// quantiles of sorted latencies, in microseconds.
+func quantile(lat []time.Duration, p float64) *float64 {
+	if len(lat) == 0 {
+		return nil
 	}
-	defer srv.Close()
-	srv.Subscribe("bench.req", func(m *nats.Msg) { m.Respond(m.Data) })
-	srv.Flush()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		die(err)
+	return f(float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3)
+}
+
+// pubsubLatency publishes one message at a time and waits until every
+// subscriber has it: publish-to-arrival latency across the servers.
+func pubsubLatency(w where, subs, size int, dur time.Duration) row {
+	var probed atomic.Uint64
+	arrived := make(chan struct{}, subs*4)
+	var conns []*nats.Conn
+	for i := 0; i < subs; i++ {
+		nc := connect(w.sub(i))
+		conns = append(conns, nc)
+		var seen atomic.Bool
+		if _, err := nc.Subscribe("bench.lat", func(m *nats.Msg) {
+			if len(m.Data) == 0 {
+				if !seen.Swap(true) {
+					probed.Add(1)
+				}
+				return
+			}
+			arrived <- struct{}{}
+		}); err != nil {
+			die(err)
+		}
+		nc.Flush()
 	}
+	pub := connect(w.pub)
+	conns = append(conns, pub)
+	probe(pub, "bench.lat", func() bool { return probed.Load() == uint64(subs) })
+	payload := make([]byte, size)
+	one := func() time.Duration {
+		t := time.Now()
+		if err := pub.Publish("bench.lat", payload); err != nil {
+			die(err)
+		}
+		for i := 0; i < subs; i++ {
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Second):
+				die(fmt.Errorf("a message did not arrive within 5 s"))
+			}
+		}
+		return time.Since(t)
+	}
+	// Warm up: 1000 messages or a tenth of the duration.
+	for t, i := time.Now(), 0; i < 1000 && time.Since(t) < dur/10; i++ {
+		one()
+	}
+	var lat []time.Duration
+	start := time.Now()
+	for time.Since(start) < dur {
+		lat = append(lat, one())
+	}
+	elapsed := time.Since(start)
+	for _, c := range conns {
+		c.Close()
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	rate := float64(len(lat)) / elapsed.Seconds()
+	return row{
+		Test: "nats", Mode: fmt.Sprintf("1x%d-latency", subs), Size: size,
+		Messages: uint64(len(lat)), MsgsPerS: f(rate), MBPerS: f(rate * float64(size) / 1e6),
+		P50us: quantile(lat, 0.50), P99us: quantile(lat, 0.99), Elapsed: f(elapsed.Seconds()),
+		Options: w.String(),
+	}
+}
+
+func request(w where, conc, size int, dur time.Duration, queue string) row {
+	for _, url := range w.subs {
+		srv := connect(url)
+		defer srv.Close()
+		respond := func(m *nats.Msg) { m.Respond(m.Data) }
+		var err error
+		if queue != "" {
+			_, err = srv.QueueSubscribe("bench.req", queue, respond)
+		} else {
+			_, err = srv.Subscribe("bench.req", respond)
+		}
+		if err != nil {
+			die(err)
+		}
+		srv.Flush()
+	}
+	nc := connect(w.pub)
 	defer nc.Close()
 	payload := make([]byte, size)
-	// Warm up.
+	// Warm up; the first requests may find no route to a responder yet.
+	deadline := time.Now().Add(10 * time.Second)
 	for i := 0; i < 1000; i++ {
 		if _, err := nc.Request("bench.req", payload, 5*time.Second); err != nil {
+			if err == nats.ErrNoResponders && time.Now().Before(deadline) {
+				i--
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
 			die(err)
 		}
 	}
@@ -189,16 +351,15 @@ func request(url string, conc, size int, dur time.Duration) row {
 	wg.Wait()
 	elapsed := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	q := func(p float64) *float64 {
-		if len(lat) == 0 {
-			return nil
-		}
-		return f(float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3)
-	}
 	rate := float64(len(lat)) / elapsed.Seconds()
+	opts := w.String()
+	if queue != "" {
+		opts += " queue=" + queue
+	}
 	return row{
 		Test: "nats-request", Mode: fmt.Sprintf("conc=%d", conc), Size: size,
 		Messages: uint64(len(lat)), MsgsPerS: f(rate), MBPerS: f(rate * float64(size) / 1e6),
-		P50us: q(0.50), P99us: q(0.99), Elapsed: f(elapsed.Seconds()), Options: url,
+		P50us: quantile(lat, 0.50), P99us: quantile(lat, 0.99), Elapsed: f(elapsed.Seconds()),
+		Options: opts,
 	}
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use skiff::client::{Client, Incoming, Policy, SubOptions, Target};
+use skiff::client::{Client, ClientEvent, Incoming, Policy, SubOptions, Target};
 use skiff::Message;
 use skiff_node::{Config, Node};
 
@@ -21,7 +21,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// Where the node is: `skiff://host:port`, `unix:///path`, `mem://`,
-/// `file:///path`.
+/// `file:///path`; `skiff://a:4747,b:4747` fails over between nodes.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct NodeLoc {
     /// The node's locator [default: $SKIFF_NODE, else
@@ -56,6 +56,26 @@ pub(crate) struct NodeArgs {
     /// Unix socket path to listen on.
     #[arg(long)]
     unix: Option<String>,
+    /// Join a mesh of nodes on this UDP address (alone: 0.0.0.0:0, found
+    /// by multicast scouting); `off` for a standalone node.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:0")]
+    mesh: Option<String>,
+    /// Mesh network name: nodes of another name are ignored (implies --mesh).
+    #[arg(long)]
+    net: Option<String>,
+    /// Seed nodes' mesh addresses, host:port[,host:port…] (implies --mesh).
+    #[arg(long)]
+    seeds: Option<String>,
+    /// A DNS name whose addresses are seeds, name:port, re-resolved every
+    /// 5 s, e.g. a Kubernetes headless service (implies --mesh).
+    #[arg(long, value_name = "NAME:PORT")]
+    seeds_dns: Option<String>,
+    /// No multicast scouting (seeds only).
+    #[arg(long)]
+    no_scout: bool,
+    /// A standalone node even if the configuration names a mesh.
+    #[arg(long, conflicts_with_all = ["mesh", "net", "seeds", "seeds_dns"])]
+    no_mesh: bool,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -73,6 +93,24 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     }
     if let Some(u) = &a.unix {
         cfg.set("unix", u)?;
+    }
+    if let Some(m) = &a.mesh {
+        cfg.set("mesh", m)?;
+    }
+    for (name, v) in [
+        ("net", &a.net),
+        ("seeds", &a.seeds),
+        ("seeds_dns", &a.seeds_dns),
+    ] {
+        if let Some(v) = v {
+            cfg.set(name, v)?;
+        }
+    }
+    if a.no_scout && cfg.mesh.is_some() {
+        cfg.set("scout", "false")?;
+    }
+    if a.no_mesh {
+        cfg.set("mesh", "off")?;
     }
     for kv in &a.set {
         let (k, v) = kv
@@ -92,6 +130,10 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         }
         if let Some(p) = node.unix_path() {
             eprintln!("skiff node listening on unix {}", p.display());
+        }
+        if let Some(m) = node.broker().mesh() {
+            let v = m.view();
+            eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
         }
         tokio::select! {
             _ = int.recv() => {}
@@ -195,9 +237,20 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let c = a.loc.connect().await?;
         let opts = SubOptions::default().policy(a.policy).queue(a.queue);
         let mut s = c.subscribe_with(&a.pattern, &a.kind, opts).await?;
+        let mut events = c.events();
         let mut n = 0u64;
         let mut dropped = 0;
-        while let Some(d) = s.recv().await {
+        loop {
+            let d = tokio::select! {
+                d = s.recv() => d,
+                Some(e) = events.recv() => {
+                    report_event(&e);
+                    continue;
+                }
+            };
+            let Some(d) = d else {
+                break;
+            };
             println!("{}", show(&d));
             if s.dropped() != dropped {
                 dropped = s.dropped();
@@ -216,6 +269,20 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
             None => Ok(()),
         }
     })
+}
+
+/// Tells the user of a failover (`-n skiff://a,b`) on standard error.
+fn report_event(e: &ClientEvent) {
+    match e {
+        ClientEvent::Disconnected { node, reason, .. } => {
+            eprintln!("skiff sub: lost node {node} ({reason}); failing over")
+        }
+        ClientEvent::Reconnected(g) => eprintln!(
+            "skiff sub: failed over from {} to {}; messages published during the {:?} without a node may be missing",
+            g.from, g.to, g.down_for
+        ),
+        _ => {}
+    }
 }
 
 /// `skiff req`
@@ -345,6 +412,9 @@ pub(crate) struct StatsArgs {
     /// Print the raw JSON.
     #[arg(long)]
     json: bool,
+    /// The mesh: members, their state, interest, per-peer traffic and loss.
+    #[arg(long)]
+    mesh: bool,
 }
 
 pub(crate) fn stats(a: StatsArgs) -> Result<()> {
@@ -355,6 +425,42 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
             return Ok(());
         }
         let s = c.stats().await?;
+        if a.mesh {
+            let Some(m) = &s.mesh else {
+                return Err("this node is not part of a mesh (start it with --mesh)".into());
+            };
+            let t = &m.stats;
+            println!("mesh {:?}: this node {}, {} member(s) up", m.net, m.me, t.members_up);
+            println!(
+                "      dropped: wrong net {}, malformed {}, unknown sender {}, member limit {}, bad membership {}, rate limited {}, interest limit {}, stale interest {}, bad frames {}, send errors {}",
+                t.wrong_net, t.malformed, t.unknown_sender, t.member_limit, t.bad_membership, t.rate_limited, t.interest_limit, t.stale_interest, m.bad_frames, m.send_errors
+            );
+            println!(
+                "      syncs asked {}, sent {}; scout errors {}, dns errors {}; remote deliveries dropped {}",
+                t.syncs_requested, t.syncs_sent, m.scout_errors, m.dns_errors, s.remote_drops
+            );
+            println!(
+                "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
+                "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup"
+            );
+            for p in &m.peers {
+                println!(
+                    "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
+                    p.addr.to_string(),
+                    p.gen % 10_000,
+                    if p.up { "up" } else { "down" },
+                    p.patterns,
+                    p.clusters,
+                    p.sent_frames,
+                    p.sent_datagrams,
+                    p.recv_frames,
+                    p.recv_datagrams,
+                    p.lost,
+                    p.duplicates
+                );
+            }
+            return Ok(());
+        }
         println!(
             "node: up {:.0}s, {} client(s) ({} since start), {} subscription(s), {} cluster(s), {} tunnel(s)",
             s.uptime_s, s.connections, s.connections_total, s.subscriptions, s.clusters, s.tunnels

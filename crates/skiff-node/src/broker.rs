@@ -11,8 +11,9 @@
 //! subscription. Only a `block` subscription that is full makes the
 //! publisher wait, and it waits with no lock held.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -23,7 +24,12 @@ use skiff_proto::Message;
 
 use crate::config::Limits;
 use crate::frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use crate::mesh::{MeshLink, MeshView};
 use crate::outbox::{cost, Body, ClientOut, Push, SubCounters};
+
+/// Cluster members at or above this id are other nodes of the mesh (their
+/// capacity is what they advertise), not clients.
+const REMOTE: u64 = 1 << 62;
 
 /// A message from a client's `Pub` frame, for [`Broker::publish_batch`]:
 /// its encoding, and the decoded message unless the encoding is the simple
@@ -81,6 +87,11 @@ struct Pending {
     expect: u32,
     /// Cluster members reached, for their load.
     members: Vec<u64>,
+    /// For a request forwarded by another node: that node and its token;
+    /// replies go back there.
+    origin: Option<(SocketAddr, u64)>,
+    /// Replies relayed so far.
+    replied: u32,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +105,9 @@ struct State {
     next_token: u64,
     tunnels: FxHashMap<u64, (u64, u64)>,
     next_tunnel: u64,
+    /// Mesh peers as cluster members: address ↔ member id (≥ [`REMOTE`]).
+    remote_ids: FxHashMap<SocketAddr, u64>,
+    remote_addrs: FxHashMap<u64, SocketAddr>,
 }
 
 /// Node-wide counters.
@@ -120,6 +134,9 @@ pub struct Broker {
     counters: Counters,
     shutting_down: AtomicBool,
     started: std::time::Instant,
+    mesh: OnceLock<Arc<MeshLink>>,
+    /// Remote deliveries dropped because a subscription was full.
+    remote_drops: AtomicU64,
 }
 
 /// Why a frame could not be handled: the client is closed with this error.
@@ -145,6 +162,43 @@ impl Broker {
             counters: Counters::default(),
             shutting_down: AtomicBool::new(false),
             started: std::time::Instant::now(),
+            mesh: OnceLock::new(),
+            remote_drops: AtomicU64::new(0),
+        }
+    }
+
+    /// Connects the broker to the mesh (once): local interest is
+    /// advertised from then on, and publishes, requests and broadcasts go
+    /// to other nodes too.
+    pub fn set_mesh(&self, link: Arc<MeshLink>) {
+        let st = self.state.lock();
+        for c in st.clients.values() {
+            for (_, _, p, k) in c.sids.values() {
+                link.add_interest(p, k);
+            }
+        }
+        let _ = self.mesh.set(link);
+    }
+
+    /// The mesh link, when the node is part of a mesh.
+    pub fn mesh(&self) -> Option<&Arc<MeshLink>> {
+        self.mesh.get()
+    }
+
+    /// Advertises this node's membership of `cluster`: 0 for no local
+    /// members, else 1 + their total capacity (so members of capacity 0,
+    /// which take broadcasts but no requests, are still advertised).
+    fn advertise_cluster(&self, st: &State, cluster: &str) {
+        if let Some(m) = self.mesh.get() {
+            let mut any = false;
+            let cap: u32 = st
+                .clusters
+                .members(cluster)
+                .filter(|c| *c < REMOTE)
+                .filter_map(|c| st.clusters.weight(cluster, c).map(|w| w.0))
+                .inspect(|_| any = true)
+                .fold(1u32, |a, b| a.saturating_add(b));
+            m.set_cluster(cluster, if any { cap } else { 0 });
         }
     }
 
@@ -215,10 +269,21 @@ impl Broker {
         };
         c.out.close(error);
         st.router.remove_subscriber(client);
-        for (_, (id, ..)) in c.sids {
+        for (_, (id, _, pattern, kind)) in c.sids {
             st.subs.remove(&id);
+            if let Some(m) = self.mesh.get() {
+                m.remove_interest(&pattern, &kind);
+            }
         }
+        let joined: Vec<String> = if self.mesh.get().is_some() {
+            st.clusters.clusters_of(client).map(str::to_owned).collect()
+        } else {
+            Vec::new()
+        };
         st.clusters.remove_member(client);
+        for c in &joined {
+            self.advertise_cluster(&st, c);
+        }
         st.load.remove(&client);
         for (_, token) in c.requests {
             if let Some(p) = st.pending.remove(&token) {
@@ -378,9 +443,12 @@ impl Broker {
             F::Unsub { sid } => {
                 let mut st = self.state.lock();
                 let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
-                if let Some((id, ..)) = removed {
+                if let Some((id, _, pattern, kind)) = removed {
                     st.router.unsubscribe(id);
                     st.subs.remove(&id);
+                    if let Some(m) = self.mesh.get() {
+                        m.remove_interest(&pattern, &kind);
+                    }
                 }
                 drop(st);
                 me.remove_sub(sid);
@@ -405,7 +473,10 @@ impl Broker {
                 let r = Subject::new(&cluster).map(|_| ());
                 match r {
                     Ok(()) => {
-                        self.state.lock().clusters.join(&cluster, me.id, capacity);
+                        let mut st = self.state.lock();
+                        st.clusters.join(&cluster, me.id, capacity);
+                        self.advertise_cluster(&st, &cluster);
+                        drop(st);
                         me.control(ServerFrame::Ack { corr });
                     }
                     Err(e) => me.control(ServerFrame::Error {
@@ -416,7 +487,10 @@ impl Broker {
                 }
             }
             F::Leave { corr, cluster } => {
-                self.state.lock().clusters.leave(&cluster, me.id);
+                let mut st = self.state.lock();
+                st.clusters.leave(&cluster, me.id);
+                self.advertise_cluster(&st, &cluster);
+                drop(st);
                 me.control(ServerFrame::Ack { corr });
             }
             F::Bcast { cluster, msg } => {
@@ -432,6 +506,12 @@ impl Broker {
                 let st = self.state.lock();
                 let size = cost(&msg);
                 for m in st.clusters.members(&cluster) {
+                    if m >= REMOTE {
+                        if let (Some(l), Some(a)) = (self.mesh.get(), st.remote_addrs.get(&m)) {
+                            l.broadcast(*a, &cluster, &msg);
+                        }
+                        continue;
+                    }
                     if let Some(c) = st.clients.get(&m) {
                         c.out.control_bounded(
                             ServerFrame::Bcast {
@@ -523,6 +603,9 @@ impl Broker {
                         sid,
                     },
                 );
+                if let Some(m) = self.mesh.get() {
+                    m.add_interest(&pattern, &kind);
+                }
                 c.sids.insert(sid, (id, policy, pattern, kind));
                 Ok(())
             }
@@ -569,7 +652,14 @@ impl Broker {
                     }
                 });
             if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
-                p.expect = matched as u32;
+                p.expect += matched as u32;
+            }
+            if pending.is_none() {
+                if let Some(m) = self.mesh.get() {
+                    let mut raw = Vec::new();
+                    skiff_proto::wire::encode_message(&mut raw, msg, false);
+                    m.publish(&msg.subject, msg.kind.as_deref(), &raw);
+                }
             }
         }
         for k in kill {
@@ -646,6 +736,9 @@ impl Broker {
                         prev = Some(i - 1);
                     }
                     published += 1;
+                    if let Some(m) = self.mesh.get() {
+                        m.publish(subject, kind, &p.raw);
+                    }
                     run.push(Body::encoded(&p.raw));
                 }
                 flush_run(st, &mut run, &targets, &mut woken, &mut blocked, &mut kill);
@@ -734,8 +827,22 @@ impl Broker {
                 left: if many { max } else { 1 },
                 expect: 0,
                 members: Vec::new(),
+                origin: None,
+                replied: 0,
             };
+            if !cluster {
+                // Other nodes with matching interest: each answers with how
+                // many it reached (a `done` frame), then their replies.
+                if let Some(l) = self.mesh.get() {
+                    for a in l.route(&target, msg.kind.as_deref()) {
+                        if l.request(a, token, flags, max, &target, &[], &msg) {
+                            p.expect += 1;
+                        }
+                    }
+                }
+            }
             if cluster {
+                let raw_key = key.clone();
                 let key = (!key.is_empty()).then_some(&key[..]);
                 if many {
                     p.members = st
@@ -751,7 +858,11 @@ impl Broker {
                     p.members.push(m);
                 }
                 for &m in &p.members {
-                    if let Some(c) = st.clients.get_mut(&m) {
+                    if m >= REMOTE {
+                        if let (Some(l), Some(a)) = (self.mesh.get(), st.remote_addrs.get(&m)) {
+                            l.request(*a, token, flags, max, &target, &raw_key, &msg);
+                        }
+                    } else if let Some(c) = st.clients.get_mut(&m) {
                         c.serving.insert(token);
                         c.out.control(ServerFrame::Request {
                             token,
@@ -821,7 +932,11 @@ impl Broker {
         };
         self.counters.replies.fetch_add(1, Relaxed);
         p.left -= 1;
+        p.replied += 1;
         p.expect = p.expect.saturating_sub(1);
+        if let (Some((a, t)), Some(l)) = (p.origin, self.mesh.get()) {
+            l.reply(a, t, &msg);
+        }
         let done = if p.left == 0 {
             Some(None)
         } else if p.expect == 0 {
@@ -864,7 +979,7 @@ impl Broker {
         let mut st = self.state.lock();
         let st = &mut *st;
         let key = (!key.is_empty()).then_some(&key[..]);
-        let Some(member) = st.clusters.pick(&cluster, key) else {
+        let Some(member) = pick_local(&mut st.clusters, &cluster, key) else {
             self.counters.no_responders.fetch_add(1, Relaxed);
             me.control(ServerFrame::Error {
                 corr,
@@ -919,6 +1034,212 @@ impl Broker {
         }
     }
 
+    /// Queues `body` to every local subscription matching `msg` (with
+    /// request `token`, 0 for a publish); a full subscription drops it and
+    /// counts it (the mesh task never waits). Returns how many it reached.
+    fn local_deliver(
+        &self,
+        st: &State,
+        msg: &Message,
+        body: &Body,
+        token: u64,
+    ) -> (usize, Vec<u64>) {
+        let Ok(subject) = Subject::new(&msg.subject) else {
+            return (0, Vec::new());
+        };
+        let (mut n, mut kill) = (0, Vec::new());
+        st.router
+            .for_each_match(subject, msg.kind.as_deref(), |id, client| {
+                let Some(e) = st.subs.get(&id) else { return };
+                match e.out.push(e.sid, token, body) {
+                    Push::Queued => {
+                        n += 1;
+                        e.out.wake()
+                    }
+                    Push::Dropped => e.out.wake(),
+                    Push::Full => {
+                        self.remote_drops.fetch_add(1, Relaxed);
+                    }
+                    Push::Kill => kill.push(client),
+                    Push::Gone => {}
+                }
+            });
+        (n, kill)
+    }
+
+    fn kill_slow(&self, kill: Vec<u64>) {
+        for k in kill {
+            self.counters.slow_consumers.fetch_add(1, Relaxed);
+            self.detach(
+                k,
+                Some((
+                    Code::SlowConsumer,
+                    "a subscription with policy `disconnect` was full: slow consumer".into(),
+                )),
+            );
+        }
+    }
+
+    /// A message another node published: to local subscriptions only.
+    pub(crate) fn deliver_remote(&self, msg: &Message, raw: &Bytes) {
+        let kill = {
+            let st = self.state.lock();
+            self.local_deliver(&st, msg, &Body::encoded(raw), 0).1
+        };
+        self.kill_slow(kill);
+    }
+
+    /// A request another node forwarded: to local responders only; tells
+    /// that node how many were reached, and relays their replies.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn remote_request(
+        &self,
+        from: SocketAddr,
+        origin: u64,
+        flags: u8,
+        max: u32,
+        target: String,
+        key: Bytes,
+        msg: Message,
+    ) {
+        let Some(l) = self.mesh.get() else { return };
+        let cluster = flags & req_flags::CLUSTER != 0;
+        let many = flags & req_flags::MANY != 0;
+        self.counters.requests.fetch_add(1, Relaxed);
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st.pending.len() >= self.limits.max_requests {
+            self.counters.limit_hits.fetch_add(1, Relaxed);
+            drop(guard);
+            l.done(from, origin, 0);
+            return;
+        }
+        let token = st.next_token;
+        st.next_token += 1;
+        let mut p = Pending {
+            requester: 0,
+            rid: 0,
+            left: if many { max.max(1) } else { 1 },
+            expect: 0,
+            members: Vec::new(),
+            origin: Some((from, origin)),
+            replied: 0,
+        };
+        let mut kill = Vec::new();
+        if cluster {
+            if many {
+                p.members = st
+                    .clusters
+                    .members(&target)
+                    .filter(|m| *m < REMOTE)
+                    .filter(|m| st.clusters.weight(&target, *m).is_some_and(|w| w.0 > 0))
+                    .collect();
+            } else {
+                let key = (!key.is_empty()).then_some(&key[..]);
+                p.members.extend(pick_local(&mut st.clusters, &target, key));
+            }
+            for &m in &p.members {
+                if let Some(c) = st.clients.get_mut(&m) {
+                    c.serving.insert(token);
+                    c.out.control(ServerFrame::Request {
+                        token,
+                        cluster: target.clone(),
+                        msg: msg.clone(),
+                    });
+                }
+                let load = st.load.entry(m).or_default();
+                *load += 1;
+                let load = *load;
+                st.clusters.set_load(m, load);
+            }
+            p.expect = p.members.len() as u32;
+        } else {
+            let msg = Message {
+                subject: target.as_str().into(),
+                ..msg
+            };
+            let msg = Arc::new(msg);
+            let (n, k) = self.local_deliver(st, &msg, &Body::Val(msg.clone()), token);
+            p.expect = n as u32;
+            kill = k;
+        }
+        let reached = p.expect;
+        if reached > 0 {
+            st.pending.insert(token, p);
+        }
+        l.done(from, origin, reached);
+        drop(guard);
+        self.kill_slow(kill);
+    }
+
+    /// A reply another node relayed for request `token`.
+    pub(crate) fn remote_reply(&self, token: u64, msg: Message) {
+        self.reply(token, msg);
+    }
+
+    /// Another node reached `reached` responders for request `token`.
+    pub(crate) fn remote_done(&self, token: u64, reached: u32) {
+        let code = {
+            let mut st = self.state.lock();
+            let Some(p) = st.pending.get_mut(&token) else {
+                return;
+            };
+            p.expect = p.expect.saturating_sub(1).saturating_add(reached);
+            if p.expect > 0 {
+                return;
+            }
+            if p.replied == 0 {
+                Code::NoResponders
+            } else {
+                Code::Complete
+            }
+        };
+        if code == Code::NoResponders {
+            self.counters.no_responders.fetch_add(1, Relaxed);
+        }
+        self.finish(token, Some(code));
+    }
+
+    /// A broadcast another node relayed: to local members only.
+    pub(crate) fn deliver_broadcast(&self, cluster: &str, msg: Message) {
+        let st = self.state.lock();
+        let size = cost(&msg);
+        for m in st.clusters.members(cluster).filter(|m| *m < REMOTE) {
+            if let Some(c) = st.clients.get(&m) {
+                c.out.control_bounded(
+                    ServerFrame::Bcast {
+                        cluster: cluster.into(),
+                        msg: msg.clone(),
+                    },
+                    size,
+                );
+            }
+        }
+    }
+
+    /// Another node's advertisement for `cluster` changed (0: it has no
+    /// members; else 1 + their capacity, see `advertise_cluster`).
+    pub(crate) fn remote_cluster(&self, peer: SocketAddr, cluster: &str, advertised: u32) {
+        let mut st = self.state.lock();
+        let next = REMOTE + st.remote_ids.len() as u64;
+        let id = *st.remote_ids.entry(peer).or_insert(next);
+        st.remote_addrs.insert(id, peer);
+        if advertised == 0 {
+            st.clusters.leave(cluster, id);
+        } else {
+            st.clusters.join(cluster, id, advertised - 1);
+        }
+    }
+
+    /// Another node is down: it is no cluster member any more.
+    pub(crate) fn remote_down(&self, peer: SocketAddr) {
+        let mut st = self.state.lock();
+        if let Some(id) = st.remote_ids.get(&peer).copied() {
+            st.clusters.remove_member(id);
+            st.load.remove(&id);
+        }
+    }
+
     /// Every counter: the node's, each client's and each subscription's.
     pub fn stats(&self) -> NodeStats {
         let st = self.state.lock();
@@ -968,6 +1289,8 @@ impl Broker {
             limit_hits: c.limit_hits.load(Relaxed),
             protocol_errors: c.protocol_errors.load(Relaxed),
             slow_consumers: c.slow_consumers.load(Relaxed),
+            remote_drops: self.remote_drops.load(Relaxed),
+            mesh: self.mesh.get().map(|m| m.view()),
             clients,
         }
     }
@@ -1008,6 +1331,12 @@ fn flush_run(
         }
     }
     run.clear();
+}
+
+/// Picks a member of `cluster` on this node (not another node of the
+/// mesh), by the same weighted round robin.
+fn pick_local(clusters: &mut Clusters<u64>, cluster: &str, key: Option<&[u8]>) -> Option<u64> {
+    clusters.pick_where(cluster, key, |m| m < REMOTE)
 }
 
 fn release_members(st: &mut State, members: &[u64]) {
@@ -1051,6 +1380,12 @@ pub struct NodeStats {
     pub protocol_errors: u64,
     /// Clients closed as slow consumers.
     pub slow_consumers: u64,
+    /// Messages from other nodes dropped because a subscription was full.
+    #[serde(default)]
+    pub remote_drops: u64,
+    /// The mesh, when the node is part of one (`skiff stats --mesh`).
+    #[serde(default)]
+    pub mesh: Option<MeshView>,
     /// Per client.
     pub clients: Vec<ClientStats>,
 }

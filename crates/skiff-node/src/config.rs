@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::mesh::MeshSettings;
+
 /// What a node enforces. Every limit is reported when reached: the client
 /// gets an error frame with [`crate::Code::Limit`] that names it, and the
 /// node counts it in its stats.
@@ -75,6 +77,8 @@ pub struct Config {
     pub unix: Option<PathBuf>,
     /// Limits.
     pub limits: Limits,
+    /// The mesh (`[mesh]`); `None`: a standalone node.
+    pub mesh: Option<MeshSettings>,
 }
 
 impl Default for Config {
@@ -83,6 +87,7 @@ impl Default for Config {
             tcp: Some(SocketAddr::from(([127, 0, 0, 1], crate::DEFAULT_PORT))),
             unix: None,
             limits: Limits::default(),
+            mesh: None,
         }
     }
 }
@@ -129,6 +134,7 @@ impl Config {
             unix: Option<PathBuf>,
             #[serde(default)]
             limits: Limits,
+            mesh: Option<MeshSettings>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -137,6 +143,7 @@ impl Config {
         let mut c = Config {
             unix: raw.unix,
             limits: raw.limits,
+            mesh: raw.mesh,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -168,8 +175,71 @@ impl Config {
                 .parse::<u64>()
                 .map_err(|_| bad("a whole number"))
         };
+        let mesh_field = matches!(
+            name,
+            "net"
+                | "seeds"
+                | "seeds_dns"
+                | "scout"
+                | "max_members"
+                | "max_interest"
+                | "interest_rate"
+                | "max_datagram"
+        );
+        if mesh_field && self.mesh.is_none() {
+            self.mesh = Some(MeshSettings::default());
+        }
         let l = &mut self.limits;
         match name {
+            "mesh" => {
+                self.mesh = if value.is_empty() || value == "off" || value == "none" {
+                    None
+                } else {
+                    let bind = value
+                        .parse()
+                        .map_err(|_| bad("host:port (e.g. 0.0.0.0:4748), or off"))?;
+                    Some(MeshSettings {
+                        bind,
+                        ..self.mesh.take().unwrap_or_default()
+                    })
+                }
+            }
+            "net" | "seeds" | "seeds_dns" | "scout" | "max_members" | "max_interest"
+            | "interest_rate" | "max_datagram" => {
+                let m = self.mesh.as_mut().expect("set above");
+                match name {
+                    "net" if !value.is_empty() && value.len() <= 255 => m.net = value.into(),
+                    "net" => return Err(bad("a name of 1 to 255 bytes")),
+                    "seeds" => {
+                        m.seeds = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect();
+                        if m.seeds.iter().any(|s| !s.contains(':')) {
+                            return Err(bad("host:port[,host:port…]"));
+                        }
+                    }
+                    "seeds_dns" => {
+                        m.seeds_dns = (!value.is_empty()).then(|| value.to_owned());
+                        if value.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
+                            return Err(bad("name:port"));
+                        }
+                    }
+                    "scout" => {
+                        m.scout = match value {
+                            "1" | "true" | "on" | "yes" => true,
+                            "0" | "false" | "off" | "no" => false,
+                            _ => return Err(bad("true or false")),
+                        }
+                    }
+                    "max_members" => m.max_members = num()? as usize,
+                    "max_interest" => m.max_interest = num()? as usize,
+                    "interest_rate" => m.interest_rate = num()?.min(u32::MAX as u64) as u32,
+                    _ => m.max_datagram = (num()? as usize).clamp(512, 65_000),
+                }
+            }
             "tcp" => {
                 self.tcp = if value.is_empty() || value == "none" {
                     None
@@ -187,7 +257,7 @@ impl Config {
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+            _ => return Err(bad("a known setting: tcp, unix, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
         }
         Ok(())
     }
@@ -199,9 +269,17 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 9] = [
+        const NAMES: [&str; 17] = [
             "tcp",
             "unix",
+            "mesh",
+            "net",
+            "seeds",
+            "seeds_dns",
+            "scout",
+            "max_members",
+            "max_interest",
+            "interest_rate",
             "max_subject",
             "max_payload",
             "max_subscriptions",
@@ -249,6 +327,25 @@ mod tests {
         assert_eq!(c.limits.max_subscriptions, 3);
         let e = c.set("max_payload", "lots").unwrap_err().to_string();
         assert!(e.contains("whole number"), "{e}");
+        let e = c.set("seeds", "nohostport").unwrap_err().to_string();
+        assert!(e.contains("host:port"), "{e}");
+        c.apply_env([
+            ("SKIFF_NET".into(), "prod".into()),
+            ("SKIFF_SEEDS".into(), "10.0.0.1:4748, 10.0.0.2:4748".into()),
+            ("SKIFF_SCOUT".into(), "0".into()),
+        ])
+        .unwrap();
+        let m = c.mesh.clone().unwrap();
+        assert_eq!((m.net.as_str(), m.seeds.len(), m.scout), ("prod", 2, false));
+        c.set("mesh", "off").unwrap();
+        assert_eq!(c.mesh, None);
+        let t = Config::from_toml(
+            "[mesh]\nbind = \"127.0.0.1:4748\"\nnet = \"x\"\nseeds_dns = \"skiff-mesh:4748\"\n",
+            std::path::Path::new("m.toml"),
+        )
+        .unwrap();
+        let m = t.mesh.unwrap();
+        assert_eq!((m.bind.port(), m.net.as_str(), m.scout), (4748, "x", true));
         let e = Config::from_toml("bogus = 1", std::path::Path::new("x.toml"))
             .unwrap_err()
             .to_string();

@@ -28,12 +28,14 @@
 pub mod broker;
 pub mod config;
 pub mod frame;
+pub mod mesh;
 pub mod outbox;
 pub mod server;
 
 pub use broker::{Broker, ClientStats, Fatal, NodeStats, SubStats, ASYNC_ERROR};
 pub use config::{Config, ConfigError, Limits};
 pub use frame::{ClientFrame, Code, Policy, ServerFrame};
+pub use mesh::{MeshLink, MeshSettings, MeshView};
 pub use outbox::{ClientOut, SubCounters};
 pub use server::{MemLink, Node};
 

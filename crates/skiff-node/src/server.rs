@@ -75,6 +75,12 @@ impl Node {
             node.unix = Some(path.clone());
             set.spawn(accept_unix(l, node.broker.clone(), node.stop.subscribe()));
         }
+        if let Some(m) = &config.mesh {
+            let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
+            set.spawn(async move {
+                let _ = task.await;
+            });
+        }
         node.tasks = Some(tokio::spawn(async move {
             while set.join_next().await.is_some() {}
         }));
@@ -84,6 +90,11 @@ impl Node {
     /// The TCP address the node listens on.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp
+    }
+
+    /// The node's mesh address, when it is part of a mesh.
+    pub fn mesh_addr(&self) -> Option<SocketAddr> {
+        self.broker.mesh().map(|m| m.id().addr)
     }
 
     /// The Unix socket path the node listens on.

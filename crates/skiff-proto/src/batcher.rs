@@ -260,13 +260,7 @@ impl Batcher {
         // spelled out: it may have to open the next batch.
         let alone = wire::encoded_len(msg, false);
         if HEADER_LEN + alone > max {
-            return Err(UsageError::TooLarge {
-                needed: alone,
-                limit: max - HEADER_LEN,
-                max_datagram: max,
-                header: HEADER_LEN,
-            }
-            .into());
+            return Err(self.too_large(alone));
         }
         let mut len = if repeat {
             wire::encoded_len(msg, true)
@@ -312,6 +306,68 @@ impl Batcher {
             self.seal(q, Why::Thresh);
         }
         Ok(())
+    }
+
+    /// Encodes `msg` for `dest` into `buf` (cleared first) as a datagram of
+    /// its own, ready to send, if nothing at all is queued: the datagram
+    /// `push`, `flush` and `poll_transmit` would make of it together,
+    /// numbered the same, without passing through the destination's queue
+    /// and the deadline index. The lone message of an idle path under
+    /// natural batching goes this way. Returns `Ok(None)` and does nothing
+    /// if some message is queued (it must leave first); fails as `push`.
+    pub fn push_alone(
+        &mut self,
+        dest: Dest,
+        msg: &Message,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<Transmit>, Error> {
+        if self.queued > 0 {
+            return Ok(None);
+        }
+        wire::check(msg)?;
+        let len = wire::encoded_len(msg, false);
+        if HEADER_LEN + len > self.config.max_datagram {
+            return Err(self.too_large(len));
+        }
+        let q = self.queue_for(dest)?;
+        // Nothing queued: every queue is empty, so this message opens no
+        // batch and overtakes nothing.
+        let queue = &mut self.queues[q as usize];
+        debug_assert!(queue.count == 0 && queue.sealed.is_empty());
+        buf.clear();
+        buf.resize(HEADER_LEN, 0);
+        wire::encode_message(buf, msg, false);
+        Header {
+            kind: Kind::Batch,
+            source: queue.stream,
+            endpoint: queue.dest.endpoint,
+            base_seq: queue.next_seq,
+            count: 1,
+        }
+        .write(buf);
+        queue.next_seq += 1;
+        self.stats.messages += 1;
+        self.stats.bytes += len as u64;
+        self.stats.batches += 1;
+        self.stats.sealed_flush += 1;
+        Ok(Some(Transmit {
+            dest: queue.dest,
+            size: buf.len(),
+            segment_size: None,
+            segments: 1,
+            messages: 1,
+        }))
+    }
+
+    fn too_large(&self, needed: usize) -> Error {
+        let max = self.config.max_datagram;
+        UsageError::TooLarge {
+            needed,
+            limit: max - HEADER_LEN,
+            max_datagram: max,
+            header: HEADER_LEN,
+        }
+        .into()
     }
 
     fn queue_for(&mut self, dest: Dest) -> Result<u32, Error> {

@@ -607,3 +607,45 @@ fn regression_two_streams_into_one_receiver_are_both_delivered() {
     expect.sort();
     assert_eq!(delivered, expect, "{:?}", loss.stats());
 }
+
+/// `push_alone` makes the datagram `push` + `flush` + `poll_transmit`
+/// would make, numbered in the same stream, and declines while anything
+/// is queued.
+#[test]
+fn push_alone_equals_push_flush_poll_and_keeps_the_numbering() {
+    let now = Instant::now();
+    let cfg = config(1472, Duration::ZERO, 1472);
+    let (mut a, mut b) = (Batcher::new(cfg.clone()), Batcher::new(cfg));
+    let msg = |i: u8| Message::new("a.b", Bytes::from(vec![i; 8]));
+    let (mut buf_a, mut buf_b) = (Vec::new(), Vec::new());
+    for i in 0..3u8 {
+        let t = a
+            .push_alone(dest(1), &msg(i), &mut buf_a)
+            .unwrap()
+            .expect("nothing queued");
+        b.push(now, dest(1), &msg(i)).unwrap();
+        b.flush();
+        let u = b.poll_transmit(&mut buf_b, 1).unwrap();
+        assert_eq!((t, &buf_a), (u, &buf_b), "message {i}");
+        assert_eq!(a.queued(), 0);
+    }
+    assert_eq!(a.stats(), b.stats());
+    // Something queued: it must leave first.
+    a.push(now, dest(2), &msg(9)).unwrap();
+    assert_eq!(a.push_alone(dest(1), &msg(3), &mut buf_a).unwrap(), None);
+    assert_eq!(a.queued(), 1);
+    a.flush();
+    let sent = drain(&mut a, 1);
+    assert_eq!(sent.len(), 1);
+    // The stream to dest(1) goes on at 3, through the normal path too.
+    a.push(now, dest(1), &msg(3)).unwrap();
+    a.flush();
+    let sent = drain(&mut a, 1);
+    assert_eq!(sent[0].1[0][0].meta.seq, 3);
+    // Too large: the same error as push.
+    let big = Message::from_payload(vec![0u8; 2000]);
+    assert!(matches!(
+        a.push_alone(dest(1), &big, &mut buf_a),
+        Err(Error::Usage(UsageError::TooLarge { .. }))
+    ));
+}

@@ -64,6 +64,16 @@ pub enum Error {
     /// A subject, pattern or type is not valid.
     #[error(transparent)]
     Subject(#[from] skiff_proto::router::SubjectError),
+    /// The client lost its node (`skiff://a,b` failover): the call was in
+    /// flight on it, was made while no node was reachable, or answers a
+    /// request that came from it. With a failover list the client moves to
+    /// the next node on its own; retry once it has
+    /// ([`crate::client::ClientEvent::Reconnected`]).
+    #[error("lost the connection to node {node}; the client fails over to the next node in its list (retry the call; see Client::events)")]
+    NodeLost {
+        /// The node lost, as in the locator.
+        node: String,
+    },
 }
 
 impl From<skiff_proto::Error> for Error {
@@ -78,6 +88,12 @@ impl From<skiff_proto::Error> for Error {
 }
 
 impl Error {
+    /// Whether this error means the client's node was lost (the call may
+    /// succeed once the client has failed over).
+    pub fn is_node_lost(&self) -> bool {
+        matches!(self, Error::NodeLost { .. })
+    }
+
     pub(crate) fn io(what: &'static str) -> impl FnOnce(io::Error) -> Error {
         move |source| Error::Io { what, source }
     }
@@ -170,6 +186,9 @@ mod tests {
                 reason: "max_subscriptions".into(),
             },
             Error::Subject(skiff_proto::router::Subject::new("").unwrap_err()),
+            Error::NodeLost {
+                node: "skiff://a:4747".into(),
+            },
         ];
         for e in all {
             assert!(!e.to_string().is_empty());

@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -296,6 +296,8 @@ struct Tx {
     /// One thread at a time sends, so datagrams to a destination leave in
     /// order; the others only append.
     in_flight: bool,
+    /// The datagrams of the send in progress (kept for its allocation).
+    sending: Vec<Pending>,
     last_send_end: Option<Instant>,
     /// Smoothed duration of one send system call.
     send_cost: Duration,
@@ -368,6 +370,75 @@ impl Rx {
     }
 }
 
+/// The receive-side counters of [`QueueStats`] as of the last receive,
+/// readable without the receive lock: one relaxed store per counter per
+/// receive, no lock and no copy on the receive path. Each counter is exact;
+/// a reading taken during a store may mix two receives' values.
+#[derive(Debug, Default)]
+struct RxCounters([AtomicU64; RX_COUNTERS]);
+
+const RX_COUNTERS: usize = 16;
+
+impl RxCounters {
+    /// The counters of `rx`, in the order `load` reads them; what
+    /// [`Rx::counters`] gives, without copying the whole [`QueueStats`].
+    fn fields(rx: &Rx) -> [u64; RX_COUNTERS] {
+        let (s, l) = (&rx.stats, rx.loss.stats());
+        let d = &s.dropped;
+        [
+            s.recv_messages,
+            s.recv_bytes,
+            s.recv_batches,
+            l.lost,
+            l.recovered,
+            d.foreign,
+            d.version,
+            d.kind,
+            d.truncated,
+            d.malformed,
+            d.oversized,
+            d.endpoint,
+            l.duplicates,
+            l.stale,
+            rx.batch.kernel_drops(),
+            l.evicted,
+        ]
+    }
+
+    fn store(&self, rx: &Rx) {
+        for (a, v) in self.0.iter().zip(RxCounters::fields(rx)) {
+            a.store(v, Ordering::Relaxed);
+        }
+    }
+
+    fn load(&self) -> QueueStats {
+        // In the order of `fields`.
+        let v = self.0.each_ref().map(|a| a.load(Ordering::Relaxed));
+        QueueStats {
+            recv_messages: v[0],
+            recv_bytes: v[1],
+            recv_batches: v[2],
+            lost: v[3],
+            recovered: v[4],
+            dropped: Drops {
+                foreign: v[5],
+                version: v[6],
+                kind: v[7],
+                truncated: v[8],
+                malformed: v[9],
+                oversized: v[10],
+                endpoint: v[11],
+                duplicate: v[12],
+                stale: v[13],
+                kernel: v[14],
+                sources_evicted: v[15],
+                ..Drops::default()
+            },
+            ..QueueStats::default()
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     config: QueueConfig,
@@ -377,7 +448,7 @@ struct Inner {
     rx: Mutex<Rx>,
     /// The receive counters as of the last receive, for `stats` while a
     /// blocking pop holds `rx`.
-    rx_counters: Mutex<QueueStats>,
+    rx_counters: RxCounters,
     wake: Condvar,
     shutdown: AtomicBool,
     /// Set while a `pop_blocking` waits in the kernel holding `rx`.
@@ -386,6 +457,9 @@ struct Inner {
     /// taken for a reply and sent at once.
     popped: AtomicBool,
     async_fd: OnceLock<tokio::io::unix::AsyncFd<OwnedFd>>,
+    /// When the queue was bound: the date natural batching gives every
+    /// batch, whose deadline it never reads.
+    epoch: Instant,
 }
 
 /// A batched, asynchronous datagram queue; see the module documentation.
@@ -450,6 +524,7 @@ impl DatagramQueue {
                 out_bytes: 0,
                 pool: Vec::new(),
                 in_flight: false,
+                sending: Vec::new(),
                 last_send_end: None,
                 send_cost: Duration::ZERO,
                 flusher_parked: false,
@@ -464,7 +539,7 @@ impl DatagramQueue {
                 verdicts: Vec::new(),
                 stats: QueueStats::default(),
             }),
-            rx_counters: Mutex::new(QueueStats::default()),
+            rx_counters: RxCounters::default(),
             config,
             socket,
             local,
@@ -473,6 +548,7 @@ impl DatagramQueue {
             waiting: AtomicBool::new(false),
             popped: AtomicBool::new(false),
             async_fd: OnceLock::new(),
+            epoch: Instant::now(),
         });
         let i = inner.clone();
         let flusher = std::thread::Builder::new()
@@ -523,7 +599,7 @@ impl DatagramQueue {
             if tx.out.is_empty() && !tx.in_flight {
                 break;
             }
-            inner.drain(tx, true);
+            inner.drain(tx, true, true);
             let tx = inner.tx.lock();
             if !tx.out.is_empty() {
                 drop(tx);
@@ -559,28 +635,40 @@ impl DatagramQueue {
     /// happens inside the receive system call, so a message costs one call
     /// as in a plain blocking `recv`. While one thread waits here, `try_pop`
     /// on other threads returns `None` rather than wait behind it.
+    ///
+    /// The first wait is given the whole `timeout` and reads no clock; only
+    /// if it ends without a message to hand out (the datagram was refused,
+    /// a signal interrupted the call) is a deadline set, `timeout` from
+    /// then, so such a pop may wait up to twice `timeout` in all.
     pub fn pop_blocking(&self, timeout: Option<Duration>) -> Option<Message> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut deadline: Option<Instant> = None;
+        let mut first = true;
         loop {
             let mut rx = self.inner.rx.lock();
             if let Some(m) = rx.take() {
                 return self.inner.popped(Some(m));
             }
-            let left = match deadline {
-                Some(d) => {
+            let left = match timeout {
+                Some(t) if !first => {
                     let now = Instant::now();
+                    let d = *deadline.get_or_insert(now + t);
                     if now >= d {
                         return None;
                     }
                     Some(d - now)
                 }
-                None => None,
+                t => t,
             };
+            first = false;
             self.inner.waiting.store(true, Ordering::Relaxed);
-            self.inner.fill(&mut rx, Some(left));
+            let got = self.inner.fill(&mut rx, Some(left));
             self.inner.waiting.store(false, Ordering::Relaxed);
             if let Some(m) = rx.take() {
                 return self.inner.popped(Some(m));
+            }
+            if got.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                // The kernel's receive timeout, `left`, passed.
+                return None;
             }
         }
     }
@@ -649,7 +737,7 @@ impl DatagramQueue {
         // kernel; then the counters come from the copy the last receive left.
         let rx = match self.inner.rx.try_lock() {
             Some(rx) => rx.counters(),
-            None => self.inner.rx_counters.lock().clone(),
+            None => self.inner.rx_counters.load(),
         };
         let mut rx = rx;
         // The socket's own drop counter is read now, not at the next arrival.
@@ -727,12 +815,6 @@ impl Inner {
         let mut clock: Option<Instant> = None;
         let mut now = || *clock.get_or_insert_with(Instant::now);
         let mut tx = self.tx.lock();
-        let opened = tx.batcher.queued() == 0;
-        tx.batcher.push_with_clock(&mut now, dest, msg)?;
-        if tx.in_flight {
-            // The thread sending now picks this up when its call returns.
-            return Ok(());
-        }
         if self.natural() {
             // Send on this thread only if the path is idle: nothing else
             // waits, and either this push answers a message popped since
@@ -742,20 +824,62 @@ impl Inner {
             // send ended exceeds half a send's duration). Otherwise this is
             // a burst, and the flusher sends what accumulates: batches grow
             // exactly when sending one by one could not keep up.
-            let cost = tx.send_cost / 2;
-            let mut burst = |t: Option<Instant>| {
-                !self.popped.swap(false, Ordering::Relaxed)
-                    && t.is_some_and(|t| now().saturating_duration_since(t) < cost)
-            };
-            if !opened || tx.out_bytes > 0 || burst(tx.last_send_end) {
-                if tx.flusher_parked {
-                    tx.flusher_parked = false;
-                    self.wake.notify_one();
-                }
-                return Ok(());
+            let idle = !tx.in_flight && tx.batcher.queued() == 0 && tx.out_bytes == 0;
+            // A plain load first: the store (a cache-line write) only when set.
+            let reply = idle && self.popped.load(Ordering::Relaxed);
+            if reply {
+                self.popped.store(false, Ordering::Relaxed);
             }
-            tx.batcher.flush();
-        } else if !tx.batcher.has_transmit() {
+            let cost = tx.send_cost / 2;
+            let burst = idle
+                && !reply
+                && tx
+                    .last_send_end
+                    .is_some_and(|t| now().saturating_duration_since(t) < cost);
+            if idle && !burst {
+                // The message becomes a datagram of its own at once.
+                let mut buf = tx.pool.pop().unwrap_or_default();
+                match tx.batcher.push_alone(dest, msg, &mut buf) {
+                    Ok(Some(t)) => {
+                        tx.out_bytes += t.size;
+                        tx.out.push_back(Pending {
+                            dest: t.dest.addr,
+                            buf,
+                            segment_size: None,
+                            segments: 1,
+                            messages: 1,
+                        });
+                        self.trim_backlog(&mut tx);
+                        // A reply's send is paced by the exchange: not timed.
+                        self.drain(tx, false, !reply);
+                        return Ok(());
+                    }
+                    Ok(None) => tx.pool.push(buf),
+                    Err(e) => {
+                        tx.pool.push(buf);
+                        return Err(e.into());
+                    }
+                }
+            }
+            // Natural batching never reads a batch's date (nothing waits
+            // for a deadline: the flusher seals everything it finds), so a
+            // fixed one saves the clock read.
+            tx.batcher.push_with_clock(|| self.epoch, dest, msg)?;
+            // While a send is in flight, its thread picks this up when the
+            // call returns; otherwise the flusher does.
+            if !tx.in_flight && tx.flusher_parked {
+                tx.flusher_parked = false;
+                self.wake.notify_one();
+            }
+            return Ok(());
+        }
+        let opened = tx.batcher.queued() == 0;
+        tx.batcher.push_with_clock(&mut now, dest, msg)?;
+        if tx.in_flight {
+            // The thread sending now picks this up when its call returns.
+            return Ok(());
+        }
+        if !tx.batcher.has_transmit() {
             // A new batch has a deadline; the flusher must know if it sleeps
             // longer than that.
             if opened
@@ -768,7 +892,7 @@ impl Inner {
             return Ok(());
         }
         self.collect(&mut tx);
-        self.drain(tx, false);
+        self.drain(tx, false, true);
         Ok(())
     }
 
@@ -790,7 +914,11 @@ impl Inner {
                 messages: t.messages,
             });
         }
-        // Over the backlog limit, drop the oldest datagrams and count them.
+        self.trim_backlog(tx);
+    }
+
+    /// Over the backlog limit, drops the oldest datagrams and counts them.
+    fn trim_backlog(&self, tx: &mut Tx) {
         while tx.out_bytes > self.config.max_backlog {
             let Some(p) = tx.out.pop_front() else { break };
             tx.out_bytes -= p.buf.len();
@@ -801,8 +929,10 @@ impl Inner {
 
     /// Sends the send queue, releasing the lock during system calls. Only one
     /// thread sends at a time. With `wait`, waits for another sender to
-    /// finish rather than leaving the work to it.
-    fn drain<'a>(&'a self, mut tx: parking_lot::MutexGuard<'a, Tx>, wait: bool) {
+    /// finish rather than leaving the work to it. With `timed`, the calls
+    /// are timed for the burst test of natural batching (`send_cost`,
+    /// `last_send_end`); a reply's send is not, and reads no clock.
+    fn drain<'a>(&'a self, mut tx: parking_lot::MutexGuard<'a, Tx>, wait: bool, timed: bool) {
         if tx.in_flight {
             if !wait {
                 return;
@@ -813,45 +943,25 @@ impl Inner {
                 tx = self.tx.lock();
             }
         }
+        // Reused between calls: sending allocates nothing.
+        let mut batch = std::mem::take(&mut tx.sending);
         while !tx.out.is_empty() {
             tx.in_flight = true;
             let n = tx.out.len().min(SEND_BATCH);
-            let batch: Vec<Pending> = tx.out.drain(..n).collect();
+            batch.extend(tx.out.drain(..n));
             drop(tx);
-            let mut sent = 0;
-            let mut result = Ok(());
-            let mut calls: u32 = 0;
-            let started = Instant::now();
-            while sent < batch.len() {
-                let out: Vec<Outgoing<'_>> = batch[sent..]
-                    .iter()
-                    .map(|p| Outgoing {
-                        dest: p.dest,
-                        data: &p.buf,
-                        segment_size: p.segment_size,
-                    })
-                    .collect();
-                calls += 1;
-                match self.socket.send(&out) {
-                    Ok(0) => {
-                        result = Err(io::ErrorKind::WouldBlock.into());
-                        break;
-                    }
-                    Ok(k) => sent += k.min(out.len()),
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            let ended = Instant::now();
+            let started = timed.then(Instant::now);
+            let (sent, calls, result) = self.send_pending(&batch);
+            let ended = started.map(|s| (s, Instant::now()));
             tx = self.tx.lock();
             tx.in_flight = false;
             tx.stats.send_calls += u64::from(calls);
-            tx.last_send_end = Some(ended);
-            let cost = (ended - started) / calls.max(1);
-            tx.send_cost = (tx.send_cost * 7 + cost) / 8;
-            let mut rest = batch.into_iter();
+            if let Some((started, ended)) = ended {
+                tx.last_send_end = Some(ended);
+                let cost = (ended - started) / calls.max(1);
+                tx.send_cost = (tx.send_cost * 7 + cost) / 8;
+            }
+            let mut rest = batch.drain(..);
             for p in rest.by_ref().take(sent) {
                 tx.out_bytes -= p.buf.len();
                 tx.stats.sent_messages += p.messages as u64;
@@ -860,27 +970,30 @@ impl Inner {
                 tx.pool.push(p.buf);
             }
             if let Err(e) = result {
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    // Keep the rest, in order, for the flusher to retry.
-                    let rest: Vec<Pending> = rest.collect();
-                    for p in rest.into_iter().rev() {
-                        tx.out.push_front(p);
+                let would_block = e.kind() == io::ErrorKind::WouldBlock;
+                if !would_block {
+                    // The first datagram was refused (e.g. unreachable or
+                    // too big for the path): drop it, count it, go on with
+                    // the rest.
+                    if let Some(p) = rest.next() {
+                        tx.out_bytes -= p.buf.len();
+                        tx.stats.dropped.send_error += p.messages as u64;
+                        tx.pool.push(p.buf);
                     }
+                    tx.last_error = Some(e.to_string());
+                }
+                // Put the rest back in front, in order.
+                for p in rest.rev() {
+                    tx.out.push_front(p);
+                }
+                if would_block {
+                    // The flusher retries once the socket has room.
+                    tx.sending = batch;
                     self.wake.notify_one();
                     return;
                 }
-                // The first datagram was refused (e.g. unreachable or too big
-                // for the path): drop it, count it, go on with the rest.
-                if let Some(p) = rest.next() {
-                    tx.out_bytes -= p.buf.len();
-                    tx.stats.dropped.send_error += p.messages as u64;
-                    tx.pool.push(p.buf);
-                }
-                tx.last_error = Some(e.to_string());
-                let rest: Vec<Pending> = rest.collect();
-                for p in rest.into_iter().rev() {
-                    tx.out.push_front(p);
-                }
+            } else {
+                drop(rest);
             }
             if tx.pool.len() > 256 {
                 tx.pool.truncate(256);
@@ -891,6 +1004,43 @@ impl Inner {
                 self.collect(&mut tx);
             }
         }
+        tx.sending = batch;
+    }
+
+    /// Hands `batch` to the kernel without holding the lock; returns how
+    /// many datagrams went, the system calls made, and the error that
+    /// stopped it, if any.
+    fn send_pending(&self, batch: &[Pending]) -> (usize, u32, io::Result<()>) {
+        fn outgoing(p: &Pending) -> Outgoing<'_> {
+            Outgoing {
+                dest: p.dest,
+                data: &p.buf,
+                segment_size: p.segment_size,
+            }
+        }
+        if let [p] = batch {
+            // The lone datagram of a quiet path (a request, a reply).
+            return match self.socket.send(&[outgoing(p)]) {
+                Ok(0) => (0, 1, Err(io::ErrorKind::WouldBlock.into())),
+                Ok(_) => (1, 1, Ok(())),
+                Err(e) => (0, 1, Err(e)),
+            };
+        }
+        let mut out: Vec<Outgoing<'_>> = batch.iter().map(outgoing).collect();
+        let (mut sent, mut calls) = (0, 0);
+        while sent < batch.len() {
+            calls += 1;
+            match self.socket.send(&out) {
+                Ok(0) => return (sent, calls, Err(io::ErrorKind::WouldBlock.into())),
+                Ok(k) => {
+                    let k = k.min(out.len());
+                    sent += k;
+                    out.drain(..k);
+                }
+                Err(e) => return (sent, calls, Err(e)),
+            }
+        }
+        (sent, calls, Ok(()))
     }
 
     fn flusher(&self) {
@@ -906,7 +1056,7 @@ impl Inner {
             self.collect(&mut tx);
             if !tx.out.is_empty() && !tx.in_flight {
                 let before = tx.out.len();
-                self.drain(tx, stopping);
+                self.drain(tx, stopping, true);
                 tx = self.tx.lock();
                 if tx.out.len() < before || tx.out.is_empty() {
                     continue;
@@ -955,7 +1105,7 @@ impl Inner {
         if let Some(m) = rx.take() {
             return Some(m);
         }
-        self.fill(&mut rx, None);
+        let _ = self.fill(&mut rx, None);
         rx.take()
     }
 
@@ -974,7 +1124,7 @@ impl Inner {
             return 0;
         };
         if rx.is_empty() {
-            self.fill(&mut rx, None);
+            let _ = self.fill(&mut rx, None);
         }
         let mut n = 0;
         while n < max {
@@ -997,8 +1147,9 @@ impl Inner {
     }
 
     /// Reads what the socket holds in one `recvmmsg` and validates it;
-    /// with `wait`, first waits up to that long (forever with `Some(None)`).
-    fn fill(&self, rx: &mut Rx, wait: Option<Option<Duration>>) {
+    /// with `wait`, first waits up to that long (forever with `Some(None)`)
+    /// for one datagram. Returns what the receive call returned.
+    fn fill(&self, rx: &mut Rx, wait: Option<Option<Duration>>) -> io::Result<usize> {
         let Rx {
             batch,
             arrived,
@@ -1011,21 +1162,21 @@ impl Inner {
             None => self.socket.recv(batch),
             Some(t) => self.socket.recv_wait(batch, t),
         };
-        if got.is_err() {
-            return;
-        }
+        let received = got?;
         for d in batch.drain() {
             if d.truncated {
                 stats.dropped.truncated += 1;
                 continue;
             }
-            for data in d.datagrams() {
-                if let Some(a) = accept(&self.config, d.from, data, loss, verdicts, stats) {
+            let from = d.from;
+            for data in d.into_datagrams() {
+                if let Some(a) = accept(&self.config, from, data, loss, verdicts, stats) {
                     arrived.push_back(a);
                 }
             }
         }
-        *self.rx_counters.lock() = rx.counters();
+        self.rx_counters.store(rx);
+        Ok(received)
     }
 }
 
@@ -1243,5 +1394,37 @@ fn no_multicast() -> Error {
             "a reliable queue has no multicast: each association has one peer; \
              use a queue without reliable=true",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `stats` reads while a pop holds the receive state is what
+    /// `Rx::counters` gives, field for field.
+    #[test]
+    fn published_counters_are_the_receive_counters() {
+        let mut rx = Rx {
+            batch: RecvBatch::new(1, 64),
+            arrived: VecDeque::new(),
+            loss: LossDetector::new(8),
+            verdicts: Vec::new(),
+            stats: QueueStats::default(),
+        };
+        let s = &mut rx.stats;
+        (s.recv_messages, s.recv_bytes, s.recv_batches) = (11, 12, 13);
+        let d = &mut s.dropped;
+        (d.foreign, d.version, d.kind, d.truncated) = (21, 22, 23, 24);
+        (d.malformed, d.oversized, d.endpoint) = (25, 26, 27);
+        // A gap of 5 (lost), then a duplicate.
+        let mut v = Vec::new();
+        assert!(rx.loss.check_run(7, 5, 1, &mut v));
+        assert!(!rx.loss.check_run(7, 5, 1, &mut v));
+        let published = RxCounters::default();
+        published.store(&rx);
+        let want = rx.counters();
+        assert_eq!((want.lost, want.dropped.duplicate), (5, 1));
+        assert_eq!(published.load(), want);
     }
 }

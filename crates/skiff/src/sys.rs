@@ -7,6 +7,8 @@
 //!
 //! - [`sendmmsg`]: up to [`MAX_BATCH`] datagrams in one call, each to its own
 //!   destination and optionally with a `UDP_SEGMENT` (GSO) segment size.
+//! - [`sendto`]: one datagram, for the lone reply that `sendmmsg` would
+//!   only slow down.
 //! - [`recvmmsg`]: many datagrams in one call into slots of a caller buffer,
 //!   with the source, the `MSG_TRUNC` flag, the `UDP_GRO` segment size and
 //!   the `SO_RXQ_OVFL` drop counter of each.
@@ -204,6 +206,33 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
     Ok(r as usize)
 }
 
+/// Sends one datagram (no GSO segment size) with `sendto(2)` without
+/// blocking: the cheapest send the kernel has, for the lone datagram of a
+/// request or a reply, where `sendmmsg` would add its per-call work (the
+/// header array copied in, a reschedule check per message) for nothing.
+///
+/// Errors as [`sendmmsg`] for its first datagram: `WouldBlock` when the send
+/// buffer is full, else the kernel's error.
+pub(crate) fn sendto(fd: BorrowedFd<'_>, dest: SocketAddr, data: &[u8]) -> io::Result<()> {
+    let (addr, addr_len) = RawAddr::new(dest);
+    // SAFETY: `data` is a live slice of `data.len()` bytes and `addr` a live
+    // socket address of `addr_len` bytes; the kernel only reads both.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            data.as_ptr() as *const c_void,
+            data.len(),
+            libc::MSG_DONTWAIT,
+            &addr as *const RawAddr as *const libc::sockaddr,
+            addr_len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether a send error of a datagram with a GSO segment size may be the
 /// kernel or the device refusing segmentation (`EIO`: no checksum offload;
 /// `EINVAL`: segment size or count out of range; `EMSGSIZE`: the total is
@@ -300,7 +329,8 @@ impl RecvBufs {
     }
 }
 
-/// Receives up to `bufs.slots()` datagrams in one `recvmmsg(2)`: datagram
+/// Receives up to `bufs.slots()` datagrams in one `recvmmsg(2)` (one
+/// `recvmsg(2)` when a single slot is used, as a waiting receive does): datagram
 /// `i` goes to `arena[i * slot_size..][..slot_size]` and its description to
 /// `out[i]` (slots beyond `arena` or `out` are not used). Returns how many
 /// arrived. With `wait` false the call never blocks (`WouldBlock` if none
@@ -346,26 +376,49 @@ pub(crate) fn recvmmsg(
         h.msg_hdr.msg_controllen = CTRL_LEN as _;
         h.msg_hdr.msg_flags = 0;
     }
-    // SAFETY: the first `n` headers point to `n` distinct slots of `arena`,
-    // to `names[i]` and `ctrls[i]`, all borrowed mutably for the call and
-    // sized as the headers say; the kernel writes only inside them.
-    let r = unsafe {
-        libc::recvmmsg(
-            fd.as_raw_fd(),
-            hdrs.as_mut_ptr(),
-            n as u32,
-            if wait {
-                libc::MSG_WAITFORONE
-            } else {
-                libc::MSG_DONTWAIT
-            },
-            ptr::null_mut(),
-        )
+    let got = if n == 1 {
+        // One slot: plain `recvmsg(2)`, which skips recvmmsg's per-call
+        // work (its loop, timeout and error bookkeeping). On the blocking
+        // socket, flags 0 waits (up to `SO_RCVTIMEO`) as MSG_WAITFORONE
+        // does for one slot.
+        // SAFETY: `hdrs[0]` points to the first slot of `arena`, to
+        // `names[0]` and `ctrls[0]`, all borrowed mutably for the call and
+        // sized as the header says; the kernel writes only inside them.
+        let r = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut hdrs[0].msg_hdr,
+                if wait { 0 } else { libc::MSG_DONTWAIT },
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        hdrs[0].msg_len = r as u32;
+        1
+    } else {
+        // SAFETY: the first `n` headers point to `n` distinct slots of
+        // `arena`, to `names[i]` and `ctrls[i]`, all borrowed mutably for
+        // the call and sized as the headers say; the kernel writes only
+        // inside them.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as u32,
+                if wait {
+                    libc::MSG_WAITFORONE
+                } else {
+                    libc::MSG_DONTWAIT
+                },
+                ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        r as usize
     };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let got = r as usize;
     for i in 0..got {
         let h = &hdrs[i];
         let mut m = RecvMeta {
@@ -580,6 +633,70 @@ pub(crate) fn set_recv_timeout(
             mem::size_of::<libc::timeval>() as socklen_t,
         )
     };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A one-shot `CLOCK_MONOTONIC` timer as a descriptor (`timerfd_create`),
+/// non-blocking and close-on-exec: it turns readable when it fires, so a
+/// reactor can wait for it beside sockets with microsecond precision, and
+/// another thread can re-arm it without waking the waiter.
+pub(crate) fn timerfd() -> io::Result<OwnedFd> {
+    // SAFETY: no pointers; the flags are valid for timerfd_create.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by timerfd_create and nothing else
+    // owns it.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// Arms the timer to fire once `after` from now (at least 1 ns), or
+/// disarms it (`None`); clears expirations not yet read.
+pub(crate) fn timerfd_arm(fd: BorrowedFd<'_>, after: Option<Duration>) -> io::Result<()> {
+    let value = match after {
+        Some(d) => {
+            let d = d.max(Duration::from_nanos(1));
+            libc::timespec {
+                tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            }
+        }
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+    };
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: value,
+    };
+    // SAFETY: `spec` is a valid itimerspec living across the call; a null
+    // old-value pointer is allowed.
+    let r = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, ptr::null_mut()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads (and discards) the timer's expiration count, so that it is no
+/// longer readable; `WouldBlock` when it had not fired.
+pub(crate) fn timerfd_clear(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut n = 0u64;
+    // SAFETY: `n` is 8 writable bytes, the size a timerfd read needs.
+    let r = unsafe { libc::read(fd.as_raw_fd(), &mut n as *mut u64 as *mut c_void, 8) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

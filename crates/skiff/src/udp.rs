@@ -2,7 +2,8 @@
 //! system call.
 //!
 //! [`UdpSocket::send`] hands up to 64 datagrams at a time to `sendmmsg(2)`,
-//! each with **its own destination**, and cuts large batches into segments
+//! each with **its own destination** (a lone datagram goes with plain
+//! `sendto(2)`, which costs less), and cuts large batches into segments
 //! in the kernel (`UDP_SEGMENT`, GSO) where it can; [`UdpSocket::recv`]
 //! takes whatever is waiting with one `recvmmsg(2)` into a [`RecvBatch`],
 //! whose datagrams come out as zero-copy [`Bytes`] slices of one arena, with
@@ -145,7 +146,7 @@ impl UdpSocket {
     /// and `UDP_GRO` if `cfg.gro` (each only where the kernel has it).
     pub fn bind(addr: SocketAddr, cfg: &UdpConfig) -> io::Result<UdpSocket> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        // Blocking mode, so `recv_wait` can sleep inside recvmmsg; every
+        // Blocking mode, so `recv_wait` can sleep inside recvmsg; every
         // other call passes MSG_DONTWAIT and never blocks.
         socket.set_nonblocking(false)?;
         if cfg.reuse_addr {
@@ -222,7 +223,8 @@ impl UdpSocket {
 
     /// Sends as many of `datagrams` as the kernel takes now without blocking,
     /// in order, and returns how many went (all of each: a segmented
-    /// datagram counts once all its segments went).
+    /// datagram counts once all its segments went). A lone unsegmented
+    /// datagram goes with one `sendto`, anything else with `sendmmsg`.
     ///
     /// Errors: `WouldBlock` if the send buffer took none; otherwise the error
     /// of `datagrams[0]`. When a later datagram fails, the count stops before
@@ -237,6 +239,12 @@ impl UdpSocket {
     /// first segments.
     pub fn send(&self, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
         let fd = self.socket.as_fd();
+        if let [d] = datagrams {
+            if d.segment_size.is_none_or(|s| s == 0 || s >= d.data.len()) {
+                // One whole datagram: `sendto`, cheaper than `sendmmsg`.
+                return sys::sendto(fd, self.adapt(d.dest), d.data).map(|()| 1);
+            }
+        }
         let empty = sys::Transmit {
             dest: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             data: &[],
@@ -337,20 +345,19 @@ impl UdpSocket {
     }
 
     /// Waits up to `timeout` (forever with `None`) for a datagram inside
-    /// the receive system call itself, then takes what else is ready: one
-    /// system call where `wait_readable` + `recv` take two, which is what a
-    /// request/reply exchange pays per message. `WouldBlock` on timeout.
+    /// the receive system call itself (one `recvmsg` taking one datagram;
+    /// what else arrived is left for the next `recv`): one system call
+    /// where `wait_readable` + `recv` take two, which is what a
+    /// request/reply exchange pays per message. `WouldBlock` on timeout,
+    /// `Interrupted` if a signal cut the wait short.
     pub fn recv_wait(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
         let micros = timeout.map_or(u64::MAX, |d| d.as_micros().min(u64::MAX as u128 - 1) as u64);
-        if self.recv_timeout.swap(micros, Ordering::Relaxed) != micros {
+        // A plain load first: the common wait repeats the last timeout.
+        if self.recv_timeout.load(Ordering::Relaxed) != micros {
+            self.recv_timeout.store(micros, Ordering::Relaxed);
             sys::set_recv_timeout(self.socket.as_fd(), timeout)?;
         }
-        match self.recv_inner(batch, true) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                Err(io::ErrorKind::WouldBlock.into())
-            }
-            other => other,
-        }
+        self.recv_inner(batch, true)
     }
 
     fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
@@ -592,7 +599,14 @@ impl RecvBatch {
             // Forget the oldest: its memory goes when its last slice does.
             self.kept.remove(0);
         }
-        BytesMut::zeroed(total)
+        let mut arena = BytesMut::zeroed(total);
+        // Make the arena reference-counted now (splitting off an empty
+        // handle does that), so that it keeps one count block for life:
+        // `freeze` and `try_into_mut` then just hand that block over,
+        // where a plain vector would allocate one at the first slice of
+        // every receive and free it at every reuse.
+        drop(arena.split_to(0));
+        arena
     }
 }
 
@@ -626,8 +640,14 @@ pub struct Received {
 impl Received {
     /// The datagrams in `data`: one, or each of a GRO run (zero-copy).
     pub fn datagrams(&self) -> Datagrams {
+        self.clone().into_datagrams()
+    }
+
+    /// As [`Received::datagrams`], consuming the buffer (one reference
+    /// count change fewer per datagram).
+    pub fn into_datagrams(self) -> Datagrams {
         Datagrams {
-            rest: self.data.clone(),
+            rest: self.data,
             stride: self.segment_size.unwrap_or(0),
             done: false,
         }
@@ -1234,6 +1254,8 @@ mod tests {
         };
         let lens: Vec<usize> = run.datagrams().map(|d| d.len()).collect();
         assert_eq!(lens, [10, 10, 5]);
+        let owned: Vec<Bytes> = run.clone().into_datagrams().collect();
+        assert_eq!(owned, run.datagrams().collect::<Vec<_>>());
         let one = Received {
             from,
             data: Bytes::new(),

@@ -342,3 +342,93 @@ fn stats_and_try_pop_do_not_wait_behind_a_blocked_pop() {
     assert_eq!(&m.payload[..], b"wake");
     assert_eq!(q.stats().recv_messages, 1);
 }
+
+/// Request/reply under natural batching: every lone message leaves at once
+/// in a datagram of its own (one system call each), numbered in its
+/// stream, and nothing is counted lost or dropped.
+#[test]
+fn request_reply_sends_each_message_alone_and_in_sequence() {
+    let a = Queue::bind("udp://127.0.0.1:0").unwrap();
+    let b = std::sync::Arc::new(Queue::bind("udp://127.0.0.1:0").unwrap());
+    let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
+    const N: u64 = 200;
+    let echo = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            for i in 0..N {
+                let m = b.pop_blocking(Some(Duration::from_secs(5))).expect("ping");
+                assert_eq!(m.meta.seq, i);
+                assert_eq!(m.meta.from, Some(a_addr));
+                b.push(a_addr, &m).unwrap();
+            }
+        })
+    };
+    for i in 0..N {
+        let ping = Message::from_payload(Bytes::copy_from_slice(&i.to_le_bytes()));
+        a.push(b_addr, &ping).unwrap();
+        let pong = a.pop_blocking(Some(Duration::from_secs(5))).expect("pong");
+        assert_eq!(pong.payload, ping.payload);
+        assert_eq!(pong.meta.seq, i);
+    }
+    echo.join().unwrap();
+    for s in [a.stats(), b.stats()] {
+        assert_eq!((s.sent_messages, s.sent_batches, s.send_calls), (N, N, N));
+        assert_eq!((s.recv_messages, s.recv_batches), (N, N));
+        assert_eq!((s.lost, s.dropped.total()), (0, 0), "{s:?}");
+    }
+}
+
+/// While a pop waits in the kernel holding the receive state, `stats`
+/// still reports what that pop received and refused before waiting again.
+#[test]
+fn stats_during_a_blocked_pop_include_its_last_receive() {
+    let q = std::sync::Arc::new(Queue::bind("udp://127.0.0.1:0").unwrap());
+    let waiter = {
+        let q = q.clone();
+        std::thread::spawn(move || q.pop_blocking(Some(Duration::from_secs(10))))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    raw_send(q.local_addr(), b"not skiff at all");
+    let t = Instant::now();
+    while q.stats().dropped.foreign == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", q.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let a = Queue::bind("udp://127.0.0.1:0").unwrap();
+    a.push(q.local_addr(), &Message::from_payload("wake"))
+        .unwrap();
+    a.flush().unwrap();
+    assert!(waiter.join().unwrap().is_some());
+    let s = q.stats();
+    assert_eq!((s.dropped.foreign, s.recv_messages), (1, 1));
+}
+
+/// A blocking pop on a quiet queue returns `None` after its timeout; one
+/// whose wait is cut short by a refused datagram waits on, at most twice
+/// the timeout in all.
+#[test]
+fn pop_blocking_times_out() {
+    let q = Queue::bind("udp://127.0.0.1:0").unwrap();
+    let t = Instant::now();
+    assert!(q.pop_blocking(Some(Duration::from_millis(100))).is_none());
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(99) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let addr = q.local_addr();
+    let noise = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        raw_send(addr, b"noise");
+    });
+    let t = Instant::now();
+    assert!(q.pop_blocking(Some(Duration::from_millis(200))).is_none());
+    let waited = t.elapsed();
+    noise.join().unwrap();
+    assert!(
+        waited >= Duration::from_millis(199)
+            && waited < Duration::from_millis(400) + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_eq!(q.stats().dropped.foreign, 1);
+}

@@ -1,10 +1,12 @@
-//! The buffer API (RocketBufs rOut/rIn) over `shm://` and `tcp://`: one
-//! suite, run unchanged over both transports by the `suite!` macro, plus
-//! what only shared memory has (torn reads, crashed peers killed with
-//! SIGKILL, corrupted headers, file clean-up).
+//! The buffer API (RocketBufs rOut/rIn) over `shm://`, `tcp://` and
+//! `udp://…?reliable=true`: one suite, run unchanged over every transport
+//! by the `suite!` macro (the crash tests over the transports that detect a
+//! dead peer: shared memory and associations), plus what only shared memory
+//! has (torn reads, corrupted headers, file clean-up and reclaim).
 //!
 //! Crash tests re-execute this test binary with `SKIFF_SHM_ROLE` set; the
-//! `child_role` test then plays the producer or the subscriber.
+//! `child_role` test then plays the producer or the subscriber and prints
+//! `ready <locator of its side>`.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -30,21 +32,37 @@ fn dir() -> PathBuf {
 enum T {
     Shm,
     Tcp,
+    Udp,
+}
+
+/// Association options of the udp locators: a dead peer is detected
+/// within a second.
+const UDP: &str = "reliable=true&keepalive=100ms&idle_timeout=1s";
+
+/// The locator an output of transport `t` opens (a fresh name or port).
+fn output_locator(t: T) -> String {
+    match t {
+        T::Shm => format!("shm://suite?dir={}", dir().display()),
+        T::Tcp => "tcp://127.0.0.1:0".into(),
+        T::Udp => format!("udp://127.0.0.1:0?{UDP}"),
+    }
+}
+
+/// The locator inputs of `out` (opened on `loc`) open.
+fn input_locator(out: &Output, loc: &str) -> String {
+    match (loc.split_once("://"), out.local_addr()) {
+        (Some(("tcp", _)), Some(a)) => format!("tcp://{a}"),
+        (Some(("udp", _)), Some(a)) => format!("udp://{a}?{UDP}"),
+        _ => loc.to_string(),
+    }
 }
 
 /// An output and the locator its inputs open.
 fn output(t: T) -> (Output, String) {
-    match t {
-        T::Shm => {
-            let loc = format!("shm://suite?dir={}", dir().display());
-            (Output::open(&loc).unwrap(), loc)
-        }
-        T::Tcp => {
-            let out = Output::open("tcp://127.0.0.1:0").unwrap();
-            let loc = format!("tcp://{}", out.local_addr().unwrap());
-            (out, loc)
-        }
-    }
+    let loc = output_locator(t);
+    let out = Output::open(&loc).unwrap();
+    let input = input_locator(&out, &loc);
+    (out, input)
 }
 
 /// Receives one segment within 5 s as bytes and consumes it.
@@ -234,24 +252,75 @@ fn multiple_buffers_and_subscribers(t: T) {
     assert!(matches!(e, BufferError::Closed { id: 1 }), "{e}");
 }
 
+/// A producer child is killed: the subscriber gets a clean error
+/// (`PeerDead` over shm, `PeerLost` over udp) promptly, not a hang.
+fn producer_killed_is_a_clean_error(t: T) {
+    let (mut child, loc) = spawn_role("producer", &output_locator(t));
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 4096).unwrap();
+    // Joined after "before": nothing yet. Kill -9 the producer.
+    child.kill().unwrap();
+    let t = Instant::now();
+    let e = input.recv(Some(Duration::from_secs(10))).unwrap_err();
+    assert!(e.is_peer_gone(), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "detected promptly");
+    let _ = child.wait();
+}
+
+/// A subscriber child that never consumes fills the buffer; once it is
+/// killed, a blocked producer goes on and the loss is counted.
+fn subscriber_killed_unblocks_the_producer(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 256, Flow::Credits).unwrap();
+    let (mut child, _) = spawn_role("subscriber", &loc);
+    while out.send(1, &[0; 64], false).is_ok() {}
+    let e = out.segment(1, 64, false).unwrap_err();
+    assert!(e.is_would_block(), "{e}");
+    child.kill().unwrap();
+    let t = Instant::now();
+    // Blocking: waits, finds the subscriber dead, detaches it, goes on.
+    let seg = out.segment(1, 64, true).unwrap();
+    out.deliver(seg, 64).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.stats(1).unwrap().subscribers_lost, 1);
+    let _ = child.wait();
+}
+
 macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
+    ($t:ident: $($name:ident),* $(,)?) => {
+        $(#[test] fn $name() { super::$name(super::T::$t) })*
+    };
+}
+
+/// The same tests over every transport; the crash tests where a dead peer
+/// is detected (tcp has no dead-peer detection of its own).
+macro_rules! transports {
+    (all: [$($all:ident),* $(,)?] crash: [$($crash:ident),* $(,)?]) => {
         mod over_shm {
-            $(#[test] fn $name() { super::$name(super::T::Shm) })*
+            suite!(Shm: $($all,)* $($crash,)*);
         }
         mod over_tcp {
-            $(#[test] fn $name() { super::$name(super::T::Tcp) })*
+            suite!(Tcp: $($all,)*);
+        }
+        mod over_udp {
+            suite!(Udp: $($all,)* $($crash,)*);
         }
     };
 }
 
-suite!(
-    roundtrip_and_wraparound,
-    credit_exhaustion_and_recovery,
-    overwrite_never_blocks,
-    splice_forwarding,
-    bad_requests,
-    multiple_buffers_and_subscribers,
+transports!(
+    all: [
+        roundtrip_and_wraparound,
+        credit_exhaustion_and_recovery,
+        overwrite_never_blocks,
+        splice_forwarding,
+        bad_requests,
+        multiple_buffers_and_subscribers,
+    ]
+    crash: [
+        producer_killed_is_a_clean_error,
+        subscriber_killed_unblocks_the_producer,
+    ]
 );
 
 // ---- shared memory only ----
@@ -345,8 +414,9 @@ fn write_at(path: &PathBuf, off: u64, bytes: &[u8]) {
 }
 
 /// Spawns this binary as a child playing `role` on `loc`; returns once
-/// it printed "ready".
-fn spawn_role(role: &str, loc: &str) -> Child {
+/// it printed "ready", with the locator it printed (the producer's for its
+/// inputs).
+fn spawn_role(role: &str, loc: &str) -> (Child, String) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
         .env("SKIFF_SHM_ROLE", role)
@@ -356,14 +426,24 @@ fn spawn_role(role: &str, loc: &str) -> Child {
         .unwrap();
     let out = child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();
-    loop {
+    let printed = loop {
         match lines.next() {
-            Some(Ok(l)) if l.trim_end().ends_with("ready") => break,
-            Some(_) => {}
-            None => panic!("child {role} exited before ready"),
+            Some(Ok(l)) => {
+                if let Some((_, printed)) = l.trim_end().split_once("ready ") {
+                    break Some(printed.to_string());
+                }
+            }
+            Some(Err(_)) => {}
+            None => break None,
+        }
+    };
+    match printed {
+        Some(p) => (child, p),
+        None => {
+            let _ = child.wait();
+            panic!("child {role} exited before ready")
         }
     }
-    child
 }
 
 /// Not a test by itself: the body of a child process in the crash tests.
@@ -378,13 +458,13 @@ fn child_role() {
             let mut out = Output::open(&loc).unwrap();
             out.create_buffer(1, 4096, Flow::Credits).unwrap();
             out.send(1, b"before", true).unwrap();
-            println!("ready");
+            println!("ready {}", input_locator(&out, &loc));
             std::thread::sleep(Duration::from_secs(60));
         }
         "subscriber" => {
             let mut input = Input::open(&loc).unwrap();
             input.subscribe(1, 256).unwrap();
-            println!("ready");
+            println!("ready {loc}");
             // Never consumes.
             std::thread::sleep(Duration::from_secs(60));
         }
@@ -396,7 +476,7 @@ fn child_role() {
 fn producer_killed_is_detected_and_reclaimed() {
     let d = dir();
     let loc = format!("shm://crash?dir={}", d.display());
-    let mut child = spawn_role("producer", &loc);
+    let (mut child, _) = spawn_role("producer", &loc);
     let mut input = Input::open(&loc).unwrap();
     input.subscribe(1, 4096).unwrap();
     // Joined after "before": nothing yet. Kill -9 the producer.
@@ -413,30 +493,10 @@ fn producer_killed_is_detected_and_reclaimed() {
 }
 
 #[test]
-fn subscriber_killed_unblocks_the_producer() {
-    let d = dir();
-    let loc = format!("shm://crash?dir={}", d.display());
-    let mut out = Output::open(&loc).unwrap();
-    out.create_buffer(1, 256, Flow::Credits).unwrap();
-    let mut child = spawn_role("subscriber", &loc);
-    while out.send(1, &[0; 64], false).is_ok() {}
-    let e = out.segment(1, 64, false).unwrap_err();
-    assert!(e.is_would_block(), "{e}");
-    child.kill().unwrap();
-    let t = Instant::now();
-    // Blocking: waits, finds the subscriber dead, detaches it, goes on.
-    let seg = out.segment(1, 64, true).unwrap();
-    out.deliver(seg, 64).unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5));
-    assert_eq!(out.stats(1).unwrap().subscribers_lost, 1);
-    let _ = child.wait();
-}
-
-#[test]
 fn producer_file_of_a_dead_process_is_reclaimed_on_create() {
     let d = dir();
     let loc = format!("shm://stale?dir={}", d.display());
-    let mut child = spawn_role("producer", &loc);
+    let (mut child, _) = spawn_role("producer", &loc);
     let mut out = Output::open(&loc).unwrap();
     let e = out.create_buffer(1, 4096, Flow::Credits).unwrap_err();
     assert!(matches!(e, BufferError::DuplicateId { .. }), "{e}");
@@ -452,6 +512,10 @@ fn bad_locators_are_refused() {
         "shm://",
         "shm://a/b",
         "udp://x:1",
+        "udp://127.0.0.1:0",
+        "udp://127.0.0.1:0?reliable=false",
+        "udp://127.0.0.1:0?reliable=true&bogus=1",
+        "udp://127.0.0.1:0?reliable=true&idle_timeout=soon",
         "shm://x?spin=fast",
         "shm://x?bogus=1",
     ] {

@@ -16,6 +16,11 @@
 //!   the same path: bulk goodput, 64 B message rate, ping-pong latency.
 //! - `shm`: RocketBufs buffers over shared memory against a Unix domain
 //!   socket and ZeroMQ `ipc://`: message rate and round trip.
+//! - `failover`: how long a subscriber goes without messages when its
+//!   node is killed and its client moves to the next node of a mesh.
+//!
+//! `pubsub` and `request` also run across a mesh (`--pub-at`, `--sub-at`
+//! and their nats counterparts; bench/mesh.sh).
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 
 mod baseline;
+mod failover;
 mod plot;
 mod pubsub;
 mod queue;
@@ -60,6 +66,9 @@ pub(crate) enum BenchCommand {
     /// RocketBufs buffers over shared memory against a Unix socket and
     /// ZeroMQ ipc: message rate and round trip, busy-poll and futex.
     Shm(shm::ShmArgs),
+    /// Failover time of a subscriber whose node is killed (kill -9), over
+    /// a mesh of nodes on loopback that this command starts.
+    Failover(failover::FailoverArgs),
 }
 
 /// Output options every benchmark takes.
@@ -85,6 +94,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
         BenchCommand::Request(a) => (a.output.clone(), "skiff bench request"),
         BenchCommand::Tunnel(a) => (a.output.clone(), "skiff bench tunnel"),
         BenchCommand::Shm(a) => (a.output.clone(), "skiff bench shm"),
+        BenchCommand::Failover(a) => (a.output.clone(), "skiff bench failover"),
     };
     let mut reporter = Reporter::new(output.json);
     let result = match &args.command {
@@ -93,6 +103,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
         BenchCommand::Request(a) => request::run(a, &mut reporter),
         BenchCommand::Tunnel(a) => tunnel::run(a, &mut reporter),
         BenchCommand::Shm(a) => shm::run(a, &mut reporter),
+        BenchCommand::Failover(a) => failover::run(a, &mut reporter),
     };
     let notes = match &args.command {
         BenchCommand::Queue(_) => queue::targets(reporter.rows()),
@@ -100,6 +111,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
         BenchCommand::Request(_) => request::targets(reporter.rows()),
         BenchCommand::Tunnel(_) => tunnel::targets(reporter.rows()),
         BenchCommand::Shm(_) => shm::targets(reporter.rows()),
+        BenchCommand::Failover(_) => failover::targets(reporter.rows()),
     };
     // Whatever was measured before a failure is still shown.
     reporter.finish(&notes)?;

@@ -15,6 +15,16 @@
 //! package) driven by `bench/nats/natsbench` (nats.go; `bench/nats/build.sh`
 //! builds it), rows `nats`. `node` rows give each server's CPU and RSS,
 //! idle and after the load.
+//!
+//! Across a mesh (bench/mesh.sh): `--pub-at` names the node publishers
+//! connect to and `--sub-at` (repeatable) the nodes subscribers connect to,
+//! spread over them in turn; `--nats-pub-at` / `--nats-sub-at` do the same
+//! for the nats rows against servers already running (a routed cluster).
+//! Before timing, the first publisher sends empty probe messages until
+//! every subscriber has one, so interest has reached the publisher's node.
+//! `--latency` adds a `1x1-latency` row per size: one message at a time,
+//! timed from publish to its arrival at the subscriber (both ends live in
+//! this process, so one clock times them).
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -27,7 +37,7 @@ use bytes::Bytes;
 use skiff::client::{Client, Policy, SubOptions};
 use skiff::Message;
 
-use super::report::{round, Reporter, Row};
+use super::report::{self, round, Reporter, Row};
 use super::{parse_secs, parse_size, OutputArgs};
 
 /// `skiff bench pubsub`
@@ -55,7 +65,106 @@ pub(crate) struct PubsubArgs {
     #[arg(long)]
     pub(crate) nats: bool,
     #[command(flatten)]
+    pub(crate) at: At,
+    /// Also time one message at a time, publish to arrival (a
+    /// `1x1-latency` row per size).
+    #[arg(long)]
+    pub(crate) latency: bool,
+    #[command(flatten)]
     pub(crate) output: OutputArgs,
+}
+
+/// Where publishers (requesters) and subscribers (responders) connect,
+/// for runs across several nodes or servers.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct At {
+    /// Node the publishers (or the requester) connect to, e.g.
+    /// skiff://127.0.0.1:4747 [default: --node, else the node started].
+    #[arg(long, value_name = "LOCATOR")]
+    pub(crate) pub_at: Option<String>,
+    /// Node a subscriber (or responder) connects to; repeat it to spread
+    /// them over several nodes in turn [default: as --pub-at].
+    #[arg(long, value_name = "LOCATOR")]
+    pub(crate) sub_at: Vec<String>,
+    /// nats-server the nats publishers connect to (implies --nats, with no
+    /// nats-server started).
+    #[arg(long, value_name = "URL")]
+    pub(crate) nats_pub_at: Option<String>,
+    /// nats-server a nats subscriber connects to; repeatable [default: as
+    /// --nats-pub-at].
+    #[arg(long, value_name = "URL")]
+    pub(crate) nats_sub_at: Vec<String>,
+}
+
+/// The places resolved: one publisher locator, one or more subscriber
+/// locators.
+#[derive(Debug, Clone)]
+pub(crate) struct Places {
+    pub(crate) publisher: String,
+    pub(crate) subscribers: Vec<String>,
+}
+
+impl Places {
+    /// `publisher` and `subscribers`, each defaulting to `default`.
+    pub(crate) fn new(publisher: Option<&String>, subscribers: &[String], default: &str) -> Places {
+        let publisher = publisher.cloned().unwrap_or_else(|| default.to_owned());
+        let subscribers = if subscribers.is_empty() {
+            vec![publisher.clone()]
+        } else {
+            subscribers.to_vec()
+        };
+        Places {
+            publisher,
+            subscribers,
+        }
+    }
+
+    /// Where subscriber number `i` connects.
+    pub(crate) fn subscriber(&self, i: usize) -> &str {
+        &self.subscribers[i % self.subscribers.len()]
+    }
+
+    /// `pub=… sub=…`, for a row's options.
+    pub(crate) fn describe(&self) -> String {
+        format!("pub={} sub={}", self.publisher, self.subscribers.join(","))
+    }
+
+    /// natsbench's flags for these places.
+    pub(crate) fn natsbench_args(&self) -> Vec<String> {
+        let mut v = vec!["-pub-url".to_owned(), self.publisher.clone()];
+        for s in &self.subscribers {
+            v.push("-sub-url".into());
+            v.push(s.clone());
+        }
+        v
+    }
+}
+
+impl At {
+    /// Whether the caller names its own servers (no skiff node to start).
+    pub(crate) fn skiff_given(&self) -> bool {
+        self.pub_at.is_some() || !self.sub_at.is_empty()
+    }
+
+    /// The skiff places, given the default node.
+    pub(crate) fn skiff(&self, default: &str) -> Places {
+        let first = self.pub_at.as_ref().or(self.sub_at.first());
+        Places::new(
+            self.pub_at.as_ref(),
+            &self.sub_at,
+            first.map(String::as_str).unwrap_or(default),
+        )
+    }
+
+    /// The nats places, if the caller named nats servers.
+    pub(crate) fn nats(&self) -> Option<Places> {
+        let first = self.nats_pub_at.as_ref().or(self.nats_sub_at.first())?;
+        Some(Places::new(
+            self.nats_pub_at.as_ref(),
+            &self.nats_sub_at,
+            first,
+        ))
+    }
 }
 
 /// A server run as a child process, with its CPU time and RSS.
@@ -72,7 +181,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> Result<u16, Box<dyn Error>> {
+pub(crate) fn free_port() -> Result<u16, Box<dyn Error>> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -92,16 +201,43 @@ fn wait_port(port: u16) -> Result<(), Box<dyn Error>> {
 impl Server {
     /// `skiff node` on a free port.
     pub(crate) fn skiff() -> Result<Server, Box<dyn Error>> {
-        let port = free_port()?;
+        Server::skiff_with(free_port()?, &[])
+    }
+
+    /// `skiff node --tcp 127.0.0.1:PORT ARGS…`, once it listens.
+    pub(crate) fn skiff_with(port: u16, args: &[String]) -> Result<Server, Box<dyn Error>> {
         let child = Command::new(std::env::current_exe()?)
             .args(["node", "--tcp", &format!("127.0.0.1:{port}")])
+            .args(args)
             .stderr(Stdio::null())
             .spawn()?;
-        wait_port(port)?;
-        Ok(Server {
+        let mut s = Server {
             child,
             url: format!("skiff://127.0.0.1:{port}"),
-        })
+        };
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = s.child.try_wait()? {
+                return Err(format!("skiff node {} exited ({status})", args.join(" ")).into());
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(format!("skiff node does not listen on port {port} after 10 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A node that starts listening and then rejects its mesh settings
+        // exits at once.
+        std::thread::sleep(Duration::from_millis(20));
+        if let Ok(Some(status)) = s.child.try_wait() {
+            return Err(format!("skiff node {} exited ({status})", args.join(" ")).into());
+        }
+        Ok(s)
+    }
+
+    /// Kills the server at once (SIGKILL: no goodbye to anyone).
+    pub(crate) fn kill(&mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait().map(|_| ())
     }
 
     /// `nats-server` on a free port.
@@ -194,20 +330,30 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
         .build()?;
     let own = match &a.node {
         Some(_) => None,
+        None if a.at.skiff_given() => None,
         None => Some(Server::skiff()?),
     };
     let url = a
         .node
         .clone()
         .or_else(|| own.as_ref().map(|s| s.url.clone()))
-        .expect("one of them");
-    let nats = if a.nats { Some(Server::nats()?) } else { None };
+        .unwrap_or_default();
+    let places = a.at.skiff(&url);
+    let nats_places = a.at.nats();
+    let nats = if a.nats && nats_places.is_none() {
+        Some(Server::nats()?)
+    } else {
+        None
+    };
+    let nats_places = nats_places.or_else(|| nats.as_ref().map(|n| Places::new(None, &[], &n.url)));
     let idle = Instant::now();
     let (c0, n0) = (
         own.as_ref().map(Server::cpu).unwrap_or_default(),
         nats.as_ref().map(Server::cpu).unwrap_or_default(),
     );
-    std::thread::sleep(Duration::from_secs(1));
+    if own.is_some() || nats.is_some() {
+        std::thread::sleep(Duration::from_secs(1));
+    }
     if let Some(s) = &own {
         rep.push(s.row("node", "skiff-idle", c0, idle))?;
     }
@@ -219,34 +365,50 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
     let n0 = nats.as_ref().map(Server::cpu).unwrap_or_default();
     let mut skiff_time = Duration::ZERO;
     let mut nats_time = Duration::ZERO;
+    let natsbench_common = |np: &Places, size: usize| {
+        let mut v: Vec<String> = vec!["pubsub".into()];
+        v.extend(np.natsbench_args());
+        v.extend([
+            "-size".into(),
+            size.to_string(),
+            "-duration".into(),
+            format!("{}ms", a.duration_secs.as_millis()),
+        ]);
+        v
+    };
     for &size in &a.sizes {
         for shape in &a.shapes {
             let (pubs, subs) = parse_shape(shape)?;
             let t = Instant::now();
-            let mut row = rt.block_on(skiff_shape(&url, pubs, subs, size, a, policy))?;
+            let mut row = rt.block_on(skiff_shape(&places, pubs, subs, size, a, policy))?;
             skiff_time += t.elapsed();
             row.mode = shape.clone();
-            row.options = Some(format!("{url} policy={}", policy.name()));
+            row.options = Some(format!("{} policy={}", places.describe(), policy.name()));
             rep.push(row)?;
-            if let Some(n) = &nats {
+            if let Some(np) = &nats_places {
                 let t = Instant::now();
-                let row = run_natsbench(&[
-                    "pubsub".into(),
-                    "-url".into(),
-                    n.url.clone(),
+                let mut args = natsbench_common(np, size);
+                args.extend([
                     "-pubs".into(),
                     pubs.to_string(),
                     "-subs".into(),
                     subs.to_string(),
-                    "-size".into(),
-                    size.to_string(),
-                    "-duration".into(),
-                    format!("{}ms", a.duration_secs.as_millis()),
                     "-messages".into(),
                     a.messages.to_string(),
-                ])?;
+                ]);
+                let row = run_natsbench(&args)?;
                 nats_time += t.elapsed();
                 rep.push(row)?;
+            }
+        }
+        if a.latency {
+            let mut row = rt.block_on(skiff_latency(&places, size, a.duration_secs))?;
+            row.options = Some(places.describe());
+            rep.push(row)?;
+            if let Some(np) = &nats_places {
+                let mut args = natsbench_common(np, size);
+                args.push("-latency".into());
+                rep.push(run_natsbench(&args)?)?;
             }
         }
     }
@@ -267,8 +429,28 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
     Ok(())
 }
 
+/// How long the probe waits for interest to reach the publisher's node.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Publishes empty messages on `subject` from `c` until `ready` says every
+/// subscriber has seen one: interest has reached the publisher's node.
+async fn probe(c: &Client, subject: &str, ready: impl Fn() -> bool) -> Result<(), Box<dyn Error>> {
+    let t = Instant::now();
+    while !ready() {
+        if t.elapsed() > PROBE_TIMEOUT {
+            return Err(format!(
+                "subscribers got no probe on {subject} within {PROBE_TIMEOUT:?}: is the mesh up (skiff stats --mesh)?"
+            )
+            .into());
+        }
+        c.publish(Message::new(subject, Bytes::new())).await?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 async fn skiff_shape(
-    url: &str,
+    places: &Places,
     pubs: usize,
     subs: usize,
     size: usize,
@@ -276,6 +458,7 @@ async fn skiff_shape(
     policy: Policy,
 ) -> Result<Row, Box<dyn Error>> {
     let received = Arc::new(AtomicU64::new(0));
+    let probed = Arc::new(AtomicU64::new(0));
     let last = Arc::new(parking_last::Last::default());
     let mut sub_clients = Vec::new();
     let mut readers = Vec::new();
@@ -283,31 +466,48 @@ async fn skiff_shape(
         .policy(policy)
         .queue(65_536)
         .window(8192);
-    for _ in 0..subs {
-        let c = Client::connect(url).await?;
+    for i in 0..subs {
+        let c = Client::connect(places.subscriber(i)).await?;
         let mut s = c.subscribe_with("bench.ps", "*", opts).await?;
-        let (received, last) = (received.clone(), last.clone());
+        let (received, probed, last) = (received.clone(), probed.clone(), last.clone());
         readers.push(tokio::spawn(async move {
+            let mut seen_probe = false;
             // Count what is already queued too before reading the clock:
-            // one clock read per wake-up, not per message.
-            while s.recv().await.is_some() {
-                let mut n = 1;
-                while s.try_recv().is_some() {
-                    n += 1;
+            // one clock read per wake-up, not per message. Empty messages
+            // are probes.
+            while let Some(d) = s.recv().await {
+                let mut n = u64::from(!d.payload.is_empty());
+                let mut probe = d.payload.is_empty();
+                while let Some(d) = s.try_recv() {
+                    n += u64::from(!d.payload.is_empty());
+                    probe |= d.payload.is_empty();
                 }
-                received.fetch_add(n, Ordering::Relaxed);
-                last.set();
+                if probe && !seen_probe {
+                    seen_probe = true;
+                    probed.fetch_add(1, Ordering::Relaxed);
+                }
+                if n > 0 {
+                    received.fetch_add(n, Ordering::Relaxed);
+                    last.set();
+                }
             }
             s.dropped()
         }));
         sub_clients.push(c);
     }
+    let mut pub_clients = Vec::new();
+    for _ in 0..pubs {
+        pub_clients.push(Client::connect(&places.publisher).await?);
+    }
+    probe(&pub_clients[0], "bench.ps", || {
+        probed.load(Ordering::Relaxed) == subs as u64
+    })
+    .await?;
     let payload = Bytes::from(vec![0x5a; size]);
     let start = Instant::now();
     last.start(start);
     let mut senders = Vec::new();
-    for _ in 0..pubs {
-        let c = Client::connect(url).await?;
+    for c in pub_clients {
         let payload = payload.clone();
         let (dur, max) = (a.duration_secs, a.messages);
         senders.push(tokio::spawn(async move {
@@ -356,6 +556,67 @@ async fn skiff_shape(
     Ok(row)
 }
 
+/// Publishes one latency message and waits for its arrival.
+async fn one(
+    c: &Client,
+    payload: &Bytes,
+    arrived: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> Result<Duration, Box<dyn Error>> {
+    let timeout = Duration::from_secs(5);
+    let t = Instant::now();
+    c.publish(Message::new("bench.lat", payload.clone()))
+        .await?;
+    tokio::time::timeout(timeout, arrived.recv())
+        .await
+        .map_err(|_| format!("a message did not arrive within {timeout:?}"))?
+        .ok_or("the subscription ended")?;
+    Ok(t.elapsed())
+}
+
+/// One message at a time from the publisher's node to the first
+/// subscriber's: publish-to-arrival latency, for `dur` after a warm-up of
+/// 1000 messages (or a tenth of `dur`).
+async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
+    let sub_client = Client::connect(places.subscriber(0)).await?;
+    let mut s = sub_client.subscribe("bench.lat", "*").await?;
+    let probed = Arc::new(AtomicU64::new(0));
+    let (tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let reader = {
+        let probed = probed.clone();
+        tokio::spawn(async move {
+            while let Some(d) = s.recv().await {
+                if d.payload.is_empty() {
+                    probed.store(1, Ordering::Relaxed);
+                } else if tx.send(()).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let c = Client::connect(&places.publisher).await?;
+    probe(&c, "bench.lat", || probed.load(Ordering::Relaxed) > 0).await?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    let warmup = Instant::now();
+    for _ in 0..1000 {
+        if warmup.elapsed() >= dur / 10 {
+            break;
+        }
+        one(&c, &payload, &mut arrived).await?;
+    }
+    let mut hist = report::histogram();
+    let start = Instant::now();
+    while start.elapsed() < dur {
+        let d = one(&c, &payload, &mut arrived).await?;
+        report::record(&mut hist, d);
+    }
+    let elapsed = start.elapsed();
+    reader.abort();
+    let mut row = Row::new("skiff", "1x1-latency", size);
+    row.set_latency(&hist);
+    row.set_throughput(hist.len(), elapsed);
+    Ok(row)
+}
+
 /// When the last message arrived, relative to the start.
 mod parking_last {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -387,11 +648,28 @@ mod parking_last {
 pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.test == "skiff" && r.size <= 256) {
-        let nats = rows
-            .iter()
+    let nats_row = |r: &Row| {
+        rows.iter()
             .find(|n| n.test == "nats" && n.mode == r.mode && n.size == r.size)
-            .and_then(|n| n.msgs_per_s);
+    };
+    for r in rows
+        .iter()
+        .filter(|r| r.test == "skiff" && r.mode.ends_with("-latency"))
+    {
+        if let (Some(s), Some(n)) = (r.p50_us, nats_row(r).and_then(|n| n.p50_us)) {
+            out.push(format!(
+                "{} at {} B: p50 {s:.1} us vs nats-server {n:.1} us ({:.2}x)",
+                r.mode,
+                r.size,
+                s / n
+            ));
+        }
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r.test == "skiff" && r.size <= 256 && !r.mode.ends_with("-latency"))
+    {
+        let nats = nats_row(r).and_then(|n| n.msgs_per_s);
         if let (Some(s), Some(n)) = (r.msgs_per_s, nats.filter(|n| *n > 0.0)) {
             out.push(format!(
                 "target: {} at {} B >= 1.5x nats-server: {:.2}x ({} vs {} msgs/s): {}",

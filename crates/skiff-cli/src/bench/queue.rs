@@ -20,7 +20,11 @@
 //! each mode (one message each way, no `flush`: with natural batching a
 //! lone message leaves at once; with `timeout=200ms` it waits for the
 //! timeout on both sides, which is what the row is there to show) and
-//! `udp-pingpong`, the floor.
+//! `udp-pingpong`, the floor. Both sides of every ping-pong row run on one
+//! CPU (`--latency-cpu`, shown in the row's options): a round trip then
+//! measures the software, not where the scheduler happened to wake the
+//! echo thread (on a virtual machine a wake-up on the other, idle CPU costs
+//! tens of microseconds, and which one happens changes from run to run).
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -106,6 +110,11 @@ pub(crate) struct QueueArgs {
     /// sender before it fills one batch.
     #[arg(long, default_value_t = 1_000_000)]
     pub(crate) window: u64,
+    /// The CPU both threads of every ping-pong row run on: a CPU number,
+    /// `auto` (the one this command is running on when the rows start), or
+    /// `none` (the scheduler chooses, each row may differ).
+    #[arg(long, default_value = "auto")]
+    pub(crate) latency_cpu: String,
     /// Largest datagram the queue builds: a byte count, or `auto` (65507,
     /// the most loopback carries).
     #[arg(long, default_value = "auto")]
@@ -217,6 +226,20 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
         messages: args.round_trips,
         duration: args.duration_secs,
     };
+    let wants_latency = wants(Test::QueuePingpong) || wants(Test::UdpPingpong);
+    // Threads inherit the mask: the echo threads (and the queues' flusher
+    // threads) spawned below run on the same CPU. Restored on drop.
+    let pinned = match wants_latency && !args.latency_sizes.is_empty() {
+        true => Pin::latency_cpu(&args.latency_cpu)?,
+        false => None,
+    };
+    let on_cpu = |mut row: Row| {
+        if let Some(p) = &pinned {
+            let o = row.options.take().unwrap_or_default();
+            row.options = Some(format!("{o}, both threads on cpu {}", p.cpu));
+        }
+        row
+    };
     for &size in &args.latency_sizes {
         if wants(Test::QueuePingpong) {
             for m in &modes {
@@ -228,17 +251,78 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
                 );
                 let row = queue_pingpong(size, &m.name, &loc, limits, &pb);
                 pb.finish_and_clear();
-                out.push(row?)?;
+                out.push(on_cpu(row?))?;
             }
         }
         if wants(Test::UdpPingpong) {
             let pb = report::progress(show, limits.messages, &format!("udp-pingpong {size} B"));
             let row = baseline::udp_pingpong(size, limits, &pb);
             pb.finish_and_clear();
-            out.push(row?)?;
+            out.push(on_cpu(row?))?;
         }
     }
+    drop(pinned);
     Ok(())
+}
+
+/// The calling thread held to one CPU; the previous mask comes back on drop.
+struct Pin {
+    cpu: usize,
+    before: libc::cpu_set_t,
+}
+
+impl Pin {
+    /// Pins as `--latency-cpu` says (`None` for `none`).
+    fn latency_cpu(spec: &str) -> Result<Option<Pin>, Box<dyn Error>> {
+        let cpu = match spec {
+            "none" => return Ok(None),
+            // SAFETY: sched_getcpu takes no arguments and only returns a number.
+            "auto" => usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0),
+            n => n
+                .parse()
+                .map_err(|_| format!("--latency-cpu {n}: expected a CPU number, auto or none"))?,
+        };
+        Pin::to(cpu)
+            .map(Some)
+            .map_err(|e| format!("--latency-cpu: cannot pin to cpu {cpu}: {e}").into())
+    }
+
+    fn to(cpu: usize) -> std::io::Result<Pin> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if cpu >= 8 * size {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: cpu_set_t is a plain bit array, valid all-zero; the calls
+        // read and write only the sets we own, with their true size, for
+        // the calling thread (pid 0); CPU_SET's index is checked above.
+        unsafe {
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size, &mut before) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            if libc::sched_setaffinity(0, size, &one) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Pin { cpu, before })
+        }
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        // SAFETY: restores the set read in `to`, with its true size.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.before);
+        }
+    }
+}
+
+impl std::fmt::Debug for Pin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pin").field("cpu", &self.cpu).finish()
+    }
 }
 
 /// The targets checked against `rows`, one line each (nothing for
@@ -545,6 +629,21 @@ mod tests {
             "{l}"
         );
         skiff::QueueConfig::from_locator(&l).unwrap();
+    }
+
+    #[test]
+    fn latency_cpu_pins_and_restores() {
+        assert!(Pin::latency_cpu("none").unwrap().is_none());
+        let e = Pin::latency_cpu("fast").unwrap_err().to_string();
+        assert!(e.contains("a CPU number, auto or none"), "{e}");
+        let cpu = {
+            let p = Pin::latency_cpu("auto").unwrap().expect("pinned");
+            // SAFETY: sched_getcpu only returns a number.
+            assert_eq!(unsafe { libc::sched_getcpu() } as usize, p.cpu);
+            p.cpu
+        };
+        let p = Pin::latency_cpu(&cpu.to_string()).unwrap().unwrap();
+        assert_eq!(p.cpu, cpu);
     }
 
     #[test]

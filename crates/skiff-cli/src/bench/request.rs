@@ -8,15 +8,22 @@
 //! per second; p50/p99 the round-trip latency. A request crosses the node
 //! twice, so the `tcp-pingpong` floor (one TCP round trip between two
 //! threads over loopback, no server) is about half of the best possible.
+//!
+//! Across a mesh (bench/mesh.sh): the requester connects to `--pub-at` and
+//! one responder to each `--sub-at`; with `--cluster NAME` the responders
+//! join cluster NAME and each request goes to one of them (nats: a queue
+//! group), so three responders on three nodes answer a third each. The
+//! first requests are retried while the mesh answers "no responders"
+//! (interest still on its way), for up to 10 s.
 
 use std::error::Error;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use skiff::client::Client;
+use skiff::client::{Client, Incoming, Target};
 use skiff::Message;
 
-use super::pubsub::{run_natsbench, Server};
+use super::pubsub::{run_natsbench, At, Places, Server};
 use super::report::{self, record, Histogram, Reporter, Row};
 use super::{parse_secs, parse_size, OutputArgs};
 
@@ -39,6 +46,16 @@ pub(crate) struct RequestArgs {
     #[arg(long)]
     pub(crate) nats: bool,
     #[command(flatten)]
+    pub(crate) at: At,
+    /// Responders join this cluster and each request goes to one member
+    /// (nats: this queue group) instead of to every subscriber of a
+    /// subject.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) cluster: Option<String>,
+    /// Skip the TCP ping-pong floor.
+    #[arg(long)]
+    pub(crate) no_floor: bool,
+    #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
 
@@ -50,72 +67,144 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
         .build()?;
     let own = match &a.node {
         Some(_) => None,
+        None if a.at.skiff_given() => None,
         None => Some(Server::skiff()?),
     };
     let url = a
         .node
         .clone()
         .or_else(|| own.as_ref().map(|s| s.url.clone()))
-        .expect("one of them");
-    let nats = if a.nats { Some(Server::nats()?) } else { None };
+        .unwrap_or_default();
+    let places = a.at.skiff(&url);
+    let nats_places = a.at.nats();
+    let nats = if a.nats && nats_places.is_none() {
+        Some(Server::nats()?)
+    } else {
+        None
+    };
+    let nats_places = nats_places.or_else(|| nats.as_ref().map(|n| Places::new(None, &[], &n.url)));
     for &size in &a.sizes {
-        rep.push(tcp_pingpong(size, a.duration_secs)?)?;
+        if !a.no_floor {
+            rep.push(tcp_pingpong(size, a.duration_secs)?)?;
+        }
         for &conc in &a.concurrency {
-            let mut row = rt.block_on(skiff_requests(&url, conc, size, a.duration_secs))?;
-            row.options = Some(url.clone());
+            let mut row = rt.block_on(skiff_requests(
+                &places,
+                a.cluster.as_deref(),
+                conc,
+                size,
+                a.duration_secs,
+            ))?;
+            let mut options = places.describe();
+            if let Some(c) = &a.cluster {
+                options += &format!(" cluster={c}");
+            }
+            row.options = Some(options);
             rep.push(row)?;
-            if let Some(n) = &nats {
-                rep.push(run_natsbench(&[
-                    "request".into(),
-                    "-url".into(),
-                    n.url.clone(),
+            if let Some(np) = &nats_places {
+                let mut args: Vec<String> = vec!["request".into()];
+                args.extend(np.natsbench_args());
+                args.extend([
                     "-conc".into(),
                     conc.to_string(),
                     "-size".into(),
                     size.to_string(),
                     "-duration".into(),
                     format!("{}ms", a.duration_secs.as_millis()),
-                ])?)?;
+                ]);
+                if let Some(c) = &a.cluster {
+                    args.extend(["-queue".into(), c.clone()]);
+                }
+                rep.push(run_natsbench(&args)?)?;
             }
         }
     }
     Ok(())
 }
 
+/// A responder: echoes every request it gets, as a subscriber of
+/// `bench.req` or as a member of `cluster`.
+async fn responder(
+    at: &str,
+    cluster: Option<&str>,
+) -> Result<(Client, tokio::task::JoinHandle<()>), Box<dyn Error>> {
+    let server = Client::connect(at).await?;
+    let s2 = server.clone();
+    let task = match cluster {
+        None => {
+            let mut sub = server.subscribe("bench.req", "*").await?;
+            tokio::spawn(async move {
+                while let Some(d) = sub.recv().await {
+                    let payload = d.payload.clone();
+                    if s2.reply(&d, Message::new("", payload)).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        }
+        Some(name) => {
+            let member = server.join(name, 100).await?;
+            tokio::spawn(async move {
+                let _keep = s2;
+                while let Some(i) = member.recv().await {
+                    if let Incoming::Request(r) = i {
+                        let payload = r.msg.payload.clone();
+                        if r.reply(Message::new("", payload)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            })
+        }
+    };
+    Ok((server, task))
+}
+
 async fn skiff_requests(
-    url: &str,
+    places: &Places,
+    cluster: Option<&str>,
     conc: usize,
     size: usize,
     dur: Duration,
 ) -> Result<Row, Box<dyn Error>> {
-    let server = Client::connect(url).await?;
-    let mut sub = server.subscribe("bench.req", "*").await?;
-    let s2 = server.clone();
-    let responder = tokio::spawn(async move {
-        while let Some(d) = sub.recv().await {
-            let payload = d.payload.clone();
-            if s2.reply(&d, Message::new("", payload)).await.is_err() {
-                break;
-            }
-        }
-    });
-    let c = Client::connect(url).await?;
+    let mut responders = Vec::new();
+    for at in &places.subscribers {
+        responders.push(responder(at, cluster).await?);
+    }
+    let target = match cluster {
+        Some(name) => Target::cluster(name),
+        None => Target::from("bench.req"),
+    };
+    let c = Client::connect(&places.publisher).await?;
     let payload = bytes::Bytes::from(vec![0x5a; size]);
     let timeout = Duration::from_secs(5);
-    for _ in 0..1000 {
-        c.request("bench.req", Message::new("", payload.clone()), timeout)
-            .await?;
+    // Warm up; while interest crosses the mesh the first requests may find
+    // no responder yet.
+    let patience = Instant::now();
+    let mut warm = 0;
+    while warm < 1000 {
+        match c
+            .request(target.clone(), Message::new("", payload.clone()), timeout)
+            .await
+        {
+            Ok(_) => warm += 1,
+            Err(skiff::Error::NoResponders { .. }) if patience.elapsed() < PATIENCE => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..conc {
         let c = c.clone();
         let payload = payload.clone();
+        let target = target.clone();
         tasks.push(tokio::spawn(async move {
             let mut h: Histogram = report::histogram();
             while start.elapsed() < dur {
                 let t = Instant::now();
-                c.request("bench.req", Message::new("", payload.clone()), timeout)
+                c.request(target.clone(), Message::new("", payload.clone()), timeout)
                     .await?;
                 record(&mut h, t.elapsed());
             }
@@ -127,12 +216,17 @@ async fn skiff_requests(
         hist.add(t.await??).map_err(|e| format!("{e:?}"))?;
     }
     let elapsed = start.elapsed();
-    responder.abort();
+    for (_, task) in responders {
+        task.abort();
+    }
     let mut row = Row::new("skiff-request", &format!("conc={conc}"), size);
     row.set_latency(&hist);
     row.set_throughput(hist.len(), elapsed);
     Ok(row)
 }
+
+/// How long the warm-up retries requests that find no responder.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 /// One TCP round trip between two threads over loopback: the floor.
 fn tcp_pingpong(size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
@@ -198,9 +292,10 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
         if let (Some(a), Some(b)) = (s.p50_us, n.p50_us) {
             let floor = find("tcp-pingpong", "floor")
                 .and_then(|f| f.p50_us)
-                .unwrap_or(0.0);
+                .map(|f| format!(" (tcp ping-pong floor {f:.1} us)"))
+                .unwrap_or_default();
             out.push(format!(
-                "target: one requester p50 <= nats-server's: {a:.1} us vs {b:.1} us (tcp ping-pong floor {floor:.1} us): {}",
+                "target: one requester p50 <= nats-server's: {a:.1} us vs {b:.1} us{floor}: {}",
                 verdict(a <= b)
             ));
         }

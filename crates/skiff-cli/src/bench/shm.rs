@@ -17,6 +17,11 @@
 //! Producer and consumer run as two threads of this process; the ring
 //! files live in `--dir` (default `/dev/shm/skiff`) exactly as between two
 //! processes, so the figures are those of the shared-memory path.
+//!
+//! `--transports shm,udp` also runs the same buffer tests over
+//! `udp://127.0.0.1:0?reliable=true` (skiff associations on loopback,
+//! credits end to end): rows `buf-udp` and `buf-udp-pingpong`, futex
+//! wake-ups only (the tunnel's threads sit between the rings).
 
 use std::error::Error;
 use std::io::{BufWriter, Read, Write};
@@ -39,9 +44,21 @@ pub(crate) enum Test {
     Pingpong,
 }
 
+/// Transports of the buffer tests.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// `shm://` (with the Unix socket and ZeroMQ baselines).
+    Shm,
+    /// `udp://127.0.0.1:0?reliable=true` (associations on loopback).
+    Udp,
+}
+
 /// `skiff bench shm`
 #[derive(clap::Args, Debug)]
 pub(crate) struct ShmArgs {
+    /// Transports the buffer tests run over.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "shm")]
+    pub(crate) transports: Vec<Transport>,
     /// Message sizes.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8,4k")]
     pub(crate) sizes: Vec<usize>,
@@ -88,6 +105,37 @@ impl ShmArgs {
         let dir = self.dir.clone().unwrap_or_else(skiff::shm::default_dir);
         format!("shm://{name}?spin={spin}&dir={}", dir.display())
     }
+
+    /// An output of `via` and the locator its input opens.
+    fn open(
+        &self,
+        via: Transport,
+        name: &str,
+        spin: &str,
+    ) -> Result<(Output, String), Box<dyn Error>> {
+        match via {
+            Transport::Shm => {
+                let loc = self.locator(name, spin);
+                Ok((Output::open(&loc)?, loc))
+            }
+            Transport::Udp => {
+                let out = Output::open(&format!("udp://127.0.0.1:0?{UDP_OPTS}&spin={spin}"))?;
+                let addr = out.local_addr().ok_or("udp output without an address")?;
+                Ok((out, format!("udp://{addr}?{UDP_OPTS}&spin={spin}")))
+            }
+        }
+    }
+}
+
+/// Options of the udp locators.
+const UDP_OPTS: &str = "reliable=true";
+
+/// The row names of `via`: rate test and round-trip test.
+fn test_names(via: Transport) -> (&'static str, &'static str) {
+    match via {
+        Transport::Shm => ("shm", "shm-pingpong"),
+        Transport::Udp => ("buf-udp", "buf-udp-pingpong"),
+    }
 }
 
 /// Runs the tests asked for.
@@ -98,19 +146,31 @@ pub(crate) fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Erro
         messages: args.messages,
         duration: args.duration_secs,
     };
+    let shm = args.transports.contains(&Transport::Shm);
     if args.tests.contains(&Test::Msgs) {
         for &size in &args.sizes {
-            for (spin, wake) in [(BUSY, "busy-poll"), ("0us", "futex")] {
+            for (via, spin, wake) in [
+                (Transport::Shm, BUSY, "busy-poll"),
+                (Transport::Shm, "0us", "futex"),
+                (Transport::Udp, "0us", "futex"),
+            ] {
+                if !args.transports.contains(&via) {
+                    continue;
+                }
                 for batch in [None, Some(args.batch.max(size))] {
                     let mode = match batch {
                         None => format!("per-msg {wake}"),
                         Some(b) => format!("batch={b}B {wake}"),
                     };
-                    let pb = report::spinner(show, &format!("shm {size} B {mode}"));
-                    let row = shm_msgs(args, size, batch, spin, &mode, limits);
+                    let pb =
+                        report::spinner(show, &format!("{} {size} B {mode}", test_names(via).0));
+                    let row = shm_msgs(args, via, size, batch, spin, &mode, limits);
                     pb.finish_and_clear();
                     out.push(row?)?;
                 }
+            }
+            if !shm {
+                continue;
             }
             for buffered in [false, true] {
                 let pb = report::spinner(show, &format!("uds {size} B"));
@@ -134,11 +194,22 @@ pub(crate) fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Erro
             duration: args.duration_secs,
         };
         for &size in &args.sizes {
-            for (spin, wake) in [(BUSY, "busy-poll"), ("0us", "futex")] {
-                let pb = report::progress(show, limits.messages, &format!("shm pingpong {wake}"));
-                let row = shm_pingpong(args, size, spin, wake, limits, &pb);
+            for (via, spin, wake) in [
+                (Transport::Shm, BUSY, "busy-poll"),
+                (Transport::Shm, "0us", "futex"),
+                (Transport::Udp, "0us", "futex"),
+            ] {
+                if !args.transports.contains(&via) {
+                    continue;
+                }
+                let what = format!("{} {wake}", test_names(via).1);
+                let pb = report::progress(show, limits.messages, &what);
+                let row = shm_pingpong(args, via, size, spin, wake, limits, &pb);
                 pb.finish_and_clear();
                 out.push(row?)?;
+            }
+            if !shm {
+                continue;
             }
             let pb = report::progress(show, limits.messages, "uds pingpong");
             let row = uds_pingpong(size, limits, &pb);
@@ -162,14 +233,14 @@ fn name(what: &str) -> String {
 
 fn shm_msgs(
     args: &ShmArgs,
+    via: Transport,
     size: usize,
     batch: Option<usize>,
     spin: &str,
     mode: &str,
     limits: Limits,
 ) -> Result<Row, Box<dyn Error>> {
-    let loc = args.locator(&name("msgs"), spin);
-    let mut out = Output::open(&loc)?;
+    let (mut out, loc) = args.open(via, &name("msgs"), spin)?;
     let buffer = args.buffer.max(batch.unwrap_or(size) * 2);
     out.create_buffer(1, buffer, Flow::Credits)?;
     let mut input = Input::open(&loc)?;
@@ -223,7 +294,7 @@ fn shm_msgs(
             Ok((sent, received, last))
         })
         .map_err(|e| e.to_string())?;
-    let mut row = Row::new("shm", mode, size);
+    let mut row = Row::new(test_names(via).0, mode, size);
     row.messages = sent;
     row.set_throughput(received, last.duration_since(start));
     row.lost = Some(sent - received);
@@ -284,17 +355,16 @@ fn uds_msgs(size: usize, buffered: bool, limits: Limits) -> Result<Row, Box<dyn 
 
 fn shm_pingpong(
     args: &ShmArgs,
+    via: Transport,
     size: usize,
     spin: &str,
     wake: &str,
     limits: Limits,
     pb: &indicatif::ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
-    let ping = args.locator(&name("ping"), spin);
-    let pong = args.locator(&name("pong"), spin);
-    let mut ping_out = Output::open(&ping)?;
+    let (mut ping_out, ping) = args.open(via, &name("ping"), spin)?;
     ping_out.create_buffer(1, 1 << 16, Flow::Credits)?;
-    let mut pong_out = Output::open(&pong)?;
+    let (mut pong_out, pong) = args.open(via, &name("pong"), spin)?;
     pong_out.create_buffer(2, 1 << 16, Flow::Credits)?;
     let mut ping_in = Input::open(&ping)?;
     ping_in.subscribe(1, 1 << 16)?;
@@ -324,7 +394,7 @@ fn shm_pingpong(
     })?;
     drop(ping_out);
     let _ = echo.join();
-    let mut row = Row::new("shm-pingpong", wake, size);
+    let mut row = Row::new(test_names(via).1, wake, size);
     row.set_latency(&hist);
     row.lost = Some(lost);
     row.cpu_pct = Some(cpu.pct());

@@ -20,8 +20,10 @@
 //!   and on the last packet of a burst, selective acknowledgements, fast
 //!   retransmission when a packet three transmissions younger is acked, a
 //!   tail-loss probe after RFC 8985 (the newest unacknowledged packet sent
-//!   again once when the flight is silent for 2 x SRTT + `ack_delay`, so a
-//!   lost last packet costs about two round trips instead of an RTO), and
+//!   again once when the flight is silent for 2 x SRTT, at least
+//!   `min_pto`, so a lost last packet costs about three round trips
+//!   instead of an RTO), two copies of a lone small packet (so that a
+//!   request survives the loss of one), and
 //!   a retransmission timer after RFC 6298 (SRTT, RTTVAR, Karn's rule,
 //!   exponential backoff).
 //! - **Messages** of up to `max_message` bytes (64 MiB by default),
@@ -70,7 +72,7 @@ pub use listener::{Handle, Listener, ListenerConfig, ListenerStats};
 
 use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
 use recv::{DataOutcome, RecvState};
-use send::{Rtt, SendState};
+use send::{Rtt, SendState, Tx};
 
 /// How an association behaves. Both ends should agree on the timers; the
 /// sizes are per end.
@@ -104,6 +106,11 @@ pub struct AssociationConfig {
     pub min_rto: Duration,
     /// The largest retransmission timeout, backoff included.
     pub max_rto: Duration,
+    /// The shortest tail-loss probe timeout (the probe waits about two
+    /// round trips, never less than this). A host timer this close costs
+    /// something on every send, so the default stays above a 4 ms kernel
+    /// tick.
+    pub min_pto: Duration,
     /// Send a keepalive after this long without sending (capped at a third
     /// of `idle_timeout`).
     pub keepalive: Duration,
@@ -127,6 +134,7 @@ impl Default for AssociationConfig {
             initial_rto: Duration::from_secs(1),
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
+            min_pto: Duration::from_millis(5),
             keepalive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
@@ -213,6 +221,10 @@ pub struct Transmit {
     pub destination: SocketAddr,
     /// Its length.
     pub size: usize,
+    /// Send it in a datagram of its own, never packed with other frames:
+    /// it is the second copy of a packet, which must not share the fate of
+    /// the first.
+    pub alone: bool,
 }
 
 /// Where an association stands.
@@ -254,6 +266,9 @@ pub struct AssociationStats {
     /// Tail-loss probes: the newest unacknowledged packet sent again
     /// because the flight was silent for about two round trips.
     pub tail_probes: u64,
+    /// Second copies of lone small packets (neither new data nor
+    /// retransmissions).
+    pub copies: u64,
     /// Messages of ours the peer acknowledged (cumulatively, so delivered
     /// unless it failed before reading them).
     pub messages_acked: u64,
@@ -394,6 +409,7 @@ impl Association {
             &mut config.initial_rto,
             &mut config.min_rto,
             &mut config.max_rto,
+            &mut config.min_pto,
             &mut config.keepalive,
             &mut config.idle_timeout,
             &mut config.handshake_timeout,
@@ -408,6 +424,7 @@ impl Association {
                 config.send_window,
                 config.send_buffer,
                 config.ack_delay,
+                config.min_pto,
                 rtt,
             ),
             recv: RecvState::new(config.recv_window, config.recv_buffer, config.max_message),
@@ -890,15 +907,23 @@ impl Association {
                 let status = self.recv.status(now);
                 let mut e = Encoder::new(buf, key);
                 match data {
-                    Some((seq, sreq, again)) => {
+                    Some((seq, sreq, tx)) => {
                         let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
                         e.status(&status, room);
                         self.send.encode(seq, &mut e);
                         e.sreq(sreq || self.ping_due);
-                        if again {
-                            self.stats.retransmits += 1;
-                        } else {
-                            self.stats.data_packets += 1;
+                        match tx {
+                            Tx::New => self.stats.data_packets += 1,
+                            Tx::Again => self.stats.retransmits += 1,
+                            Tx::Copy => {
+                                self.stats.copies += 1;
+                                self.ack_now = false;
+                                self.ack_at = None;
+                                self.ping_due = false;
+                                let mut t = self.sent(now, buf);
+                                t.alone = true;
+                                return Some(t);
+                            }
                         }
                     }
                     None => {
@@ -923,6 +948,7 @@ impl Association {
         Transmit {
             destination: self.peer,
             size: buf.len(),
+            alone: false,
         }
     }
 }

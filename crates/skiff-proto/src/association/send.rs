@@ -5,13 +5,28 @@
 //! **Tail-loss probe**: a loss among the last packets of a burst draws no
 //! later acknowledgement to reveal it, so without help only the RTO (at
 //! least `min_rto`) recovers it. Once an RTT is measured, whenever data is
-//! in flight the probe timer runs for `PTO = 2 x SRTT + ack_delay` from the
-//! last data sent or the last acknowledgement that made progress; when it
+//! in flight the probe timer runs for the probe timeout (PTO) from the
+//! last data sent or the last acknowledgement that made progress. The
+//! newest packet of a burst always asks for a status (SREQ), which the
+//! receiver answers at once, so `PTO = max(2 x SRTT, min_pto)`; only when
+//! the newest packet sent did not ask (more was queued behind it) may the
+//! receiver hold its acknowledgement, and `ack_delay` is added (RFC 8985
+//! 7.2 adds the delayed-ack allowance the same way). When it
 //! fires first, the newest packet not yet acknowledged is sent again once,
 //! asking for a status. Its acknowledgement either shows that nothing was
 //! lost, or (through the SACK rule) which earlier packets were. One probe
 //! per episode: another only after new progress; the RTO stays armed
 //! behind it.
+//!
+//! **Copies of a lone small packet**: a request that fits one small packet
+//! (at most `COPY_MAX` payload bytes), sent while nothing else is in
+//! flight, goes out twice back to back. Losing one copy then costs nothing,
+//! where it would otherwise cost a probe timeout: at a loss rate `p` only
+//! `p^2` of such requests wait for the probe. The copy is the same packet
+//! (same sequence number and transmission), so it gives no RTT sample of
+//! its own and is not a retransmission; the receiver drops whichever
+//! arrives second as a duplicate. Bulk transfers never qualify (their
+//! packets are large or not alone).
 //!
 //! Memory is bounded twice: `send` refuses once `send_buffer` bytes are
 //! accepted and not yet acknowledged (one message larger than that is let in
@@ -33,6 +48,9 @@ const DUPTHRESH: u64 = 3;
 const GRANULARITY: Duration = Duration::from_millis(1);
 /// Most doublings of the RTO.
 const MAX_BACKOFF: u32 = 16;
+/// A new packet with at most this many payload bytes, sent when nothing
+/// else is in flight, is sent twice (see the module documentation).
+pub(super) const COPY_MAX: usize = 512;
 
 /// RFC 6298's round-trip estimator: SRTT, RTTVAR, RTO with exponential
 /// backoff. Samples come only from packets sent once (Karn's rule); the
@@ -121,6 +139,17 @@ impl Sent {
     }
 }
 
+/// What kind of transmission [`SendState::next_packet`] chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tx {
+    /// A packet sent for the first time.
+    New,
+    /// A packet declared lost (or probed), sent again.
+    Again,
+    /// The second copy of a lone small packet.
+    Copy,
+}
+
 /// What an acknowledgement changed.
 #[derive(Debug, Default)]
 pub(super) struct AckOutcome {
@@ -166,13 +195,25 @@ pub(super) struct SendState {
     pub(super) tlp_deadline: Option<Instant>,
     /// A probe was sent and nothing was acknowledged since.
     tlp_spent: bool,
+    /// The newest data packet sent asked for a status (the receiver
+    /// answers it without delay).
+    newest_asked: bool,
+    /// A lone small packet to send a second copy of.
+    copy_due: Option<u64>,
+    min_pto: Duration,
     /// The receiver's longest deliberate acknowledgement delay.
     ack_delay: Duration,
     pub(super) rtt: Rtt,
 }
 
 impl SendState {
-    pub(super) fn new(window: u64, send_buffer: usize, ack_delay: Duration, rtt: Rtt) -> SendState {
+    pub(super) fn new(
+        window: u64,
+        send_buffer: usize,
+        ack_delay: Duration,
+        min_pto: Duration,
+        rtt: Rtt,
+    ) -> SendState {
         SendState {
             queue: VecDeque::new(),
             front_off: 0,
@@ -194,6 +235,9 @@ impl SendState {
             rto_deadline: None,
             tlp_deadline: None,
             tlp_spent: false,
+            newest_asked: true,
+            copy_due: None,
+            min_pto,
             ack_delay,
             rtt,
         }
@@ -278,7 +322,12 @@ impl SendState {
         let Some(srtt) = self.rtt.srtt() else {
             return;
         };
-        let at = now + (2 * srtt + self.ack_delay).max(GRANULARITY);
+        let delay = if self.newest_asked {
+            Duration::ZERO
+        } else {
+            self.ack_delay
+        };
+        let at = now + (2 * srtt + delay).max(self.min_pto);
         if self.rto_deadline.is_none_or(|rto| at < rto) {
             self.tlp_deadline = Some(at);
         }
@@ -301,15 +350,24 @@ impl SendState {
         true
     }
 
-    /// Chooses the next data packet: the oldest loss first, else a new
-    /// packet filled from the queue with at most `budget` bytes of chunks.
-    /// Returns its sequence number and whether it should carry SREQ.
+    /// Chooses the next data packet: the copy of a lone small packet, the
+    /// oldest loss, else a new packet filled from the queue with at most
+    /// `budget` bytes of chunks. Returns its sequence number, whether it
+    /// should carry SREQ, and what kind of transmission it is.
     pub(super) fn next_packet(
         &mut self,
         now: Instant,
         budget: usize,
         sreq_every: u32,
-    ) -> Option<(u64, bool, bool)> {
+    ) -> Option<(u64, bool, Tx)> {
+        if let Some(seq) = self.copy_due.take() {
+            let i = seq.checked_sub(self.una).map(|i| i as usize);
+            if i.and_then(|i| self.inflight.get(i))
+                .is_some_and(|p| !p.acked && !p.lost)
+            {
+                return Some((seq, true, Tx::Copy));
+            }
+        }
         while let Some(seq) = self.rtx.pop_front() {
             let Some(i) = seq.checked_sub(self.una) else {
                 continue;
@@ -325,8 +383,9 @@ impl SendState {
             self.tx += 1;
             p.tx = self.tx;
             p.sends += 1;
+            self.newest_asked = true;
             self.arm(now);
-            return Some((seq, true, true));
+            return Some((seq, true, Tx::Again));
         }
         if !(self.has_new() && self.next < self.limit()) {
             return None;
@@ -353,13 +412,17 @@ impl SendState {
         });
         self.unacked += 1;
         self.since_sreq += 1;
-        self.arm_tlp_after_send(now);
         let sreq = self.since_sreq >= sreq_every || close || !self.has_data();
         if sreq {
             self.since_sreq = 0;
         }
+        self.newest_asked = sreq;
+        if sreq && self.unacked == 1 && bytes <= COPY_MAX {
+            self.copy_due = Some(seq);
+        }
+        self.arm_tlp_after_send(now);
         self.arm(now);
-        Some((seq, sreq, false))
+        Some((seq, sreq, Tx::New))
     }
 
     fn arm_tlp_after_send(&mut self, now: Instant) {
@@ -546,6 +609,7 @@ mod tests {
         let mut s = SendState::new(
             64,
             1 << 20,
+            Duration::ZERO,
             Duration::ZERO,
             Rtt::new(
                 Duration::from_secs(1),

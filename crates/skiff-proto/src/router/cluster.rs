@@ -145,6 +145,14 @@ impl<M: Copy + Eq + Hash> Clusters<M> {
         true
     }
 
+    /// The clusters `member` belongs to.
+    pub fn clusters_of(&self, member: M) -> impl Iterator<Item = &str> + '_ {
+        self.members
+            .get(&member)
+            .into_iter()
+            .flat_map(|s| s.clusters.iter().map(|c| c.as_ref()))
+    }
+
     /// Removes `member` from every cluster (it disconnected); returns from
     /// how many.
     pub fn remove_member(&mut self, member: M) -> usize {
@@ -185,10 +193,21 @@ impl<M: Copy + Eq + Hash> Clusters<M> {
     /// for that key (see the module documentation). `None` if the cluster
     /// has no member with capacity.
     pub fn pick(&mut self, cluster: &str, key: Option<&[u8]>) -> Option<M> {
+        self.pick_where(cluster, key, |_| true)
+    }
+
+    /// [`Clusters::pick`] among the members for which `keep` holds (a
+    /// node picking among its own clients, not other nodes of a mesh).
+    pub fn pick_where(
+        &mut self,
+        cluster: &str,
+        key: Option<&[u8]>,
+        keep: impl Fn(M) -> bool,
+    ) -> Option<M> {
         let slots = self.clusters.get_mut(cluster)?;
         match key {
-            Some(key) => pick_keyed(slots, key),
-            None => pick_wrr(slots),
+            Some(key) => pick_keyed(slots, key, &keep),
+            None => pick_wrr(slots, &keep),
         }
     }
 
@@ -233,12 +252,12 @@ impl<M: Copy + Eq + Hash> Clusters<M> {
 }
 
 /// nginx's smooth weighted round robin over effective weights.
-fn pick_wrr<M: Copy>(slots: &mut [Slot<M>]) -> Option<M> {
+fn pick_wrr<M: Copy>(slots: &mut [Slot<M>], keep: &impl Fn(M) -> bool) -> Option<M> {
     let mut total: i64 = 0;
     let mut best: Option<usize> = None;
     let mut best_current = i64::MIN;
     for (i, s) in slots.iter_mut().enumerate() {
-        if s.weight == 0 {
+        if s.weight == 0 || !keep(s.member) {
             continue;
         }
         s.current += i64::from(s.weight);
@@ -254,10 +273,10 @@ fn pick_wrr<M: Copy>(slots: &mut [Slot<M>]) -> Option<M> {
 }
 
 /// Weighted rendezvous hashing over advertised capacities.
-fn pick_keyed<M: Copy>(slots: &[Slot<M>], key: &[u8]) -> Option<M> {
+fn pick_keyed<M: Copy>(slots: &[Slot<M>], key: &[u8], keep: &impl Fn(M) -> bool) -> Option<M> {
     let k = hash_of(key);
     let mut best: Option<(f64, M)> = None;
-    for s in slots.iter().filter(|s| s.capacity > 0) {
+    for s in slots.iter().filter(|s| s.capacity > 0 && keep(s.member)) {
         let h = mix(k ^ s.hash);
         // A uniform value in (0, 1): 53 random bits, offset by half a step.
         let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);

@@ -84,18 +84,26 @@ pub enum Incoming {
 pub struct Request {
     inner: Arc<Inner>,
     token: u64,
+    /// The link session the token belongs to.
+    epoch: u32,
     /// The request.
     pub msg: Message,
 }
 
 impl Request {
-    pub(crate) fn new(inner: Arc<Inner>, token: u64, msg: Message) -> Request {
-        Request { inner, token, msg }
+    pub(crate) fn new(inner: Arc<Inner>, token: u64, epoch: u32, msg: Message) -> Request {
+        Request {
+            inner,
+            token,
+            epoch,
+            msg,
+        }
     }
 
-    /// Sends the reply.
+    /// Sends the reply; [`Error::NodeLost`] if the node the request came
+    /// from was lost since (its requester no longer waits there).
     pub async fn reply(self, msg: Message) -> Result<(), Error> {
-        self.inner.reply(self.token, msg).await
+        self.inner.reply(self.token, self.epoch, msg).await
     }
 }
 
@@ -127,6 +135,13 @@ impl Member {
         &self.cluster
     }
 
+    /// Failovers this membership lived through: each is a window in which
+    /// requests and broadcasts for it may have been missed (see
+    /// [`super::ClientEvent::Reconnected`]).
+    pub fn gaps(&self) -> u64 {
+        self.inbox.lock().gaps
+    }
+
     /// Leaves the cluster (dropping does the same).
     pub fn leave(self) {}
 }
@@ -146,6 +161,8 @@ struct TunState {
     /// Messages this side may still send.
     credit: u32,
     closed: bool,
+    /// The node lost under this tunnel, if that ended it.
+    lost: Option<String>,
 }
 
 /// A tunnel's state shared with the connection's dispatcher.
@@ -173,28 +190,45 @@ impl TunShared {
         self.inbox.lock().close(None);
         self.credit_notify.notify_waiters();
     }
+
+    /// The node relaying the tunnel was lost: the tunnel ends (its
+    /// messages in flight are gone, so it cannot go on exactly once).
+    pub(crate) fn lose(&self, node: &str) {
+        self.state.lock().lost = Some(node.into());
+        self.inbox.lock().close(Some(format!("lost node {node}")));
+        self.close_local();
+    }
 }
 
 /// An ordered, flow-controlled stream of messages between two clients,
 /// relayed by the node over their connections. Exactly once and in order
 /// while both ends live; `send` waits while the peer's window is full.
-/// Dropping it closes it.
+/// Dropping it closes it. A tunnel ends when the client fails over
+/// ([`Error::NodeLost`]).
 #[derive(Debug)]
 pub struct Tunnel {
     inner: Arc<Inner>,
     id: u64,
+    /// The link session the id belongs to.
+    epoch: u32,
     shared: Arc<TunShared>,
     window: u32,
     taken: u32,
 }
 
 impl Tunnel {
-    pub(crate) fn new(inner: Arc<Inner>, id: u64, window: u32) -> (Tunnel, Arc<TunShared>) {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        id: u64,
+        epoch: u32,
+        window: u32,
+    ) -> (Tunnel, Arc<TunShared>) {
         let window = window.max(1);
         let shared = Arc::new(TunShared {
             state: Mutex::new(TunState {
                 credit: window,
                 closed: false,
+                lost: None,
             }),
             credit_notify: Notify::new(),
             inbox: inbox::shared(),
@@ -203,6 +237,7 @@ impl Tunnel {
             Tunnel {
                 inner,
                 id,
+                epoch,
                 shared: shared.clone(),
                 window,
                 taken: 0,
@@ -220,6 +255,9 @@ impl Tunnel {
             n.as_mut().enable();
             {
                 let mut s = self.shared.state.lock();
+                if let Some(node) = &s.lost {
+                    return Err(Error::NodeLost { node: node.clone() });
+                }
                 if s.closed {
                     return Err(Error::Closed);
                 }
@@ -242,7 +280,7 @@ impl Tunnel {
     pub async fn recv(&mut self) -> Option<Message> {
         let m = poll_fn(|cx| self.shared.inbox.lock().poll_pop(cx)).await?;
         self.taken += 1;
-        if self.taken >= (self.window / 2).max(1) {
+        if self.taken >= (self.window / 2).max(1) && self.inner.epoch() == self.epoch {
             let n = std::mem::take(&mut self.taken);
             let _ = self
                 .inner
@@ -256,6 +294,11 @@ impl Tunnel {
         self.id
     }
 
+    /// Why the tunnel ended, if the client lost its node.
+    pub fn error(&self) -> Option<String> {
+        self.shared.inbox.lock().error.clone()
+    }
+
     /// Closes the tunnel (dropping does the same).
     pub fn close(self) {}
 }
@@ -263,9 +306,12 @@ impl Tunnel {
 impl Drop for Tunnel {
     fn drop(&mut self) {
         self.shared.close_local();
-        self.inner.forget_tunnel(self.id);
-        let _ = self
-            .inner
-            .send_now(ClientFrame::TunClose { tunnel: self.id });
+        // An id from a lost node could name another tunnel on this one.
+        if self.inner.epoch() == self.epoch {
+            self.inner.forget_tunnel(self.id);
+            let _ = self
+                .inner
+                .send_now(ClientFrame::TunClose { tunnel: self.id });
+        }
     }
 }

@@ -121,10 +121,7 @@ impl FileLog {
                             let ok = Subject::new(&m.subject).is_ok_and(|s| p.matches(&s))
                                 && k.matches(m.kind.as_deref());
                             if ok {
-                                i.push(Delivery {
-                                    msg: m,
-                                    token: None,
-                                });
+                                i.push(Delivery::new(m, None, 0));
                             }
                         }
                     }

@@ -8,6 +8,8 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
+use super::failover::Gap;
+
 #[derive(Debug)]
 pub(crate) struct Inbox<T> {
     pub(crate) q: VecDeque<T>,
@@ -18,6 +20,17 @@ pub(crate) struct Inbox<T> {
     pub(crate) dropped: u64,
     /// Why it closed, if not by the user.
     pub(crate) error: Option<String>,
+    /// Failovers this consumer lived through.
+    pub(crate) gaps: u64,
+    /// Set by a failover: the next item pushed carries it.
+    pub(crate) pending_gap: Option<Arc<Gap>>,
+    /// Bumped by a failover: credit counted for the lost node is void.
+    pub(crate) epoch: u32,
+    /// Items at the front of the queue that came from a lost node (taking
+    /// them earns the new node no credit).
+    pub(crate) uncredited: usize,
+    /// `dropped` as it stood when the node that reports it was lost.
+    pub(crate) dropped_base: u64,
 }
 
 pub(crate) type Shared<T> = Arc<Mutex<Inbox<T>>>;
@@ -30,6 +43,11 @@ pub(crate) fn shared<T>() -> Shared<T> {
         paused: false,
         dropped: 0,
         error: None,
+        gaps: 0,
+        pending_gap: None,
+        epoch: 0,
+        uncredited: 0,
+        dropped_base: 0,
     }))
 }
 
@@ -44,6 +62,29 @@ impl<T> Inbox<T> {
         if let Some(w) = self.waker.take() {
             w.wake();
         }
+    }
+
+    /// The node was lost: what is queued came from it, and its counts
+    /// start again on the next node.
+    pub(crate) fn lost(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.uncredited = self.q.len();
+        self.dropped_base = self.dropped;
+    }
+
+    /// For an item just taken by a consumer that counts `taken` since it
+    /// last granted credit (as of `epoch`): whether the item earns the
+    /// current node credit. Forgets counts made for a lost node.
+    pub(crate) fn earns_credit(&mut self, epoch: &mut u32, taken: &mut u32) -> bool {
+        if *epoch != self.epoch {
+            *epoch = self.epoch;
+            *taken = 0;
+        }
+        if self.uncredited > 0 {
+            self.uncredited -= 1;
+            return false;
+        }
+        true
     }
 
     /// Ends the queue: the consumer gets what is queued, then `None`.

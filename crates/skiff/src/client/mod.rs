@@ -17,9 +17,11 @@
 //! - `mem://` (or `mem://name`): a node inside this process, started on
 //!   first use and shared by every client of the process that names it (the
 //!   embedded default; no socket, no copy).
-//! - `skiff://host:port[,host:port…]` or `tcp://host:port`: a node over TCP;
-//!   the addresses are tried in order (a failover list).
-//! - `unix:///path`: a node over a Unix socket.
+//! - `skiff://host:port[,host:port…]` or `tcp://…`: a node over TCP. The
+//!   addresses are tried in order; with two or more the client **fails
+//!   over** when its node dies (see [`failover`](self#failover)).
+//! - `unix:///path[,/path…]`: a node over a Unix socket (a list fails over
+//!   the same way).
 //! - `file:///path`: cMsg's file domain: [`Client::publish`] appends to the
 //!   log, [`Client::subscribe`] reads it back; nothing else is supported.
 //!
@@ -35,19 +37,55 @@
 //! - Tunnels are relayed over the client's node connection (TCP, Unix or in
 //!   process), not yet over UDP associations: ordered and exactly once while
 //!   both ends live, flow controlled by a window of messages.
+//!
+//! # Failover
+//! `skiff://a:4747,b:4747` (cMsg): when the node dies (end of stream, an
+//! error, or no answer to a keepalive ping within `ping_timeout`) the client
+//! moves round robin to the next address, retrying with a short bounded
+//! backoff until it gets one or is closed, re-registers its subscriptions
+//! and cluster memberships there, and reports the gap:
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), skiff::Error> {
+//! use skiff::client::{Client, ClientEvent};
+//! let c = Client::connect("skiff://10.0.0.1:4747,10.0.0.2:4747?ping=100ms").await?;
+//! let mut events = c.events();
+//! let mut sub = c.subscribe("daq.>", "*").await?;
+//! tokio::spawn(async move {
+//!     while let Some(e) = events.recv().await {
+//!         if let ClientEvent::Reconnected(gap) = e {
+//!             eprintln!("{} -> {}: {:?} without a node", gap.from, gap.to, gap.down_for);
+//!         }
+//!     }
+//! });
+//! while let Some(d) = sub.recv().await {
+//!     if let Some(gap) = d.gap() { /* messages before this one may be missing */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Options (query parameters): `ping` (silence before a keepalive ping,
+//! default 150 ms with failover, off otherwise), `ping_timeout` (silence
+//! after which the node is dead, default 600 ms), `reconnect` (default on
+//! with two or more addresses; `reconnect=true` retries a single node),
+//! `reconnect_buffer` (publishes held while no node is reachable, default
+//! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default 1 s).
+//! Calls in flight on a lost node fail with [`Error::NodeLost`]; see the
+//! [`ClientEvent`] and [`Gap`] documentation for the rest.
 
 mod cluster;
+mod failover;
 mod file;
 mod inbox;
 mod link;
 mod sub;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use skiff_node::frame::req_flags;
@@ -57,13 +95,19 @@ use skiff_proto::Message;
 use tokio::sync::{mpsc, oneshot};
 
 pub use cluster::{Incoming, Member, Request, Target, Tunnel};
+pub use failover::{ClientEvent, Events, Gap, LinkStats};
 pub use file::FileLog;
 pub use skiff_node::{NodeStats, Policy};
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
 
 use crate::Error;
+use failover::Listeners;
 use inbox::Shared;
-use link::Link;
+use link::{Link, StreamTx};
+
+/// Node names kept per link session, to name the node in errors about
+/// stale replies.
+const NODES_KEPT: usize = 16;
 
 /// What the dispatcher hands a waiting call.
 #[derive(Debug)]
@@ -78,15 +122,48 @@ enum Answer {
 enum ReqEvent {
     Reply(Message),
     Done(Code),
+    /// The node it was sent to was lost.
+    Lost(String),
+}
+
+/// A subscription as the client registered it (to restore it elsewhere).
+#[derive(Debug)]
+struct SubEntry {
+    inbox: Shared<Delivery>,
+    pattern: String,
+    kind: String,
+    opts: SubOptions,
+    /// The node acknowledged it (one still in flight is not restored: its
+    /// call fails instead).
+    live: bool,
+}
+
+/// A cluster membership as the client registered it.
+#[derive(Debug)]
+struct MemberEntry {
+    inbox: Shared<Incoming>,
+    /// Set once a node acknowledged the join.
+    capacity: Option<u32>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    subs: FxHashMap<u64, Shared<Delivery>>,
+    subs: FxHashMap<u64, SubEntry>,
     waiters: FxHashMap<u64, oneshot::Sender<Result<Answer, Error>>>,
     requests: FxHashMap<u64, mpsc::UnboundedSender<ReqEvent>>,
-    members: FxHashMap<String, Shared<Incoming>>,
+    members: FxHashMap<String, MemberEntry>,
+    /// Joins sent and not yet answered: corr → (cluster, capacity).
+    joins: FxHashMap<u64, (String, u32)>,
     tunnels: FxHashMap<u64, Arc<cluster::TunShared>>,
+    /// The node connected to (`None` while failing over or in process).
+    node: Option<String>,
+    /// The node of each recent link session (epoch, node).
+    nodes: Vec<(u32, String)>,
+    /// A restore sent to a new node: the `corr` of the ping that ends it
+    /// and the gap to report once it is answered.
+    restoring: Option<(u64, Gap)>,
+    failovers: u64,
+    listeners: Listeners,
     /// Why the node closed this client.
     fatal: Option<String>,
     /// Errors about publishes, which have no call to return them to.
@@ -109,8 +186,12 @@ pub(crate) struct Inner {
     /// Set once `state.fatal` is (so a publish need not take the lock).
     failed: AtomicBool,
     next: AtomicU64,
-    pub(crate) max_payload: usize,
-    id: u64,
+    max_payload: AtomicUsize,
+    id: AtomicU64,
+    /// The link session: bumped each time the node is lost, so that
+    /// node-scoped ids (reply tokens, tunnels) from a lost node are never
+    /// sent to the next one.
+    epoch: AtomicU32,
 }
 
 impl Drop for Inner {
@@ -118,6 +199,9 @@ impl Drop for Inner {
         if let Some(l) = &self.link {
             l.close();
         }
+        self.state.get_mut().listeners.emit(ClientEvent::Closed {
+            reason: "the client was dropped".into(),
+        });
     }
 }
 
@@ -148,49 +232,19 @@ impl Client {
         let rest = rest.split('?').next().unwrap_or("");
         match scheme {
             "mem" => Client::attach(&embedded(rest)),
-            "skiff" | "tcp" => {
+            "skiff" | "tcp" | "unix" => {
+                let target = failover::parse_target(locator)?;
                 let mut last = None;
-                for addr in rest.split(',').filter(|a| !a.is_empty()) {
-                    let addr = if addr.contains(':') {
-                        addr.to_owned()
-                    } else {
-                        format!("{addr}:{}", skiff_node::DEFAULT_PORT)
-                    };
-                    match tokio::net::TcpStream::connect(&addr).await {
-                        Ok(s) => {
-                            let _ = s.set_nodelay(true);
-                            let (r, w) = s.into_split();
-                            return Client::over_stream(r, w).await;
-                        }
+                for (at, addr) in target.addrs.iter().enumerate() {
+                    match link::open(addr, at, target.opts.connect_timeout).await {
+                        Ok(s) => return Ok(Client::over_stream(s, target)),
                         Err(e) => last = Some(e),
                     }
                 }
-                Err(match last {
-                    Some(e) => Error::io("connect to node")(e),
-                    None => crate::LocatorError::Address {
-                        addr: rest.into(),
-                        why: "no address given".into(),
-                    }
-                    .into(),
-                })
-            }
-            "unix" => {
-                let s = tokio::net::UnixStream::connect(rest)
-                    .await
-                    .map_err(Error::io("connect to node socket"))?;
-                let (r, w) = s.into_split();
-                Client::over_stream(r, w).await
+                Err(last.unwrap_or(Error::Closed))
             }
             "file" => Ok(Client {
-                inner: Arc::new(Inner {
-                    link: None,
-                    backend: Backend::File(FileLog::open(rest)?),
-                    state: Mutex::new(State::default()),
-                    failed: AtomicBool::new(false),
-                    next: AtomicU64::new(1),
-                    max_payload: usize::MAX,
-                    id: 0,
-                }),
+                inner: Inner::new(None, Backend::File(FileLog::open(rest)?), usize::MAX, 0),
             }),
             other => Err(crate::LocatorError::Scheme {
                 scheme: other.into(),
@@ -218,48 +272,42 @@ impl Client {
             }) => (*client, *max_payload),
             _ => (link.id(), node.broker().limits().max_payload as u64),
         };
-        let inner = Arc::new(Inner {
-            link: Some(Link::Mem(link)),
-            backend: Backend::Node,
-            state: Mutex::new(State::default()),
-            failed: AtomicBool::new(false),
-            next: AtomicU64::new(1),
-            max_payload: max_payload as usize,
+        let inner = Inner::new(
+            Some(Link::Mem(link)),
+            Backend::Node,
+            max_payload as usize,
             id,
-        });
+        );
         link::spawn_mem(&inner);
         Ok(Client { inner })
     }
 
-    async fn over_stream<R, W>(mut r: R, w: W) -> Result<Client, Error>
-    where
-        R: tokio::io::AsyncRead + Unpin + Send + 'static,
-        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let mut buf = BytesMut::with_capacity(64 * 1024);
-        let (id, max_payload) = link::read_welcome(&mut r, &mut buf).await?;
-        let tx = Arc::new(link::StreamTx::default());
-        let inner = Arc::new(Inner {
-            link: Some(Link::Stream(tx.clone())),
-            backend: Backend::Node,
-            state: Mutex::new(State::default()),
-            failed: AtomicBool::new(false),
-            next: AtomicU64::new(1),
-            max_payload: max_payload as usize,
-            id,
-        });
-        link::spawn_stream(&inner, tx, r, w, buf);
-        Ok(Client { inner })
+    fn over_stream(s: link::Session, target: failover::NodeTarget) -> Client {
+        let tx = Arc::new(StreamTx::new(target.opts.reconnect_buffer));
+        let inner = Inner::new(
+            Some(Link::Stream(tx.clone())),
+            Backend::Node,
+            s.max_payload as usize,
+            s.client,
+        );
+        {
+            let node = target.addrs[s.at].to_string();
+            let mut st = inner.state.lock();
+            st.nodes.push((0, node.clone()));
+            st.node = Some(node);
+        }
+        link::spawn_stream(&inner, tx, target, s);
+        Client { inner }
     }
 
-    /// The node's id for this client.
+    /// The node's id for this client (a new one after each failover).
     pub fn id(&self) -> u64 {
-        self.inner.id
+        self.inner.id.load(Ordering::Relaxed)
     }
 
     /// Largest payload the node accepts.
     pub fn max_payload(&self) -> usize {
-        self.inner.max_payload
+        self.inner.max_payload.load(Ordering::Relaxed)
     }
 
     /// Errors the node reported about publishes (which return before the
@@ -271,13 +319,13 @@ impl Client {
 
     fn check(&self, msg: &Message) -> Result<(), Error> {
         skiff_proto::wire::check(msg)?;
-        if msg.payload.len() > self.inner.max_payload {
+        let max = self.inner.max_payload.load(Ordering::Relaxed);
+        if msg.payload.len() > max {
             return Err(Error::Refused {
                 code: Code::Limit,
                 reason: format!(
-                    "payload of {} bytes is over the node's limit of {} (max_payload)",
+                    "payload of {} bytes is over the node's limit of {max} (max_payload)",
                     msg.payload.len(),
-                    self.inner.max_payload
                 ),
             });
         }
@@ -286,7 +334,9 @@ impl Client {
 
     /// Publishes `msg` on its subject. Returns once the message is handed
     /// to the node (in process: routed); waits while a `block` subscriber
-    /// or the connection pushes back.
+    /// or the connection pushes back. While a failover list has no node
+    /// the message is held (see the module documentation) or, when the
+    /// buffer is full, refused with [`Error::NodeLost`].
     pub async fn publish(&self, msg: Message) -> Result<(), Error> {
         Subject::new(&msg.subject)?;
         if let Backend::File(f) = &self.inner.backend {
@@ -331,7 +381,16 @@ impl Client {
                     reason: e.clone(),
                 });
             }
-            st.subs.insert(sid, inbox.clone());
+            st.subs.insert(
+                sid,
+                SubEntry {
+                    inbox: inbox.clone(),
+                    pattern: pattern.into(),
+                    kind: kind.into(),
+                    opts,
+                    live: false,
+                },
+            );
             self.inner.waiter(&mut st, sid)
         };
         let window = opts.window.max(1);
@@ -380,13 +439,15 @@ impl Client {
             code: Code::Invalid,
             reason: "this message is not a request; there is nobody to reply to".into(),
         })?;
-        self.inner.reply(token, msg).await
+        self.inner.reply(token, to.epoch, msg).await
     }
 
     /// Sends a request and waits for the first reply: to every subscription
     /// matching a subject (`"svc.echo"`), or to one member of a cluster
     /// ([`Target::cluster`]). [`Error::NoResponders`] comes at once when
-    /// nobody could answer; [`Error::Timeout`] after `timeout`.
+    /// nobody could answer; [`Error::Timeout`] after `timeout`;
+    /// [`Error::NodeLost`] at once if the node is lost meanwhile (the
+    /// request may or may not have been handled).
     pub async fn request(
         &self,
         target: impl Into<Target>,
@@ -472,6 +533,10 @@ impl Client {
                     finished = true;
                     break Ok(());
                 }
+                Ok(Some(ReqEvent::Lost(node))) => {
+                    finished = true;
+                    break Err(Error::NodeLost { node });
+                }
                 Ok(None) => {
                     finished = true;
                     break Err(self.inner.closed_error());
@@ -495,16 +560,23 @@ impl Client {
     /// on the returned [`Member`].
     pub async fn join(&self, cluster: &str, capacity: u32) -> Result<Member, Error> {
         Subject::new(cluster)?;
-        let inbox = {
-            let mut st = self.inner.state.lock();
-            st.members
-                .entry(cluster.to_owned())
-                .or_insert_with(inbox::shared)
-                .clone()
-        };
         let corr = self.inner.next_id();
-        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
-        self.inner
+        let (inbox, rx) = {
+            let mut st = self.inner.state.lock();
+            let inbox = st
+                .members
+                .entry(cluster.to_owned())
+                .or_insert_with(|| MemberEntry {
+                    inbox: inbox::shared(),
+                    capacity: None,
+                })
+                .inbox
+                .clone();
+            st.joins.insert(corr, (cluster.to_owned(), capacity));
+            (inbox, self.inner.waiter(&mut st, corr))
+        };
+        let r = self
+            .inner
             .call(
                 rx,
                 ClientFrame::Join {
@@ -513,7 +585,19 @@ impl Client {
                     capacity,
                 },
             )
-            .await?;
+            .await;
+        if let Err(e) = r {
+            let mut st = self.inner.state.lock();
+            st.joins.remove(&corr);
+            if st
+                .members
+                .get(cluster)
+                .is_some_and(|m| m.capacity.is_none())
+            {
+                st.members.remove(cluster);
+            }
+            return Err(e);
+        }
         Ok(Member::new(self.inner.clone(), cluster.into(), inbox))
     }
 
@@ -600,8 +684,36 @@ impl Client {
 }
 
 impl Inner {
+    fn new(link: Option<Link>, backend: Backend, max_payload: usize, id: u64) -> Arc<Inner> {
+        Arc::new(Inner {
+            link,
+            backend,
+            state: Mutex::new(State::default()),
+            failed: AtomicBool::new(false),
+            next: AtomicU64::new(1),
+            max_payload: AtomicUsize::new(max_payload),
+            id: AtomicU64::new(id),
+            epoch: AtomicU32::new(0),
+        })
+    }
+
     fn next_id(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The current link session (see [`Inner::epoch`]'s field).
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The node of link session `epoch`, for errors.
+    fn node_of(&self, epoch: u32) -> String {
+        let st = self.state.lock();
+        st.nodes
+            .iter()
+            .find(|(e, _)| *e == epoch)
+            .map(|(_, n)| n.clone())
+            .unwrap_or_else(|| "(an earlier node)".into())
     }
 
     fn link(&self) -> Result<&Link, Error> {
@@ -636,8 +748,16 @@ impl Inner {
         self.link()?.send_now(f)
     }
 
-    pub(crate) async fn reply(&self, token: u64, msg: Message) -> Result<(), Error> {
+    /// Replies to a request that came in link session `epoch`; a token of
+    /// a lost node is never sent (it could name another request on the
+    /// next node).
+    pub(crate) async fn reply(&self, token: u64, epoch: u32, msg: Message) -> Result<(), Error> {
         skiff_proto::wire::check(&msg)?;
+        if epoch != self.epoch() {
+            return Err(Error::NodeLost {
+                node: self.node_of(epoch),
+            });
+        }
         self.send(ClientFrame::Reply { token, msg }).await
     }
 
@@ -671,37 +791,63 @@ impl Inner {
 
     /// The node closed this client: everything waiting learns why.
     pub(crate) fn fail(&self, why: String) {
-        let mut st = self.state.lock();
-        if st.fatal.is_none() {
-            st.fatal = Some(why.clone());
-            self.failed.store(true, Ordering::Release);
+        {
+            let mut st = self.state.lock();
+            if st.fatal.is_none() {
+                st.fatal = Some(why.clone());
+                self.failed.store(true, Ordering::Release);
+            }
         }
+        self.shut(Some(why));
+    }
+
+    /// The client is closed for good, by the node (`why`) or the
+    /// application (`None`): everything waiting ends.
+    pub(crate) fn shut(&self, why: Option<String>) {
+        let mut st = self.state.lock();
+        let err = || match &why {
+            Some(w) => Error::Refused {
+                code: Code::Shutdown,
+                reason: w.clone(),
+            },
+            None => Error::Closed,
+        };
         for (_, s) in st.subs.drain() {
-            s.lock().close(Some(why.clone()));
+            s.inbox.lock().close(why.clone());
         }
         for (_, m) in st.members.drain() {
-            m.lock().close(Some(why.clone()));
+            m.inbox.lock().close(why.clone());
         }
         for (_, t) in st.tunnels.drain() {
             t.close_local();
         }
         for (_, w) in st.waiters.drain() {
-            let _ = w.send(Err(Error::Refused {
-                code: Code::Shutdown,
-                reason: why.clone(),
-            }));
+            let _ = w.send(Err(err()));
         }
         st.requests.clear();
+        st.joins.clear();
+        st.node = None;
+        st.restoring = None;
+        st.listeners.emit(ClientEvent::Closed {
+            reason: why.unwrap_or_else(|| "closed by the application".into()),
+        });
     }
 
     /// Routes frames from the node to the calls and handles waiting for
-    /// them.
+    /// them. Returns the node's error if it closed this client (the caller
+    /// fails the client or, for a shutdown, fails over).
     ///
     /// (Batched: see `flush_run`.)
-    pub(crate) fn dispatch(self: &Arc<Self>, frames: &mut Vec<ServerFrame>) {
+    #[must_use]
+    pub(crate) fn dispatch(
+        self: &Arc<Self>,
+        frames: &mut Vec<ServerFrame>,
+    ) -> Option<(Code, String)> {
         let mut fatal = None;
+        let epoch = self.epoch();
         {
             let mut st = self.state.lock();
+            let st = &mut *st;
             let mut run: Option<(u64, Option<Shared<Delivery>>)> = None;
             let mut pend = Vec::new();
             for f in frames.drain(..) {
@@ -715,25 +861,45 @@ impl Inner {
                         // under one lock, with one wake-up.
                         if run.as_ref().map(|(s, _)| *s) != Some(sid) {
                             flush_run(&run, &mut pend);
-                            run = Some((sid, st.subs.get(&sid).cloned()));
+                            run = Some((sid, st.subs.get(&sid).map(|s| s.inbox.clone())));
                         }
-                        pend.push(Delivery {
-                            msg,
-                            token: (token != 0).then_some(token),
-                        });
+                        pend.push(Delivery::new(msg, (token != 0).then_some(token), epoch));
                         continue;
                     }
                     ServerFrame::Dropped { sid, total } => {
                         if let Some(s) = st.subs.get(&sid) {
-                            s.lock().dropped = total;
+                            let mut i = s.inbox.lock();
+                            i.dropped = i.dropped_base + total;
                         }
                     }
-                    ServerFrame::Ack { corr } | ServerFrame::Pong { corr } => {
+                    ServerFrame::Ack { corr } => {
+                        if let Some(s) = st.subs.get_mut(&corr) {
+                            s.live = true;
+                        }
+                        if let Some((cluster, capacity)) = st.joins.remove(&corr) {
+                            if let Some(m) = st.members.get_mut(&cluster) {
+                                m.capacity = Some(capacity);
+                            }
+                        }
                         if let Some(w) = st.waiters.remove(&corr) {
                             let _ = w.send(Ok(Answer::Ack));
                         }
                     }
-                    ServerFrame::Error { corr: 0, text, .. } => fatal = Some(text),
+                    ServerFrame::Pong { corr } => {
+                        if let Some(w) = st.waiters.remove(&corr) {
+                            let _ = w.send(Ok(Answer::Ack));
+                        } else if st.restoring.as_ref().is_some_and(|(c, _)| *c == corr) {
+                            // The new node holds everything restored.
+                            let (_, gap) = st.restoring.take().expect("checked");
+                            st.failovers += 1;
+                            st.listeners.emit(ClientEvent::Reconnected(gap));
+                        }
+                    }
+                    ServerFrame::Error {
+                        corr: 0,
+                        code,
+                        text,
+                    } => fatal = Some((code, text)),
                     ServerFrame::Error {
                         corr: ASYNC_ERROR,
                         text,
@@ -743,8 +909,18 @@ impl Inner {
                         st.last_async_error = Some(text);
                     }
                     ServerFrame::Error { corr, code, text } => {
+                        let join = st.joins.remove(&corr);
                         if let Some(w) = st.waiters.remove(&corr) {
                             let _ = w.send(Err(Error::Refused { code, reason: text }));
+                        } else if let Some(s) = st.subs.remove(&corr) {
+                            // A subscription restored after a failover.
+                            s.inbox.lock().close(Some(format!(
+                                "the node refused to restore this subscription after a failover: {text}"
+                            )));
+                        } else if let Some(m) = join.and_then(|(c, _)| st.members.remove(&c)) {
+                            m.inbox.lock().close(Some(format!(
+                                "the node refused to restore this membership after a failover: {text}"
+                            )));
                         }
                     }
                     ServerFrame::Reply { rid, msg } => {
@@ -763,16 +939,17 @@ impl Inner {
                         msg,
                     } => {
                         if let Some(m) = st.members.get(&cluster) {
-                            m.lock().push(Incoming::Request(Request::new(
+                            m.inbox.lock().push(Incoming::Request(Request::new(
                                 self.clone(),
                                 token,
+                                epoch,
                                 msg,
                             )));
                         }
                     }
                     ServerFrame::Bcast { cluster, msg } => {
                         if let Some(m) = st.members.get(&cluster) {
-                            m.lock().push(Incoming::Broadcast(msg));
+                            m.inbox.lock().push(Incoming::Broadcast(msg));
                         }
                     }
                     ServerFrame::TunIncoming {
@@ -780,10 +957,10 @@ impl Inner {
                         cluster,
                         window,
                     } => {
-                        let (t, shared) = Tunnel::new(self.clone(), tunnel, window);
+                        let (t, shared) = Tunnel::new(self.clone(), tunnel, epoch, window);
                         st.tunnels.insert(tunnel, shared);
                         match st.members.get(&cluster) {
-                            Some(m) => m.lock().push(Incoming::Tunnel(t)),
+                            Some(m) => m.inbox.lock().push(Incoming::Tunnel(t)),
                             None => drop(t),
                         }
                     }
@@ -792,7 +969,7 @@ impl Inner {
                         tunnel,
                         window,
                     } => {
-                        let (t, shared) = Tunnel::new(self.clone(), tunnel, window);
+                        let (t, shared) = Tunnel::new(self.clone(), tunnel, epoch, window);
                         st.tunnels.insert(tunnel, shared);
                         match st.waiters.remove(&corr) {
                             Some(w) => {
@@ -827,9 +1004,7 @@ impl Inner {
             }
             flush_run(&run, &mut pend);
         }
-        if let Some(why) = fatal {
-            self.fail(why);
-        }
+        fatal
     }
 
     pub(crate) fn forget_sub(&self, sid: u64) {
@@ -851,6 +1026,9 @@ fn flush_run(run: &Option<(u64, Option<Shared<Delivery>>)>, pend: &mut Vec<Deliv
     if let Some((_, Some(s))) = run {
         if !pend.is_empty() {
             let mut i = s.lock();
+            if let Some(gap) = i.pending_gap.take() {
+                pend[0].gap = Some(gap);
+            }
             i.q.extend(pend.drain(..));
             i.wake();
         }

@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 use skiff_node::{ClientFrame, Policy};
 use skiff_proto::Message;
 
+use super::failover::Gap;
 use super::inbox::Shared;
 use super::Inner;
 
@@ -71,9 +72,28 @@ pub struct Delivery {
     /// The message.
     pub msg: Message,
     pub(crate) token: Option<u64>,
+    /// The link session the token belongs to.
+    pub(crate) epoch: u32,
+    pub(crate) gap: Option<Arc<Gap>>,
 }
 
 impl Delivery {
+    pub(crate) fn new(msg: Message, token: Option<u64>, epoch: u32) -> Delivery {
+        Delivery {
+            msg,
+            token,
+            epoch,
+            gap: None,
+        }
+    }
+
+    /// Set on the first message after a failover: the client had no node
+    /// during [`Gap`], so messages published then may be missing before
+    /// this one. Nothing before this message is repeated.
+    pub fn gap(&self) -> Option<&Gap> {
+        self.gap.as_deref()
+    }
+
     /// Whether the sender waits for a reply.
     pub fn is_request(&self) -> bool {
         self.token.is_some()
@@ -102,6 +122,8 @@ pub struct Subscription {
     window: u32,
     /// Taken since credit was last granted.
     taken: u32,
+    /// The inbox's epoch `taken` counts for.
+    epoch: u32,
 }
 
 impl Subscription {
@@ -112,6 +134,7 @@ impl Subscription {
             inbox,
             window,
             taken: 0,
+            epoch: 0,
         }
     }
 
@@ -123,14 +146,16 @@ impl Subscription {
 
     /// The next message if one is here now.
     pub fn try_recv(&mut self) -> Option<Delivery> {
-        let d = {
+        let (d, credit) = {
             let mut i = self.inbox.lock();
             if i.paused {
                 return None;
             }
-            i.q.pop_front()
+            let d = i.q.pop_front();
+            let credit = d.is_some() && i.earns_credit(&mut self.epoch, &mut self.taken);
+            (d, credit)
         };
-        if d.is_some() {
+        if credit {
             self.took();
         }
         d
@@ -138,8 +163,14 @@ impl Subscription {
 
     /// Polls for the next message.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
-        let r = self.inbox.lock().poll_pop(cx);
-        if let Poll::Ready(Some(_)) = &r {
+        let (r, credit) = {
+            let mut i = self.inbox.lock();
+            let r = i.poll_pop(cx);
+            let credit = matches!(r, Poll::Ready(Some(_)))
+                && i.earns_credit(&mut self.epoch, &mut self.taken);
+            (r, credit)
+        };
+        if credit {
             self.took();
         }
         r
@@ -180,9 +211,16 @@ impl Subscription {
     }
 
     /// Messages the node dropped for this subscription so far, as last
-    /// reported by the node.
+    /// reported by the node (summed over the nodes of a failover list).
     pub fn dropped(&self) -> u64 {
         self.inbox.lock().dropped
+    }
+
+    /// Failovers this subscription lived through: each is a window in
+    /// which messages may have been missed (the first message after it
+    /// carries the [`Gap`], see [`Delivery::gap`]).
+    pub fn gaps(&self) -> u64 {
+        self.inbox.lock().gaps
     }
 
     /// Why the subscription ended, if the node ended it (e.g. slow
@@ -258,6 +296,12 @@ impl SubscriptionHandle {
     /// Messages the node dropped for this subscription so far.
     pub fn dropped(&self) -> u64 {
         self.inbox.lock().dropped
+    }
+
+    /// Failovers the subscription lived through (see
+    /// [`Subscription::gaps`]).
+    pub fn gaps(&self) -> u64 {
+        self.inbox.lock().gaps
     }
 
     /// The subscription's id.

@@ -121,6 +121,8 @@ pub(crate) struct Core {
     folded_gone: rustc_hash::FxHashSet<u64>,
     touched: Vec<u64>,
     next_deadline: Option<Instant>,
+    /// When the driver's timer is armed to fire (`None`: disarmed).
+    pub(crate) timer_armed: Option<Instant>,
     // Scratch space reused across calls.
     frames_in: Vec<Bytes>,
     msgs: Vec<Message>,
@@ -159,6 +161,7 @@ impl Core {
             folded_gone: Default::default(),
             touched: Vec::new(),
             next_deadline: None,
+            timer_armed: None,
             frames_in: Vec::new(),
             msgs: Vec::new(),
             verdicts: Vec::new(),
@@ -595,6 +598,11 @@ impl Core {
                     let Some(t) = a.poll_transmit(now, &mut tmp) else {
                         break;
                     };
+                    progressed = true;
+                    if t.alone {
+                        out.push_alone(t.destination, &tmp);
+                        continue;
+                    }
                     let start = self.fbuf.len();
                     self.fbuf.extend_from_slice(&tmp);
                     self.frames.push((t.destination, start, self.fbuf.len()));
@@ -613,6 +621,10 @@ impl Core {
             let Some(t) = self.listener.poll_transmit(now, &mut tmp) else {
                 break;
             };
+            if t.alone {
+                out.push_alone(t.destination, &tmp);
+                continue;
+            }
             self.add_frame(t.destination, &tmp);
         }
         if self.fbuf.len() >= max_bytes {

@@ -3,9 +3,16 @@
 //! and on each wake-up receives everything waiting, runs the state
 //! machines, and sends everything due in as few `sendmmsg` calls as it can
 //! (equal-size datagrams to one host as one GSO run).
+//!
+//! The timer is a `timerfd` rather than tokio's (whose wheel rounds up to
+//! a millisecond, longer than a loopback probe timeout), and the
+//! application's threads may re-arm it earlier without waking the driver
+//! when they send on their own (see `Shared::transmit`). The outbox is
+//! shared the same way: whoever holds it sends.
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +27,7 @@ const RECV_SLOTS: usize = 64;
 /// `recvmmsg` calls per wake-up before the driver sends and comes back.
 const RECV_ROUNDS: usize = 8;
 /// Bytes collected for sending per wake-up, about.
-const SEND_BYTES: usize = 2 << 20;
+pub(crate) const SEND_BYTES: usize = 2 << 20;
 /// Datagrams in one GSO run at most.
 const GSO_SEGMENTS: usize = 64;
 
@@ -28,7 +35,9 @@ const GSO_SEGMENTS: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
     buf: Vec<u8>,
-    dgrams: Vec<(SocketAddr, usize, usize)>,
+    /// Destination, start, end, and whether it must travel alone (not in
+    /// a GSO run: a super-packet shares one fate on the path).
+    dgrams: Vec<(SocketAddr, usize, usize, bool)>,
     next: usize,
 }
 
@@ -36,7 +45,16 @@ impl Outbox {
     pub(crate) fn push(&mut self, dest: SocketAddr, bytes: &[u8]) {
         let s = self.buf.len();
         self.buf.extend_from_slice(bytes);
-        self.dgrams.push((dest, s, self.buf.len()));
+        self.dgrams.push((dest, s, self.buf.len(), false));
+    }
+
+    /// Adds a datagram that must not share a GSO run with others (the copy
+    /// of a packet: it must not share the original's fate).
+    pub(crate) fn push_alone(&mut self, dest: SocketAddr, bytes: &[u8]) {
+        self.push(dest, bytes);
+        if let Some(d) = self.dgrams.last_mut() {
+            d.3 = true;
+        }
     }
 
     /// Starts a datagram written directly into the buffer.
@@ -47,10 +65,10 @@ impl Outbox {
 
     /// Ends the datagram started at `start`.
     pub(crate) fn end(&mut self, dest: SocketAddr, start: usize) {
-        self.dgrams.push((dest, start, self.buf.len()));
+        self.dgrams.push((dest, start, self.buf.len(), false));
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.next >= self.dgrams.len()
     }
 
@@ -63,7 +81,7 @@ impl Outbox {
     /// Sends what is left; `Ok(true)` when everything went, `Ok(false)`
     /// when the socket buffer is full. Returns datagrams sent and calls
     /// made through the counters.
-    fn send(
+    pub(crate) fn send(
         &mut self,
         socket: &UdpSocket,
         sent: &mut u64,
@@ -77,14 +95,14 @@ impl Outbox {
             let mut counts: Vec<usize> = Vec::new();
             let mut i = self.next;
             while i < self.dgrams.len() && out.len() < 64 {
-                let (dest, s, e) = self.dgrams[i];
+                let (dest, s, e, alone) = self.dgrams[i];
                 let len = e - s;
                 let mut j = i + 1;
                 let mut end = e;
-                if gso {
+                if gso && !alone {
                     while j < self.dgrams.len() && j - i < GSO_SEGMENTS {
-                        let (d, s2, e2) = self.dgrams[j];
-                        if d != dest || s2 != end || e2 - s2 > len {
+                        let (d, s2, e2, alone2) = self.dgrams[j];
+                        if d != dest || s2 != end || e2 - s2 > len || alone2 {
                             break;
                         }
                         end = e2;
@@ -151,10 +169,9 @@ async fn drive(shared: &Shared) -> io::Result<()> {
         skiff_proto::wire::MAX_DATAGRAM + 1
     };
     let mut batch = RecvBatch::new(RECV_SLOTS, slot);
-    let mut out = Outbox::default();
+    let timer = crate::sys::register_async(shared.timer.as_fd(), Interest::READABLE)?;
     let max_datagram = shared.config.datagram_limit();
     let limit = shared.config.tunnel_buffer;
-    let mut blocked = false;
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
             return Ok(());
@@ -187,33 +204,35 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                 Err(_) => break,
             }
         }
-        let deadline = {
-            let mut core = shared.core.lock();
-            core.stats.wakeups += 1;
-            core.after_input(now, limit);
-            if out.is_empty() {
-                more |= core.collect(now, &mut out, max_datagram, SEND_BYTES);
+        let blocked = {
+            // Lock order: the outbox, then the core.
+            let mut out = shared.out.lock();
+            {
+                let mut core = shared.core.lock();
+                core.stats.wakeups += 1;
+                core.after_input(now, limit);
+                if out.is_empty() {
+                    more |= core.collect(now, &mut out, max_datagram, SEND_BYTES);
+                }
+                let deadline = core.poll_timeout();
+                shared.arm_timer(&mut core, deadline, false);
             }
-            core.poll_timeout()
+            if out.is_empty() {
+                false
+            } else {
+                let (mut sent, mut calls, mut errors) = (0, 0, 0);
+                let blocked = !out.send(&shared.socket, &mut sent, &mut calls, &mut errors);
+                let mut core = shared.core.lock();
+                core.stats.datagrams_sent += sent;
+                core.stats.send_calls += calls;
+                core.stats.send_errors += errors;
+                blocked
+            }
         };
-        if !out.is_empty() {
-            let (mut sent, mut calls, mut errors) = (0, 0, 0);
-            blocked = !out.send(&shared.socket, &mut sent, &mut calls, &mut errors);
-            let mut core = shared.core.lock();
-            core.stats.datagrams_sent += sent;
-            core.stats.send_calls += calls;
-            core.stats.send_errors += errors;
-        }
         if more && !blocked {
             tokio::task::yield_now().await;
             continue;
         }
-        let sleep = async {
-            match deadline {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             r = fd.readable() => {
                 if let Ok(mut g) = r {
@@ -226,7 +245,12 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                 }
             }
             _ = shared.wake.notified() => {}
-            _ = sleep => {}
+            r = timer.readable() => {
+                if let Ok(mut g) = r {
+                    let _ = crate::sys::timerfd_clear(shared.timer.as_fd());
+                    g.clear_ready();
+                }
+            }
         }
     }
 }

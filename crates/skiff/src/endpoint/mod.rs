@@ -9,9 +9,12 @@
 //! something, or the earliest timer of any state machine is due; each
 //! wake-up receives everything waiting (`recvmmsg`, GRO), runs the timers,
 //! and sends everything due in one `sendmmsg` (equal-size runs to one host
-//! as one GSO send). Application calls only touch the state machines under
-//! a lock and nudge the driver, so many calls between two wake-ups leave
-//! together.
+//! as one GSO send). Application calls touch the state machines under a
+//! lock; when nobody is sending (the path is idle), the calling thread
+//! sends what became due itself, without a hand-off to the driver (the
+//! queue's natural batching: while one thread sends, the calls of others
+//! accumulate and leave together in the next batch); otherwise it nudges
+//! the driver.
 //!
 //! **Sharing the path**: within one wake-up, small frames to the same host
 //! (acknowledgements, small data packets, best-effort batches) are packed
@@ -31,6 +34,7 @@
 //! them gracefully.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -38,7 +42,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use skiff_proto::association::{
     AssociationConfig, AssociationStats, Listener, ListenerConfig, ListenerStats,
 };
@@ -67,7 +71,7 @@ pub struct EndpointConfig {
     pub service: u32,
     /// Every association's settings: `mtu` (default 1472), `window`
     /// (packets, both directions), `recv_buffer`, `send_buffer`,
-    /// `max_message`, `sreq_every`, `ack_delay`, `min_rto`, `initial_rto`,
+    /// `max_message`, `sreq_every`, `ack_delay`, `min_rto`, `min_pto`, `initial_rto`,
     /// `keepalive`, `idle_timeout`, `handshake_timeout`.
     pub association: AssociationConfig,
     /// Most accepted associations at once (`max_associations`).
@@ -88,7 +92,7 @@ pub struct EndpointConfig {
 }
 
 const OPTIONS: &str = "service, mtu, window, recv_buffer, send_buffer, max_message, sreq_every, \
-     ack_delay, min_rto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
+     ack_delay, min_rto, min_pto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
      max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
      gso, gro";
 
@@ -145,6 +149,7 @@ impl EndpointConfig {
                 "sreq_every" => a.sreq_every = locator::parse_uint(k, v, "a packet count")?,
                 "ack_delay" => a.ack_delay = locator::parse_duration(k, v)?,
                 "min_rto" => a.min_rto = locator::parse_duration(k, v)?,
+                "min_pto" => a.min_pto = locator::parse_duration(k, v)?,
                 "initial_rto" => a.initial_rto = locator::parse_duration(k, v)?,
                 "keepalive" => a.keepalive = locator::parse_duration(k, v)?,
                 "idle_timeout" => a.idle_timeout = locator::parse_duration(k, v)?,
@@ -250,6 +255,7 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.fast_retransmits += b.fast_retransmits;
     a.rto_expired += b.rto_expired;
     a.tail_probes += b.tail_probes;
+    a.copies += b.copies;
     a.messages_acked += b.messages_acked;
     a.probes += b.probes;
     a.duplicates += b.duplicates;
@@ -266,6 +272,13 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) core: Mutex<Core>,
+    /// Datagrams collected and not yet sent. Whoever holds it sends (the
+    /// driver, or an application thread finding the path idle); lock it
+    /// before `core`.
+    pub(crate) out: Mutex<driver::Outbox>,
+    /// The driver's timer (a `timerfd`): armed for the earliest deadline
+    /// of any state machine (`Core::timer_armed`).
+    pub(crate) timer: OwnedFd,
     pub(crate) socket: UdpSocket,
     pub(crate) config: EndpointConfig,
     /// Nudges the driver: something to send or a new deadline.
@@ -309,8 +322,11 @@ impl Endpoint {
             source: rand::random(),
         });
         let core = Core::new(listener, batcher, LossDetector::new(4096), config.max_inbox);
+        let timer = crate::sys::timerfd().map_err(Error::io("create the endpoint's timer"))?;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
+            out: Mutex::new(driver::Outbox::default()),
+            timer,
             socket,
             config,
             wake: Notify::new(),
@@ -484,6 +500,75 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// Arms the driver's timer for `deadline`: exactly (`earlier_only`
+    /// false: the driver, which has just run every timer due), or only if
+    /// that is earlier than it is armed for (an application thread, which
+    /// must not postpone a deadline it did not handle).
+    pub(crate) fn arm_timer(&self, core: &mut Core, deadline: Option<Instant>, earlier_only: bool) {
+        let change = if earlier_only {
+            deadline.is_some_and(|d| core.timer_armed.is_none_or(|a| d < a))
+        } else {
+            deadline != core.timer_armed
+        };
+        if !change {
+            return;
+        }
+        let after = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match crate::sys::timerfd_arm(self.timer.as_fd(), after) {
+            Ok(()) => core.timer_armed = deadline,
+            // Should not happen (the descriptor and value are valid); the
+            // driver wakes now and tries again.
+            Err(_) => {
+                core.timer_armed = None;
+                self.nudge();
+            }
+        }
+    }
+
+    /// Sends what became due (after a `send`, a `recv` that opened the
+    /// window, a `close`) on the calling thread if nobody else is sending;
+    /// otherwise leaves it to the driver. Takes the locked core.
+    fn transmit(&self, mut core: MutexGuard<'_, Core>) {
+        // Lock order is outbox then core, so only try: a holder is sending
+        // (the driver, or another thread) and the driver collects next.
+        let Some(mut out) = self.out.try_lock() else {
+            drop(core);
+            self.nudge();
+            return;
+        };
+        if !out.is_empty() {
+            // The driver waits for the socket to drain what is left.
+            drop(out);
+            drop(core);
+            self.nudge();
+            return;
+        }
+        let now = Instant::now();
+        let more = core.collect(
+            now,
+            &mut out,
+            self.config.datagram_limit(),
+            driver::SEND_BYTES,
+        );
+        let deadline = core.poll_timeout();
+        self.arm_timer(&mut core, deadline, true);
+        drop(core);
+        if out.is_empty() {
+            return;
+        }
+        let (mut sent, mut calls, mut errors) = (0, 0, 0);
+        let all = out.send(&self.socket, &mut sent, &mut calls, &mut errors);
+        drop(out);
+        let mut core = self.core.lock();
+        core.stats.datagrams_sent += sent;
+        core.stats.send_calls += calls;
+        core.stats.send_errors += errors;
+        drop(core);
+        if !all || more {
+            self.nudge();
+        }
+    }
+
     pub(crate) fn poll_send(
         &self,
         key: u64,
@@ -493,8 +578,7 @@ impl Shared {
         let mut core = self.core.lock();
         match core.try_send(key, msg) {
             Ok(true) => {
-                drop(core);
-                self.nudge();
+                self.transmit(core);
                 Poll::Ready(Ok(()))
             }
             Ok(false) => {
@@ -515,14 +599,19 @@ impl Shared {
         let limit = self.config.tunnel_buffer;
         let mut core = self.core.lock();
         let (got, pumped) = core.try_recv(key, limit);
-        if pumped {
-            self.nudge();
-        }
         match got {
-            Some(r) => Poll::Ready(r),
+            Some(r) => {
+                if pumped {
+                    self.transmit(core);
+                }
+                Poll::Ready(r)
+            }
             None => {
                 if let Some(c) = core.conns.get_mut(&key) {
                     register(&mut c.readers, cx.waker());
+                }
+                if pumped {
+                    self.transmit(core);
                 }
                 Poll::Pending
             }
@@ -549,8 +638,9 @@ impl Shared {
     }
 
     pub(crate) fn start_close(&self, key: u64) {
-        self.core.lock().close(key);
-        self.nudge();
+        let mut core = self.core.lock();
+        core.close(key);
+        self.transmit(core);
     }
 
     pub(crate) fn poll_closed(

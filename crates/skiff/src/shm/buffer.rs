@@ -1,8 +1,9 @@
 //! [`Output`] (RocketBufs' rOut) and [`Input`] (rIn): the buffer API, the
 //! same over every transport. Both sides always work on rings (see
 //! `ring.rs`): over `shm://` the ring file is shared with the peer; over
-//! `tcp://` each side has a local ring and a thread moves bytes between the
-//! ring and the socket (`tcp.rs`).
+//! `tcp://` and `udp://…?reliable=true` each side has a local ring and
+//! threads move bytes between the ring and the socket or tunnel (`tcp.rs`,
+//! `assoc/`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -16,12 +17,13 @@ use skiff_proto::credits::{Delivered, Flow};
 
 use super::layout::{HeaderWords, Layout, CLOSED};
 use super::ring::{Ring, RingConsumer, RingProducer, Writable};
-use super::tcp;
-use super::{sys, BufferError, BufferId, BufferOptions, Region};
+use super::{assoc, tcp};
+use super::{sys, BufferError, BufferId, BufferOptions, LinkStats, Region};
 use crate::error::LocatorError;
 use crate::locator::Locator;
 
-const ACCEPTED: &str = "dir, spin, records, consumers, wait";
+const ACCEPTED: &str =
+    "dir, spin, records, consumers, wait (udp: also reliable and the endpoint's options)";
 
 /// The transport a locator names.
 #[derive(Debug)]
@@ -29,11 +31,17 @@ enum Kind {
     /// `shm://name`: ring files under `dir/name/`.
     Shm(PathBuf),
     Tcp(SocketAddr),
+    /// `udp://host:port?reliable=true`: associations; the string holds the
+    /// endpoint's options (`idle_timeout=1s&…`).
+    Udp(SocketAddr, String),
 }
 
 fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
     let loc: Locator = locator.parse()?;
-    loc.expect_scheme("shm, tcp")?;
+    loc.expect_scheme("shm, tcp, udp")?;
+    let udp = loc.scheme == "udp";
+    let mut reliable = false;
+    let mut endpoint: Vec<String> = Vec::new();
     let mut o = BufferOptions::default();
     let bad = |name: &str, value: &str, expected: &'static str| LocatorError::BadValue {
         name: name.into(),
@@ -49,6 +57,15 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
             "wait" => o.wait = parse_duration(v).ok_or_else(|| bad(k, v, "a duration like 5s"))?,
             "records" => o.records = Some(v.parse().map_err(|_| bad(k, v, "a count"))?),
             "consumers" => o.consumers = v.parse().map_err(|_| bad(k, v, "a count"))?,
+            "reliable" if udp => {
+                reliable = crate::locator::parse_bool(k, v)?;
+                if !reliable {
+                    return Err(bad(k, v, "true: buffers need reliable delivery over udp"));
+                }
+            }
+            // The association endpoint's options (idle_timeout, keepalive,
+            // mtu, …), checked by the endpoint.
+            _ if udp => endpoint.push(format!("{k}={v}")),
             _ => return Ok(false),
         }
         Ok(true)
@@ -63,6 +80,19 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
             .into());
         }
         Kind::Shm(o.dir.join(name))
+    } else if udp {
+        if !reliable {
+            return Err(LocatorError::BadValue {
+                name: "reliable".into(),
+                value: String::new(),
+                expected: "reliable=true: buffers over udp need associations, e.g. udp://host:port?reliable=true",
+            }
+            .into());
+        }
+        let endpoint = endpoint.join("&");
+        // Checked now, so a bad option fails at open on both sides.
+        crate::endpoint::EndpointConfig::from_locator(&format!("udp://0.0.0.0:0?{endpoint}"))?;
+        Kind::Udp(loc.socket_addr()?, endpoint)
     } else {
         Kind::Tcp(loc.socket_addr()?)
     };
@@ -201,6 +231,7 @@ pub struct Output {
     opts: BufferOptions,
     buffers: BTreeMap<BufferId, OutBuf>,
     server: Option<tcp::Server>,
+    userver: Option<assoc::Server>,
     on_delivered: Option<Box<dyn FnMut(BufferId, Delivered) + Send>>,
 }
 
@@ -214,31 +245,49 @@ impl std::fmt::Debug for Output {
 }
 
 impl Output {
-    /// An output on `shm://name` (ring files under `dir/name/`) or
-    /// `tcp://host:port` (listens there; port 0 picks one, see
-    /// [`Output::local_addr`]). Options: `dir`, `spin`, `records`,
-    /// `consumers`, `wait`.
+    /// An output on `shm://name` (ring files under `dir/name/`),
+    /// `tcp://host:port` or `udp://host:port?reliable=true` (listens there;
+    /// port 0 picks one, see [`Output::local_addr`]). Options: `dir`,
+    /// `spin`, `records`, `consumers`, `wait`; over `udp://` also the
+    /// association endpoint's (`idle_timeout`, `keepalive`, `mtu`, …, see
+    /// [`crate::EndpointConfig`]), which both sides should share.
     pub fn open(locator: &str) -> Result<Output, BufferError> {
         let (kind, opts) = parse(locator)?;
-        let server = match &kind {
+        let (mut server, mut userver) = (None, None);
+        match &kind {
             Kind::Shm(ns) => {
-                fs::create_dir_all(ns).map_err(BufferError::io("create ring directory"))?;
-                None
+                fs::create_dir_all(ns).map_err(BufferError::io("create ring directory"))?
             }
-            Kind::Tcp(addr) => Some(tcp::Server::bind(*addr, opts.spin)?),
-        };
+            Kind::Tcp(addr) => server = Some(tcp::Server::bind(*addr, opts.spin)?),
+            Kind::Udp(addr, ep) => userver = Some(assoc::Server::bind(*addr, ep, opts.spin)?),
+        }
         Ok(Output {
             kind,
             opts,
             buffers: BTreeMap::new(),
             server,
+            userver,
             on_delivered: None,
         })
     }
 
-    /// The TCP address subscribers connect to (`tcp://` only).
+    /// The address subscribers connect to (`tcp://` and `udp://` only).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.server.as_ref().map(|s| s.addr)
+        match (&self.server, &self.userver) {
+            (Some(s), _) => Some(s.addr),
+            (_, Some(u)) => Some(u.addr),
+            _ => None,
+        }
+    }
+
+    /// The network transport's counters (`tcp://`: empty; `shm://`:
+    /// `None`).
+    pub fn link_stats(&self) -> Option<LinkStats> {
+        match (&self.server, &self.userver) {
+            (Some(_), _) => Some(LinkStats::default()),
+            (_, Some(u)) => Some(u.stats()),
+            _ => None,
+        }
     }
 
     /// Creates buffer `id` of `size` bytes. Errors: the id exists here or
@@ -264,18 +313,26 @@ impl Output {
                 let (ring, path) = create_file(ns, id, layout)?;
                 (ring, Some(path))
             }
-            Kind::Tcp(_) => {
+            Kind::Tcp(_) | Kind::Udp(..) => {
                 let region =
                     Region::anonymous(layout.total).map_err(BufferError::io("map ring"))?;
                 (Arc::new(Ring::init(region, layout, id)), None)
             }
         };
-        if let Some(s) = &self.server {
-            s.publish(id, Arc::clone(&ring));
-        }
+        self.publish(id, &ring);
         let prod = RingProducer::new(ring);
         self.buffers.insert(id, OutBuf::Own { prod, file });
         Ok(())
+    }
+
+    /// Hands ring `id` to the network server, if any.
+    fn publish(&self, id: BufferId, ring: &Arc<Ring>) {
+        if let Some(s) = &self.server {
+            s.publish(id, Arc::clone(ring));
+        }
+        if let Some(u) = &self.userver {
+            u.publish(id, Arc::clone(ring));
+        }
     }
 
     fn producer(&mut self, id: BufferId) -> Result<&mut RingProducer, BufferError> {
@@ -377,7 +434,8 @@ impl Output {
             OutBuf::Own { prod, .. } => Some(OutStats {
                 segments: prod.segments(),
                 bytes: prod.head(),
-                subscribers_lost: prod.consumers_lost,
+                subscribers_lost: prod.consumers_lost
+                    + self.userver.as_ref().map_or(0, |u| u.lost(id)),
             }),
             OutBuf::Spliced { .. } => Some(OutStats::default()),
         }
@@ -387,9 +445,10 @@ impl Output {
     /// copying (RocketBufs' splice). The input stops delivering `id` to its
     /// own application. `shm` into `shm`: the ring file is linked into this
     /// output's namespace (subscribers read the original bytes). Any input
-    /// into `tcp`: the sender threads send from the input's ring. A `tcp`
-    /// input into an `shm` output is refused (its ring is process-private;
-    /// forwarding it would need a copy).
+    /// into `tcp` or `udp`: the sender threads send from the input's ring
+    /// (over `udp`, credits flow on upstream as downstream subscribers
+    /// consume). A `tcp` or `udp` input into an `shm` output is refused
+    /// (its ring is process-private; forwarding it would need a copy).
     pub fn splice(&mut self, input: &mut Input, id: BufferId) -> Result<(), BufferError> {
         if self.buffers.contains_key(&id) {
             return Err(BufferError::DuplicateId {
@@ -411,14 +470,13 @@ impl Output {
             (Kind::Shm(_), None) => {
                 return Err(BufferError::Usage {
                     id,
-                    why: "cannot splice a tcp input into an shm output without a copy".into(),
+                    why: "cannot splice a tcp or udp input into an shm output without a copy"
+                        .into(),
                 })
             }
-            (Kind::Tcp(_), _) => None,
+            (Kind::Tcp(_) | Kind::Udp(..), _) => None,
         };
-        if let Some(s) = &self.server {
-            s.publish(id, Arc::clone(&ring));
-        }
+        self.publish(id, &ring);
         input.subs.remove(&id);
         self.buffers
             .insert(id, OutBuf::Spliced { _ring: ring, link });
@@ -449,6 +507,9 @@ impl Drop for Output {
         }
         if let Some(s) = self.server.take() {
             s.shutdown();
+        }
+        if let Some(u) = self.userver.take() {
+            u.shutdown();
         }
     }
 }
@@ -509,6 +570,9 @@ fn create_file(
 struct InBuf {
     cons: RingConsumer,
     file: Option<PathBuf>,
+    /// `udp://`: consumed position at the last credit nudge, and how much
+    /// consumption (besides emptying the ring) earns another.
+    nudge: Option<(u64, u64)>,
 }
 
 /// What an input knows about one buffer.
@@ -530,6 +594,7 @@ pub struct Input {
     opts: BufferOptions,
     subs: BTreeMap<BufferId, InBuf>,
     client: Option<tcp::Client>,
+    uclient: Option<assoc::Client>,
     rr: usize,
 }
 
@@ -608,26 +673,41 @@ impl InSegment<'_> {
 }
 
 impl Input {
-    /// An input on `shm://name` or `tcp://host:port` (connects). Options
-    /// as for [`Output::open`].
+    /// An input on `shm://name`, `tcp://host:port` or
+    /// `udp://host:port?reliable=true` (connects, waiting up to `wait`).
+    /// Options as for [`Output::open`].
     pub fn open(locator: &str) -> Result<Input, BufferError> {
         let (kind, opts) = parse(locator)?;
-        let client = match &kind {
-            Kind::Shm(_) => None,
-            Kind::Tcp(addr) => Some(tcp::Client::connect(*addr, opts.wait)?),
-        };
+        let (mut client, mut uclient) = (None, None);
+        match &kind {
+            Kind::Shm(_) => {}
+            Kind::Tcp(addr) => client = Some(tcp::Client::connect(*addr, opts.wait)?),
+            Kind::Udp(addr, ep) => uclient = Some(assoc::Client::connect(*addr, ep, opts.wait)?),
+        }
         Ok(Input {
             kind,
             opts,
             subs: BTreeMap::new(),
             client,
+            uclient,
             rr: 0,
         })
     }
 
+    /// The network transport's counters (`tcp://`: empty; `shm://`:
+    /// `None`).
+    pub fn link_stats(&self) -> Option<LinkStats> {
+        match (&self.client, &self.uclient) {
+            (Some(_), _) => Some(LinkStats::default()),
+            (_, Some(u)) => Some(u.stats()),
+            _ => None,
+        }
+    }
+
     /// Subscribes to buffer `id`. Over `shm` the producer's ring is shared
     /// (waits up to `wait` for it to appear; `size` must be non-zero); over
-    /// `tcp` a local ring of `size` bytes receives the data.
+    /// `tcp` and `udp` a local ring of `size` bytes receives the data (over
+    /// `udp` the producer sends only what fits in it: credits).
     pub fn subscribe(&mut self, id: BufferId, size: usize) -> Result<(), BufferError> {
         if self.subs.contains_key(&id) {
             return Err(BufferError::DuplicateId {
@@ -670,13 +750,54 @@ impl Input {
                 let ring = Arc::new(Ring::init(region, layout, id));
                 let cons = RingConsumer::attach(Arc::clone(&ring))?;
                 c.subscribe(id, size as u32, RingProducer::new(ring))?;
-                self.subs.insert(id, InBuf { cons, file: None });
+                self.subs.insert(
+                    id,
+                    InBuf {
+                        cons,
+                        file: None,
+                        nudge: None,
+                    },
+                );
                 return Ok(());
             }
             (Kind::Tcp(_), None) => unreachable!("a tcp input has a client"),
+            (Kind::Udp(..), _) => {
+                let Some(c) = &self.uclient else {
+                    unreachable!("a udp input has a client")
+                };
+                if size > assoc::MAX_LEN as usize {
+                    return Err(BufferError::TooLarge {
+                        id,
+                        len: size as u64,
+                        limit: u64::from(assoc::MAX_LEN),
+                    });
+                }
+                let cap = size as u64;
+                let records = self.opts.records.unwrap_or_else(|| default_records(cap));
+                let layout = Layout::new(cap, records, self.opts.consumers, Flow::Credits)
+                    .map_err(|e| BufferError::Usage { id, why: e.0 })?;
+                let cons = c.subscribe(id, &layout)?;
+                let quarter = (cap / 4).max(1);
+                self.subs.insert(
+                    id,
+                    InBuf {
+                        cons,
+                        file: None,
+                        nudge: Some((0, quarter)),
+                    },
+                );
+                return Ok(());
+            }
         };
         let cons = RingConsumer::attach(ring)?;
-        self.subs.insert(id, InBuf { cons, file });
+        self.subs.insert(
+            id,
+            InBuf {
+                cons,
+                file,
+                nudge: None,
+            },
+        );
         Ok(())
     }
 
@@ -800,7 +921,18 @@ impl Input {
             .subs
             .get_mut(&id)
             .ok_or(BufferError::UnknownBuffer { id })?;
-        sub.cons.consume(len as u64)
+        sub.cons.consume(len as u64)?;
+        // `udp`: the producer waits for this credit; report it when a
+        // quarter of the ring came free or the ring is empty (and in any
+        // case within a few milliseconds).
+        if let (Some((last, quarter)), Some(c)) = (&mut sub.nudge, &self.uclient) {
+            let (consumed, received) = sub.cons.positions();
+            if consumed == received || consumed - *last >= *quarter {
+                *last = consumed;
+                c.nudge();
+            }
+        }
+        Ok(())
     }
 
     /// Everything received and not yet consumed of buffer `id`, in place
@@ -838,6 +970,9 @@ impl Drop for Input {
     fn drop(&mut self) {
         self.subs.clear();
         if let Some(c) = self.client.take() {
+            c.shutdown();
+        }
+        if let Some(c) = self.uclient.take() {
             c.shutdown();
         }
     }

@@ -68,6 +68,9 @@ pub(crate) const C_START: usize = 24;
 pub(crate) const OPEN: u32 = 0;
 pub(crate) const CLOSED: u32 = 1;
 pub(crate) const CORRUPT: u32 = 2;
+/// A network transport lost its peer (tunnel or connection failed); set on
+/// process-private rings only.
+pub(crate) const LOST: u32 = 3;
 /// Consumer slot states.
 pub(crate) const SLOT_FREE: u32 = 0;
 pub(crate) const SLOT_JOINING: u32 = 1;

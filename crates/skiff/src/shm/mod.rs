@@ -1,7 +1,8 @@
 //! RocketBufs buffers: [`Output`] (rOut) and [`Input`] (rIn) over a
 //! transport chosen by locator, `shm://name` (a memory-mapped ring per
-//! buffer shared between processes) or `tcp://host:port` (RocketBufs' 32-bit
-//! buffer id + 32-bit size framing).
+//! buffer shared between processes), `tcp://host:port` (RocketBufs' 32-bit
+//! buffer id + 32-bit size framing) or `udp://host:port?reliable=true` (the
+//! same framing over skiff associations, with end-to-end credits).
 //!
 //! A buffer is a circular byte region with a 32-bit id. The producer asks
 //! for a [`SegmentMut`] (one or two slices when it wraps), writes into it
@@ -19,6 +20,9 @@
 //!   an `shm` output hard-links the same ring file into the output's
 //!   namespace, so downstream subscribers read the upstream producer's
 //!   bytes: nothing is copied at all.
+//! - `udp://…?reliable=true`: as `tcp://`, but the tunnel API takes owned
+//!   messages, so the sender copies each segment once into its message and
+//!   the receiver once from it into the subscriber's ring (`assoc/`).
 //! - `tcp://`: the producer writes once into a local ring; the sender
 //!   thread writes from the ring straight into the socket and the receiver
 //!   reads from the socket straight into the subscriber's ring (the kernel's
@@ -40,6 +44,8 @@ use std::time::Duration;
 
 pub use skiff_proto::credits::{Delivered, Flow};
 
+#[cfg(not(skiff_loom))]
+mod assoc;
 #[cfg(not(skiff_loom))]
 mod buffer;
 mod layout;
@@ -147,6 +153,15 @@ pub enum BufferError {
         /// The dead process.
         pid: u32,
     },
+    /// The network peer (`tcp://` or `udp://`) went away without closing
+    /// the buffer: its process died or the path failed (over `udp://`, no
+    /// answer for the association's `idle_timeout`). Everything received
+    /// before was delivered.
+    #[error("buffer {id}: lost the network peer without a close (its process died or the path failed); subscribe again once it is back")]
+    PeerLost {
+        /// The buffer.
+        id: BufferId,
+    },
     /// The producer closed the buffer and everything was read.
     #[error("buffer {id} was closed by its producer")]
     Closed {
@@ -203,6 +218,38 @@ impl BufferError {
     pub fn is_would_block(&self) -> bool {
         matches!(self, BufferError::WouldBlock { .. })
     }
+
+    /// Whether the peer died or was lost ([`BufferError::PeerDead`] over
+    /// shared memory, [`BufferError::PeerLost`] over the network).
+    pub fn is_peer_gone(&self) -> bool {
+        matches!(
+            self,
+            BufferError::PeerDead { .. } | BufferError::PeerLost { .. }
+        )
+    }
+}
+
+/// Counters of a network transport (`tcp://`, `udp://`) of one
+/// [`Output`] or [`Input`]: everything dropped or refused is counted here.
+#[derive(Debug, Clone, Default)]
+pub struct LinkStats {
+    /// Frames that did not decode (dropped).
+    pub frames_malformed: u64,
+    /// Frames for a buffer not subscribed or not known here (dropped).
+    pub frames_unknown: u64,
+    /// Frames that broke the protocol (a segment beyond the credits, a
+    /// credit beyond what was sent): the buffer or subscriber concerned
+    /// was closed or detached.
+    pub protocol_errors: u64,
+    /// Subscribe requests refused (duplicate, too many waiting, no slot).
+    pub subscribes_refused: u64,
+    /// Peers lost without a close (tunnel failed: dead peer).
+    pub peers_lost: u64,
+    /// Overwrite flow: segments overwritten while being copied for
+    /// sending (not sent).
+    pub torn_sends: u64,
+    /// The association endpoint's own counters (`udp://` outputs).
+    pub endpoint: Option<crate::EndpointStats>,
 }
 
 /// Options of a buffer object, from the locator's query.
@@ -280,6 +327,7 @@ mod tests {
                 why: "x".into(),
             },
             BufferError::PeerDead { id: 1, pid: 2 },
+            BufferError::PeerLost { id: 1 },
             BufferError::Closed { id: 1 },
             BufferError::Timeout,
             BufferError::Io {

@@ -95,7 +95,8 @@ impl Ring {
         self.region.u32_at(P_STATE).load(Ordering::Acquire)
     }
 
-    /// Marks the ring closed (`CLOSED` or `CORRUPT`) and wakes everyone.
+    /// Marks the ring closed (`CLOSED`, `CORRUPT` or `LOST`) and wakes
+    /// everyone.
     pub(crate) fn close(&self, state: u32) {
         self.region.u32_at(P_STATE).store(state, Ordering::Release);
         for futex in [P_DATA_FUTEX, P_SPACE_FUTEX] {
@@ -510,6 +511,14 @@ impl RingConsumer {
                         Err(BufferError::Closed { id: self.ring.id })
                     }
                     CLOSED => continue,
+                    LOST if self.ring.w64(P_SEGMENTS).load(Ordering::Acquire) == segs => {
+                        self.detach();
+                        Err(BufferError::PeerLost { id: self.ring.id })
+                    }
+                    LOST => continue,
+                    CORRUPT => Err(self.fail(
+                        "closed as corrupt (a peer broke the protocol or the header)".into(),
+                    )),
                     s => Err(self.fail(format!("ring state {s}"))),
                 };
             }

@@ -1,0 +1,190 @@
+//! The mesh between real processes: three `skiff node --mesh` on loopback
+//! (seeded, no scouting, a network name of their own). A subscriber on C
+//! gets what is published on A; when C is killed with SIGKILL the
+//! subscriber fails over to B, and A's publishes reach it through B, none
+//! twice. `skiff stats --mesh` shows the members and their traffic.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn skiff() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_skiff"))
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a meshed node on free ports; returns once it listens, with its
+/// client and mesh addresses.
+fn start_node(net: &str, seeds: &str) -> (Proc, String, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mport = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mesh = format!("127.0.0.1:{mport}");
+    let mut args = vec![
+        "node".to_string(),
+        "--tcp".into(),
+        format!("127.0.0.1:{port}"),
+        "--mesh".into(),
+        mesh.clone(),
+        "--net".into(),
+        net.into(),
+        "--no-scout".into(),
+    ];
+    if !seeds.is_empty() {
+        args.extend(["--seeds".into(), seeds.into()]);
+    }
+    let mut child = skiff()
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn skiff node");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on tcp") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "node exited");
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    (Proc(child), format!("127.0.0.1:{port}"), mesh)
+}
+
+fn run(args: &[&str]) -> String {
+    let out = skiff().args(args).output().expect("run skiff");
+    assert!(
+        out.status.success(),
+        "skiff {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Waits until the stats of the node at `addr` satisfy `f`.
+fn wait_stats(addr: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+    let t = Instant::now();
+    loop {
+        let s = run(&["stats", "-n", &format!("skiff://{addr}"), "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        if f(&v) {
+            return;
+        }
+        assert!(t.elapsed() < PATIENCE, "{what} on {addr}: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Patterns the node at `addr` knows its up peers hold.
+fn remote_patterns(v: &serde_json::Value) -> u64 {
+    v["mesh"]["peers"].as_array().map_or(0, |ps| {
+        ps.iter()
+            .filter(|p| p["up"].as_bool() == Some(true))
+            .map(|p| p["patterns"].as_u64().unwrap_or(0))
+            .sum()
+    })
+}
+
+/// Lines of a child's pipe, read on a thread.
+fn lines(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).lines() {
+            let Ok(l) = l else { return };
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> String {
+    rx.recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("no line: {what}"))
+}
+
+#[test]
+fn three_nodes_route_and_a_client_fails_over_across_the_mesh() {
+    let net = format!("cli-{}", std::process::id());
+    let (_a, aa, am) = start_node(&net, "");
+    let (_b, ba, _) = start_node(&net, &am);
+    let (mut c, ca, _) = start_node(&net, &am);
+    for n in [&aa, &ba, &ca] {
+        wait_stats(n, "two members up", |v| {
+            v["mesh"]["stats"]["members_up"].as_u64() == Some(2)
+        });
+    }
+    let mut sub = Proc(
+        skiff()
+            .args(["sub", "-n", &format!("skiff://{ca},{ba}"), "mx.>"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = lines(sub.0.stdout.take().unwrap());
+    let err = lines(sub.0.stderr.take().unwrap());
+    wait_stats(&aa, "interest from C", |v| remote_patterns(v) == 1);
+    run(&["pub", "-n", &format!("skiff://{aa}"), "mx.a", "one"]);
+    assert_eq!(next_line(&out, "A to C"), "mx.a one");
+
+    let table = run(&["stats", "-n", &format!("skiff://{aa}"), "--mesh"]);
+    assert!(table.contains("2 member(s) up"), "{table}");
+    assert!(table.matches(" up ").count() >= 2, "{table}");
+
+    // kill -9 C: the subscriber moves to B and restores its subscription
+    // there; B advertises it; A routes to B.
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    let over = (0..2)
+        .map(|_| next_line(&err, "failover notice"))
+        .collect::<Vec<_>>();
+    assert!(
+        over.iter()
+            .any(|l| l.contains("failed over") && l.contains(&ba)),
+        "{over:?}"
+    );
+    wait_stats(&aa, "interest from B", |v| {
+        v["mesh"]["peers"].as_array().is_some_and(|ps| {
+            ps.iter()
+                .any(|p| p["up"].as_bool() == Some(true) && p["patterns"].as_u64() == Some(1))
+        })
+    });
+    for i in 0..3 {
+        run(&[
+            "pub",
+            "-n",
+            &format!("skiff://{aa}"),
+            &format!("mx.b.{i}"),
+            "x",
+        ]);
+    }
+    for i in 0..3 {
+        assert_eq!(next_line(&out, "A to B"), format!("mx.b.{i} x"));
+    }
+    assert!(
+        out.recv_timeout(Duration::from_millis(300)).is_err(),
+        "nothing delivered twice"
+    );
+    // A and B see C go down.
+    wait_stats(&aa, "C down", |v| {
+        v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
+    });
+}

@@ -1,0 +1,524 @@
+//! The node's side of the mesh (Iris): a UDP socket, the sans-I/O
+//! [`skiff_proto::mesh::Mesh`] behind a lock, and one task that drives it.
+//!
+//! - **Discovery**: multicast scouting (a hello on [`SCOUT_GROUP`] each
+//!   second for ten seconds, then every five), a seed list, and a DNS name
+//!   resolved every five seconds (a Kubernetes headless service).
+//! - **Frames between nodes** ride the mesh's batched datagrams, one
+//!   datagram per destination node carrying many frames. The first byte
+//!   says what a frame is:
+//!
+//! | byte | frame | body |
+//! |------|-------|------|
+//! | 1 | publish | message (wire encoding) |
+//! | 2 | request | origin token u64, flags u8, max u32, target, key, message |
+//! | 3 | reply | origin token u64, message |
+//! | 4 | done | origin token u64, responders reached u32 |
+//! | 5 | broadcast | cluster, message |
+//!
+//! Names and keys are varint-length-prefixed; integers little-endian.
+//! Frames that do not decode are dropped and counted (`bad_frames`).
+//!
+//! The broker calls in with its routing lock held (routing lock, then the
+//! mesh lock: never the other way round); the task takes the mesh lock
+//! alone, drains what arrived, and calls the broker with no lock held.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use skiff_proto::mesh::packet::Reader;
+use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, MeshStats, NodeId, PeerStats};
+use skiff_proto::{varint, Message};
+use tokio::net::UdpSocket;
+use tokio::sync::{watch, Notify};
+
+use crate::broker::Broker;
+
+/// The scouting multicast group and port.
+pub const SCOUT_GROUP: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 47, 47)), 4749);
+
+/// How a node joins the mesh (`[mesh]` in the TOML file, `SKIFF_MESH`, …,
+/// `--mesh`, `--net`, `--seeds`, …).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshSettings {
+    /// UDP address of the mesh socket (port 0: any free port).
+    pub bind: SocketAddr,
+    /// Network name: nodes of another name are ignored.
+    pub net: String,
+    /// Seed nodes' mesh addresses (`host:port`).
+    pub seeds: Vec<String>,
+    /// A DNS name (`name:port`) whose addresses are seeds, re-resolved
+    /// every five seconds.
+    pub seeds_dns: Option<String>,
+    /// Multicast scouting on [`SCOUT_GROUP`].
+    pub scout: bool,
+    /// Most members tracked.
+    pub max_members: usize,
+    /// Most patterns and clusters accepted from one peer.
+    pub max_interest: usize,
+    /// Interest updates accepted per second from one peer.
+    pub interest_rate: u32,
+    /// Largest datagram sent to a peer.
+    pub max_datagram: usize,
+}
+
+impl Default for MeshSettings {
+    fn default() -> Self {
+        let c = MeshConfig::default();
+        MeshSettings {
+            bind: SocketAddr::from(([0, 0, 0, 0], 0)),
+            net: c.net,
+            seeds: Vec::new(),
+            seeds_dns: None,
+            scout: true,
+            max_members: c.max_members,
+            max_interest: c.max_interest,
+            interest_rate: c.interest_rate,
+            max_datagram: c.max_datagram,
+        }
+    }
+}
+
+/// Frame kinds between nodes.
+mod op {
+    pub(super) const PUB: u8 = 1;
+    pub(super) const REQ: u8 = 2;
+    pub(super) const REPLY: u8 = 3;
+    pub(super) const DONE: u8 = 4;
+    pub(super) const BCAST: u8 = 5;
+}
+
+/// Counters of the node's mesh driver.
+#[derive(Debug, Default)]
+struct Counters {
+    bad_frames: AtomicU64,
+    send_errors: AtomicU64,
+    scout_errors: AtomicU64,
+    dns_errors: AtomicU64,
+}
+
+/// What `skiff stats --mesh` shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeshView {
+    /// This node's identity.
+    pub me: String,
+    /// Network name.
+    pub net: String,
+    /// The sans-I/O mesh's counters.
+    pub stats: MeshStats,
+    /// Frames between nodes that did not decode.
+    pub bad_frames: u64,
+    /// Datagrams the socket refused to send.
+    pub send_errors: u64,
+    /// Scouting hellos that could not be sent.
+    pub scout_errors: u64,
+    /// Failed resolutions of `seeds_dns`.
+    pub dns_errors: u64,
+    /// Every peer known.
+    pub peers: Vec<PeerStats>,
+}
+
+/// The mesh as the broker sees it: route, send, advertise.
+#[derive(Debug)]
+pub struct MeshLink {
+    core: Mutex<Mesh>,
+    wake: Notify,
+    counters: Counters,
+    max_payload: usize,
+}
+
+impl MeshLink {
+    /// This node's identity in the mesh.
+    pub fn id(&self) -> NodeId {
+        self.core.lock().id()
+    }
+
+    /// What `skiff stats --mesh` shows.
+    pub fn view(&self) -> MeshView {
+        let m = self.core.lock();
+        let c = &self.counters;
+        MeshView {
+            me: format!("{}#{}", m.id().addr, m.id().gen),
+            net: m.config().net.clone(),
+            stats: m.stats(),
+            bad_frames: c.bad_frames.load(Relaxed),
+            send_errors: c.send_errors.load(Relaxed),
+            scout_errors: c.scout_errors.load(Relaxed),
+            dns_errors: c.dns_errors.load(Relaxed),
+            peers: m.peer_stats(),
+        }
+    }
+
+    pub(crate) fn add_interest(&self, pattern: &str, kind: &str) {
+        self.core.lock().add_interest(pattern, kind);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn remove_interest(&self, pattern: &str, kind: &str) {
+        self.core.lock().remove_interest(pattern, kind);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn set_cluster(&self, cluster: &str, capacity: u32) {
+        self.core.lock().set_cluster(cluster, capacity);
+        self.wake.notify_one();
+    }
+
+    /// Sends a published message (its wire encoding) once to each node
+    /// with matching interest; returns how many.
+    pub(crate) fn publish(&self, subject: &str, kind: Option<&str>, raw: &[u8]) -> usize {
+        let mut to = Vec::new();
+        let mut m = self.core.lock();
+        m.route(subject, kind, &mut to);
+        if to.is_empty() {
+            return 0;
+        }
+        let mut f = Vec::with_capacity(1 + raw.len());
+        f.push(op::PUB);
+        f.extend_from_slice(raw);
+        let mut n = 0;
+        for p in &to {
+            n += m.send_frame(*p, &f).is_ok() as usize;
+        }
+        drop(m);
+        self.wake.notify_one();
+        n
+    }
+
+    /// The nodes a request to subject `subject` goes to.
+    pub(crate) fn route(&self, subject: &str, kind: Option<&str>) -> Vec<SocketAddr> {
+        let mut to = Vec::new();
+        self.core.lock().route(subject, kind, &mut to);
+        to
+    }
+
+    /// Forwards a request to `peer`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn request(
+        &self,
+        peer: SocketAddr,
+        token: u64,
+        flags: u8,
+        max: u32,
+        target: &str,
+        key: &[u8],
+        msg: &Message,
+    ) -> bool {
+        let mut f = vec![op::REQ];
+        f.extend_from_slice(&token.to_le_bytes());
+        f.push(flags);
+        f.extend_from_slice(&max.to_le_bytes());
+        put(&mut f, target.as_bytes());
+        put(&mut f, key);
+        skiff_proto::wire::encode_message(&mut f, msg, false);
+        self.send(peer, &f)
+    }
+
+    pub(crate) fn reply(&self, peer: SocketAddr, token: u64, msg: &Message) -> bool {
+        let mut f = vec![op::REPLY];
+        f.extend_from_slice(&token.to_le_bytes());
+        skiff_proto::wire::encode_message(&mut f, msg, false);
+        self.send(peer, &f)
+    }
+
+    pub(crate) fn done(&self, peer: SocketAddr, token: u64, reached: u32) -> bool {
+        let mut f = vec![op::DONE];
+        f.extend_from_slice(&token.to_le_bytes());
+        f.extend_from_slice(&reached.to_le_bytes());
+        self.send(peer, &f)
+    }
+
+    pub(crate) fn broadcast(&self, peer: SocketAddr, cluster: &str, msg: &Message) -> bool {
+        let mut f = vec![op::BCAST];
+        put(&mut f, cluster.as_bytes());
+        skiff_proto::wire::encode_message(&mut f, msg, false);
+        self.send(peer, &f)
+    }
+
+    fn send(&self, peer: SocketAddr, frame: &[u8]) -> bool {
+        let ok = self.core.lock().send_frame(peer, frame).is_ok();
+        self.wake.notify_one();
+        ok
+    }
+
+    /// Decodes a frame from `from` and hands it to the broker.
+    fn handle_frame(&self, broker: &Broker, from: SocketAddr, frame: Bytes) {
+        if self.try_frame(broker, from, &frame).is_err() {
+            self.counters.bad_frames.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn try_frame(&self, broker: &Broker, from: SocketAddr, frame: &Bytes) -> Result<(), ()> {
+        let mut r = Reader::new(frame);
+        let kind = r.u8().map_err(drop)?;
+        let msg_at = |r: &Reader<'_>| frame.slice(frame.len() - r.rest().len()..);
+        let decode =
+            |raw: &Bytes| skiff_proto::wire::decode_message(raw, self.max_payload).map_err(drop);
+        match kind {
+            op::PUB => {
+                let raw = msg_at(&r);
+                let msg = decode(&raw)?;
+                broker.deliver_remote(&msg, &raw);
+            }
+            op::REQ => {
+                let token = r.u64().map_err(drop)?;
+                let flags = r.u8().map_err(drop)?;
+                let max = r.u32().map_err(drop)?;
+                let target = std::str::from_utf8(r.bytes(1024).map_err(drop)?)
+                    .map_err(drop)?
+                    .to_owned();
+                let key = Bytes::copy_from_slice(r.bytes(1024).map_err(drop)?);
+                let msg = decode(&msg_at(&r))?;
+                broker.remote_request(from, token, flags, max, target, key, msg);
+            }
+            op::REPLY => {
+                let token = r.u64().map_err(drop)?;
+                let msg = decode(&msg_at(&r))?;
+                broker.remote_reply(token, msg);
+            }
+            op::DONE => {
+                let token = r.u64().map_err(drop)?;
+                let reached = r.u32().map_err(drop)?;
+                broker.remote_done(token, reached);
+            }
+            op::BCAST => {
+                let cluster = std::str::from_utf8(r.bytes(1024).map_err(drop)?)
+                    .map_err(drop)?
+                    .to_owned();
+                let msg = decode(&msg_at(&r))?;
+                broker.deliver_broadcast(&cluster, msg);
+            }
+            _ => return Err(()),
+        }
+        Ok(())
+    }
+}
+
+fn put(out: &mut Vec<u8>, b: &[u8]) {
+    varint::put(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// The address peers reach this node at: the bound one, or for a wildcard
+/// bind the local address of the route to the first seed (or to the
+/// scouting group), else loopback.
+fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> SocketAddr {
+    if !bound.ip().is_unspecified() {
+        return bound;
+    }
+    let probe = seeds.first().copied().unwrap_or(SCOUT_GROUP);
+    let ip = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect(probe)?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    SocketAddr::new(ip, bound.port())
+}
+
+fn resolve(seeds: &[String]) -> Vec<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    seeds
+        .iter()
+        .filter_map(|s| s.to_socket_addrs().ok())
+        .flatten()
+        .filter(|a| a.is_ipv4())
+        .collect()
+}
+
+fn scout_socket() -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.bind(&SocketAddr::from(([0, 0, 0, 0], SCOUT_GROUP.port())).into())?;
+    let IpAddr::V4(g) = SCOUT_GROUP.ip() else {
+        unreachable!()
+    };
+    s.join_multicast_v4(&g, &Ipv4Addr::UNSPECIFIED)?;
+    s.set_multicast_loop_v4(true)?;
+    s.set_nonblocking(true)?;
+    UdpSocket::from_std(s.into())
+}
+
+/// Binds the mesh socket, joins the mesh and starts the driver task on the
+/// current runtime; the task ends when `stop` turns true (after leaving
+/// the mesh gracefully).
+pub(crate) async fn start(
+    settings: &MeshSettings,
+    broker: &Arc<Broker>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<(Arc<MeshLink>, tokio::task::JoinHandle<()>)> {
+    let sock = UdpSocket::bind(settings.bind).await?;
+    let seeds = resolve(&settings.seeds);
+    let me = advertise(sock.local_addr()?, &seeds);
+    let config = MeshConfig {
+        net: settings.net.clone(),
+        max_members: settings.max_members,
+        max_interest: settings.max_interest,
+        interest_rate: settings.interest_rate,
+        max_datagram: settings.max_datagram,
+        ..MeshConfig::default()
+    };
+    let now = Instant::now();
+    let gen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64);
+    let seed = gen ^ ((me.port() as u64) << 48) ^ std::process::id() as u64;
+    let mut core = Mesh::new(NodeId { addr: me, gen }, config, now, seed);
+    core.set_seeds(now, &seeds);
+    let link = Arc::new(MeshLink {
+        core: Mutex::new(core),
+        wake: Notify::new(),
+        counters: Counters::default(),
+        max_payload: broker.limits().max_payload,
+    });
+    broker.set_mesh(link.clone());
+    let scout = if settings.scout {
+        match scout_socket() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                link.counters.scout_errors.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let weak = Arc::downgrade(broker);
+    let l = link.clone();
+    let static_seeds = seeds;
+    let dns = settings.seeds_dns.clone();
+    let scouting = settings.scout;
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut next_hello = Instant::now();
+        let mut next_dns = Instant::now();
+        let mut buf = vec![0u8; 65_536];
+        let mut sbuf = vec![0u8; 2048];
+        loop {
+            let now = Instant::now();
+            if scouting && now >= next_hello {
+                let hello = l.core.lock().hello();
+                if sock.send_to(&hello, SCOUT_GROUP).await.is_err() {
+                    l.counters.scout_errors.fetch_add(1, Relaxed);
+                }
+                let every = if now - started < Duration::from_secs(10) {
+                    1
+                } else {
+                    5
+                };
+                next_hello = now + Duration::from_secs(every);
+            }
+            if let Some(name) = dns.as_ref().filter(|_| now >= next_dns) {
+                next_dns = now + Duration::from_secs(5);
+                match tokio::net::lookup_host(name.as_str()).await {
+                    Ok(addrs) => {
+                        let me = l.id().addr;
+                        let mut all: Vec<SocketAddr> = static_seeds.clone();
+                        all.extend(addrs.filter(|a| a.is_ipv4() && *a != me));
+                        l.core.lock().set_seeds(Instant::now(), &all);
+                    }
+                    Err(_) => {
+                        l.counters.dns_errors.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            let deadline = {
+                let m = l.core.lock();
+                let mut d = m.poll_timeout();
+                if scouting {
+                    d = d.min(next_hello);
+                }
+                if dns.is_some() {
+                    d = d.min(next_dns);
+                }
+                d
+            };
+            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+            tokio::select! {
+                r = sock.recv_from(&mut buf) => {
+                    if let Ok((n, from)) = r {
+                        let mut m = l.core.lock();
+                        m.handle_datagram(Instant::now(), from, &buf[..n]);
+                        // Whatever else is already queued, under the same lock.
+                        for _ in 0..64 {
+                            match sock.try_recv_from(&mut buf) {
+                                Ok((n, from)) => m.handle_datagram(Instant::now(), from, &buf[..n]),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                }
+                r = async {
+                    match &scout {
+                        Some(s) => s.recv_from(&mut sbuf).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Ok((n, from)) = r {
+                        l.core.lock().handle_datagram(Instant::now(), from, &sbuf[..n]);
+                    }
+                }
+                _ = sleep => l.core.lock().handle_timeout(Instant::now()),
+                _ = l.wake.notified() => {}
+                _ = stop.changed() => {
+                    l.core.lock().leave(Instant::now());
+                    flush(&l, &sock).await;
+                    return;
+                }
+            }
+            let Some(broker) = weak.upgrade() else { return };
+            let mut events = Vec::new();
+            {
+                let mut m = l.core.lock();
+                while let Some(e) = m.poll_event() {
+                    events.push(e);
+                }
+            }
+            for e in events {
+                match e {
+                    MeshEvent::Frame { from, frame } => l.handle_frame(&broker, from, frame),
+                    MeshEvent::Cluster {
+                        peer,
+                        cluster,
+                        capacity,
+                    } => broker.remote_cluster(peer, &cluster, capacity),
+                    MeshEvent::Down(id) => broker.remote_down(id.addr),
+                    MeshEvent::Up(_) => {}
+                }
+            }
+            drop(broker);
+            flush(&l, &sock).await;
+        }
+    });
+    Ok((link, task))
+}
+
+/// Seals pending frames and sends every queued datagram.
+async fn flush(l: &MeshLink, sock: &UdpSocket) {
+    let out: Vec<(SocketAddr, Vec<u8>)> = {
+        let mut m = l.core.lock();
+        m.flush();
+        std::iter::from_fn(|| m.poll_transmit()).collect()
+    };
+    for (to, d) in out {
+        if sock.send_to(&d, to).await.is_err() {
+            l.counters.send_errors.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A weak handle, for tests that need the broker gone.
+#[allow(dead_code)]
+pub(crate) type WeakBroker = Weak<Broker>;
