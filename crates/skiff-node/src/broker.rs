@@ -391,6 +391,9 @@ impl Broker {
                     return Ok(());
                 }
                 self.counters.published.fetch_add(1, Relaxed);
+                if let Some(m) = self.mesh.get() {
+                    m.wait_room().await;
+                }
                 let msg = Arc::new(msg);
                 self.fan_out(me, &msg, &Body::Val(msg.clone()), 0, None)
                     .await;
@@ -689,6 +692,11 @@ impl Broker {
     /// subject and type. Wakes each subscriber once per run. Empties
     /// `batch`.
     pub async fn publish_batch(&self, me: &Arc<ClientOut>, batch: &mut Vec<Published>) {
+        if let Some(m) = self.mesh.get() {
+            if !batch.is_empty() {
+                m.wait_room().await;
+            }
+        }
         // A subscription that was full, with what it has still to get.
         let mut blocked: Vec<Blocked> = Vec::new();
         let mut kill: Vec<u64> = Vec::new();

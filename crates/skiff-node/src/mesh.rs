@@ -130,6 +130,8 @@ pub struct MeshView {
 pub struct MeshLink {
     core: Mutex<Mesh>,
     wake: Notify,
+    /// Notified when acks (or their timeout) may have opened a window.
+    room: Notify,
     counters: Counters,
     max_payload: usize,
 }
@@ -156,6 +158,21 @@ impl MeshLink {
         }
     }
 
+    /// Waits while a peer's window is full (flow control: the publisher
+    /// slows to what the slowest interested node takes). Returns at once
+    /// when there is room.
+    pub(crate) async fn wait_room(&self) {
+        loop {
+            let n = self.room.notified();
+            if self.core.lock().room() {
+                return;
+            }
+            // The task also wakes on the ack timeout; the bound here only
+            // guards against a notification that raced this check.
+            let _ = tokio::time::timeout(Duration::from_millis(5), n).await;
+        }
+    }
+
     pub(crate) fn add_interest(&self, pattern: &str, kind: &str) {
         self.core.lock().add_interest(pattern, kind);
         self.wake.notify_one();
@@ -175,6 +192,7 @@ impl MeshLink {
     /// with matching interest; returns how many.
     pub(crate) fn publish(&self, subject: &str, kind: Option<&str>, raw: &[u8]) -> usize {
         let mut to = Vec::new();
+        let now = Instant::now();
         let mut m = self.core.lock();
         m.route(subject, kind, &mut to);
         if to.is_empty() {
@@ -185,7 +203,7 @@ impl MeshLink {
         f.extend_from_slice(raw);
         let mut n = 0;
         for p in &to {
-            n += m.send_frame(*p, &f).is_ok() as usize;
+            n += m.send_frame(now, *p, &f).is_ok() as usize;
         }
         drop(m);
         self.wake.notify_one();
@@ -243,7 +261,11 @@ impl MeshLink {
     }
 
     fn send(&self, peer: SocketAddr, frame: &[u8]) -> bool {
-        let ok = self.core.lock().send_frame(peer, frame).is_ok();
+        let ok = self
+            .core
+            .lock()
+            .send_frame(Instant::now(), peer, frame)
+            .is_ok();
         self.wake.notify_one();
         ok
     }
@@ -380,6 +402,7 @@ pub(crate) async fn start(
     let link = Arc::new(MeshLink {
         core: Mutex::new(core),
         wake: Notify::new(),
+        room: Notify::new(),
         counters: Counters::default(),
         max_payload: broker.limits().max_payload,
     });
@@ -500,6 +523,7 @@ pub(crate) async fn start(
             }
             drop(broker);
             flush(&l, &sock).await;
+            l.room.notify_waiters();
         }
     });
     Ok((link, task))

@@ -137,7 +137,10 @@ async fn hostile_output_closes_only_what_it_breaks() {
     let (stats, one, two) = tokio::task::spawn_blocking(move || {
         let mut one = Vec::new();
         let mut two = None;
-        for _ in 0..3 {
+        // Buffer 2's error may come before, between or after buffer 1's
+        // segments, and more than once: read until both are seen.
+        let start = std::time::Instant::now();
+        while (one.len() < 2 || two.is_none()) && start.elapsed() < T {
             match input.recv(Some(T)) {
                 Ok(Some(seg)) => {
                     let (id, v) = (seg.id(), seg.to_vec());

@@ -20,6 +20,13 @@
 //!   share datagrams ([`Mesh::send_frame`] and [`Mesh::flush`]: CMQ's
 //!   per-destination batching; the driver flushes when it goes idle, which
 //!   is natural batching).
+//! - **Flow control**: a receiver acknowledges the data datagrams it took
+//!   (one ack per burst, at flush); a sender with [`MeshConfig::window`]
+//!   datagrams unacknowledged to a peer has no [`Mesh::room`], and the node
+//!   makes its publishers wait, so a fast publisher slows to what the
+//!   slowest interested node takes instead of overflowing its socket. An
+//!   ack that does not come within [`MeshConfig::ack_timeout`] opens the
+//!   window again (counted), so a lost ack stalls nobody for long.
 //! - **Hostile input**: datagrams of another network name, from unknown
 //!   senders, malformed, over the membership or interest bounds, or beyond
 //!   a peer's interest rate are dropped and counted in [`MeshStats`].
@@ -102,6 +109,10 @@ pub struct MeshConfig {
     pub suspect_to_down: Duration,
     /// Interval of the anti-entropy digests.
     pub digest_every: Duration,
+    /// Data datagrams that may be unacknowledged to one peer.
+    pub window: u64,
+    /// How long a full window waits for an ack before it opens anyway.
+    pub ack_timeout: Duration,
 }
 
 impl Default for MeshConfig {
@@ -115,6 +126,8 @@ impl Default for MeshConfig {
             probe_period: Duration::from_millis(500),
             suspect_to_down: Duration::from_millis(1500),
             digest_every: Duration::from_secs(1),
+            window: 256,
+            ack_timeout: Duration::from_millis(50),
         }
     }
 }
@@ -171,6 +184,8 @@ pub struct MeshStats {
     pub syncs_sent: u64,
     /// Frames too large for one datagram, refused by `send_frame`.
     pub frames_too_large: u64,
+    /// Windows opened by the ack timeout rather than an ack.
+    pub ack_timeouts: u64,
 }
 
 /// One peer, for `skiff stats --mesh`.
@@ -231,6 +246,13 @@ struct Peer {
     tx_seq: u64,
     tx: Vec<u8>,
     tx_frames: u64,
+    /// Data datagrams the peer acknowledged (next it expects).
+    acked: u64,
+    /// When the window last moved (or first filled).
+    acked_at: Instant,
+    /// Next data sequence number expected from the peer.
+    rx_next: u64,
+    ack_due: bool,
     rx: LossDetector,
     stats: PeerStats,
 }
@@ -251,6 +273,10 @@ impl Peer {
             tx_seq: 0,
             tx: Vec::new(),
             tx_frames: 0,
+            acked: 0,
+            acked_at: now,
+            rx_next: 0,
+            ack_due: false,
             rx: LossDetector::new(1),
             stats: PeerStats {
                 addr: id.addr,
@@ -543,7 +569,13 @@ impl Mesh {
     /// frames queued before it; a datagram leaves when the next frame would
     /// not fit or at [`Mesh::flush`]. Refuses (and counts) a frame larger
     /// than one datagram, or a peer that is not up.
-    pub fn send_frame(&mut self, to: SocketAddr, frame: &[u8]) -> Result<(), FrameError> {
+    pub fn send_frame(
+        &mut self,
+        now: Instant,
+        to: SocketAddr,
+        frame: &[u8],
+    ) -> Result<(), FrameError> {
+        self.now = self.now.max(now);
         let max = self.config.max_datagram.max(1400);
         let need = varint::len(frame.len() as u64) + frame.len();
         if packet::ENVELOPE + 8 + need > 65_000.max(max) {
@@ -553,7 +585,7 @@ impl Mesh {
                 max: 65_000 - packet::ENVELOPE - 8 - 4,
             });
         }
-        let net = self.net;
+        let (net, now) = (self.net, self.now);
         let Some(p) = self.peers.get_mut(&to).filter(|p| p.up) else {
             return Err(FrameError::NotUp(to));
         };
@@ -561,6 +593,10 @@ impl Mesh {
             Self::seal(p, &mut self.out);
         }
         if p.tx.is_empty() {
+            if p.tx_seq == p.acked {
+                // Nothing in flight: the ack clock starts now.
+                p.acked_at = now;
+            }
             packet::envelope(&mut p.tx, Kind::Data, net);
             p.tx.extend_from_slice(&p.tx_seq.to_le_bytes());
             p.tx_seq += 1;
@@ -582,12 +618,29 @@ impl Mesh {
         out.push_back((p.id.addr, d));
     }
 
+    /// Whether every up peer's window has room for more data datagrams:
+    /// the node holds publishers back while it has none.
+    pub fn room(&self) -> bool {
+        let w = self.config.window;
+        self.peers
+            .values()
+            .all(|p| !p.up || p.tx_seq.saturating_sub(p.acked) < w)
+    }
+
     /// Seals every peer's pending frames into datagrams and sends pending
     /// interest changes as deltas. The driver calls it when it has nothing
     /// else to do (natural batching).
     pub fn flush(&mut self) {
+        let net = self.net;
         for p in self.peers.values_mut() {
             Self::seal(p, &mut self.out);
+            if p.ack_due {
+                p.ack_due = false;
+                let mut d = Vec::with_capacity(packet::ENVELOPE + 8);
+                packet::envelope(&mut d, Kind::Ack, net);
+                d.extend_from_slice(&p.rx_next.to_le_bytes());
+                self.out.push_back((p.id.addr, d));
+            }
         }
         if !self.local.pending.is_empty() {
             self.send_deltas();
@@ -703,7 +756,8 @@ impl Mesh {
                     self.stats.unknown_sender += 1;
                     return;
                 }
-                if kind != Kind::Data && kind != Kind::Digest && !self.take_token(from) {
+                if !matches!(kind, Kind::Data | Kind::Digest | Kind::Ack) && !self.take_token(from)
+                {
                     self.stats.rate_limited += 1;
                     return;
                 }
@@ -831,9 +885,21 @@ impl Mesh {
                     self.replace(from, s.epoch, s.version, s.ops);
                 }
             }
+            Kind::Ack => {
+                let next = r.u64()?;
+                let now = self.now;
+                let p = self.peers.get_mut(&from).expect("up");
+                let next = next.min(p.tx_seq);
+                if next > p.acked {
+                    p.acked = next;
+                    p.acked_at = now;
+                }
+            }
             Kind::Data => {
                 let seq = r.u64()?;
                 let p = self.peers.get_mut(&from).expect("up");
+                p.rx_next = p.rx_next.max(seq.saturating_add(1));
+                p.ack_due = true;
                 p.stats.recv_datagrams += 1;
                 p.stats.recv_bytes += body.len() as u64 + packet::ENVELOPE as u64;
                 if p.rx.check(0, seq) != Verdict::Deliver {
@@ -985,6 +1051,14 @@ impl Mesh {
                 self.drain_runtime();
             }
         }
+        let (w, t) = (self.config.window, self.config.ack_timeout);
+        for p in self.peers.values_mut() {
+            if p.up && p.tx_seq.saturating_sub(p.acked) >= w && now >= p.acked_at + t {
+                p.acked = p.tx_seq;
+                p.acked_at = now;
+                self.stats.ack_timeouts += 1;
+            }
+        }
         if now >= self.next_digest {
             self.next_digest = now + self.config.digest_every;
             self.flush();
@@ -1003,10 +1077,18 @@ impl Mesh {
 
     /// When [`Mesh::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Instant {
-        match self.timers.peek() {
+        let w = self.config.window;
+        let full = self
+            .peers
+            .values()
+            .filter(|p| p.up && p.tx_seq.saturating_sub(p.acked) >= w)
+            .map(|p| p.acked_at + self.config.ack_timeout)
+            .min();
+        let t = match self.timers.peek() {
             Some(Reverse((at, _))) => (*at).min(self.next_digest),
             None => self.next_digest,
-        }
+        };
+        full.map_or(t, |f| f.min(t))
     }
 
     /// The next datagram to send: (destination, bytes).
@@ -1063,6 +1145,9 @@ impl Mesh {
         // A fresh stream of data sequence numbers each way.
         p.rx = LossDetector::new(1);
         p.tx_seq = 0;
+        p.acked = 0;
+        p.rx_next = 0;
+        p.acked_at = self.now;
         self.events.push_back(MeshEvent::Up(id));
         // Both ways: it may have refused ours while it did not know us yet.
         self.send_full(id.addr);

@@ -20,6 +20,7 @@
 //! | 5 full     | epoch u64, version u64, part u16, parts u16, ops (adds only) |
 //! | 6 data     | seq u64, then frames: varint length + bytes, repeated |
 //! | 7 hello    | net name (len u8 + bytes), gen u64: multicast scouting |
+//! | 8 ack      | next data sequence number expected, u64: flow control |
 //!
 //! An op is `1 pattern kind` (subscribe), `2 pattern kind` (unsubscribe) or
 //! `3 cluster capacity-u32` (the node's capacity in a cluster; 0 = none),
@@ -59,6 +60,8 @@ pub enum Kind {
     Data = 6,
     /// A multicast scouting hello.
     Hello = 7,
+    /// Data received so far (flow control).
+    Ack = 8,
 }
 
 impl Kind {
@@ -71,6 +74,7 @@ impl Kind {
             5 => Kind::Full,
             6 => Kind::Data,
             7 => Kind::Hello,
+            8 => Kind::Ack,
             _ => return None,
         })
     }
@@ -311,6 +315,11 @@ pub enum Body {
         /// The frames.
         frames: Vec<Vec<u8>>,
     },
+    /// Data received so far.
+    Ack {
+        /// The next data sequence number expected.
+        next: u64,
+    },
     /// Scouting hello.
     Hello {
         /// The network name.
@@ -340,6 +349,7 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
             version: r.u64()?,
         },
         Kind::Sync => Body::Sync,
+        Kind::Ack => Body::Ack { next: r.u64()? },
         Kind::Full => {
             let (epoch, version, part, parts) = (r.u64()?, r.u64()?, r.u16()?, r.u16()?);
             if part >= parts {
@@ -456,7 +466,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn decode_is_total(mut noise in proptest::collection::vec(any::<u8>(), 0..200), kind in 1u8..8) {
+        fn decode_is_total(mut noise in proptest::collection::vec(any::<u8>(), 0..200), kind in 1u8..9) {
             if noise.len() >= 4 {
                 noise[..4].copy_from_slice(&[b'S', b'M', VERSION, kind]);
             }

@@ -204,7 +204,8 @@ impl Sim {
         let mut to = Vec::new();
         self.node(i).route(subject, None, &mut to);
         for &p in &to {
-            self.node(i).send_frame(p, body).unwrap();
+            let now = self.now;
+            self.node(i).send_frame(now, p, body).unwrap();
         }
         self.pump();
         to.len()
@@ -359,7 +360,10 @@ fn frames_to_one_peer_share_datagrams() {
     s.node(1).add_interest("x", "");
     s.run(Duration::from_millis(50));
     for k in 0..1000u32 {
-        s.node(0).send_frame(addr(1), &k.to_le_bytes()).unwrap();
+        let now = s.now;
+        s.node(0)
+            .send_frame(now, addr(1), &k.to_le_bytes())
+            .unwrap();
     }
     s.pump();
     s.run(Duration::from_millis(10));
@@ -572,4 +576,40 @@ fn the_member_table_is_bounded() {
     s.run(Duration::from_secs(10));
     assert!(s.node(0).peers.len() <= 3, "{}", s.node(0).peers.len());
     assert!(s.node(0).stats().member_limit > 0);
+}
+
+#[test]
+fn a_full_window_holds_the_sender_until_acks_or_the_timeout() {
+    let config = MeshConfig {
+        window: 4,
+        max_datagram: 1400,
+        ..MeshConfig::default()
+    };
+    let mut s = Sim::with(2, 15, config);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    let big = [7u8; 1000];
+    // Each frame fills a datagram: four of them fill the window.
+    for _ in 0..4 {
+        let now = s.now;
+        s.node(0).send_frame(now, addr(1), &big).unwrap();
+        s.node(0).flush();
+    }
+    assert!(!s.node(0).room(), "four datagrams in flight");
+    // The receiver takes them and acknowledges: room again.
+    s.run(Duration::from_millis(10));
+    assert!(s.node(0).room());
+    assert_eq!(s.node(0).stats().ack_timeouts, 0);
+    // With the link cut no ack comes; the window opens after the timeout,
+    // counted.
+    s.partition(&[0], &[1]);
+    for _ in 0..4 {
+        let now = s.now;
+        s.node(0).send_frame(now, addr(1), &big).unwrap();
+        s.node(0).flush();
+    }
+    assert!(!s.node(0).room());
+    s.run(Duration::from_millis(100));
+    assert!(s.node(0).room());
+    assert_eq!(s.node(0).stats().ack_timeouts, 1);
 }
