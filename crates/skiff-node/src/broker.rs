@@ -315,6 +315,8 @@ impl Broker {
                     o.tunnels.remove(&t);
                     o.out.control(ServerFrame::TunClose { tunnel: t });
                 }
+            } else if let Some(l) = self.mesh.get() {
+                l.tunnel_close(t);
             }
         }
     }
@@ -534,13 +536,12 @@ impl Broker {
             } => self.tunnel_open(me, corr, cluster, key, window),
             F::TunData { tunnel, msg } => {
                 let size = cost(&msg);
-                self.tunnel_relay(me, tunnel, |out| {
-                    out.control_bounded(ServerFrame::TunData { tunnel, msg }, size);
-                })?
+                let f = ServerFrame::TunData { tunnel, msg };
+                self.tunnel_relay(me, tunnel, f, Some(size))?
             }
-            F::TunCredit { tunnel, n } => self.tunnel_relay(me, tunnel, |out| {
-                out.control(ServerFrame::TunCredit { tunnel, n })
-            })?,
+            F::TunCredit { tunnel, n } => {
+                self.tunnel_relay(me, tunnel, ServerFrame::TunCredit { tunnel, n }, None)?
+            }
             F::TunClose { tunnel } => {
                 let mut st = self.state.lock();
                 if let Some((a, b)) = st.tunnels.remove(&tunnel) {
@@ -550,6 +551,13 @@ impl Broker {
                             if end != me.id {
                                 c.out.control(ServerFrame::TunClose { tunnel });
                             }
+                        }
+                    }
+                } else if let Some(c) = st.clients.get_mut(&me.id) {
+                    // The other end is on another node.
+                    if c.tunnels.remove(&tunnel) {
+                        if let Some(l) = self.mesh.get() {
+                            l.tunnel_close(tunnel);
                         }
                     }
                 }
@@ -692,11 +700,30 @@ impl Broker {
     /// subject and type. Wakes each subscriber once per run. Empties
     /// `batch`.
     pub async fn publish_batch(&self, me: &Arc<ClientOut>, batch: &mut Vec<Published>) {
-        if let Some(m) = self.mesh.get() {
+        let mesh = self.mesh.get();
+        if let Some(m) = mesh {
             if !batch.is_empty() {
                 m.wait_room().await;
             }
         }
+        self.publish_run(me, batch, mesh.map(|m| &**m)).await
+    }
+
+    /// Messages other nodes published, as [`Broker::publish_batch`] does
+    /// for a client's, to local subscriptions only (`me` is the node's
+    /// mesh client, whose counters they go to). A full `block`
+    /// subscription makes the mesh wait, which holds the publishing nodes
+    /// back through their flow-control windows.
+    pub(crate) async fn publish_remote(&self, me: &Arc<ClientOut>, batch: &mut Vec<Published>) {
+        self.publish_run(me, batch, None).await
+    }
+
+    async fn publish_run(
+        &self,
+        me: &Arc<ClientOut>,
+        batch: &mut Vec<Published>,
+        forward: Option<&MeshLink>,
+    ) {
         // A subscription that was full, with what it has still to get.
         let mut blocked: Vec<Blocked> = Vec::new();
         let mut kill: Vec<u64> = Vec::new();
@@ -744,7 +771,7 @@ impl Broker {
                         prev = Some(i - 1);
                     }
                     published += 1;
-                    if let Some(m) = self.mesh.get() {
+                    if let Some(m) = forward {
                         m.publish(subject, kind, &p.raw);
                     }
                     run.push(Body::encoded(&p.raw));
@@ -986,8 +1013,10 @@ impl Broker {
     ) {
         let mut st = self.state.lock();
         let st = &mut *st;
+        let raw_key = key.clone();
         let key = (!key.is_empty()).then_some(&key[..]);
-        let Some(member) = pick_local(&mut st.clusters, &cluster, key) else {
+        // Members on other nodes too (their tunnels go over associations).
+        let Some(member) = st.clusters.pick(&cluster, key) else {
             self.counters.no_responders.fetch_add(1, Relaxed);
             me.control(ServerFrame::Error {
                 corr,
@@ -998,6 +1027,24 @@ impl Broker {
         };
         let t = st.next_tunnel;
         st.next_tunnel += 1;
+        if member >= REMOTE {
+            let (Some(l), Some(&peer)) = (self.mesh.get(), st.remote_addrs.get(&member)) else {
+                return;
+            };
+            if !l.tunnel_open(peer, t, me.id, corr, &cluster, &raw_key, window) {
+                let e = self.limit("too many tunnels to other nodes".into());
+                me.control(ServerFrame::Error {
+                    corr,
+                    code: e.0,
+                    text: e.1,
+                });
+                return;
+            }
+            if let Some(c) = st.clients.get_mut(&me.id) {
+                c.tunnels.insert(t);
+            }
+            return;
+        }
         st.tunnels.insert(t, (me.id, member));
         for end in [me.id, member] {
             if let Some(c) = st.clients.get_mut(&end) {
@@ -1018,18 +1065,37 @@ impl Broker {
         });
     }
 
+    /// Relays `frame` (`TunData` of `size` bytes, bounded, or
+    /// `TunCredit`) to the other end of `tunnel`, on this node or another.
     fn tunnel_relay(
         &self,
         me: &Arc<ClientOut>,
         tunnel: u64,
-        send: impl FnOnce(&ClientOut),
+        frame: ServerFrame,
+        size: Option<usize>,
     ) -> Result<(), Fatal> {
         let st = self.state.lock();
         match st.tunnels.get(&tunnel) {
             Some(&(a, b)) if a == me.id || b == me.id => {
                 let other = if a == me.id { b } else { a };
                 if let Some(c) = st.clients.get(&other) {
-                    send(&c.out);
+                    match size {
+                        Some(size) => {
+                            c.out.control_bounded(frame, size);
+                        }
+                        None => c.out.control(frame),
+                    }
+                }
+                Ok(())
+            }
+            None if st
+                .clients
+                .get(&me.id)
+                .is_some_and(|c| c.tunnels.contains(&tunnel)) =>
+            {
+                drop(st);
+                if let Some(l) = self.mesh.get() {
+                    l.tunnel_relay(tunnel, frame);
                 }
                 Ok(())
             }
@@ -1039,6 +1105,66 @@ impl Broker {
             }),
             // Closed by the other side while this frame was on its way.
             None => Ok(()),
+        }
+    }
+
+    /// Frames for the local end of a tunnel whose other end is on another
+    /// node (from [`crate::mesh_tunnel`]); `ended`: the tunnel is gone.
+    pub(crate) fn tunnel_deliver(
+        &self,
+        client: u64,
+        tunnel: u64,
+        frames: Vec<ServerFrame>,
+        ended: bool,
+    ) {
+        let mut st = self.state.lock();
+        let Some(c) = st.clients.get_mut(&client) else {
+            return;
+        };
+        if ended {
+            c.tunnels.remove(&tunnel);
+        }
+        for f in frames {
+            match &f {
+                ServerFrame::TunData { msg, .. } => {
+                    let size = cost(msg);
+                    c.out.control_bounded(f, size);
+                }
+                _ => c.out.control(f),
+            }
+        }
+    }
+
+    /// Another node opens a tunnel (its id `theirs`) to a member of
+    /// `cluster` here: one local member is picked and told, or the node
+    /// is refused.
+    pub(crate) fn tunnel_incoming(
+        &self,
+        from: SocketAddr,
+        theirs: u64,
+        cluster: String,
+        key: Bytes,
+        window: u32,
+    ) {
+        let Some(l) = self.mesh.get() else { return };
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let key = (!key.is_empty()).then_some(&key[..]);
+        let member = pick_local(&mut st.clusters, &cluster, key);
+        let t = st.next_tunnel;
+        st.next_tunnel += 1;
+        // The answer is queued before the member can send on the tunnel.
+        if !l.tunnel_accept(from, theirs, t, member) {
+            self.counters.no_responders.fetch_add(1, Relaxed);
+            return;
+        }
+        if let Some(c) = member.and_then(|m| st.clients.get_mut(&m)) {
+            c.tunnels.insert(t);
+            c.out.control(ServerFrame::TunIncoming {
+                tunnel: t,
+                cluster,
+                window,
+            });
         }
     }
 

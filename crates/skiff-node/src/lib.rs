@@ -29,6 +29,7 @@ pub mod broker;
 pub mod config;
 pub mod frame;
 pub mod mesh;
+pub mod mesh_tunnel;
 pub mod outbox;
 pub mod server;
 

@@ -19,6 +19,9 @@
 //! Names and keys are varint-length-prefixed; integers little-endian.
 //! Frames that do not decode are dropped and counted (`bad_frames`).
 //!
+//! Tunnels to members on other nodes travel over associations between the
+//! nodes instead (reliable and ordered): see [`crate::mesh_tunnel`].
+//!
 //! The broker calls in with its routing lock held (routing lock, then the
 //! mesh lock: never the other way round); the task takes the mesh lock
 //! alone, drains what arrived, and calls the broker with no lock held.
@@ -123,13 +126,18 @@ pub struct MeshView {
     pub dns_errors: u64,
     /// Every peer known.
     pub peers: Vec<PeerStats>,
+    /// Tunnels between nodes.
+    #[serde(default)]
+    pub tunnels: crate::mesh_tunnel::TunnelStats,
 }
 
 /// The mesh as the broker sees it: route, send, advertise.
 #[derive(Debug)]
 pub struct MeshLink {
-    core: Mutex<Mesh>,
-    wake: Notify,
+    pub(crate) core: Mutex<Mesh>,
+    pub(crate) wake: Notify,
+    /// Tunnels between nodes (lock order: before `core`).
+    pub(crate) tunnels: Mutex<crate::mesh_tunnel::Tunnels>,
     /// Notified when acks (or their timeout) may have opened a window.
     room: Notify,
     counters: Counters,
@@ -144,9 +152,11 @@ impl MeshLink {
 
     /// What `skiff stats --mesh` shows.
     pub fn view(&self) -> MeshView {
+        let tunnels = self.tunnel_stats();
         let m = self.core.lock();
         let c = &self.counters;
         MeshView {
+            tunnels,
             me: format!("{}#{}", m.id().addr, m.id().gen),
             net: m.config().net.clone(),
             stats: m.stats(),
@@ -285,6 +295,8 @@ impl MeshLink {
             |raw: &Bytes| skiff_proto::wire::decode_message(raw, self.max_payload).map_err(drop);
         match kind {
             op::PUB => {
+                // Normally batched by the task (see `published`); a lone
+                // one here.
                 let raw = msg_at(&r);
                 let msg = decode(&raw)?;
                 broker.deliver_remote(&msg, &raw);
@@ -358,6 +370,54 @@ fn resolve(seeds: &[String]) -> Vec<SocketAddr> {
         .collect()
 }
 
+/// The MTU of the route to `peer` (`IP_MTU` on a connected socket), so
+/// that data datagrams fill whole IP packets and are never fragmented.
+fn path_mtu(peer: SocketAddr) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    let s = std::net::UdpSocket::bind(if peer.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .ok()?;
+    s.connect(peer).ok()?;
+    let (level, name) = if peer.is_ipv4() {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    };
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `s` is an open socket for the whole call; `mtu` and `len`
+    // are valid, writable and sized as the option requires (an int).
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&mut mtu as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && mtu > 0).then_some(mtu as usize)
+}
+
+/// Socket buffers asked for: a flow-control window of full datagrams
+/// from several peers at once must fit (the kernel caps it at
+/// `net.core.rmem_max`; `skiff stats --mesh` shows what was granted).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+fn mesh_socket(bind: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: a smaller buffer still works, with more drops counted.
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    s.bind(&bind.into())?;
+    s.set_nonblocking(true)?;
+    UdpSocket::from_std(s.into())
+}
+
 fn scout_socket() -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -381,7 +441,7 @@ pub(crate) async fn start(
     broker: &Arc<Broker>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<(Arc<MeshLink>, tokio::task::JoinHandle<()>)> {
-    let sock = UdpSocket::bind(settings.bind).await?;
+    let sock = mesh_socket(settings.bind)?;
     let seeds = resolve(&settings.seeds);
     let me = advertise(sock.local_addr()?, &seeds);
     let config = MeshConfig {
@@ -405,6 +465,11 @@ pub(crate) async fn start(
         room: Notify::new(),
         counters: Counters::default(),
         max_payload: broker.limits().max_payload,
+        tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
+            settings.max_datagram,
+            broker.limits().max_payload,
+            broker.limits().max_pending_bytes,
+        )),
     });
     broker.set_mesh(link.clone());
     let scout = if settings.scout {
@@ -423,6 +488,11 @@ pub(crate) async fn start(
     let static_seeds = seeds;
     let dns = settings.seeds_dns.clone();
     let scouting = settings.scout;
+    // The node's own client for what other nodes publish: its counters
+    // show the mesh's traffic in `skiff stats`.
+    let mesh_client = broker
+        .attach(format!("mesh:{me}"))
+        .map_err(|f| std::io::Error::other(f.text))?;
     let task = tokio::spawn(async move {
         let started = Instant::now();
         let mut next_hello = Instant::now();
@@ -468,6 +538,7 @@ pub(crate) async fn start(
                 }
                 d
             };
+            let deadline = crate::mesh_tunnel::deadline(&l, deadline);
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
             tokio::select! {
                 r = sock.recv_from(&mut buf) => {
@@ -509,7 +580,19 @@ pub(crate) async fn start(
                     events.push(e);
                 }
             }
+            // Runs of publishes go to the broker as one batch (one lock
+            // and one match per run of the same subject, as for a client).
+            let mut batch: Vec<crate::broker::Published> = Vec::new();
             for e in events {
+                if let MeshEvent::Frame { frame, .. } = &e {
+                    if frame.first() == Some(&op::PUB) {
+                        batch.extend(published(&l, frame));
+                        continue;
+                    }
+                }
+                if !batch.is_empty() {
+                    broker.publish_remote(&mesh_client, &mut batch).await;
+                }
                 match e {
                     MeshEvent::Frame { from, frame } => l.handle_frame(&broker, from, frame),
                     MeshEvent::Cluster {
@@ -517,16 +600,49 @@ pub(crate) async fn start(
                         cluster,
                         capacity,
                     } => broker.remote_cluster(peer, &cluster, capacity),
-                    MeshEvent::Down(id) => broker.remote_down(id.addr),
-                    MeshEvent::Up(_) => {}
+                    MeshEvent::Down(id) => {
+                        broker.remote_down(id.addr);
+                        crate::mesh_tunnel::peer_down(&l, &broker, id.addr);
+                    }
+                    MeshEvent::Up(id) => {
+                        if let Some(mtu) = path_mtu(id.addr) {
+                            l.core.lock().set_path_mtu(id.addr, mtu);
+                        }
+                    }
+                    MeshEvent::Assoc { from, packet } => {
+                        l.tunnels.lock().handle_packet(Instant::now(), from, packet)
+                    }
                 }
             }
+            if !batch.is_empty() {
+                broker.publish_remote(&mesh_client, &mut batch).await;
+            }
+            crate::mesh_tunnel::drive(&l, &broker);
             drop(broker);
             flush(&l, &sock).await;
             l.room.notify_waiters();
         }
     });
     Ok((link, task))
+}
+
+/// A publish frame as the broker's batch takes it, or `None` (counted) if
+/// the message does not decode.
+fn published(l: &MeshLink, frame: &Bytes) -> Option<crate::broker::Published> {
+    let raw = frame.slice(1..);
+    if crate::frame::simple_message(&raw, l.max_payload).is_some() {
+        return Some(crate::broker::Published { raw, msg: None });
+    }
+    match skiff_proto::wire::decode_message(&raw, l.max_payload) {
+        Ok(m) => Some(crate::broker::Published {
+            raw,
+            msg: Some(Box::new(m)),
+        }),
+        Err(_) => {
+            l.counters.bad_frames.fetch_add(1, Relaxed);
+            None
+        }
+    }
 }
 
 /// Seals pending frames and sends every queued datagram.

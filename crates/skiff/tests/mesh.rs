@@ -206,3 +206,146 @@ async fn broadcast_reaches_members_on_every_node() {
         assert_eq!(&msg.payload[..], b"all");
     }
 }
+
+/// Payload of tunnel message `i`: its number, padded to 100 KB for every
+/// thousandth.
+fn numbered(i: u32) -> Message {
+    let mut p = i.to_le_bytes().to_vec();
+    if i % 1000 == 500 {
+        p.resize(100_000, (i % 251) as u8);
+    }
+    Message::new("", p)
+}
+
+fn number(m: &Message) -> u32 {
+    u32::from_le_bytes(m.payload[..4].try_into().unwrap())
+}
+
+async fn incoming_tunnel(m: &skiff::client::Member) -> skiff::client::Tunnel {
+    match tokio::time::timeout(PATIENCE, m.recv()).await.unwrap() {
+        Some(Incoming::Tunnel(t)) => t,
+        other => panic!("expected a tunnel, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_cross_nodes_over_associations() {
+    let nodes = three(&format!("t-tun-{}", std::process::id())).await;
+    let (a, c) = (client(&nodes[0]).await, client(&nodes[2]).await);
+    let member = c.join("tun", 1).await.unwrap();
+    wait_for(|| {
+        let v = nodes[0].broker().mesh().unwrap().view();
+        v.peers.iter().any(|p| p.clusters == 1)
+    })
+    .await;
+
+    // A opens, sends 10,000 numbered messages (ten of 100 KB); the member
+    // on C gets them all in order and echoes every thousandth.
+    const N: u32 = 10_000;
+    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let mut tc = incoming_tunnel(&member).await;
+    let echo = tokio::spawn(async move {
+        for i in 0..N {
+            let m = tokio::time::timeout(PATIENCE, tc.recv())
+                .await
+                .expect("in time")
+                .expect("open");
+            assert_eq!(number(&m), i);
+            let want = if i % 1000 == 500 { 100_000 } else { 4 };
+            assert_eq!(m.payload.len(), want);
+            if i % 1000 == 0 {
+                tc.send(Message::new("", m.payload.clone())).await.unwrap();
+            }
+        }
+        // A closes: the member's end ends.
+        let end = tokio::time::timeout(PATIENCE, tc.recv()).await.unwrap();
+        assert!(end.is_none(), "{end:?}");
+    });
+    for i in 0..N {
+        ta.send(numbered(i)).await.unwrap();
+    }
+    for i in 0..N / 1000 {
+        let m = tokio::time::timeout(PATIENCE, ta.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(number(&m), i * 1000);
+    }
+    drop(ta);
+    tokio::time::timeout(PATIENCE, echo).await.unwrap().unwrap();
+
+    // Closing from the member's side ends the opener's end.
+    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let tc = incoming_tunnel(&member).await;
+    tc.send(Message::new("", "bye")).await.unwrap();
+    drop(tc);
+    let m = tokio::time::timeout(PATIENCE, ta.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&m.payload[..], b"bye");
+    let end = tokio::time::timeout(PATIENCE, ta.recv()).await.unwrap();
+    assert!(end.is_none(), "{end:?}");
+    assert!(ta.send(Message::new("", "late")).await.is_err());
+
+    let v = nodes[0].broker().mesh().unwrap().view();
+    assert_eq!(v.tunnels.bad_frames, 0, "{:?}", v.tunnels);
+    assert!(v.tunnels.frames_sent >= N as u64, "{:?}", v.tunnels);
+    wait_for(|| {
+        nodes.iter().all(|n| {
+            let v = n.broker().mesh().unwrap().view();
+            v.tunnels.open == 0 && n.broker().stats().tunnels == 0
+        })
+    })
+    .await;
+
+    // Nobody in the cluster any more: a clear error.
+    drop(member);
+    wait_for(|| {
+        let v = nodes[0].broker().mesh().unwrap().view();
+        v.peers.iter().all(|p| p.clusters == 0)
+    })
+    .await;
+    let e = a
+        .tunnel(Target::cluster("tun"), PATIENCE)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NoResponders { .. }), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_ends_when_the_other_node_goes() {
+    let mut nodes = three(&format!("t-tun-down-{}", std::process::id())).await;
+    let (a, c) = (client(&nodes[0]).await, client(&nodes[2]).await);
+    let member = c.join("tun", 1).await.unwrap();
+    wait_for(|| {
+        let v = nodes[0].broker().mesh().unwrap().view();
+        v.peers.iter().any(|p| p.clusters == 1)
+    })
+    .await;
+    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let tc = incoming_tunnel(&member).await;
+    tc.send(Message::new("", "hi")).await.unwrap();
+    let m = tokio::time::timeout(PATIENCE, ta.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&m.payload[..], b"hi");
+    // Node C goes (with its member): A's end of the tunnel ends.
+    let gone = nodes.pop().unwrap();
+    tokio::time::timeout(PATIENCE, gone.shutdown())
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(PATIENCE, ta.recv()).await.unwrap();
+    assert!(end.is_none(), "{end:?}");
+    wait_for(|| nodes[0].broker().mesh().unwrap().view().tunnels.open == 0).await;
+    assert!(ta.send(Message::new("", "late")).await.is_err());
+    // The mesh saw C go (it left before closing its clients): A's client
+    // was told why.
+    let (n, why) = a.async_errors();
+    assert!(
+        n >= 1 && why.as_deref().is_some_and(|w| w.contains("went down")),
+        "{why:?}"
+    );
+    drop((tc, member));
+}

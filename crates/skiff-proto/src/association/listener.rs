@@ -356,11 +356,20 @@ impl Listener {
     /// (cleared first), taking associations in turn.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        buf.clear();
+        self.poll_transmit_append(now, buf)
+    }
+
+    /// Like [`poll_transmit`](Self::poll_transmit), but appends the datagram
+    /// to `buf` (see [`Association::poll_transmit_append`]); `buf` is left
+    /// as it was when `None` is returned.
+    #[must_use]
+    pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         while let Some(key) = self.ready.pop_front() {
             let Some(s) = self.slots.get_mut(&key) else {
                 continue;
             };
-            if let Some(t) = s.assoc.poll_transmit(now, buf) {
+            if let Some(t) = s.assoc.poll_transmit_append(now, buf) {
                 self.ready.push_back(key);
                 if !s.touched {
                     s.touched = true;
@@ -371,7 +380,6 @@ impl Listener {
             s.in_ready = false;
             self.remove_if_drained(key);
         }
-        buf.clear();
         None
     }
 }

@@ -847,6 +847,28 @@ impl Association {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         buf.clear();
+        self.poll_transmit_append(now, buf)
+    }
+
+    /// Like [`poll_transmit`](Self::poll_transmit), but appends the datagram
+    /// to `buf` instead of clearing it first: its bytes are the last
+    /// [`Transmit::size`] bytes of `buf`, and `buf` is left as it was when
+    /// `None` is returned. A driver that collects many datagrams into one
+    /// send buffer encodes each straight into place, with no copy.
+    #[must_use]
+    pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let start = buf.len();
+        let t = self.transmit_into(now, buf);
+        if t.is_none() {
+            buf.truncate(start);
+        }
+        t.map(|mut t| {
+            t.size = buf.len() - start;
+            t
+        })
+    }
+
+    fn transmit_into(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         if self.reset_due {
             self.reset_due = false;
             let key = self.out_key()?;

@@ -27,6 +27,11 @@
 //!   slowest interested node takes instead of overflowing its socket. An
 //!   ack that does not come within [`MeshConfig::ack_timeout`] opens the
 //!   window again (counted), so a lost ack stalls nobody for long.
+//! - **Associations** between nodes (tunnels) ride the mesh's datagrams
+//!   unread: [`Mesh::send_assoc`] queues one packet per datagram to an up
+//!   member and [`MeshEvent::Assoc`] hands one back, only from an up
+//!   member (others are counted in `unknown_sender`); the node drives the
+//!   associations themselves.
 //! - **Hostile input**: datagrams of another network name, from unknown
 //!   senders, malformed, over the membership or interest bounds, or beyond
 //!   a peer's interest rate are dropped and counted in [`MeshStats`].
@@ -109,7 +114,8 @@ pub struct MeshConfig {
     pub suspect_to_down: Duration,
     /// Interval of the anti-entropy digests.
     pub digest_every: Duration,
-    /// Data datagrams that may be unacknowledged to one peer.
+    /// Bytes of data datagrams that may be unacknowledged to one peer
+    /// (counted as whole datagrams of that peer's size, at least 4).
     pub window: u64,
     /// How long a full window waits for an ack before it opens anyway.
     pub ack_timeout: Duration,
@@ -125,8 +131,8 @@ impl Default for MeshConfig {
             max_datagram: 1400,
             probe_period: Duration::from_millis(500),
             suspect_to_down: Duration::from_millis(1500),
-            digest_every: Duration::from_secs(1),
-            window: 256,
+            digest_every: Duration::from_millis(500),
+            window: 512 << 10,
             ack_timeout: Duration::from_millis(50),
         }
     }
@@ -154,6 +160,13 @@ pub enum MeshEvent {
         from: SocketAddr,
         /// The frame, as the peer's node gave it to [`Mesh::send_frame`].
         frame: Bytes,
+    },
+    /// An association packet from an up member.
+    Assoc {
+        /// The peer's mesh address.
+        from: SocketAddr,
+        /// The packet, as the peer gave it to [`Mesh::send_assoc`].
+        packet: Bytes,
     },
 }
 
@@ -246,6 +259,8 @@ struct Peer {
     tx_seq: u64,
     tx: Vec<u8>,
     tx_frames: u64,
+    /// Largest data datagram to this peer: its path MTU when known.
+    max_data: usize,
     /// Data datagrams the peer acknowledged (next it expects).
     acked: u64,
     /// When the window last moved (or first filled).
@@ -273,6 +288,7 @@ impl Peer {
             tx_seq: 0,
             tx: Vec::new(),
             tx_frames: 0,
+            max_data: 0,
             acked: 0,
             acked_at: now,
             rx_next: 0,
@@ -576,7 +592,10 @@ impl Mesh {
         frame: &[u8],
     ) -> Result<(), FrameError> {
         self.now = self.now.max(now);
-        let max = self.config.max_datagram.max(1400);
+        let max = match self.peers.get(&to) {
+            Some(p) if p.max_data > 0 => p.max_data,
+            _ => self.config.max_datagram.max(512),
+        };
         let need = varint::len(frame.len() as u64) + frame.len();
         if packet::ENVELOPE + 8 + need > 65_000.max(max) {
             self.stats.frames_too_large += 1;
@@ -607,6 +626,36 @@ impl Mesh {
         Ok(())
     }
 
+    /// Queues one association packet for the up member at `to`, in a
+    /// datagram of its own. Refuses (and counts) a packet too large for a
+    /// datagram, or a peer that is not up.
+    pub fn send_assoc(
+        &mut self,
+        now: Instant,
+        to: SocketAddr,
+        packet: &[u8],
+    ) -> Result<(), FrameError> {
+        self.now = self.now.max(now);
+        let max = 65_000 - packet::ENVELOPE;
+        if packet.len() > max {
+            self.stats.frames_too_large += 1;
+            return Err(FrameError::TooLarge {
+                len: packet.len(),
+                max,
+            });
+        }
+        let Some(p) = self.peers.get_mut(&to).filter(|p| p.up) else {
+            return Err(FrameError::NotUp(to));
+        };
+        let mut d = Vec::with_capacity(packet::ENVELOPE + packet.len());
+        packet::envelope(&mut d, Kind::Assoc, self.net);
+        d.extend_from_slice(packet);
+        p.stats.sent_datagrams += 1;
+        p.stats.sent_bytes += d.len() as u64;
+        self.out.push_back((to, d));
+        Ok(())
+    }
+
     fn seal(p: &mut Peer, out: &mut VecDeque<(SocketAddr, Vec<u8>)>) {
         if p.tx.is_empty() {
             return;
@@ -621,10 +670,30 @@ impl Mesh {
     /// Whether every up peer's window has room for more data datagrams:
     /// the node holds publishers back while it has none.
     pub fn room(&self) -> bool {
-        let w = self.config.window;
         self.peers
             .values()
-            .all(|p| !p.up || p.tx_seq.saturating_sub(p.acked) < w)
+            .all(|p| !p.up || p.tx_seq.saturating_sub(p.acked) < self.window_of(p))
+    }
+
+    /// A peer's window in datagrams.
+    fn window_of(&self, p: &Peer) -> u64 {
+        let size = if p.max_data > 0 {
+            p.max_data
+        } else {
+            self.config.max_datagram.max(512)
+        };
+        (self.config.window / size as u64).max(4)
+    }
+
+    /// Sizes data datagrams to `addr` by its path MTU (the driver asks the
+    /// kernel, `IP_MTU`): a whole datagram per IP packet, never fragmented,
+    /// and as few datagrams as the path allows (a loopback peer takes 64 KB
+    /// ones, an Ethernet peer 1,472-byte ones).
+    pub fn set_path_mtu(&mut self, addr: SocketAddr, mtu: usize) {
+        let ip_udp = if addr.is_ipv4() { 28 } else { 48 };
+        if let Some(p) = self.peers.get_mut(&addr) {
+            p.max_data = mtu.saturating_sub(ip_udp).clamp(512, 65_000);
+        }
     }
 
     /// Seals every peer's pending frames into datagrams and sends pending
@@ -756,7 +825,8 @@ impl Mesh {
                     self.stats.unknown_sender += 1;
                     return;
                 }
-                if !matches!(kind, Kind::Data | Kind::Digest | Kind::Ack) && !self.take_token(from)
+                if !matches!(kind, Kind::Data | Kind::Digest | Kind::Ack | Kind::Assoc)
+                    && !self.take_token(from)
                 {
                     self.stats.rate_limited += 1;
                     return;
@@ -921,6 +991,20 @@ impl Mesh {
                     });
                 }
             }
+            Kind::Assoc => {
+                if body.is_empty() {
+                    return Err(crate::WireError::Truncated {
+                        what: "association packet",
+                    });
+                }
+                let p = self.peers.get_mut(&from).expect("up");
+                p.stats.recv_datagrams += 1;
+                p.stats.recv_bytes += body.len() as u64 + packet::ENVELOPE as u64;
+                self.events.push_back(MeshEvent::Assoc {
+                    from,
+                    packet: Bytes::copy_from_slice(body),
+                });
+            }
             Kind::Swim | Kind::Hello => {}
         }
         Ok(())
@@ -1051,9 +1135,16 @@ impl Mesh {
                 self.drain_runtime();
             }
         }
-        let (w, t) = (self.config.window, self.config.ack_timeout);
-        for p in self.peers.values_mut() {
-            if p.up && p.tx_seq.saturating_sub(p.acked) >= w && now >= p.acked_at + t {
+        let t = self.config.ack_timeout;
+        let full: Vec<SocketAddr> = self
+            .peers
+            .values()
+            .filter(|p| p.up && p.tx_seq.saturating_sub(p.acked) >= self.window_of(p))
+            .map(|p| p.id.addr)
+            .collect();
+        for a in full {
+            let p = self.peers.get_mut(&a).expect("listed");
+            if now >= p.acked_at + t {
                 p.acked = p.tx_seq;
                 p.acked_at = now;
                 self.stats.ack_timeouts += 1;
@@ -1077,11 +1168,10 @@ impl Mesh {
 
     /// When [`Mesh::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Instant {
-        let w = self.config.window;
         let full = self
             .peers
             .values()
-            .filter(|p| p.up && p.tx_seq.saturating_sub(p.acked) >= w)
+            .filter(|p| p.up && p.tx_seq.saturating_sub(p.acked) >= self.window_of(p))
             .map(|p| p.acked_at + self.config.ack_timeout)
             .min();
         let t = match self.timers.peek() {

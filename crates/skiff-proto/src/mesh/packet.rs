@@ -21,6 +21,7 @@
 //! | 6 data     | seq u64, then frames: varint length + bytes, repeated |
 //! | 7 hello    | net name (len u8 + bytes), gen u64: multicast scouting |
 //! | 8 ack      | next data sequence number expected, u64: flow control |
+//! | 9 assoc    | one association packet (`crate::association::frame`), whole |
 //!
 //! An op is `1 pattern kind` (subscribe), `2 pattern kind` (unsubscribe) or
 //! `3 cluster capacity-u32` (the node's capacity in a cluster; 0 = none),
@@ -62,6 +63,8 @@ pub enum Kind {
     Hello = 7,
     /// Data received so far (flow control).
     Ack = 8,
+    /// An association packet (tunnels between nodes), opaque to the mesh.
+    Assoc = 9,
 }
 
 impl Kind {
@@ -75,6 +78,7 @@ impl Kind {
             6 => Kind::Data,
             7 => Kind::Hello,
             8 => Kind::Ack,
+            9 => Kind::Assoc,
             _ => return None,
         })
     }
@@ -272,7 +276,8 @@ pub fn get_ops(r: &mut Reader<'_>) -> Result<Vec<Op>, WireError> {
 }
 
 /// A decoded body, for the fuzz target and tests: every kind but `Swim`
-/// (foca decodes its own) and `Data` frames (the node decodes those).
+/// (foca decodes its own), `Data` frames (the node decodes those) and
+/// `Assoc` (the association decodes its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
     /// foca's bytes.
@@ -320,6 +325,8 @@ pub enum Body {
         /// The next data sequence number expected.
         next: u64,
     },
+    /// An association packet, undecoded.
+    Assoc(Vec<u8>),
     /// Scouting hello.
     Hello {
         /// The network name.
@@ -339,6 +346,12 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
     let mut r = Reader::new(body);
     let b = match kind {
         Kind::Swim => Body::Swim(body.to_vec()),
+        Kind::Assoc if body.is_empty() => {
+            return Err(WireError::Truncated {
+                what: "association packet",
+            })
+        }
+        Kind::Assoc => Body::Assoc(body.to_vec()),
         Kind::Delta => Body::Delta {
             epoch: r.u64()?,
             from: r.u64()?,
@@ -386,7 +399,7 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
             }
         }
     };
-    if !matches!(kind, Kind::Swim | Kind::Data) && !r.is_empty() {
+    if !matches!(kind, Kind::Swim | Kind::Data | Kind::Assoc) && !r.is_empty() {
         return Err(WireError::Malformed("trailing bytes after a mesh packet"));
     }
     Ok((net, b))
@@ -466,7 +479,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn decode_is_total(mut noise in proptest::collection::vec(any::<u8>(), 0..200), kind in 1u8..9) {
+        fn decode_is_total(mut noise in proptest::collection::vec(any::<u8>(), 0..200), kind in 1u8..10) {
             if noise.len() >= 4 {
                 noise[..4].copy_from_slice(&[b'S', b'M', VERSION, kind]);
             }

@@ -581,7 +581,7 @@ fn the_member_table_is_bounded() {
 #[test]
 fn a_full_window_holds_the_sender_until_acks_or_the_timeout() {
     let config = MeshConfig {
-        window: 4,
+        window: 4 * 1400,
         max_datagram: 1400,
         ..MeshConfig::default()
     };
@@ -612,4 +612,64 @@ fn a_full_window_holds_the_sender_until_acks_or_the_timeout() {
     s.run(Duration::from_millis(100));
     assert!(s.node(0).room());
     assert_eq!(s.node(0).stats().ack_timeouts, 1);
+}
+
+#[test]
+fn association_packets_travel_only_between_up_members() {
+    let config = MeshConfig {
+        interest_rate: 5,
+        ..MeshConfig::default()
+    };
+    let mut s = Sim::with(2, 21, config);
+    let now = s.now;
+    let net = packet::net_hash("skiff");
+    // Before joining: nothing goes out, nothing comes in.
+    assert_eq!(
+        s.node(0).send_assoc(now, addr(1), b"x"),
+        Err(FrameError::NotUp(addr(1)))
+    );
+    let mut d = Vec::new();
+    packet::envelope(&mut d, Kind::Assoc, net);
+    d.extend_from_slice(b"forged");
+    s.node(1).handle_datagram(now, addr(0), &d);
+    assert_eq!(s.node(1).stats().unknown_sender, 1);
+    assert!(s.node(1).poll_event().is_none());
+
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.events[1].clear();
+    let now = s.now;
+    // Many at one instant: packets are not rate-limited like interest.
+    for k in 0..50u8 {
+        s.node(0).send_assoc(now, addr(1), &[k; 100]).unwrap();
+    }
+    s.run(10 * MS);
+    let got: Vec<Bytes> = s.events[1]
+        .iter()
+        .filter_map(|e| match e {
+            MeshEvent::Assoc { from, packet } if *from == addr(0) => Some(packet.clone()),
+            _ => None,
+        })
+        .collect();
+    // Each once (the simulated wire may reorder them).
+    let mut firsts: Vec<u8> = got.iter().map(|p| p[0]).collect();
+    firsts.sort();
+    assert_eq!(firsts, (0..50).collect::<Vec<u8>>());
+    assert!(got
+        .iter()
+        .all(|p| p.len() == 100 && p.iter().all(|b| *b == p[0])));
+    assert_eq!(s.node(1).stats().rate_limited, 0);
+
+    // An empty one from a member is malformed; an oversized one is refused.
+    let before = s.node(1).stats().malformed;
+    let mut d = Vec::new();
+    packet::envelope(&mut d, Kind::Assoc, net);
+    s.node(1).handle_datagram(now, addr(0), &d);
+    assert_eq!(s.node(1).stats().malformed, before + 1);
+    let big = vec![0u8; 65_000];
+    assert!(matches!(
+        s.node(0).send_assoc(now, addr(1), &big),
+        Err(FrameError::TooLarge { .. })
+    ));
+    assert_eq!(s.node(0).stats().frames_too_large, 1);
 }

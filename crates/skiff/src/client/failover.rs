@@ -132,7 +132,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping = None;
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
-    let mut connect_timeout = Duration::from_secs(1);
+    let mut connect_timeout = Duration::from_millis(1500);
     l.options(OPTIONS, |k, v| {
         match k {
             "reconnect" => reconnect = Some(parse_bool(k, v)?),

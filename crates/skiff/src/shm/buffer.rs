@@ -387,9 +387,9 @@ impl Output {
                 why: "the segment belongs to another buffer object".into(),
             });
         }
+        prod.finish(seg.w);
         prod.commit(used as u64)
             .map_err(|e| BufferError::credit(id, e))?;
-        drop(seg);
         Ok(())
     }
 

@@ -30,6 +30,8 @@
 //! against the file's length, and from then on taken from this process's
 //! copy, never re-read from the mapping.
 
+use std::ops::Range;
+
 use skiff_proto::credits::{Flow, Geometry, MAX_CAPACITY, MAX_RECORDS};
 
 /// "SKFBUF01", little-endian.
@@ -89,6 +91,11 @@ pub(crate) struct Layout {
     records_off: usize,
     pub(crate) data_off: usize,
     pub(crate) total: usize,
+    /// `capacity - 1` and `records - 1` when they are powers of two (the
+    /// default geometry): positions and slots by mask instead of division
+    /// on the per-segment path. `None` otherwise.
+    cap_mask: Option<u64>,
+    rec_mask: Option<u64>,
 }
 
 /// Why a header is refused (the file is not a ring of this build, or it was
@@ -113,6 +120,7 @@ impl Layout {
         let records_off = SLOTS + SLOT_LEN * consumers as usize;
         let data_off = (records_off + RECORD_LEN * records as usize).next_multiple_of(64);
         let total = data_off + capacity as usize;
+        let mask = |n: u64| n.is_power_of_two().then(|| n - 1);
         Ok(Layout {
             geom,
             flow,
@@ -120,6 +128,8 @@ impl Layout {
             records_off,
             data_off,
             total,
+            cap_mask: mask(capacity),
+            rec_mask: mask(records),
         })
     }
 
@@ -157,6 +167,42 @@ impl Layout {
     pub(crate) fn slot(&self, i: u32, field: usize) -> usize {
         debug_assert!(i < self.consumers);
         SLOTS + SLOT_LEN * i as usize + field
+    }
+
+    /// The record slot of segment `seg` (`seg % records`, by mask when it
+    /// can).
+    #[inline]
+    pub(crate) fn slot_of(&self, seg: u64) -> usize {
+        match self.rec_mask {
+            Some(m) => (seg & m) as usize,
+            None => self.geom.slot(seg),
+        }
+    }
+
+    /// Offset of segment `seg`'s record.
+    #[inline]
+    pub(crate) fn record_of(&self, seg: u64) -> usize {
+        self.record(self.slot_of(seg))
+    }
+
+    /// The data ranges of `len` bytes from position `pos` (as
+    /// [`Geometry::split`], by mask when the capacity is a power of two):
+    /// the second is empty unless the segment wraps.
+    #[inline]
+    pub(crate) fn split(&self, pos: u64, len: u64) -> (Range<usize>, Range<usize>) {
+        match self.cap_mask {
+            Some(m) => {
+                let cap = m + 1;
+                let len = len.min(cap);
+                let off = pos & m;
+                let first = len.min(cap - off);
+                (
+                    off as usize..(off + first) as usize,
+                    0..(len - first) as usize,
+                )
+            }
+            None => self.geom.split(pos, len),
+        }
     }
 
     /// Offset of record slot `i` (seq; start at +8, len at +16).
@@ -243,6 +289,23 @@ mod tests {
         let h = HeaderWords::decode(&words(&l).encode());
         assert_eq!(Layout::check(&h, l.total as u64), Ok(l));
         assert!(Layout::check(&h, l.total as u64 - 1).is_err(), "short file");
+    }
+
+    #[test]
+    fn masks_agree_with_the_geometry() {
+        for (cap, records) in [(4096, 64), (10, 4), (1, 1), (4096, 3), (6, 8)] {
+            let l = Layout::new(cap, records, 1, Flow::Credits).unwrap();
+            for pos in [0, 1, 5, 9, 4095, 4096, 4097, 1 << 40, u64::MAX - 3] {
+                for len in [0, 1, 3, 4, 10, cap, cap + 1] {
+                    assert_eq!(
+                        l.split(pos, len),
+                        l.geom.split(pos, len),
+                        "{cap} {pos} {len}"
+                    );
+                }
+                assert_eq!(l.slot_of(pos), l.geom.slot(pos));
+            }
+        }
     }
 
     #[test]

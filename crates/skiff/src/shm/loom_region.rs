@@ -59,6 +59,20 @@ pub(crate) fn futex_wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) 
 
 pub(crate) fn futex_wake(_word: &AtomicU32) {}
 
+/// The model has no membarrier: both sides of the handshake use a
+/// `SeqCst` fence, which is what the real asymmetric pair is equivalent to.
+pub(crate) fn membarrier_ready() -> bool {
+    false
+}
+
+pub(crate) fn light_fence(_asym: bool) {
+    super::sync::fence(Ordering::SeqCst);
+}
+
+pub(crate) fn heavy_fence(_asym: bool) {
+    super::sync::fence(Ordering::SeqCst);
+}
+
 pub(crate) fn pid() -> u32 {
     1
 }

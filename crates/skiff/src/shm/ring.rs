@@ -38,6 +38,13 @@ pub(crate) struct Ring {
     pub(crate) id: BufferId,
     /// The producing process (from the header, read once).
     pub(crate) producer: (u32, u64),
+    /// Whether this process may use the asymmetric fence pair
+    /// (`sys::membarrier_ready`): publishers then pay a compiler fence
+    /// instead of a `SeqCst` fence per segment and per `consume`.
+    asym: bool,
+    /// Process-local: set while a `Writable` of this ring lives.
+    #[cfg_attr(skiff_loom, allow(dead_code))]
+    live: std::sync::atomic::AtomicBool,
 }
 
 /// How often a waiting side checks that its peer still lives.
@@ -72,6 +79,8 @@ impl Ring {
             layout,
             id,
             producer: (pid, start),
+            asym: sys::membarrier_ready(),
+            live: Default::default(),
         }
     }
 
@@ -83,6 +92,8 @@ impl Ring {
             layout,
             id: h.id,
             producer: (h.pid, h.start),
+            asym: sys::membarrier_ready(),
+            live: Default::default(),
         }
     }
 
@@ -107,7 +118,7 @@ impl Ring {
 
     /// The data offset of position `pos` split for `len` bytes.
     pub(crate) fn ranges(&self, pos: u64, len: u64) -> [(usize, usize); 2] {
-        let (a, b) = self.layout.geom.split(pos, len);
+        let (a, b) = self.layout.split(pos, len);
         let d = self.layout.data_off;
         [(d + a.start, a.len()), (d + b.start, b.len())]
     }
@@ -119,9 +130,14 @@ impl Ring {
     }
 
     /// Wakes the waiters on `futex` if `waiters` says there are any; after
-    /// the caller published with a `SeqCst` fence.
+    /// the caller published. The fence between the publication and the
+    /// load of `waiters` is the light half of the asymmetric pair (a
+    /// compiler fence when membarrier is available, paired with the
+    /// waiter's heavy fence; else `SeqCst`): no store-buffer drain, no
+    /// system call while the peer is busy (not registered as a waiter).
+    #[inline]
     fn wake(&self, futex: usize, waiters: usize) {
-        fence(Ordering::SeqCst);
+        sys::light_fence(self.asym);
         if self.region.u32_at(waiters).load(Ordering::Relaxed) > 0 {
             self.region.u32_at(futex).fetch_add(1, Ordering::SeqCst);
             sys::futex_wake(self.region.u32_at(futex));
@@ -144,13 +160,20 @@ impl Ring {
             return Ok(true);
         }
         if !spin.is_zero() {
+            // Re-check often (a pause is tens of cycles to ~140 on recent
+            // cores), read the clock rarely.
             let until = Instant::now() + spin;
-            while Instant::now() < until {
-                for _ in 0..64 {
-                    spin_hint();
+            loop {
+                for _ in 0..16 {
+                    for _ in 0..4 {
+                        spin_hint();
+                    }
+                    if ready()? {
+                        return Ok(true);
+                    }
                 }
-                if ready()? {
-                    return Ok(true);
+                if Instant::now() >= until {
+                    break;
                 }
             }
         }
@@ -158,6 +181,9 @@ impl Ring {
         let count = self.region.u32_at(waiters);
         loop {
             count.fetch_add(1, Ordering::SeqCst);
+            // The heavy half of the pair: after it, either the publisher
+            // sees this waiter or this re-check sees its publication.
+            sys::heavy_fence(self.asym);
             let v = word.load(Ordering::SeqCst);
             let r = ready();
             if !matches!(r, Ok(false)) {
@@ -191,9 +217,11 @@ pub(crate) struct RingProducer {
     /// The slowest consumer at the last scan: consumers only move forward,
     /// so it stays a safe (conservative) bound until rescanned.
     cached: Option<Slowest>,
-    /// Set while a `Writable` of this ring lives.
+    /// A second reference to the ring, lent to each `Writable` and given
+    /// back at commit, so handing out a segment costs no reference-count
+    /// update.
     #[cfg_attr(skiff_loom, allow(dead_code))]
-    live: Arc<std::sync::atomic::AtomicBool>,
+    spare: Option<Arc<Ring>>,
 }
 
 impl RingProducer {
@@ -201,11 +229,11 @@ impl RingProducer {
     pub(crate) fn new(ring: Arc<Ring>) -> RingProducer {
         let state = credits::Producer::new(ring.layout.geom, ring.layout.flow);
         RingProducer {
+            spare: Some(Arc::clone(&ring)),
             ring,
             state,
             consumers_lost: 0,
             cached: None,
-            live: Arc::default(),
         }
     }
 
@@ -291,13 +319,12 @@ impl RingProducer {
             },
         };
         if self.ring.layout.flow == Flow::Overwrite {
-            let g = self.ring.layout.geom;
             let region = &self.ring.region;
             for &seg in self.state.overwritten() {
-                let off = self.ring.layout.record(g.slot(seg));
+                let off = self.ring.layout.record_of(seg);
                 region.u64_at(off).store(broken_seq(seg), Ordering::Relaxed);
             }
-            let off = self.ring.layout.record(g.slot(r.seg));
+            let off = self.ring.layout.record_of(r.seg);
             region
                 .u64_at(off)
                 .store(broken_seq(r.seg), Ordering::Relaxed);
@@ -356,12 +383,14 @@ impl RingProducer {
         self.state.abandon();
     }
 
-    /// Publishes the reservation with `used` bytes and wakes readers.
+    /// Publishes the reservation with `used` bytes and wakes readers (a
+    /// system call only if one sleeps). Per segment: plain and release
+    /// stores (plain `mov`s on x86) and the light fence, no read-modify-write.
     pub(crate) fn commit(&mut self, used: u64) -> Result<Delivered, CreditError> {
         let d = self.state.commit(used)?;
         let l = self.ring.layout;
         let r = &self.ring.region;
-        let rec = l.record(l.geom.slot(d.seg));
+        let rec = l.record_of(d.seg);
         r.u64_at(rec + 8).store(d.start, Ordering::Relaxed);
         r.u64_at(rec + 16).store(d.len, Ordering::Relaxed);
         r.u64_at(rec).store(stable_seq(d.seg), Ordering::Release);
@@ -396,6 +425,12 @@ pub(crate) struct RingConsumer {
     /// Segments overwritten before they were read.
     pub(crate) lost: u64,
     closed: bool,
+    /// The producer's segment count and head as last loaded (acquire):
+    /// segments below `seen_segs` are read without touching the
+    /// producer's line again; each record is still checked against
+    /// `seen_head`, which was published after them.
+    seen_segs: u64,
+    seen_head: u64,
 }
 
 impl RingConsumer {
@@ -441,6 +476,8 @@ impl RingConsumer {
             torn: Default::default(),
             lost: 0,
             closed: false,
+            seen_segs: 0,
+            seen_head: 0,
         })
     }
 
@@ -458,7 +495,7 @@ impl RingConsumer {
                 // Any position up to the next segment's start will do.
                 return Ok((segs, head));
             }
-            let rec = l.record(l.geom.slot(segs - 1));
+            let rec = l.record_of(segs - 1);
             let seq = r.u64_at(rec).load(Ordering::Acquire);
             let start = r.u64_at(rec + 8).load(Ordering::Relaxed);
             let len = r.u64_at(rec + 16).load(Ordering::Relaxed);
@@ -498,8 +535,16 @@ impl RingConsumer {
             return Err(BufferError::Closed { id: self.ring.id });
         }
         loop {
-            let segs = self.ring.w64(P_SEGMENTS).load(Ordering::Acquire);
             let next = self.state.next_seg();
+            if next >= self.seen_segs {
+                let segs = self.ring.w64(P_SEGMENTS).load(Ordering::Acquire);
+                // Published before `segments`: at least the end of every
+                // segment below `segs`.
+                let head = self.ring.w64(P_HEAD).load(Ordering::Acquire);
+                self.seen_segs = segs;
+                self.seen_head = head;
+            }
+            let segs = self.seen_segs;
             if next >= segs {
                 if next > segs {
                     return Err(self.fail(format!("segment count went back to {segs}")));
@@ -524,12 +569,12 @@ impl RingConsumer {
             }
             self.lost += self.state.catch_up(segs);
             let l = self.ring.layout;
-            let rec = l.record(l.geom.slot(self.state.next_seg()));
+            let rec = l.record_of(self.state.next_seg());
             let r = &self.ring.region;
             let seq = r.u64_at(rec).load(Ordering::Acquire);
             let start = r.u64_at(rec + 8).load(Ordering::Relaxed);
             let len = r.u64_at(rec + 16).load(Ordering::Relaxed);
-            let head = self.ring.w64(P_HEAD).load(Ordering::Acquire);
+            let head = self.seen_head;
             // Overwrite: the record must not have changed while read.
             fence(Ordering::Acquire);
             let seq = if r.u64_at(rec).load(Ordering::Relaxed) == seq {
@@ -560,7 +605,7 @@ impl RingConsumer {
         let seq = self
             .ring
             .region
-            .u64_at(l.record(l.geom.slot(seg)))
+            .u64_at(l.record_of(seg))
             .load(Ordering::Relaxed);
         let ok = seq == stable_seq(seg);
         if !ok {
@@ -644,26 +689,38 @@ impl Drop for RingConsumer {
 #[cfg(not(skiff_loom))]
 #[derive(Debug)]
 pub(crate) struct Writable {
-    ring: Arc<Ring>,
+    /// The producer's spare reference (`None` only once given back).
+    ring: Option<Arc<Ring>>,
     pub(crate) res: Reservation,
-    live: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[cfg(not(skiff_loom))]
 impl RingProducer {
     /// Whether a [`Writable`] of this ring is alive.
     pub(crate) fn outstanding(&self) -> bool {
-        self.live.load(std::sync::atomic::Ordering::Acquire)
+        self.ring.live.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Wraps the reservation just made in a [`Writable`].
+    /// Wraps the reservation just made in a [`Writable`] (lends it the
+    /// spare reference; a new one only if the last was dropped).
     pub(crate) fn writable(&mut self, res: Reservation) -> Writable {
         debug_assert!(!self.outstanding());
-        self.live.store(true, std::sync::atomic::Ordering::Release);
+        let ring = self.spare.take().unwrap_or_else(|| Arc::clone(&self.ring));
+        ring.live.store(true, std::sync::atomic::Ordering::Release);
         Writable {
-            ring: Arc::clone(&self.ring),
+            ring: Some(ring),
             res,
-            live: Arc::clone(&self.live),
+        }
+    }
+
+    /// Ends `w` and takes its reference back (dropping it works too, at
+    /// the cost of a reference-count update or two).
+    pub(crate) fn finish(&mut self, mut w: Writable) {
+        if let Some(r) = w.ring.take() {
+            r.live.store(false, std::sync::atomic::Ordering::Release);
+            if Arc::ptr_eq(&r, &self.ring) {
+                self.spare = Some(r);
+            }
         }
     }
 }
@@ -672,30 +729,30 @@ impl RingProducer {
 impl Writable {
     /// The reserved bytes: one slice, or two when the segment wraps.
     pub(crate) fn slices_mut(&mut self) -> (&mut [u8], &mut [u8]) {
-        let [(a, al), (b, bl)] = self.ring.ranges(self.res.start, self.res.len);
+        let Some(ring) = &self.ring else {
+            return (&mut [], &mut []);
+        };
+        let [(a, al), (b, bl)] = ring.ranges(self.res.start, self.res.len);
         // SAFETY: this Writable is the only one of its ring (the `live`
         // flag), the producer reserved the range against every consumer's
         // credits (or, in overwrite mode, readers only copy it out under the
         // sequence lock), the two ranges are disjoint (one ring lap at most)
         // and both borrows end with `&mut self`.
-        unsafe {
-            (
-                self.ring.region.bytes_mut(a, al),
-                self.ring.region.bytes_mut(b, bl),
-            )
-        }
+        unsafe { (ring.region.bytes_mut(a, al), ring.region.bytes_mut(b, bl)) }
     }
 
     /// Whether `other` is this writable's ring.
     pub(crate) fn is_of(&self, ring: &Arc<Ring>) -> bool {
-        Arc::ptr_eq(&self.ring, ring)
+        self.ring.as_ref().is_some_and(|r| Arc::ptr_eq(r, ring))
     }
 }
 
 #[cfg(not(skiff_loom))]
 impl Drop for Writable {
     fn drop(&mut self) {
-        self.live.store(false, std::sync::atomic::Ordering::Release);
+        if let Some(r) = &self.ring {
+            r.live.store(false, std::sync::atomic::Ordering::Release);
+        }
     }
 }
 

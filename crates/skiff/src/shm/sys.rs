@@ -201,6 +201,71 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
     }
 }
 
+/// Registers this process for `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`
+/// (once per process) and says whether the asymmetric fence pair
+/// ([`light_fence`] on the hot path, [`heavy_fence`] on the waiting side)
+/// may be used. `false` on kernels without it, under seccomp filters that
+/// refuse it, and under miri: then both sides use a `SeqCst` fence.
+pub(crate) fn membarrier_ready() -> bool {
+    static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READY.get_or_init(|| {
+        if cfg!(miri) {
+            return false;
+        }
+        // SAFETY: membarrier(2) with a command and zero flags takes no
+        // pointers; QUERY returns a bit mask of the supported commands.
+        let q = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) };
+        if q < 0 || q & MEMBARRIER_CMD_GLOBAL_EXPEDITED == 0 {
+            return false;
+        }
+        // SAFETY: as above; REGISTER only marks this process as a target.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED,
+                0,
+                0,
+            )
+        };
+        r == 0
+    })
+}
+
+const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+
+/// The hot side of a Dekker handshake (publish, then check for sleepers):
+/// with `asym` (both processes registered, [`membarrier_ready`]) only a
+/// compiler fence, paired with the waiter's [`heavy_fence`]; else a
+/// `SeqCst` fence. This is what keeps a store-buffer drain (a cache-line
+/// round trip to the peer's core) off every publication.
+#[inline]
+pub(crate) fn light_fence(asym: bool) {
+    if asym {
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    } else {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The waiting side of the handshake (registered as a waiter, then
+/// re-check): `membarrier(GLOBAL_EXPEDITED)` runs a full barrier on every
+/// running thread of every registered process, so a publisher's plain
+/// compiler fence acts as a `SeqCst` one (the pairing documented in
+/// membarrier(2)). Falls back to a `SeqCst` fence if the call fails; a
+/// wake-up missed that way is covered by the waiters' timed slices.
+pub(crate) fn heavy_fence(asym: bool) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    if asym {
+        // SAFETY: membarrier(2) takes no pointers; errors are handled by the
+        // fence above and the waiter's bounded sleep.
+        unsafe {
+            libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
+        }
+    }
+}
+
 /// This process's id.
 pub(crate) fn pid() -> u32 {
     std::process::id()

@@ -1,0 +1,915 @@
+//! Tunnels between nodes (Iris: "tunnels travel over associations"): a
+//! client's tunnel to a cluster member on another node is relayed over a
+//! QMP association between the two nodes, carried in the mesh's datagrams
+//! (kind 9, [`skiff_proto::mesh::MeshEvent::Assoc`]).
+//!
+//! - **Associations**: each node has one [`Listener`] for its peers and
+//!   opens one association to a peer on first use. A node sends its frames
+//!   only on the association it opened and reads frames from both, so each
+//!   direction is one reliable, ordered stream and no set-up races. Timers
+//!   and packets are driven by the mesh task ([`drive`]); the broker only
+//!   queues frames (and wakes the task).
+//! - **Frames** are association messages, one frame each; tunnel ids are
+//!   the receiving node's unless said otherwise:
+//!
+//! | byte | frame | body |
+//! |------|-------|------|
+//! | 1 | open | sender's tunnel u64, window u32, cluster, key |
+//! | 2 | opened | opener's tunnel u64, sender's tunnel u64 |
+//! | 3 | refused | opener's tunnel u64 (no member with capacity) |
+//! | 4 | data | tunnel u64, message (wire encoding) |
+//! | 5 | credit | tunnel u64, n u32 |
+//! | 6 | close | tunnel u64 |
+//!
+//!   Cluster and key are varint-length-prefixed (at most 1,024 bytes);
+//!   integers little-endian.
+//! - **Failure**: a peer going down, or an association to or from it
+//!   failing, ends every tunnel with that peer: the local end gets an error
+//!   and `TunClose` (a pending open gets `NoResponders`), and on a failed
+//!   association the peer is told with `close` frames on a fresh one.
+//! - **Hostile input**: frames that do not decode, name a tunnel the peer
+//!   does not hold, or arrive on a superseded association are dropped and
+//!   counted; tunnels with remote ends are bounded ([`MAX_TUNNELS`]) and
+//!   data waiting for an association's send buffer is bounded per peer
+//!   (`max_pending_bytes`, beyond which data is dropped and counted, as for
+//!   a local tunnel end).
+//!
+//! Lock order: the broker's routing lock, then the tunnel lock, then the
+//! mesh core's lock; the task takes the tunnel lock with no other held and
+//! calls the broker with none held.
+
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use skiff_proto::association::{
+    frame::MIN_MTU, Association, AssociationConfig, Event, Handle, Listener, ListenerConfig,
+    SendError,
+};
+use skiff_proto::mesh::packet::{Reader, ENVELOPE};
+use skiff_proto::mesh::Mesh;
+use skiff_proto::{varint, Message};
+
+use crate::broker::Broker;
+use crate::frame::{Code, ServerFrame};
+use crate::mesh::MeshLink;
+use crate::ASYNC_ERROR;
+
+/// The association service id of tunnels between nodes ("TUN1").
+const SERVICE: u32 = 0x5455_4e31;
+/// Most tunnels with a remote end on one node.
+pub(crate) const MAX_TUNNELS: usize = 65_536;
+/// Longest cluster name or key in an `open` frame.
+const MAX_NAME: usize = 1024;
+
+mod op {
+    pub(super) const OPEN: u8 = 1;
+    pub(super) const OPENED: u8 = 2;
+    pub(super) const REFUSED: u8 = 3;
+    pub(super) const DATA: u8 = 4;
+    pub(super) const CREDIT: u8 = 5;
+    pub(super) const CLOSE: u8 = 6;
+}
+
+/// A frame between nodes about a tunnel (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TunFrame {
+    Open {
+        tunnel: u64,
+        window: u32,
+        cluster: String,
+        key: Bytes,
+    },
+    Opened {
+        tunnel: u64,
+        peer_tunnel: u64,
+    },
+    Refused {
+        tunnel: u64,
+    },
+    Data {
+        tunnel: u64,
+        msg: Message,
+    },
+    Credit {
+        tunnel: u64,
+        n: u32,
+    },
+    Close {
+        tunnel: u64,
+    },
+}
+
+fn put(out: &mut Vec<u8>, b: &[u8]) {
+    varint::put(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+impl TunFrame {
+    pub(crate) fn encode(&self) -> Bytes {
+        let mut f = Vec::new();
+        match self {
+            TunFrame::Open {
+                tunnel,
+                window,
+                cluster,
+                key,
+            } => {
+                f.push(op::OPEN);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+                f.extend_from_slice(&window.to_le_bytes());
+                put(&mut f, cluster.as_bytes());
+                put(&mut f, key);
+            }
+            TunFrame::Opened {
+                tunnel,
+                peer_tunnel,
+            } => {
+                f.push(op::OPENED);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+                f.extend_from_slice(&peer_tunnel.to_le_bytes());
+            }
+            TunFrame::Refused { tunnel } => {
+                f.push(op::REFUSED);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+            }
+            TunFrame::Data { tunnel, msg } => {
+                f.reserve(9 + msg.payload.len() + msg.subject.len() + 16);
+                f.push(op::DATA);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+                skiff_proto::wire::encode_message(&mut f, msg, false);
+            }
+            TunFrame::Credit { tunnel, n } => {
+                f.push(op::CREDIT);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+                f.extend_from_slice(&n.to_le_bytes());
+            }
+            TunFrame::Close { tunnel } => {
+                f.push(op::CLOSE);
+                f.extend_from_slice(&tunnel.to_le_bytes());
+            }
+        }
+        f.into()
+    }
+
+    /// Decodes a frame; total: any input gives a frame or `Err`.
+    pub(crate) fn decode(b: &Bytes, max_payload: usize) -> Result<TunFrame, ()> {
+        let mut r = Reader::new(b);
+        let kind = r.u8().map_err(drop)?;
+        let tunnel = r.u64().map_err(drop)?;
+        let f = match kind {
+            op::OPEN => {
+                let window = r.u32().map_err(drop)?;
+                let cluster = std::str::from_utf8(r.bytes(MAX_NAME).map_err(drop)?)
+                    .map_err(drop)?
+                    .to_owned();
+                let key = Bytes::copy_from_slice(r.bytes(MAX_NAME).map_err(drop)?);
+                TunFrame::Open {
+                    tunnel,
+                    window,
+                    cluster,
+                    key,
+                }
+            }
+            op::OPENED => TunFrame::Opened {
+                tunnel,
+                peer_tunnel: r.u64().map_err(drop)?,
+            },
+            op::REFUSED => TunFrame::Refused { tunnel },
+            op::DATA => {
+                let raw = b.slice(b.len() - r.rest().len()..);
+                let msg = skiff_proto::wire::decode_message(&raw, max_payload).map_err(drop)?;
+                return Ok(TunFrame::Data { tunnel, msg });
+            }
+            op::CREDIT => TunFrame::Credit {
+                tunnel,
+                n: r.u32().map_err(drop)?,
+            },
+            op::CLOSE => TunFrame::Close { tunnel },
+            _ => return Err(()),
+        };
+        if !r.is_empty() {
+            return Err(());
+        }
+        Ok(f)
+    }
+}
+
+/// Counters of tunnels between nodes (`skiff stats --mesh`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelStats {
+    /// Tunnels with a remote end open now (pending opens included).
+    pub open: usize,
+    /// Associations this node opened that are up or setting up.
+    pub associations: usize,
+    /// Frames sent to peers.
+    pub frames_sent: u64,
+    /// Frames received from peers.
+    pub frames_received: u64,
+    /// Frames that did not decode (dropped).
+    pub bad_frames: u64,
+    /// Frames naming a tunnel the peer does not hold, or from a superseded
+    /// association (dropped).
+    pub stray_frames: u64,
+    /// Data dropped because too much waited for a peer's association.
+    pub backlog_drops: u64,
+    /// Opens refused over [`MAX_TUNNELS`].
+    pub limit_refused: u64,
+    /// Associations that failed (every tunnel with the peer ended).
+    pub assoc_failures: u64,
+    /// Tunnels ended because their peer went down or its association
+    /// failed.
+    pub tunnels_lost: u64,
+    /// Association packets the mesh refused to send.
+    pub send_refused: u64,
+}
+
+/// This node's end of a tunnel whose other end is on `peer`.
+#[derive(Debug)]
+struct End {
+    client: u64,
+    peer: SocketAddr,
+    /// The peer's id for the tunnel; `None` while the open is pending.
+    theirs: Option<u64>,
+    /// The client's `TunOpen` correlation id (opener's side).
+    corr: u64,
+    window: u32,
+}
+
+/// The association this node opened to one peer, and what waits for it.
+#[derive(Debug)]
+struct Out {
+    assoc: Association,
+    backlog: VecDeque<Bytes>,
+    backlog_bytes: usize,
+}
+
+/// A tunnel end lost with its peer: tell the client.
+#[derive(Debug)]
+pub(crate) struct Lost {
+    client: u64,
+    tunnel: u64,
+    /// The open was still pending (its correlation id).
+    pending: Option<u64>,
+}
+
+/// The tunnels' side of the mesh: associations and remote tunnel ends.
+/// No I/O: the mesh task feeds it packets and time and sends what it
+/// transmits through the mesh core.
+#[derive(Debug)]
+pub(crate) struct Tunnels {
+    config: AssociationConfig,
+    listener: Listener,
+    out: FxHashMap<SocketAddr, Out>,
+    /// Accepted associations: peer, and whether still the current one.
+    accepted: FxHashMap<Handle, (SocketAddr, bool)>,
+    ends: FxHashMap<u64, End>,
+    rng: u64,
+    max_backlog: usize,
+    max_payload: usize,
+    buf: Vec<u8>,
+    stats: TunnelStats,
+}
+
+/// What one step of the associations produced, to act on with no lock
+/// held.
+#[derive(Debug, Default)]
+struct Step {
+    frames: Vec<(SocketAddr, Bytes)>,
+    failed: Vec<SocketAddr>,
+}
+
+impl Tunnels {
+    pub(crate) fn new(max_datagram: usize, max_payload: usize, max_backlog: usize) -> Tunnels {
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        let config = AssociationConfig {
+            mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
+            max_message: (max_payload as u64) + (64 << 10),
+            idle_timeout: Duration::from_secs(15),
+            ..AssociationConfig::default()
+        };
+        Tunnels {
+            listener: Listener::new(ListenerConfig {
+                service: SERVICE,
+                max_associations: 4096,
+                max_half_open: 256,
+                seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
+                association: config.clone(),
+            }),
+            config,
+            out: FxHashMap::default(),
+            accepted: FxHashMap::default(),
+            ends: FxHashMap::default(),
+            rng: seed | 1,
+            max_backlog,
+            max_payload,
+            buf: Vec::with_capacity(65_536),
+            stats: TunnelStats::default(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> TunnelStats {
+        TunnelStats {
+            open: self.ends.len(),
+            associations: self.out.len(),
+            ..self.stats.clone()
+        }
+    }
+
+    fn new_key(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d).max(1)
+    }
+
+    /// Queues `frame` for `peer` on this node's association to it (opened
+    /// now if there is none). Data beyond the backlog bound is dropped.
+    fn send(&mut self, now: Instant, peer: SocketAddr, frame: &TunFrame) {
+        let bytes = frame.encode();
+        if !self.out.contains_key(&peer) {
+            let key = self.new_key();
+            let assoc = Association::connect(now, self.config.clone(), peer, SERVICE, key);
+            self.out.insert(
+                peer,
+                Out {
+                    assoc,
+                    backlog: VecDeque::new(),
+                    backlog_bytes: 0,
+                },
+            );
+        }
+        let o = self.out.get_mut(&peer).expect("inserted");
+        let data = matches!(frame, TunFrame::Data { .. });
+        if o.backlog.is_empty() {
+            match o.assoc.send(bytes.clone()) {
+                Ok(()) => {
+                    self.stats.frames_sent += 1;
+                    return;
+                }
+                Err(SendError::WouldBlock) => {}
+                Err(_) => {
+                    // Closed or too large: the association's failure (or
+                    // the frame's size) ends the tunnel elsewhere.
+                    self.stats.backlog_drops += 1;
+                    return;
+                }
+            }
+        }
+        if data && o.backlog_bytes + bytes.len() > self.max_backlog {
+            self.stats.backlog_drops += 1;
+            return;
+        }
+        o.backlog_bytes += bytes.len();
+        o.backlog.push_back(bytes);
+    }
+
+    /// Records a tunnel this node's `client` opens to a member on `peer`
+    /// and sends the open; `false` over [`MAX_TUNNELS`].
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+        tunnel: u64,
+        client: u64,
+        corr: u64,
+        cluster: &str,
+        key: &[u8],
+        window: u32,
+    ) -> bool {
+        if self.ends.len() >= MAX_TUNNELS {
+            self.stats.limit_refused += 1;
+            return false;
+        }
+        self.ends.insert(
+            tunnel,
+            End {
+                client,
+                peer,
+                theirs: None,
+                corr,
+                window,
+            },
+        );
+        let f = TunFrame::Open {
+            tunnel,
+            window,
+            cluster: cluster.into(),
+            key: Bytes::copy_from_slice(key),
+        };
+        self.send(now, peer, &f);
+        true
+    }
+
+    /// The end of a tunnel `peer` opened to local `client`; `false` over
+    /// [`MAX_TUNNELS`].
+    fn accept(&mut self, now: Instant, peer: SocketAddr, theirs: u64, t: u64, client: u64) -> bool {
+        if self.ends.len() >= MAX_TUNNELS {
+            self.stats.limit_refused += 1;
+            return false;
+        }
+        self.ends.insert(
+            t,
+            End {
+                client,
+                peer,
+                theirs: Some(theirs),
+                corr: 0,
+                window: 0,
+            },
+        );
+        let f = TunFrame::Opened {
+            tunnel: theirs,
+            peer_tunnel: t,
+        };
+        self.send(now, peer, &f);
+        true
+    }
+
+    /// Ends every tunnel with `peer`; with `notify`, tells the peer on a
+    /// fresh association.
+    fn fail_peer(&mut self, now: Instant, peer: SocketAddr, notify: bool) -> Vec<Lost> {
+        let gone: Vec<u64> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| e.peer == peer)
+            .map(|(t, _)| *t)
+            .collect();
+        let mut lost = Vec::with_capacity(gone.len());
+        for t in gone {
+            let e = self.ends.remove(&t).expect("listed");
+            self.stats.tunnels_lost += 1;
+            if let (true, Some(theirs)) = (notify, e.theirs) {
+                self.send(now, peer, &TunFrame::Close { tunnel: theirs });
+            }
+            lost.push(Lost {
+                client: e.client,
+                tunnel: t,
+                pending: e.theirs.is_none().then_some(e.corr),
+            });
+        }
+        lost
+    }
+
+    /// The mesh says `peer` is down: its associations and tunnels go.
+    fn peer_down(&mut self, now: Instant, peer: SocketAddr) -> Vec<Lost> {
+        self.out.remove(&peer);
+        for (p, live) in self.accepted.values_mut() {
+            if *p == peer {
+                *live = false;
+            }
+        }
+        self.fail_peer(now, peer, false)
+    }
+
+    /// An association packet from an up member.
+    pub(crate) fn handle_packet(&mut self, now: Instant, from: SocketAddr, packet: Bytes) {
+        let key = skiff_proto::association::peek_key(&packet);
+        let mine = self
+            .out
+            .get_mut(&from)
+            .filter(|o| key.is_some_and(|k| k >> 63 == 1 && k & !(1 << 63) == o.assoc.local_key()));
+        match mine {
+            Some(o) => o.assoc.handle_datagram(now, from, packet),
+            // Set-ups, packets for accepted associations, and anything
+            // else (the listener drops and counts what is not its own).
+            None => self.listener.handle_datagram(now, from, packet),
+        }
+    }
+
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        let mut t = self.listener.poll_timeout();
+        for o in self.out.values() {
+            if let Some(x) = o.assoc.poll_timeout() {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        }
+        t
+    }
+
+    /// Timers, new associations, events and backlogs.
+    fn step(&mut self, now: Instant) -> Step {
+        let mut s = Step::default();
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            self.listener.handle_timeout(now);
+            for o in self.out.values_mut() {
+                if o.assoc.poll_timeout().is_some_and(|t| t <= now) {
+                    o.assoc.handle_timeout(now);
+                }
+            }
+        }
+        while let Some(h) = self.listener.accept() {
+            let Some(peer) = self.listener.get(h).map(|a| a.peer()) else {
+                continue;
+            };
+            // The peer replaced its association (it failed there, and the
+            // peer said so with close frames on the new one).
+            for (p, live) in self.accepted.values_mut() {
+                if *p == peer {
+                    *live = false;
+                }
+            }
+            self.accepted.insert(h, (peer, true));
+        }
+        let handles: Vec<Handle> = self.accepted.keys().copied().collect();
+        for h in handles {
+            let (peer, live) = self.accepted[&h];
+            let Some(a) = self.listener.association(h) else {
+                self.accepted.remove(&h);
+                continue;
+            };
+            let mut gone = false;
+            while let Some(e) = a.poll_event() {
+                match e {
+                    Event::Message(m) if live => s.frames.push((peer, m)),
+                    Event::Message(_) => self.stats.stray_frames += 1,
+                    Event::Closed(_) | Event::Failed(_) => {
+                        gone = true;
+                        if live {
+                            s.failed.push(peer);
+                        }
+                    }
+                    Event::Connected | Event::Writable => {}
+                }
+            }
+            if gone {
+                self.accepted.remove(&h);
+            }
+        }
+        let mut dead = Vec::new();
+        for (&peer, o) in self.out.iter_mut() {
+            while let Some(e) = o.assoc.poll_event() {
+                match e {
+                    Event::Message(m) => s.frames.push((peer, m)),
+                    Event::Closed(_) | Event::Failed(_) => dead.push(peer),
+                    Event::Connected | Event::Writable => {}
+                }
+            }
+        }
+        self.drain_backlogs();
+        for peer in dead {
+            self.out.remove(&peer);
+            s.failed.push(peer);
+        }
+        self.stats.assoc_failures += s.failed.len() as u64;
+        self.stats.frames_received += s.frames.len() as u64;
+        s
+    }
+
+    /// Moves waiting frames into associations with room.
+    fn drain_backlogs(&mut self) {
+        for o in self.out.values_mut() {
+            while let Some(b) = o.backlog.front() {
+                match o.assoc.send(b.clone()) {
+                    Ok(()) => {
+                        o.backlog_bytes -= b.len();
+                        o.backlog.pop_front();
+                        self.stats.frames_sent += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Hands every packet the associations have to the mesh core.
+    fn transmit(&mut self, now: Instant, core: &mut Mesh) {
+        let mut buf = std::mem::take(&mut self.buf);
+        for o in self.out.values_mut() {
+            while let Some(t) = o.assoc.poll_transmit(now, &mut buf) {
+                if core.send_assoc(now, t.destination, &buf[..t.size]).is_err() {
+                    self.stats.send_refused += 1;
+                }
+            }
+        }
+        while let Some(t) = self.listener.poll_transmit(now, &mut buf) {
+            if core.send_assoc(now, t.destination, &buf[..t.size]).is_err() {
+                self.stats.send_refused += 1;
+            }
+        }
+        self.buf = buf;
+    }
+}
+
+// ---- the broker's side (called with the routing lock held) ----
+
+impl MeshLink {
+    /// Opens a tunnel from local `client` to a member on `peer`; `false`
+    /// when too many tunnels are open.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tunnel_open(
+        &self,
+        peer: SocketAddr,
+        tunnel: u64,
+        client: u64,
+        corr: u64,
+        cluster: &str,
+        key: &[u8],
+        window: u32,
+    ) -> bool {
+        let now = Instant::now();
+        let ok = self
+            .tunnels
+            .lock()
+            .open(now, peer, tunnel, client, corr, cluster, key, window);
+        self.wake.notify_one();
+        ok
+    }
+
+    /// Accepts a tunnel `peer` opened (its id `theirs`) to local `client`
+    /// as `tunnel`, or refuses it (`client` `None`, or over the limit).
+    /// `false` when refused.
+    pub(crate) fn tunnel_accept(
+        &self,
+        peer: SocketAddr,
+        theirs: u64,
+        tunnel: u64,
+        client: Option<u64>,
+    ) -> bool {
+        let now = Instant::now();
+        let mut t = self.tunnels.lock();
+        let ok = client.is_some_and(|c| t.accept(now, peer, theirs, tunnel, c));
+        if !ok {
+            t.send(now, peer, &TunFrame::Refused { tunnel: theirs });
+        }
+        drop(t);
+        self.wake.notify_one();
+        ok
+    }
+
+    /// Relays a client's `TunData` or `TunCredit` on a remote tunnel
+    /// (dropped while the open is pending or after the tunnel ended).
+    pub(crate) fn tunnel_relay(&self, tunnel: u64, frame: ServerFrame) {
+        let now = Instant::now();
+        let mut t = self.tunnels.lock();
+        let Some((peer, Some(theirs))) = t.ends.get(&tunnel).map(|e| (e.peer, e.theirs)) else {
+            return;
+        };
+        let f = match frame {
+            ServerFrame::TunData { msg, .. } => TunFrame::Data {
+                tunnel: theirs,
+                msg,
+            },
+            ServerFrame::TunCredit { n, .. } => TunFrame::Credit { tunnel: theirs, n },
+            _ => return,
+        };
+        t.send(now, peer, &f);
+        drop(t);
+        self.wake.notify_one();
+    }
+
+    /// The local end closed a remote tunnel (or its client went away).
+    pub(crate) fn tunnel_close(&self, tunnel: u64) {
+        let now = Instant::now();
+        let mut t = self.tunnels.lock();
+        let Some(e) = t.ends.remove(&tunnel) else {
+            return;
+        };
+        if let Some(theirs) = e.theirs {
+            t.send(now, e.peer, &TunFrame::Close { tunnel: theirs });
+        }
+        // A pending open: the `opened` that comes is answered with a close.
+        drop(t);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn tunnel_stats(&self) -> TunnelStats {
+        self.tunnels.lock().stats()
+    }
+}
+
+// ---- the mesh task's side (no lock held on entry) ----
+
+/// The earliest association timer, or `d`.
+pub(crate) fn deadline(l: &MeshLink, d: Instant) -> Instant {
+    l.tunnels.lock().poll_timeout().map_or(d, |t| t.min(d))
+}
+
+/// The mesh declared `peer` down: its tunnels end with an error.
+pub(crate) fn peer_down(l: &MeshLink, broker: &Broker, peer: SocketAddr) {
+    let lost = l.tunnels.lock().peer_down(Instant::now(), peer);
+    tell_lost(broker, lost, &format!("node {peer} went down"));
+}
+
+/// Drives the associations: timers, events, frames to the broker, and
+/// packets to the mesh core (sent at the task's flush).
+pub(crate) fn drive(l: &MeshLink, broker: &Broker) {
+    let now = Instant::now();
+    let step = l.tunnels.lock().step(now);
+    for (from, frame) in step.frames {
+        act(l, broker, from, frame);
+    }
+    for peer in step.failed {
+        let lost = l.tunnels.lock().fail_peer(now, peer, true);
+        tell_lost(
+            broker,
+            lost,
+            &format!("the association with node {peer} failed"),
+        );
+    }
+    let mut t = l.tunnels.lock();
+    // Frames queued just now (answers, backlogs) go out in this round.
+    t.drain_backlogs();
+    t.transmit(now, &mut l.core.lock());
+}
+
+fn tell_lost(broker: &Broker, lost: Vec<Lost>, why: &str) {
+    for e in lost {
+        let frames = match e.pending {
+            Some(corr) => vec![ServerFrame::Error {
+                corr,
+                code: Code::NoResponders,
+                text: format!("tunnel not opened: {why}"),
+            }],
+            None => vec![
+                ServerFrame::Error {
+                    corr: ASYNC_ERROR,
+                    code: Code::NotFound,
+                    text: format!("tunnel {} closed: {why}", e.tunnel),
+                },
+                ServerFrame::TunClose { tunnel: e.tunnel },
+            ],
+        };
+        broker.tunnel_deliver(e.client, e.tunnel, frames, true);
+    }
+}
+
+/// Acts on one frame from `from`.
+fn act(l: &MeshLink, broker: &Broker, from: SocketAddr, raw: Bytes) {
+    let now = Instant::now();
+    let max_payload = l.tunnels.lock().max_payload;
+    let Ok(f) = TunFrame::decode(&raw, max_payload) else {
+        l.tunnels.lock().stats.bad_frames += 1;
+        return;
+    };
+    if let TunFrame::Open {
+        tunnel,
+        window,
+        cluster,
+        key,
+    } = f
+    {
+        broker.tunnel_incoming(from, tunnel, cluster, key, window);
+        return;
+    }
+    let mut t = l.tunnels.lock();
+    let tunnel = match &f {
+        TunFrame::Opened { tunnel, .. }
+        | TunFrame::Refused { tunnel }
+        | TunFrame::Data { tunnel, .. }
+        | TunFrame::Credit { tunnel, .. }
+        | TunFrame::Close { tunnel } => *tunnel,
+        TunFrame::Open { .. } => unreachable!("handled above"),
+    };
+    let pending_ok = matches!(f, TunFrame::Opened { .. } | TunFrame::Refused { .. });
+    let end = t
+        .ends
+        .get_mut(&tunnel)
+        .filter(|e| e.peer == from && e.theirs.is_none() == pending_ok);
+    let Some(end) = end else {
+        t.stats.stray_frames += 1;
+        if let TunFrame::Opened { peer_tunnel, .. } = f {
+            // Our client closed it while the open was on its way.
+            t.send(
+                now,
+                from,
+                &TunFrame::Close {
+                    tunnel: peer_tunnel,
+                },
+            );
+        }
+        return;
+    };
+    let client = end.client;
+    let (frames, ended) = match f {
+        TunFrame::Opened { peer_tunnel, .. } => {
+            end.theirs = Some(peer_tunnel);
+            let opened = ServerFrame::TunOpened {
+                corr: end.corr,
+                tunnel,
+                window: end.window,
+            };
+            (vec![opened], false)
+        }
+        TunFrame::Refused { .. } => {
+            let corr = end.corr;
+            t.ends.remove(&tunnel);
+            let e = ServerFrame::Error {
+                corr,
+                code: Code::NoResponders,
+                text: format!("the member's node {from} has no member with capacity any more"),
+            };
+            (vec![e], true)
+        }
+        TunFrame::Data { msg, .. } => (vec![ServerFrame::TunData { tunnel, msg }], false),
+        TunFrame::Credit { n, .. } => (vec![ServerFrame::TunCredit { tunnel, n }], false),
+        TunFrame::Close { .. } => {
+            t.ends.remove(&tunnel);
+            (vec![ServerFrame::TunClose { tunnel }], true)
+        }
+        TunFrame::Open { .. } => unreachable!("handled above"),
+    };
+    drop(t);
+    broker.tunnel_deliver(client, tunnel, frames, ended);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<TunFrame> {
+        vec![
+            TunFrame::Open {
+                tunnel: 7,
+                window: 256,
+                cluster: "tun".into(),
+                key: Bytes::from_static(b"k"),
+            },
+            TunFrame::Opened {
+                tunnel: 7,
+                peer_tunnel: u64::MAX,
+            },
+            TunFrame::Refused { tunnel: 1 },
+            TunFrame::Data {
+                tunnel: 3,
+                msg: Message::new("a.b", vec![9u8; 1000]),
+            },
+            TunFrame::Credit { tunnel: 3, n: 128 },
+            TunFrame::Close { tunnel: 3 },
+        ]
+    }
+
+    #[test]
+    fn frames_round_trip_and_every_prefix_is_refused() {
+        for f in samples() {
+            let b = f.encode();
+            assert_eq!(TunFrame::decode(&b, 1 << 20), Ok(f.clone()));
+            for n in 0..b.len() {
+                assert!(
+                    TunFrame::decode(&b.slice(..n), 1 << 20).is_err(),
+                    "{f:?} prefix {n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused() {
+        let mut long = vec![op::OPEN];
+        long.extend_from_slice(&1u64.to_le_bytes());
+        long.extend_from_slice(&1u32.to_le_bytes());
+        varint::put(&mut long, u64::MAX >> 1);
+        let mut trailing = TunFrame::Close { tunnel: 1 }.encode().to_vec();
+        trailing.push(0);
+        let big = TunFrame::Data {
+            tunnel: 1,
+            msg: Message::new("a", vec![0u8; 2000]),
+        }
+        .encode();
+        for b in [
+            Bytes::from_static(&[]),
+            Bytes::from_static(&[99, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Bytes::from(long),
+            Bytes::from(trailing),
+        ] {
+            assert!(TunFrame::decode(&b, 1 << 20).is_err(), "{b:?}");
+        }
+        assert!(TunFrame::decode(&big, 1000).is_err(), "over max_payload");
+    }
+
+    #[test]
+    fn packets_for_unknown_associations_are_dropped_and_counted() {
+        let mut t = Tunnels::new(1400, 1 << 20, 1 << 20);
+        let now = Instant::now();
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        t.handle_packet(now, from, Bytes::from_static(b"garbage"));
+        let mut forged = vec![b'S', b'K', 1, 2, 0];
+        forged.extend_from_slice(&(5u64 | 1 << 63).to_le_bytes());
+        t.handle_packet(now, from, Bytes::from(forged));
+        let s = t.listener.stats();
+        assert_eq!((s.malformed, s.unknown_key), (1, 1), "{s:?}");
+        assert!(t.listener.is_empty());
+    }
+
+    #[test]
+    fn a_pending_open_is_lost_with_its_peer() {
+        let mut t = Tunnels::new(1400, 1 << 20, 1 << 20);
+        let now = Instant::now();
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert!(t.open(now, peer, 1, 10, 77, "c", b"", 8));
+        assert!(t.accept(now, peer, 5, 2, 11));
+        let mut lost = t.peer_down(now, peer);
+        lost.sort_by_key(|l| l.tunnel);
+        assert_eq!(lost.len(), 2);
+        assert_eq!((lost[0].client, lost[0].pending), (10, Some(77)));
+        assert_eq!((lost[1].client, lost[1].pending), (11, None));
+        assert_eq!(t.stats().open, 0);
+        assert_eq!(t.stats().associations, 0);
+    }
+}
