@@ -873,6 +873,19 @@ impl Input {
 
     /// The next segment if one is there now.
     pub fn try_recv(&mut self) -> Result<Option<InSegment<'_>>, BufferError> {
+        // One buffer: straight to its ring (no allocation).
+        if self.subs.len() == 1 {
+            let Some((&id, sub)) = self.subs.iter_mut().next() else {
+                return Err(BufferError::UnknownBuffer { id: 0 });
+            };
+            let got = sub.cons.try_next();
+            let found = Self::reclaim(sub, got)?;
+            return Ok(found.map(|seg| InSegment {
+                id,
+                seg,
+                cons: &sub.cons,
+            }));
+        }
         let ids: Vec<BufferId> = self.subs.keys().copied().collect();
         Ok(self.poll_once(&ids)?.map(|(id, seg)| InSegment {
             id,
@@ -891,10 +904,16 @@ impl Input {
                 .subs
                 .get_mut(&id)
                 .ok_or(BufferError::UnknownBuffer { id })?;
+            // A segment or an error: the next call starts after this
+            // buffer, so a closed or corrupt buffer, which reports its
+            // error on every call, does not starve the others.
             let got = sub.cons.try_next();
-            if let Some(d) = Self::reclaim(sub, got)? {
-                self.rr = (self.rr + k + 1) % ids.len();
-                return Ok(Some((id, d)));
+            match Self::reclaim(sub, got) {
+                Ok(None) => {}
+                got => {
+                    self.rr = (self.rr + k + 1) % ids.len();
+                    return got.map(|d| d.map(|d| (id, d)));
+                }
             }
         }
         Ok(None)
