@@ -1374,6 +1374,14 @@ impl Broker {
         }
     }
 
+    /// Members of `cluster` this node routes to: its own clients and, for
+    /// each other node with members, one entry. What a request or a
+    /// broadcast sent now would reach (the mesh's view of a peer can be a
+    /// moment ahead of this).
+    pub fn cluster_members(&self, cluster: &str) -> usize {
+        self.state.lock().clusters.len(cluster)
+    }
+
     /// Every counter: the node's, each client's and each subscription's.
     pub fn stats(&self) -> NodeStats {
         let st = self.state.lock();
