@@ -32,6 +32,10 @@ pub(crate) struct Row {
     pub(crate) messages: u64,
     /// Messages received per second of the receiver's elapsed time.
     pub(crate) msgs_per_s: Option<f64>,
+    /// Messages received (throughput tests): with `lost`, accounts for
+    /// every message sent, exactly (the rate is rounded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) received: Option<u64>,
     /// Payload megabytes (10^6 B) received per second.
     pub(crate) mb_per_s: Option<f64>,
     /// Median round trip, microseconds.
@@ -76,6 +80,7 @@ impl Row {
     pub(crate) fn set_throughput(&mut self, received: u64, elapsed: Duration) {
         let secs = elapsed.as_secs_f64().max(1e-9);
         let rate = received as f64 / secs;
+        self.received = Some(received);
         self.msgs_per_s = Some(round(rate, 1));
         self.mb_per_s = Some(round(rate * self.size as f64 / 1e6, 3));
         self.elapsed_s = Some(round(secs, 6));
