@@ -26,6 +26,12 @@
 //!   request survives the loss of one), and
 //!   a retransmission timer after RFC 6298 (SRTT, RTTVAR, Karn's rule,
 //!   exponential backoff).
+//! - **Delayed acknowledgement of requests**: the acknowledgement of a
+//!   lone small packet that asks for one is held so that the reply carries
+//!   it (one packet each way per request/reply instead of two): at most
+//!   `ack_delay`, and at most `max(SRTT, min_pto) / 2` so that it still
+//!   reaches the sender before its probe timer; a packet queued meanwhile,
+//!   or a second request, sends it at once (`delayed_ack`, on by default).
 //! - **Messages** of up to `max_message` bytes (64 MiB by default),
 //!   fragmented over packets and reassembled; small messages queued together
 //!   share a packet. Every message is delivered once and in order, or the
@@ -98,8 +104,16 @@ pub struct AssociationConfig {
     /// asks.
     pub sreq_every: u32,
     /// How long a receiver may hold an acknowledgement that nobody asked
-    /// for.
+    /// for (and, with `delayed_ack`, that of a lone small request).
     pub ack_delay: Duration,
+    /// Hold the acknowledgement of a lone small request (a packet of at
+    /// most 512 payload bytes that asks for a status while no
+    /// acknowledgement is pending and delivers a message) so that the
+    /// reply carries it instead of a packet of its own (TCP's delayed
+    /// acknowledgement). It waits at most `ack_delay`, and never long
+    /// enough to set off the sender's probe timer: `max(SRTT, min_pto) /
+    /// 2`.
+    pub delayed_ack: bool,
     /// The retransmission timeout before any RTT is measured.
     pub initial_rto: Duration,
     /// The smallest retransmission timeout.
@@ -131,6 +145,7 @@ impl Default for AssociationConfig {
             max_message: 64 << 20,
             sreq_every: 8,
             ack_delay: Duration::from_millis(5),
+            delayed_ack: true,
             initial_rto: Duration::from_secs(1),
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
@@ -214,7 +229,8 @@ pub enum SendError {
 }
 
 /// A datagram to send: its bytes are at the start of the buffer given to
-/// `poll_transmit`.
+/// `poll_transmit` (the last `size` bytes of the one given to
+/// `poll_transmit_append`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// Where to send it.
@@ -269,6 +285,9 @@ pub struct AssociationStats {
     /// Second copies of lone small packets (neither new data nor
     /// retransmissions).
     pub copies: u64,
+    /// Requests whose acknowledgement was held for the reply to carry
+    /// (`AssociationConfig::delayed_ack`).
+    pub acks_held: u64,
     /// Messages of ours the peer acknowledged (cumulatively, so delivered
     /// unless it failed before reading them).
     pub messages_acked: u64,
@@ -335,6 +354,9 @@ pub struct Association {
     hs_sent_at: Instant,
     ack_now: bool,
     ack_at: Option<Instant>,
+    /// The acknowledgement of a lone small request waits (until `ack_at`)
+    /// for the reply to carry it.
+    ack_held: bool,
     ping_due: bool,
     reset_due: bool,
     close_reason: Option<CloseReason>,
@@ -449,6 +471,7 @@ impl Association {
             hs_sent_at: now,
             ack_now: false,
             ack_at: None,
+            ack_held: false,
             ping_due: false,
             reset_due: false,
             close_reason: None,
@@ -654,8 +677,22 @@ impl Association {
                 self.events.push_back(Event::Writable);
             }
         }
+        // The packet's acknowledgement waits for the reply (`hold`), or it
+        // is a copy that needs none of its own (`copy`).
+        let (mut hold, mut copy) = (false, false);
         if let Some(d) = p.data {
             let had_gap = self.recv.held() > 0;
+            // A lone small request: it asks for a status while no
+            // acknowledgement is pending. Its acknowledgement may wait for
+            // the reply to carry it (`AssociationConfig::delayed_ack`).
+            let small = p.sreq
+                && !p.close
+                && !self.ack_now
+                && self.ack_at.is_none()
+                && d.chunks.raw().len() <= send::COPY_MAX + 16
+                && d.chunks.iter().map(|c| c.bytes.len()).sum::<usize>() <= send::COPY_MAX;
+            let delivered_before = self.stats.messages_delivered;
+            let seq = d.seq;
             let res = self.recv.on_data(
                 now,
                 d.seq,
@@ -672,23 +709,60 @@ impl Association {
                 }
                 Ok(DataOutcome::Duplicate) => {
                     self.stats.duplicates += 1;
-                    self.ack_now = true;
+                    // The second copy of a lone packet (the newest, seen
+                    // less than a round trip ago: no probe or
+                    // retransmission comes that soon), or of the request
+                    // whose acknowledgement is held: the first arrived and
+                    // was (or will be) acknowledged; nothing to repair.
+                    let newest = seq + 1 == self.recv.rseq;
+                    let recent = self
+                        .recv
+                        .arrival_of(seq)
+                        .zip(self.send.rtt.srtt())
+                        .is_some_and(|(at, srtt)| now.saturating_duration_since(at) < srtt);
+                    if newest && (self.ack_held || recent) {
+                        copy = true;
+                    } else {
+                        self.ack_now = true;
+                    }
                 }
                 Ok(DataOutcome::OutOfWindow) => self.stats.out_of_window += 1,
                 Ok(DataOutcome::Held) => self.ack_now = true,
                 Ok(DataOutcome::InOrder) => {
                     if had_gap || self.recv.fin_done {
                         self.ack_now = true;
-                    } else if self.ack_at.is_none() {
-                        self.ack_at = Some(now + self.config.ack_delay);
+                    } else {
+                        if self.ack_at.is_none() {
+                            self.ack_at = Some(now + self.config.ack_delay);
+                        }
+                        hold = small
+                            && self.config.delayed_ack
+                            && self.stats.messages_delivered > delivered_before;
+                        if let (true, Some(bound)) = (hold, self.hold_bound()) {
+                            self.ack_at = Some(now + bound);
+                        } else {
+                            hold = false;
+                        }
                     }
                 }
             }
         }
-        if p.sreq {
+        if hold {
+            self.stats.acks_held += 1;
+            self.ack_held = true;
+        } else if p.sreq && !copy {
             self.ack_now = true;
         }
         self.check_close(now);
+    }
+
+    /// How long the acknowledgement of a request may wait for the reply:
+    /// `ack_delay` at most, and short enough to reach the peer well before
+    /// its probe timer (`max(2 x SRTT, min_pto)`) fires: `max(SRTT,
+    /// min_pto) / 2`. `None` before an RTT is measured.
+    fn hold_bound(&self) -> Option<Duration> {
+        let srtt = self.send.rtt.srtt()?;
+        Some(self.config.ack_delay.min(srtt.max(self.config.min_pto) / 2))
     }
 
     fn on_accept(&mut self, now: Instant, a: &Accept) {
@@ -941,6 +1015,7 @@ impl Association {
                                 self.stats.copies += 1;
                                 self.ack_now = false;
                                 self.ack_at = None;
+                                self.ack_held = false;
                                 self.ping_due = false;
                                 let mut t = self.sent(now, buf);
                                 t.alone = true;
@@ -958,6 +1033,7 @@ impl Association {
                 }
                 self.ack_now = false;
                 self.ack_at = None;
+                self.ack_held = false;
                 self.ping_due = false;
                 Some(self.sent(now, buf))
             }

@@ -232,6 +232,11 @@ impl RecvState {
         self.unread -= len;
     }
 
+    /// When `seq` arrived, if it is the highest sequence number received.
+    pub(super) fn arrival_of(&self, seq: u64) -> Option<Instant> {
+        self.largest.filter(|&(s, _)| s == seq).map(|(_, at)| at)
+    }
+
     /// Packets held above a gap (for tests of the memory bound).
     pub(super) fn held(&self) -> usize {
         self.held.len()

@@ -135,6 +135,35 @@ pub(crate) struct Core {
 /// Data packets one association may emit before the next gets a turn.
 const PER_TURN: usize = 16;
 
+fn add_frame(fbuf: &mut Vec<u8>, frames: &mut Vec<Frame>, dest: SocketAddr, bytes: &[u8]) {
+    let start = fbuf.len();
+    fbuf.extend_from_slice(bytes);
+    frames.push((dest, start, fbuf.len()));
+}
+
+/// Places a datagram an association just appended to the outbox at
+/// `start`: it stays there as a datagram of its own when it must travel
+/// alone or is too large to share a compound datagram with another frame
+/// of its size; otherwise it moves to the frames packed after collection.
+fn place(
+    out: &mut super::driver::Outbox,
+    fbuf: &mut Vec<u8>,
+    frames: &mut Vec<Frame>,
+    t: association::Transmit,
+    start: usize,
+    max_datagram: usize,
+) {
+    if t.alone {
+        out.end_alone(t.destination, start);
+    } else if 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
+        out.end(t.destination, start);
+    } else {
+        let (buf, _) = out.begin();
+        add_frame(fbuf, frames, t.destination, &buf[start..]);
+        buf.truncate(start);
+    }
+}
+
 impl Core {
     pub(crate) fn new(
         listener: Listener,
@@ -590,47 +619,59 @@ impl Core {
         while let Some(t) = self.batcher.poll_transmit(&mut tmp, 1) {
             self.add_frame(t.dest.addr, &tmp);
         }
+        self.tmp = tmp;
+        // Association packets are encoded straight into the outbox (one
+        // copy of the payload in user space, where the kernel's send takes
+        // it from); only frames small enough to share a compound datagram
+        // move to `fbuf` for packing.
         let mut more = false;
+        let mut bytes = 0;
         loop {
             let mut progressed = false;
             for a in self.outgoing.values_mut() {
                 for _ in 0..PER_TURN {
-                    let Some(t) = a.poll_transmit(now, &mut tmp) else {
+                    let (buf, start) = out.begin();
+                    let Some(t) = a.poll_transmit_append(now, buf) else {
                         break;
                     };
                     progressed = true;
-                    if t.alone {
-                        out.push_alone(t.destination, &tmp);
-                        continue;
-                    }
-                    let start = self.fbuf.len();
-                    self.fbuf.extend_from_slice(&tmp);
-                    self.frames.push((t.destination, start, self.fbuf.len()));
-                    progressed = true;
+                    bytes += t.size;
+                    place(
+                        out,
+                        &mut self.fbuf,
+                        &mut self.frames,
+                        t,
+                        start,
+                        max_datagram,
+                    );
                 }
             }
             if !progressed {
                 break;
             }
-            if self.fbuf.len() >= max_bytes {
+            if bytes >= max_bytes {
                 more = true;
                 break;
             }
         }
-        while self.fbuf.len() < max_bytes {
-            let Some(t) = self.listener.poll_transmit(now, &mut tmp) else {
+        while bytes < max_bytes {
+            let (buf, start) = out.begin();
+            let Some(t) = self.listener.poll_transmit_append(now, buf) else {
                 break;
             };
-            if t.alone {
-                out.push_alone(t.destination, &tmp);
-                continue;
-            }
-            self.add_frame(t.destination, &tmp);
+            bytes += t.size;
+            place(
+                out,
+                &mut self.fbuf,
+                &mut self.frames,
+                t,
+                start,
+                max_datagram,
+            );
         }
-        if self.fbuf.len() >= max_bytes {
+        if bytes >= max_bytes {
             more = true;
         }
-        self.tmp = tmp;
         // Finished associations whose tunnel is gone or has seen the end.
         let conns = &self.conns;
         let finished = &mut self.finished;
@@ -649,9 +690,7 @@ impl Core {
     }
 
     fn add_frame(&mut self, dest: SocketAddr, bytes: &[u8]) {
-        let start = self.fbuf.len();
-        self.fbuf.extend_from_slice(bytes);
-        self.frames.push((dest, start, self.fbuf.len()));
+        add_frame(&mut self.fbuf, &mut self.frames, dest, bytes);
     }
 
     /// Writes the frames into `out`: small ones to the same host share

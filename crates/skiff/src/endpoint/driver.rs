@@ -48,15 +48,6 @@ impl Outbox {
         self.dgrams.push((dest, s, self.buf.len(), false));
     }
 
-    /// Adds a datagram that must not share a GSO run with others (the copy
-    /// of a packet: it must not share the original's fate).
-    pub(crate) fn push_alone(&mut self, dest: SocketAddr, bytes: &[u8]) {
-        self.push(dest, bytes);
-        if let Some(d) = self.dgrams.last_mut() {
-            d.3 = true;
-        }
-    }
-
     /// Starts a datagram written directly into the buffer.
     pub(crate) fn begin(&mut self) -> (&mut Vec<u8>, usize) {
         let s = self.buf.len();
@@ -66,6 +57,13 @@ impl Outbox {
     /// Ends the datagram started at `start`.
     pub(crate) fn end(&mut self, dest: SocketAddr, start: usize) {
         self.dgrams.push((dest, start, self.buf.len(), false));
+    }
+
+    /// Ends the datagram started at `start`, to travel alone: not in a GSO
+    /// run with others (the copy of a packet must not share the
+    /// original's fate).
+    pub(crate) fn end_alone(&mut self, dest: SocketAddr, start: usize) {
+        self.dgrams.push((dest, start, self.buf.len(), true));
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -184,7 +182,12 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                 break;
             }
             match shared.socket.recv(&mut batch) {
-                Ok(_) => {
+                Ok(n) => {
+                    // Fewer buffers than slots: the socket was empty a
+                    // moment ago. What arrives from now on sets its
+                    // readiness again (it was cleared before this call), so
+                    // the empty `recvmmsg` that would confirm it is saved.
+                    let drained = n < RECV_SLOTS;
                     let mut core = shared.core.lock();
                     core.stats.recv_calls += 1;
                     for d in batch.drain() {
@@ -195,6 +198,9 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                         for dg in d.datagrams() {
                             core.handle_datagram(now, d.from, dg);
                         }
+                    }
+                    if drained {
+                        break;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

@@ -256,6 +256,7 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.rto_expired += b.rto_expired;
     a.tail_probes += b.tail_probes;
     a.copies += b.copies;
+    a.acks_held += b.acks_held;
     a.messages_acked += b.messages_acked;
     a.probes += b.probes;
     a.duplicates += b.duplicates;
@@ -500,16 +501,25 @@ impl Shared {
         self.wake.notify_one();
     }
 
-    /// Arms the driver's timer for `deadline`: exactly (`earlier_only`
-    /// false: the driver, which has just run every timer due), or only if
-    /// that is earlier than it is armed for (an application thread, which
-    /// must not postpone a deadline it did not handle).
+    /// Arms the driver's timer for `deadline` if that is earlier than it
+    /// is armed for, or the timer already fired (`earlier_only` false: the
+    /// driver, which has just run every timer due; an application thread
+    /// must not postpone a deadline it did not handle, so it only ever
+    /// brings the timer forward).
+    ///
+    /// A later deadline does not re-arm the timer: it fires early, the
+    /// driver finds nothing due and arms it then. Deadlines move later on
+    /// every packet (the probe timer restarts), and re-arming costs a
+    /// system call each time, where the early expiry costs one wake-up per
+    /// deadline period.
     pub(crate) fn arm_timer(&self, core: &mut Core, deadline: Option<Instant>, earlier_only: bool) {
-        let change = if earlier_only {
-            deadline.is_some_and(|d| core.timer_armed.is_none_or(|a| d < a))
-        } else {
-            deadline != core.timer_armed
-        };
+        let fired = !earlier_only && core.timer_armed.is_some_and(|a| a <= Instant::now());
+        if fired && deadline.is_none() {
+            // A one-shot timer that expired is disarmed already.
+            core.timer_armed = None;
+            return;
+        }
+        let change = deadline.is_some_and(|d| fired || core.timer_armed.is_none_or(|a| d < a));
         if !change {
             return;
         }

@@ -282,11 +282,20 @@ impl Pair {
                 self.send_packet(Dir::ToServer, buf.clone());
                 any = true;
             }
-            while let Some(t) = self.server.poll_transmit(self.now, &mut buf) {
+            // The server uses the appending form, behind bytes that must
+            // stay as they are (a driver's other datagrams).
+            const BEHIND: &[u8] = b"other datagrams";
+            buf.clear();
+            buf.extend_from_slice(BEHIND);
+            while let Some(t) = self.server.poll_transmit_append(self.now, &mut buf) {
                 assert_eq!(t.destination, self.client_addr);
-                self.send_packet(Dir::ToClient, buf.clone());
+                assert_eq!(&buf[..BEHIND.len()], BEHIND);
+                assert_eq!(buf.len(), BEHIND.len() + t.size);
+                self.send_packet(Dir::ToClient, buf[BEHIND.len()..].to_vec());
+                buf.truncate(BEHIND.len());
                 any = true;
             }
+            assert_eq!(buf, BEHIND, "nothing appended without a transmit");
             if let Some(h) = self.server.accept() {
                 assert!(self.server_h.is_none(), "one client, one association");
                 self.server_h = Some(h);

@@ -1042,3 +1042,133 @@ fn bulk_and_bursts_are_not_copied() {
     p.drive();
     assert_eq!(p.client.stats().copies, 0);
 }
+
+/// `exchanges` request/reply rounds of 64-byte messages on a lossless
+/// network; returns the pair and the log index where they began.
+fn request_reply(cfg: AssociationConfig, exchanges: usize) -> (Pair, usize) {
+    let mut p = Pair::with_config(3, Net::default(), cfg);
+    p.connect();
+    p.drive();
+    let start = p.log.len();
+    for i in 0..exchanges {
+        p.client.send(msg(i, 64)).unwrap();
+        assert!(p.drive_until(Duration::from_secs(5), |p| {
+            Pair::messages(&p.server_events).len() > i
+        }));
+        p.srv().send(msg(100 + i, 64)).unwrap();
+        assert!(p.drive_until(Duration::from_secs(5), |p| {
+            Pair::messages(&p.client_events).len() > i
+        }));
+    }
+    (p, start)
+}
+
+fn bare_acks(p: &Pair, start: usize, dir: Dir) -> usize {
+    p.log[start..]
+        .iter()
+        .filter(|w| w.dir == dir && w.packet.data.is_none())
+        .count()
+}
+
+#[test]
+fn reply_carries_the_held_acknowledgement() {
+    // Each side holds the acknowledgement of the other's request until
+    // its own reply carries it: no packet of its own, and (the copies of
+    // lone packets included) nothing sent twice or probed.
+    let (mut p, start) = request_reply(test_config(), 20);
+    assert_eq!(bare_acks(&p, start, Dir::ToClient), 0);
+    assert_eq!(bare_acks(&p, start, Dir::ToServer), 0);
+    assert_eq!(p.srv().stats().acks_held, 20);
+    // The client holds the acknowledgement of each reply for the next
+    // request; the last one goes alone once its hold ends.
+    assert_eq!(p.client.stats().acks_held, 20);
+    p.drive();
+    assert_eq!(bare_acks(&p, start, Dir::ToServer), 1);
+    for s in [p.client.stats(), p.srv().stats()] {
+        assert_eq!(
+            (s.tail_probes, s.retransmits, s.rto_expired),
+            (0, 0, 0),
+            "{s:?}"
+        );
+    }
+    // Without the delay every request and reply is acknowledged apart,
+    // once: the second copy of a lone packet, seen less than a round trip
+    // after the first, draws no acknowledgement of its own.
+    let cfg = AssociationConfig {
+        delayed_ack: false,
+        ..test_config()
+    };
+    let (mut p, start) = request_reply(cfg, 20);
+    assert_eq!(bare_acks(&p, start, Dir::ToClient), 20);
+    assert_eq!(p.srv().stats().acks_held, 0);
+}
+
+#[test]
+fn held_acknowledgement_leaves_before_the_probe() {
+    // One-way requests nobody answers: each acknowledgement waits
+    // max(SRTT, min_pto) / 2 (within ack_delay), then goes alone, early
+    // enough that the sender never probes.
+    let cfg = AssociationConfig {
+        ack_delay: Duration::from_millis(50),
+        min_pto: Duration::ZERO,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(4, Net::default(), cfg);
+    p.connect();
+    p.drive();
+    for i in 0..10 {
+        p.client.send(msg(i, 100)).unwrap();
+        p.drive();
+    }
+    let srtt = p.client.rtt().unwrap();
+    let held = p.srv().stats().acks_held;
+    assert_eq!(held, 10);
+    let s = p.client.stats();
+    assert_eq!((s.tail_probes, s.retransmits), (0, 0), "{s:?}");
+    // The last request arrived at `at`; its acknowledgement left half a
+    // round trip later.
+    let last = p.log.iter().rposition(|w| w.dir == Dir::ToServer).unwrap();
+    let ack = p.log[last..]
+        .iter()
+        .find(|w| w.dir == Dir::ToClient)
+        .expect("acknowledged");
+    let arrived = p.log[last].at + Net::default().latency;
+    let waited = ack.at - arrived;
+    assert!(
+        waited > Duration::ZERO && waited <= srtt / 2,
+        "{waited:?} (srtt {srtt:?})"
+    );
+}
+
+#[test]
+fn second_request_releases_the_held_acknowledgement() {
+    // A request arrives while the acknowledgement of the previous one is
+    // held: both are acknowledged at once.
+    let cfg = AssociationConfig {
+        ack_delay: Duration::from_millis(50),
+        min_pto: Duration::from_millis(40),
+        ..test_config()
+    };
+    let mut p = Pair::with_config(5, Net::default(), cfg);
+    p.connect();
+    p.drive();
+    let start = p.log.len();
+    p.client.send(msg(0, 64)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(5), |p| {
+        Pair::messages(&p.server_events).len() == 1
+    }));
+    assert_eq!(bare_acks(&p, start, Dir::ToClient), 0, "held");
+    p.client.send(msg(1, 64)).unwrap();
+    assert!(p.drive_until(Duration::from_secs(5), |p| {
+        Pair::messages(&p.server_events).len() == 2
+    }));
+    let arrived = p.now;
+    p.flush();
+    let acks: Vec<_> = p.log[start..]
+        .iter()
+        .filter(|w| w.dir == Dir::ToClient && w.packet.data.is_none())
+        .collect();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert_eq!(acks[0].at, arrived);
+    assert_eq!(acks[0].packet.status.unwrap().rseq, 2);
+}
