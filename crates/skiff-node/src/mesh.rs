@@ -497,7 +497,9 @@ pub(crate) async fn start(
         let started = Instant::now();
         let mut next_hello = Instant::now();
         let mut next_dns = Instant::now();
-        let mut buf = vec![0u8; 65_536];
+        // Datagrams are received into `buf` and handed on as frozen
+        // slices: frames reach the broker with no copy.
+        let mut buf = bytes::BytesMut::new();
         let mut sbuf = vec![0u8; 2048];
         loop {
             let now = Instant::now();
@@ -541,14 +543,22 @@ pub(crate) async fn start(
             let deadline = crate::mesh_tunnel::deadline(&l, deadline);
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
             tokio::select! {
-                r = sock.recv_from(&mut buf) => {
+                r = async {
+                    buf.reserve(65_536);
+                    sock.recv_buf_from(&mut buf).await
+                } => {
                     if let Ok((n, from)) = r {
                         let mut m = l.core.lock();
-                        m.handle_datagram(Instant::now(), from, &buf[..n]);
+                        m.handle_datagram_bytes(Instant::now(), from, buf.split_to(n).freeze());
                         // Whatever else is already queued, under the same lock.
                         for _ in 0..64 {
-                            match sock.try_recv_from(&mut buf) {
-                                Ok((n, from)) => m.handle_datagram(Instant::now(), from, &buf[..n]),
+                            buf.reserve(65_536);
+                            match sock.try_recv_buf_from(&mut buf) {
+                                Ok((n, from)) => m.handle_datagram_bytes(
+                                    Instant::now(),
+                                    from,
+                                    buf.split_to(n).freeze(),
+                                ),
                                 Err(_) => break,
                             }
                         }
@@ -584,17 +594,27 @@ pub(crate) async fn start(
             // and one match per run of the same subject, as for a client).
             let mut batch: Vec<crate::broker::Published> = Vec::new();
             for e in events {
-                if let MeshEvent::Frame { frame, .. } = &e {
-                    if frame.first() == Some(&op::PUB) {
-                        batch.extend(published(&l, frame));
+                match e {
+                    MeshEvent::Frames { from, frames } => {
+                        for frame in frames {
+                            if frame.first() == Some(&op::PUB) {
+                                batch.extend(published(&l, &frame));
+                                continue;
+                            }
+                            if !batch.is_empty() {
+                                broker.publish_remote(&mesh_client, &mut batch).await;
+                            }
+                            l.handle_frame(&broker, from, frame);
+                        }
                         continue;
                     }
-                }
-                if !batch.is_empty() {
-                    broker.publish_remote(&mesh_client, &mut batch).await;
+                    _ if !batch.is_empty() => {
+                        broker.publish_remote(&mesh_client, &mut batch).await;
+                    }
+                    _ => {}
                 }
                 match e {
-                    MeshEvent::Frame { from, frame } => l.handle_frame(&broker, from, frame),
+                    MeshEvent::Frames { .. } => {}
                     MeshEvent::Cluster {
                         peer,
                         cluster,

@@ -155,11 +155,12 @@ pub enum MeshEvent {
         capacity: u32,
     },
     /// An application frame from a peer.
-    Frame {
+    /// The application frames of one datagram from a peer, in order.
+    Frames {
         /// The peer's mesh address.
         from: SocketAddr,
-        /// The frame, as the peer's node gave it to [`Mesh::send_frame`].
-        frame: Bytes,
+        /// The frames, as the peer's node gave them to [`Mesh::send_frame`].
+        frames: Frames,
     },
     /// An association packet from an up member.
     Assoc {
@@ -804,6 +805,13 @@ impl Mesh {
 
     /// Handles one datagram received on the mesh socket from `from`.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        self.handle_datagram_bytes(now, from, Bytes::copy_from_slice(data))
+    }
+
+    /// [`Mesh::handle_datagram`] without a copy: frames are handed on as
+    /// slices of `data`.
+    pub fn handle_datagram_bytes(&mut self, now: Instant, from: SocketAddr, datagram: Bytes) {
+        let data = &datagram[..];
         self.now = now;
         let (kind, net, body) = match packet::open(data) {
             Ok(x) => x,
@@ -831,7 +839,7 @@ impl Mesh {
                     self.stats.rate_limited += 1;
                     return;
                 }
-                if self.handle_peer(kind, from, body).is_err() {
+                if self.handle_peer(kind, from, body, &datagram).is_err() {
                     self.stats.malformed += 1;
                 }
             }
@@ -891,6 +899,7 @@ impl Mesh {
         kind: Kind,
         from: SocketAddr,
         body: &[u8],
+        datagram: &Bytes,
     ) -> Result<(), crate::WireError> {
         let mut r = Reader::new(body);
         match kind {
@@ -977,19 +986,19 @@ impl Mesh {
                 }
                 // Checked whole before any frame is handed on.
                 let mut check = Reader::new(r.rest());
+                let mut n = 0;
                 while !check.is_empty() {
                     check.bytes(packet::MAX_FRAME)?;
+                    n += 1;
                 }
-                let all = Bytes::copy_from_slice(r.rest());
-                while !r.is_empty() {
-                    let f = r.bytes(packet::MAX_FRAME)?;
-                    let at = f.as_ptr() as usize - body.as_ptr() as usize - 8;
-                    p.stats.recv_frames += 1;
-                    self.events.push_back(MeshEvent::Frame {
-                        from,
-                        frame: all.slice(at..at + f.len()),
-                    });
-                }
+                p.stats.recv_frames += n;
+                let at = datagram.len() - r.rest().len();
+                self.events.push_back(MeshEvent::Frames {
+                    from,
+                    frames: Frames {
+                        buf: datagram.slice(at..),
+                    },
+                });
             }
             Kind::Assoc => {
                 if body.is_empty() {
@@ -1255,6 +1264,28 @@ impl Mesh {
         p.stats.up = false;
         self.forget_interest(id.addr);
         self.events.push_back(MeshEvent::Down(id));
+    }
+}
+
+/// The frames of one data datagram (validated): each is a slice of the
+/// received datagram, no copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frames {
+    buf: Bytes,
+}
+
+impl Iterator for Frames {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        let (n, used) = varint::get(&self.buf).ok()?;
+        let end = used.checked_add(usize::try_from(n).ok()?)?;
+        if end > self.buf.len() {
+            return None;
+        }
+        let f = self.buf.slice(used..end);
+        self.buf = self.buf.slice(end..);
+        Some(f)
     }
 }
 

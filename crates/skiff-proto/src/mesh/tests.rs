@@ -111,7 +111,7 @@ impl Sim {
             let mut frames = Vec::new();
             while let Some(e) = m.poll_event() {
                 match e {
-                    MeshEvent::Frame { frame, .. } => frames.push(frame),
+                    MeshEvent::Frames { frames: f, .. } => frames.extend(f),
                     e => self.events[i].push(e),
                 }
             }
