@@ -172,6 +172,23 @@ pub(crate) fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Erro
             if !shm {
                 continue;
             }
+            // The per-message software cost without a second core: one
+            // thread alternates segment+deliver and recv+consumed.
+            let pb = report::spinner(show, &format!("shm {size} B per-msg one thread"));
+            let row = shm_one_thread(args, size, limits);
+            pb.finish_and_clear();
+            out.push(row?)?;
+            if size == 8 {
+                // The floor of the hardware and the scheduler here: a bare
+                // ring of 8-byte slots, nothing but one release store per
+                // message and cached peer positions.
+                for threads in [2, 1] {
+                    let pb = report::spinner(show, &format!("spsc floor {threads} thread(s)"));
+                    let row = spsc_floor(threads, limits);
+                    pb.finish_and_clear();
+                    out.push(row?)?;
+                }
+            }
             for buffered in [false, true] {
                 let pb = report::spinner(show, &format!("uds {size} B"));
                 let row = uds_msgs(size, buffered, limits);
@@ -300,6 +317,149 @@ fn shm_msgs(
     row.lost = Some(sent - received);
     row.cpu_pct = Some(cpu.pct());
     row.options = Some(format!("{loc} buffer={}", args.buffer));
+    Ok(row)
+}
+
+/// One thread, one buffer: up to 1024 segments of one message each are
+/// delivered, then received and consumed one by one; repeated. No second
+/// core, no cache-line transfers: what the calls themselves cost.
+fn shm_one_thread(args: &ShmArgs, size: usize, limits: Limits) -> Result<Row, Box<dyn Error>> {
+    let loc = args.locator(&name("one"), "0us");
+    let mut out = Output::open(&loc)?;
+    let buffer = args.buffer.max(size * 2);
+    out.create_buffer(1, buffer, Flow::Credits)?;
+    let mut input = Input::open(&loc)?;
+    input.subscribe(1, buffer)?;
+    let payload = vec![0xA5u8; size];
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    let (mut sent, mut received) = (0u64, 0u64);
+    while sent < limits.messages && start.elapsed() < limits.duration {
+        let round = 1024.min(limits.messages - sent);
+        for _ in 0..round {
+            let mut seg = match out.segment(1, size, false) {
+                Ok(seg) => seg,
+                Err(e) if e.is_would_block() => break,
+                Err(e) => return Err(e.into()),
+            };
+            seg.write(0, &payload);
+            out.deliver(seg, size)?;
+            sent += 1;
+        }
+        while let Some(seg) = input.try_recv()? {
+            let len = seg.len();
+            let (a, _) = seg.slices()?;
+            std::hint::black_box(a.first());
+            received += 1;
+            input.consumed(1, len)?;
+        }
+    }
+    let mut row = Row::new("shm", "per-msg one thread", size);
+    row.messages = sent;
+    row.set_throughput(received, start.elapsed());
+    row.lost = Some(sent - received);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(format!("{loc} buffer={buffer}, rounds of 1024"));
+    Ok(row)
+}
+
+/// A bare single-producer single-consumer ring of 65536 8-byte slots in
+/// process memory (no validation, no records, no wake-ups): the producer
+/// caches the consumer's position and re-reads it only when the ring
+/// looks full, the consumer caches the producer's and reads every slot
+/// below it; one release store per message on each side. With
+/// `threads == 1` one thread alternates rounds of 1024.
+fn spsc_floor(threads: usize, limits: Limits) -> Result<Row, Box<dyn Error>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const SLOTS: u64 = 1 << 16;
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let slots: Vec<AtomicU64> = (0..SLOTS).map(|_| AtomicU64::new(0)).collect();
+    let lines = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
+    let (head, tail) = (&lines.0, &lines.1);
+    let slots = &slots;
+    let stop = &std::sync::atomic::AtomicBool::new(false);
+    let total = limits.messages;
+    let deadline = Instant::now() + limits.duration;
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    // Producer step: publish up to `max` messages; returns how many.
+    let produce = |next: &mut u64, seen_tail: &mut u64, max: u64| -> u64 {
+        let mut n = 0;
+        while n < max && *next < total {
+            if *next - *seen_tail == SLOTS {
+                *seen_tail = tail.0.load(Ordering::Acquire);
+                if *next - *seen_tail == SLOTS {
+                    break;
+                }
+            }
+            slots[(*next % SLOTS) as usize].store(*next, Ordering::Relaxed);
+            *next += 1;
+            head.0.store(*next, Ordering::Release);
+            n += 1;
+        }
+        n
+    };
+    // Consumer step: read everything published; returns how many.
+    let consume = |next: &mut u64, seen_head: &mut u64, sum: &mut u64| -> u64 {
+        if *next == *seen_head {
+            *seen_head = head.0.load(Ordering::Acquire);
+        }
+        let n = *seen_head - *next;
+        while *next < *seen_head {
+            *sum = sum.wrapping_add(slots[(*next % SLOTS) as usize].load(Ordering::Relaxed));
+            *next += 1;
+            tail.0.store(*next, Ordering::Release);
+        }
+        n
+    };
+    let (sent, received) = if threads == 1 {
+        let (mut p, mut st, mut c, mut sh, mut sum) = (0, 0, 0, 0, 0);
+        while p < total && Instant::now() < deadline {
+            produce(&mut p, &mut st, 1024);
+            consume(&mut c, &mut sh, &mut sum);
+        }
+        std::hint::black_box(sum);
+        (p, c)
+    } else {
+        std::thread::scope(|s| {
+            let consumer = s.spawn(move || {
+                let (mut c, mut sh, mut sum) = (0, 0, 0);
+                while c < total {
+                    if consume(&mut c, &mut sh, &mut sum) == 0 {
+                        if stop.load(Ordering::Acquire) && c == head.0.load(Ordering::Acquire) {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+                std::hint::black_box(sum);
+                c
+            });
+            let (mut p, mut st) = (0, 0);
+            while p < total && Instant::now() < deadline {
+                if produce(&mut p, &mut st, 1024) == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+            stop.store(true, Ordering::Release);
+            (p, consumer.join().unwrap_or(0))
+        })
+    };
+    let elapsed = start.elapsed();
+    let mode = if threads == 1 {
+        "bare spsc 8B slots one thread"
+    } else {
+        "bare spsc 8B slots busy-poll"
+    };
+    let mut row = Row::new("floor", mode, 8);
+    row.messages = sent;
+    row.set_throughput(received, elapsed);
+    row.lost = Some(sent - received);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(format!(
+        "{SLOTS} AtomicU64 slots, cached positions, in-process"
+    ));
     Ok(row)
 }
 
