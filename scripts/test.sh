@@ -39,6 +39,31 @@ if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi
+echo "== loom (the shared-memory ring's orderings, model-checked)"
+# Its own cfg and target directory (see crates/skiff/src/shm/loom.rs).
+RUSTFLAGS="--cfg skiff_loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/loom" \
+  cargo test --quiet -p skiff --lib shm::loom --release 2>&1 | tee -a target/test-output.txt
+echo "== miri (the ring's unsafe accessors and the credit arithmetic)"
+if ! rustup toolchain list | grep -q '^nightly'; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+  echo "   installing miri on nightly"
+  rustup component add --toolchain nightly miri rust-src
+fi
+# Isolation off: the ring tests map anonymous memory and read the page size.
+MIRIFLAGS=-Zmiri-disable-isolation CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/miri" \
+  cargo +nightly miri test --quiet -p skiff-proto --lib credits 2>&1 | tee -a target/test-output.txt
+# (miri warns at length that the page-size read opens a file in /proc:
+# the log keeps it, the screen gets the verdict.)
+if MIRIFLAGS=-Zmiri-disable-isolation CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/miri" \
+  cargo +nightly miri test --quiet -p skiff --lib shm::ring >target/miri-ring.log 2>&1; then
+  grep 'test result' target/miri-ring.log | tee -a target/test-output.txt
+else
+  grep -v -e '^warning: files in `/proc`' target/miri-ring.log | tail -n 60
+  echo "miri: shm::ring failed (whole log in target/miri-ring.log)"
+  exit 1
+fi
 echo "== fuzz (${fuzz_secs}s per target)"
 if [ "$fuzz_secs" -gt 0 ] && [ -x scripts/fuzz.sh ]; then
   scripts/fuzz.sh "$fuzz_secs"
