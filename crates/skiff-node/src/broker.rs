@@ -732,6 +732,9 @@ impl Broker {
         // Messages for `targets` not yet queued to them.
         let mut run: Vec<Body> = Vec::new();
         let mut woken: Vec<u64> = Vec::new();
+        // Messages of this round for other nodes (indices into `batch`),
+        // handed to the mesh together once the routing lock is released.
+        let mut fwd: Vec<usize> = Vec::new();
         let mut i = 0;
         while i < batch.len() {
             {
@@ -739,6 +742,7 @@ impl Broker {
                 let st = &mut *st;
                 let mut prev: Option<usize> = None;
                 let mut published = 0u64;
+                fwd.clear();
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
                     let p = &batch[i];
                     i += 1;
@@ -771,8 +775,8 @@ impl Broker {
                         prev = Some(i - 1);
                     }
                     published += 1;
-                    if let Some(m) = forward {
-                        m.publish(subject, kind, &p.raw);
+                    if forward.is_some() {
+                        fwd.push(i - 1);
                     }
                     run.push(Body::encoded(&p.raw));
                 }
@@ -786,6 +790,14 @@ impl Broker {
                         c.out.wake();
                     }
                 }
+            }
+            if let (Some(m), false) = (forward, fwd.is_empty()) {
+                let max = self.limits.max_payload;
+                m.publish_many(fwd.iter().map(|&k| {
+                    let p = &batch[k];
+                    let (subject, kind, _) = p.parts(max);
+                    (subject, kind, &p.raw[..])
+                }));
             }
             for k in kill.drain(..) {
                 self.counters.slow_consumers.fetch_add(1, Relaxed);

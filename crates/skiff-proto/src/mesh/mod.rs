@@ -592,16 +592,28 @@ impl Mesh {
         to: SocketAddr,
         frame: &[u8],
     ) -> Result<(), FrameError> {
+        self.send_frame_parts(now, to, &[frame])
+    }
+
+    /// [`Mesh::send_frame`] of the frame made of `parts` in order (a tag
+    /// and a body, say), so the caller need not join them first.
+    pub fn send_frame_parts(
+        &mut self,
+        now: Instant,
+        to: SocketAddr,
+        parts: &[&[u8]],
+    ) -> Result<(), FrameError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         self.now = self.now.max(now);
         let max = match self.peers.get(&to) {
             Some(p) if p.max_data > 0 => p.max_data,
             _ => self.config.max_datagram.max(512),
         };
-        let need = varint::len(frame.len() as u64) + frame.len();
+        let need = varint::len(len as u64) + len;
         if packet::ENVELOPE + 8 + need > 65_000.max(max) {
             self.stats.frames_too_large += 1;
             return Err(FrameError::TooLarge {
-                len: frame.len(),
+                len,
                 max: 65_000 - packet::ENVELOPE - 8 - 4,
             });
         }
@@ -621,8 +633,10 @@ impl Mesh {
             p.tx.extend_from_slice(&p.tx_seq.to_le_bytes());
             p.tx_seq += 1;
         }
-        varint::put(&mut p.tx, frame.len() as u64);
-        p.tx.extend_from_slice(frame);
+        varint::put(&mut p.tx, len as u64);
+        for part in parts {
+            p.tx.extend_from_slice(part);
+        }
         p.tx_frames += 1;
         Ok(())
     }
@@ -1283,8 +1297,10 @@ impl Iterator for Frames {
         if end > self.buf.len() {
             return None;
         }
-        let f = self.buf.slice(used..end);
-        self.buf = self.buf.slice(end..);
+        // One reference-count increment per frame (`split_to`), none to
+        // move past it: the count is shared by every frame of the datagram.
+        let mut f = self.buf.split_to(end);
+        bytes::Buf::advance(&mut f, used);
         Some(f)
     }
 }
