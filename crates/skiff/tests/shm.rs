@@ -268,6 +268,25 @@ fn producer_killed_is_a_clean_error(t: T) {
     let _ = child.wait();
 }
 
+/// A producer child feeding a broker (its input spliced into the broker's
+/// output) is killed: the downstream subscriber learns that the source is
+/// gone (`PeerDead` over shm, where it reads the producer's own ring;
+/// `PeerLost` over tcp, from the broker's close frame of reason 2), not
+/// `Closed` or `Corrupt`.
+fn spliced_producer_killed_reaches_downstream(t: T) {
+    let (mut child, up) = spawn_role("producer", &output_locator(t));
+    let mut broker_in = Input::open(&up).unwrap();
+    broker_in.subscribe(1, 4096).unwrap();
+    let (mut broker_out, down) = output(t);
+    broker_out.splice(&mut broker_in, 1).unwrap();
+    let mut sub = Input::open(&down).unwrap();
+    sub.subscribe(1, 4096).unwrap();
+    child.kill().unwrap();
+    let e = sub.recv(Some(Duration::from_secs(10))).unwrap_err();
+    assert!(e.is_peer_gone(), "{e}");
+    let _ = child.wait();
+}
+
 /// A subscriber child that never consumes fills the buffer; once it is
 /// killed, a blocked producer goes on and the loss is counted.
 fn subscriber_killed_unblocks_the_producer(t: T) {
@@ -320,14 +339,20 @@ macro_rules! suite {
     };
 }
 
-/// The same tests over every transport, crash tests included.
+/// The same tests over every transport, crash tests included; a lost
+/// source forwarded through a splice over shm and tcp (the udp close frame
+/// has no "lost" reason yet: see docs/shm.md, Unfinished).
 macro_rules! transports {
-    (all: [$($all:ident),* $(,)?] crash: [$($crash:ident),* $(,)?]) => {
+    (
+        all: [$($all:ident),* $(,)?]
+        crash: [$($crash:ident),* $(,)?]
+        lost_upstream: [$($lost:ident),* $(,)?]
+    ) => {
         mod over_shm {
-            suite!(Shm: $($all,)* $($crash,)*);
+            suite!(Shm: $($all,)* $($crash,)* $($lost,)*);
         }
         mod over_tcp {
-            suite!(Tcp: $($all,)* $($crash,)*);
+            suite!(Tcp: $($all,)* $($crash,)* $($lost,)*);
         }
         mod over_udp {
             suite!(Udp: $($all,)* $($crash,)*);
@@ -347,6 +372,9 @@ transports!(
     crash: [
         producer_killed_is_a_clean_error,
         subscriber_killed_unblocks_the_producer,
+    ]
+    lost_upstream: [
+        spliced_producer_killed_reaches_downstream,
     ]
 );
 

@@ -23,8 +23,8 @@
 //!                                         1 = corrupt, 2 = lost upstream
 //! ```
 //!
-//! The close marker and its reason byte are the udp transport's
-//! (`assoc/frame.rs`). A clean end sends it: an [`Output`] dropped (or a
+//! The close marker and reasons 0 and 1 are the udp transport's
+//! (`assoc/frame.rs`); reason 2 is tcp's so far. A clean end sends it: an [`Output`] dropped (or a
 //! buffer closed by its producer) ends each subscribed buffer with a close
 //! frame after its data, and a dropped [`Input`] unsubscribes each of its
 //! buffers before it shuts the connection. A connection that ends (EOF,
