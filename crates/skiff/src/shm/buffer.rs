@@ -220,7 +220,9 @@ pub struct OutStats {
     /// Bytes published.
     pub bytes: u64,
     /// Subscribers detached because their process died or they wrote
-    /// impossible positions.
+    /// impossible positions (`shm`), or because their connection ended
+    /// without unsubscribing (`tcp`: no close frame; `udp`: the tunnel
+    /// failed).
     pub subscribers_lost: u64,
 }
 
@@ -280,11 +282,10 @@ impl Output {
         }
     }
 
-    /// The network transport's counters (`tcp://`: empty; `shm://`:
-    /// `None`).
+    /// The network transport's counters (`shm://`: `None`).
     pub fn link_stats(&self) -> Option<LinkStats> {
         match (&self.server, &self.userver) {
-            (Some(_), _) => Some(LinkStats::default()),
+            (Some(s), _) => Some(s.stats()),
             (_, Some(u)) => Some(u.stats()),
             _ => None,
         }
@@ -435,6 +436,7 @@ impl Output {
                 segments: prod.segments(),
                 bytes: prod.head(),
                 subscribers_lost: prod.consumers_lost
+                    + self.server.as_ref().map_or(0, |s| s.lost(id))
                     + self.userver.as_ref().map_or(0, |u| u.lost(id)),
             }),
             OutBuf::Spliced { .. } => Some(OutStats::default()),
@@ -694,11 +696,10 @@ impl Input {
         })
     }
 
-    /// The network transport's counters (`tcp://`: empty; `shm://`:
-    /// `None`).
+    /// The network transport's counters (`shm://`: `None`).
     pub fn link_stats(&self) -> Option<LinkStats> {
         match (&self.client, &self.uclient) {
-            (Some(_), _) => Some(LinkStats::default()),
+            (Some(c), _) => Some(c.stats()),
             (_, Some(u)) => Some(u.stats()),
             _ => None,
         }
@@ -742,6 +743,13 @@ impl Input {
                 (ring, Some(path))
             }
             (Kind::Tcp(_), Some(c)) => {
+                if size > tcp::MAX_LEN as usize {
+                    return Err(BufferError::TooLarge {
+                        id,
+                        len: size as u64,
+                        limit: u64::from(tcp::MAX_LEN),
+                    });
+                }
                 let cap = size as u64;
                 let layout = Layout::new(cap, default_records(cap), 1, Flow::Credits)
                     .map_err(|e| BufferError::Usage { id, why: e.0 })?;
@@ -804,7 +812,9 @@ impl Input {
     /// The next segment of any subscribed buffer, waiting up to `timeout`
     /// (`None`: forever); `Ok(None)` on timeout. Errors: the buffer was
     /// closed ([`BufferError::Closed`]), its producer died
-    /// ([`BufferError::PeerDead`], the file is reclaimed), or it is corrupt.
+    /// ([`BufferError::PeerDead`], the file is reclaimed), the network peer
+    /// went away without closing it ([`BufferError::PeerLost`], `tcp` and
+    /// `udp`), or it is corrupt.
     pub fn recv(
         &mut self,
         timeout: Option<Duration>,

@@ -40,6 +40,8 @@
 
 use std::io;
 use std::path::PathBuf;
+#[cfg(not(skiff_loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use skiff_proto::credits::{Delivered, Flow};
@@ -250,6 +252,38 @@ pub struct LinkStats {
     pub torn_sends: u64,
     /// The association endpoint's own counters (`udp://` outputs).
     pub endpoint: Option<crate::EndpointStats>,
+}
+
+/// Transport counters, shared by the threads of one output or input.
+#[cfg(not(skiff_loom))]
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) malformed: AtomicU64,
+    pub(crate) unknown: AtomicU64,
+    pub(crate) protocol: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) peers_lost: AtomicU64,
+    pub(crate) torn: AtomicU64,
+}
+
+#[cfg(not(skiff_loom))]
+impl Counters {
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LinkStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LinkStats {
+            frames_malformed: g(&self.malformed),
+            frames_unknown: g(&self.unknown),
+            protocol_errors: g(&self.protocol),
+            subscribes_refused: g(&self.refused),
+            peers_lost: g(&self.peers_lost),
+            torn_sends: g(&self.torn),
+            endpoint: None,
+        }
+    }
 }
 
 /// Options of a buffer object, from the locator's query.

@@ -54,13 +54,12 @@ mod server;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use super::{BufferError, LinkStats};
+use super::{BufferError, Counters};
 use crate::endpoint::{Endpoint, EndpointConfig};
 use crate::tunnel::Tunnel;
 
@@ -133,36 +132,6 @@ fn close_tunnel(t: &Tunnel, waker: &Waker) {
     let _ = block_on(waker, Some(Instant::now() + LINGER), |cx| {
         f.as_mut().poll(cx)
     });
-}
-
-/// Transport counters, shared by the threads of one output or input.
-#[derive(Debug, Default)]
-struct Counters {
-    malformed: AtomicU64,
-    unknown: AtomicU64,
-    protocol: AtomicU64,
-    refused: AtomicU64,
-    peers_lost: AtomicU64,
-    torn: AtomicU64,
-}
-
-impl Counters {
-    fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> LinkStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        LinkStats {
-            frames_malformed: g(&self.malformed),
-            frames_unknown: g(&self.unknown),
-            protocol_errors: g(&self.protocol),
-            subscribes_refused: g(&self.refused),
-            peers_lost: g(&self.peers_lost),
-            torn_sends: g(&self.torn),
-            endpoint: None,
-        }
-    }
 }
 
 /// The endpoint for `addr` with the endpoint options of the locator.
