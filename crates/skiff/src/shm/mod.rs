@@ -47,6 +47,8 @@ pub use skiff_proto::credits::{Delivered, Flow};
 #[cfg(not(skiff_loom))]
 mod assoc;
 #[cfg(not(skiff_loom))]
+pub(crate) mod attach;
+#[cfg(not(skiff_loom))]
 mod buffer;
 mod layout;
 #[cfg(skiff_loom)]
@@ -57,12 +59,16 @@ mod region;
 mod ring;
 mod sync;
 #[cfg(not(skiff_loom))]
+mod node;
+#[cfg(not(skiff_loom))]
 mod sys;
 #[cfg(not(skiff_loom))]
 mod tcp;
 
 #[cfg(not(skiff_loom))]
 pub use buffer::{InSegment, InStats, Input, OutStats, Output, SegmentMut};
+#[cfg(not(skiff_loom))]
+pub use node::{serve, serve_broker, ShmListener, ShmStats};
 #[cfg(skiff_loom)]
 use region::Region;
 #[cfg(not(skiff_loom))]
