@@ -232,11 +232,6 @@ impl FrameWriter {
         }
     }
 
-    /// The ring.
-    pub(crate) fn ring(&self) -> &Arc<Ring> {
-        &self.prod.ring
-    }
-
     /// The largest segment this writer makes of several frames.
     pub(crate) fn max_segment(&self) -> usize {
         (self.cap / 2) as usize
@@ -296,6 +291,138 @@ impl FrameWriter {
             self.prod.ring.close(super::layout::CLOSED);
         }
     }
+}
+
+/// A ring of the attachment seen from the other side of the socket: the
+/// socket's end marks it lost (its consumer ends after the data).
+#[derive(Debug, Clone)]
+pub(crate) struct LostHandle(Arc<Ring>);
+
+impl LostHandle {
+    /// The peer is gone (see [`mark_lost`]).
+    pub(crate) fn mark_lost(&self) {
+        mark_lost(&self.0);
+    }
+}
+
+/// The client's reader of the node→client ring: segments are copied out
+/// (one copy, like a socket read) and their space returned at once.
+#[derive(Debug)]
+pub(crate) struct DownReader {
+    cons: super::ring::RingConsumer,
+    spin: Duration,
+}
+
+impl DownReader {
+    /// Waits for the next segment and appends its bytes to `out`;
+    /// `Ok(false)` for padding (nothing appended). Errors: the node closed
+    /// the ring (`Closed`, after everything), died (`PeerDead`), or its
+    /// socket ended (`PeerLost`); or the ring is corrupt.
+    pub(crate) fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, BufferError> {
+        let d = loop {
+            if let Some(d) = self.cons.next(None, self.spin)? {
+                break d;
+            }
+        };
+        let base = out.len();
+        self.cons.copy(d.seg, d.start, d.len, out);
+        self.cons.consume(d.len)?;
+        if is_pad(&out[base..]) {
+            out.truncate(base);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// A client's side of an attachment after the rendezvous.
+#[derive(Debug)]
+pub(crate) struct ClientRings {
+    /// The socket, held open while the client lives.
+    pub(crate) socket: tokio::net::UnixStream,
+    /// The client→node ring's writer.
+    pub(crate) up: FrameWriter,
+    /// The node→client ring's reader.
+    pub(crate) down: DownReader,
+    /// To mark the node→client ring lost when the socket ends.
+    pub(crate) down_lost: LostHandle,
+    /// The node's id for this client.
+    pub(crate) client: u64,
+    /// The node's payload limit.
+    pub(crate) max_payload: u64,
+}
+
+/// Attaches to the node at `place` (see the module doc), within
+/// [`HANDSHAKE`].
+pub(crate) async fn client_rendezvous(place: &Place) -> Result<ClientRings, String> {
+    let sock = place.dir.join(SOCKET);
+    let s = tokio::net::UnixStream::connect(&sock)
+        .await
+        .map_err(|e| format!("connect to the node's shm socket {}: {e}", sock.display()))?;
+    let mut s = tokio::io::BufReader::new(s);
+    let mut up_file = None;
+    let r = tokio::time::timeout(HANDSHAKE, client_lines(&mut s, place, &mut up_file))
+        .await
+        .unwrap_or_else(|_| Err("the node did not answer the rendezvous in time".into()));
+    if let Some(f) = up_file {
+        // The node removes it after OK; on failure, so do we.
+        if r.is_err() {
+            let _ = fs::remove_file(f);
+        }
+    }
+    let (up, down, client, max_payload) = r?;
+    let down_lost = LostHandle(Arc::clone(&down.ring));
+    Ok(ClientRings {
+        socket: s.into_inner(),
+        up: FrameWriter::new(up, place.spin),
+        down: DownReader {
+            cons: down,
+            spin: place.spin,
+        },
+        down_lost,
+        client,
+        max_payload,
+    })
+}
+
+type Lines = (Arc<Ring>, super::ring::RingConsumer, u64, u64);
+
+async fn client_lines(
+    s: &mut tokio::io::BufReader<tokio::net::UnixStream>,
+    place: &Place,
+    up_file: &mut Option<PathBuf>,
+) -> Result<Lines, String> {
+    let e = |e: io::Error| format!("shm rendezvous: {e}");
+    write_line(s.get_mut(), HELLO).await.map_err(e)?;
+    let line = read_line(s).await.map_err(e)?;
+    let refused = |line: &str| match line.strip_prefix("ERR ") {
+        Some(why) => format!("the node refused: {why}"),
+        None => format!("unexpected rendezvous line {line:?}"),
+    };
+    let mut w = line.strip_prefix("RING ").ok_or_else(|| refused(&line))?.split(' ');
+    let (Some(down_name), Some(max_frame), None) = (w.next(), w.next(), w.next()) else {
+        return Err(refused(&line));
+    };
+    let max_frame: u64 = max_frame.parse().map_err(|_| refused(&line))?;
+    let down = open_peer_ring(&place.dir, down_name, DOWN).map_err(|e| e.to_string())?;
+    let down = super::ring::RingConsumer::attach(down).map_err(|e| e.to_string())?;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let up_name = format!("c{}-{n}.up", std::process::id());
+    let (up, path) = create_ring(&place.dir, &up_name, capacity(place.ring, max_frame), UP)
+        .map_err(|e| e.to_string())?;
+    *up_file = Some(path);
+    write_line(s.get_mut(), &format!("RING {up_name}"))
+        .await
+        .map_err(e)?;
+    let line = read_line(s).await.map_err(e)?;
+    let mut w = line.strip_prefix("OK ").ok_or_else(|| refused(&line))?.split(' ');
+    let (Some(Ok(client)), Some(Ok(max_payload))) =
+        (w.next().map(str::parse), w.next().map(str::parse))
+    else {
+        return Err(refused(&line));
+    };
+    Ok((up, down, client, max_payload))
 }
 
 /// Reads one rendezvous line (without its newline), bounded.
