@@ -56,6 +56,11 @@ pub(crate) const HELLO: &str = "SKIFF-SHM 1";
 
 const ACCEPTED: &str = "dir, ring, spin";
 
+/// How often an idle reader of an attachment's ring checks that the
+/// producing process lives: rarely, since the socket's end closes the ring
+/// at once.
+pub(crate) const IDLE_CHECK: Duration = Duration::from_secs(1);
+
 /// Where an `shm://name` attachment lives and how its rings are sized.
 #[derive(Debug, Clone)]
 pub(crate) struct Place {
@@ -320,7 +325,7 @@ impl DownReader {
     /// socket ended (`PeerLost`); or the ring is corrupt.
     pub(crate) fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, BufferError> {
         let d = loop {
-            if let Some(d) = self.cons.next(None, self.spin)? {
+            if let Some(d) = self.cons.next_or(None, self.spin, IDLE_CHECK, || false)? {
                 break d;
             }
         };

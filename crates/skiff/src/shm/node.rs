@@ -446,7 +446,9 @@ fn read_up(
         if out.is_closed() {
             break None;
         }
-        let d = match cons.next_or(None, spin, || release.ready() || out.is_closed()) {
+        let d = match cons.next_or(None, spin, attach::IDLE_CHECK, || {
+            release.ready() || out.is_closed()
+        }) {
             Ok(Some(d)) => d,
             Ok(None) => continue,
             // The client closed its ring (everything was read), died, or

@@ -152,13 +152,16 @@ impl Ring {
 
     /// Waits on `futex` (registered in `waiters`) until `ready` holds or
     /// `deadline`; spins first for `spin`. `alive` is checked every
-    /// [`LIVENESS`]. Returns whether `ready` held.
+    /// `every` ([`LIVENESS`] but where another signal covers a dead peer).
+    /// Returns whether `ready` held.
+    #[allow(clippy::too_many_arguments)]
     fn wait(
         &self,
         futex: usize,
         waiters: usize,
         deadline: Option<Instant>,
         spin: Duration,
+        every: Duration,
         mut ready: impl FnMut() -> Result<bool, BufferError>,
         mut alive: impl FnMut() -> Result<(), BufferError>,
     ) -> Result<bool, BufferError> {
@@ -202,8 +205,8 @@ impl Ring {
                     count.fetch_sub(1, Ordering::SeqCst);
                     return Ok(false);
                 }
-                Some(d) => (d - now).min(LIVENESS),
-                None => LIVENESS,
+                Some(d) => (d - now).min(every),
+                None => every,
             };
             let w = sys::futex_wait(word, v, slice);
             count.fetch_sub(1, Ordering::SeqCst);
@@ -362,6 +365,7 @@ impl RingProducer {
             P_SPACE_WAITERS,
             deadline,
             spin,
+            LIVENESS,
             || match self.try_reserve(len) {
                 Ok(r) => {
                     got = Some(r);
@@ -654,6 +658,7 @@ impl RingConsumer {
             P_DATA_WAITERS,
             deadline,
             spin,
+            LIVENESS,
             || {
                 got = self.try_next()?;
                 Ok(got.is_some())
@@ -672,11 +677,15 @@ impl RingConsumer {
 
     /// As [`RingConsumer::next`], but also returns `Ok(None)` as soon as
     /// `also` holds (checked with the ring's own condition; another thread
-    /// that makes it true calls [`Ring::poke_data`]).
+    /// that makes it true calls [`Ring::poke_data`]), and checks the
+    /// producer's liveness only every `every` (where another signal, such
+    /// as a socket's end closing the ring, covers a dead peer sooner: an
+    /// idle waiter then wakes rarely).
     pub(crate) fn next_or(
         &mut self,
         deadline: Option<Instant>,
         spin: Duration,
+        every: Duration,
         mut also: impl FnMut() -> bool,
     ) -> Result<Option<Delivered>, BufferError> {
         let ring = Arc::clone(&self.ring);
@@ -686,6 +695,7 @@ impl RingConsumer {
             P_DATA_WAITERS,
             deadline,
             spin,
+            every,
             || {
                 got = self.try_next()?;
                 Ok(got.is_some() || also())
