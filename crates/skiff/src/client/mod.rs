@@ -83,8 +83,8 @@ mod failover;
 mod file;
 mod inbox;
 mod link;
-mod sub;
 mod shm_link;
+mod sub;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};

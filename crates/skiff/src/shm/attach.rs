@@ -178,7 +178,11 @@ pub(crate) fn create_ring(
 
 /// Opens the peer's ring file `dir/name` (a regular file, not a link) and
 /// validates its header.
-pub(crate) fn open_peer_ring(dir: &Path, name: &str, id: BufferId) -> Result<Arc<Ring>, BufferError> {
+pub(crate) fn open_peer_ring(
+    dir: &Path,
+    name: &str,
+    id: BufferId,
+) -> Result<Arc<Ring>, BufferError> {
     if !valid_name(name) {
         return Err(BufferError::Usage {
             id,
@@ -404,7 +408,10 @@ async fn client_lines(
         Some(why) => format!("the node refused: {why}"),
         None => format!("unexpected rendezvous line {line:?}"),
     };
-    let mut w = line.strip_prefix("RING ").ok_or_else(|| refused(&line))?.split(' ');
+    let mut w = line
+        .strip_prefix("RING ")
+        .ok_or_else(|| refused(&line))?
+        .split(' ');
     let (Some(down_name), Some(max_frame), None) = (w.next(), w.next(), w.next()) else {
         return Err(refused(&line));
     };
@@ -421,7 +428,10 @@ async fn client_lines(
         .await
         .map_err(e)?;
     let line = read_line(s).await.map_err(e)?;
-    let mut w = line.strip_prefix("OK ").ok_or_else(|| refused(&line))?.split(' ');
+    let mut w = line
+        .strip_prefix("OK ")
+        .ok_or_else(|| refused(&line))?
+        .split(' ');
     let (Some(Ok(client)), Some(Ok(max_payload))) =
         (w.next().map(str::parse), w.next().map(str::parse))
     else {

@@ -53,13 +53,13 @@ mod buffer;
 mod layout;
 #[cfg(skiff_loom)]
 mod loom;
+#[cfg(not(skiff_loom))]
+mod node;
 #[cfg(skiff_loom)]
 #[path = "loom_region.rs"]
 mod region;
 mod ring;
 mod sync;
-#[cfg(not(skiff_loom))]
-mod node;
 #[cfg(not(skiff_loom))]
 mod sys;
 #[cfg(not(skiff_loom))]

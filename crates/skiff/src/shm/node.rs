@@ -44,9 +44,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff_node::broker::{Broker, Published};
-use skiff_node::frame::{
-    is_pub, simple_message, ClientFrame, Code, Decoder, FRAME_OVERHEAD,
-};
+use skiff_node::frame::{is_pub, simple_message, ClientFrame, Code, Decoder, FRAME_OVERHEAD};
 use skiff_node::{ClientOut, Node};
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -226,10 +224,7 @@ async fn attach_one(s: UnixStream, broker: Arc<Broker>, place: Place, shared: Ar
     shared.c.attached.fetch_add(1, Relaxed);
     let id = a.out.id;
     let up_ring = Arc::clone(&a.up.ring);
-    shared
-        .rings
-        .lock()
-        .push((id, attach::data_range(&up_ring)));
+    shared.rings.lock().push((id, attach::data_range(&up_ring)));
     let gone = Arc::new(AtomicBool::new(false));
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
     let handle = Handle::current();
@@ -585,8 +580,7 @@ fn write_down(mut w: FrameWriter, out: Arc<ClientOut>, handle: Handle, gone: Arc
                 break;
             }
             let chunk = &buf[at..end];
-            if w
-                .write(chunk.len(), &mut go, |s| s.copy_from_slice(chunk))
+            if w.write(chunk.len(), &mut go, |s| s.copy_from_slice(chunk))
                 .is_err()
             {
                 break 'out;
