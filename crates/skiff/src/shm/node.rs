@@ -474,9 +474,10 @@ fn read_up(
             None => {
                 let mut v = Vec::new();
                 cons.copy(d.seg, d.start, d.len, &mut v);
-                if let Err(e) = cons.consume(d.len) {
-                    break Some(protocol(&broker, c, e.to_string()));
-                }
+                // Released now, but in ring order: after the segments
+                // before it (consuming moves one position).
+                let idx = release.push(d.len);
+                release.done(idx);
                 if !attach::is_pad(&v) {
                     c.copied.fetch_add(1, Relaxed);
                 }
