@@ -20,8 +20,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Where the node is: `skiff://host:port`, `unix:///path`, `mem://`,
-/// `file:///path`; `skiff://a:4747,b:4747` fails over between nodes.
+/// Where the node is: `skiff://host:port`, `unix:///path`,
+/// `shm://name[?dir=…]`, `mem://`, `file:///path`; `skiff://a:4747,b:4747`
+/// fails over between nodes.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct NodeLoc {
     /// The node's locator [default: $SKIFF_NODE, else
@@ -56,6 +57,11 @@ pub(crate) struct NodeArgs {
     /// Unix socket path to listen on.
     #[arg(long)]
     unix: Option<String>,
+    /// Accept clients of this host over shared memory: a name (`skiff`)
+    /// or a locator (`shm://skiff?dir=/dev/shm/skiff&ring=4M`); clients
+    /// then use `--node shm://skiff` (with the same `dir=`).
+    #[arg(long, value_name = "NAME|LOCATOR")]
+    shm: Option<String>,
     /// Join a mesh of nodes on this UDP address (alone: 0.0.0.0:0, found
     /// by multicast scouting); `off` for a standalone node.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:0")]
@@ -118,6 +124,13 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             .ok_or_else(|| format!("--set {kv:?}: expected NAME=VALUE"))?;
         cfg.set(k.trim(), v.trim())?;
     }
+    let shm = a.shm.as_ref().map(|s| {
+        if s.contains("://") {
+            s.clone()
+        } else {
+            format!("shm://{s}")
+        }
+    });
     runtime()?.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         // Handlers first: a signal right after the "listening" line must
@@ -131,6 +144,14 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         if let Some(p) = node.unix_path() {
             eprintln!("skiff node listening on unix {}", p.display());
         }
+        let _shm = match &shm {
+            Some(loc) => {
+                let l = skiff::shm::serve(&node, loc).map_err(|e| format!("--shm {loc}: {e}"))?;
+                eprintln!("skiff node listening on {loc} ({})", l.dir().display());
+                Some(l)
+            }
+            None => None,
+        };
         if let Some(m) = node.broker().mesh() {
             let v = m.view();
             eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);

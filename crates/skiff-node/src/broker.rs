@@ -1449,8 +1449,9 @@ impl Broker {
         }
     }
 
-    /// Counts a protocol error (the caller closes the client).
-    pub(crate) fn protocol_error(&self) {
+    /// Counts a protocol error (the caller closes the client); for
+    /// listeners outside this crate (the `shm://` one in `skiff`).
+    pub fn protocol_error(&self) {
         self.counters.protocol_errors.fetch_add(1, Relaxed);
     }
 }

@@ -27,7 +27,7 @@
 //! limit and the bytes that remain before anything is sliced or allocated,
 //! and a datagram decodes whole or not at all.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use bytestring::ByteString;
 
 use crate::error::{UsageError, WireError};
@@ -198,6 +198,32 @@ fn value_len(v: &Value) -> usize {
 /// Appends `msg` to `out`. The caller has checked it with [`check`]; `repeat`
 /// as for [`encoded_len`].
 pub fn encode_message(out: &mut Vec<u8>, msg: &Message, repeat: bool) {
+    encode_to(out, msg, repeat);
+}
+
+/// Writes `msg` into `out`, which must be exactly [`encoded_len`] bytes
+/// long (e.g. a reserved segment of a shared-memory ring: the message is
+/// written once, in place); `false`, with `out` untouched, if it is not.
+/// The caller has checked `msg` with [`check`].
+pub fn encode_message_into(out: &mut [u8], msg: &Message, repeat: bool) -> bool {
+    if out.len() != encoded_len(msg, repeat) {
+        return false;
+    }
+    let mut w: &mut [u8] = out;
+    encode_to(&mut w, msg, repeat);
+    debug_assert!(w.is_empty());
+    true
+}
+
+fn put_varint<B: BufMut>(out: &mut B, mut v: u64) {
+    while v >= 0x80 {
+        out.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.put_u8(v as u8);
+}
+
+fn encode_to<B: BufMut>(out: &mut B, msg: &Message, repeat: bool) {
     let mut flags = 0;
     let subject = !repeat && !msg.subject.is_empty();
     if subject {
@@ -212,45 +238,45 @@ pub fn encode_message(out: &mut Vec<u8>, msg: &Message, repeat: bool) {
     if !msg.fields.is_empty() {
         flags |= F_FIELDS;
     }
-    out.push(flags);
+    out.put_u8(flags);
     if subject {
-        varint::put(out, msg.subject.len() as u64);
-        out.extend_from_slice(msg.subject.as_bytes());
+        put_varint(out, msg.subject.len() as u64);
+        out.put_slice(msg.subject.as_bytes());
     }
     if let Some(k) = &msg.kind {
-        out.push(k.len() as u8);
-        out.extend_from_slice(k.as_bytes());
+        out.put_u8(k.len() as u8);
+        out.put_slice(k.as_bytes());
     }
     if !msg.fields.is_empty() {
-        varint::put(out, msg.fields.len() as u64);
+        put_varint(out, msg.fields.len() as u64);
         for f in &msg.fields {
-            out.push(f.key.len() as u8);
-            out.extend_from_slice(f.key.as_bytes());
+            out.put_u8(f.key.len() as u8);
+            out.put_slice(f.key.as_bytes());
             match &f.value {
-                Value::Bool(b) => out.extend_from_slice(&[TAG_BOOL, u8::from(*b)]),
+                Value::Bool(b) => out.put_slice(&[TAG_BOOL, u8::from(*b)]),
                 Value::Int(i) => {
-                    out.push(TAG_INT);
-                    varint::put(out, varint::zigzag(*i));
+                    out.put_u8(TAG_INT);
+                    put_varint(out, varint::zigzag(*i));
                 }
                 Value::Float(x) => {
-                    out.push(TAG_FLOAT);
-                    out.extend_from_slice(&x.to_le_bytes());
+                    out.put_u8(TAG_FLOAT);
+                    out.put_slice(&x.to_le_bytes());
                 }
                 Value::Str(s) => {
-                    out.push(TAG_STR);
-                    varint::put(out, s.len() as u64);
-                    out.extend_from_slice(s.as_bytes());
+                    out.put_u8(TAG_STR);
+                    put_varint(out, s.len() as u64);
+                    out.put_slice(s.as_bytes());
                 }
                 Value::Bytes(b) => {
-                    out.push(TAG_BYTES);
-                    varint::put(out, b.len() as u64);
-                    out.extend_from_slice(b);
+                    out.put_u8(TAG_BYTES);
+                    put_varint(out, b.len() as u64);
+                    out.put_slice(b);
                 }
             }
         }
     }
-    varint::put(out, msg.payload.len() as u64);
-    out.extend_from_slice(&msg.payload);
+    put_varint(out, msg.payload.len() as u64);
+    out.put_slice(&msg.payload);
 }
 
 /// Encodes a whole datagram from a header and messages (subjects repeated
@@ -779,6 +805,23 @@ pub fn decode(buf: &Bytes) -> Result<(Header, Vec<Message>), WireError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn encode_into_a_slice_matches_encode() {
+        let m = Message::new("a.b", "payload")
+            .with_kind("t")
+            .with_field("k", 1i64)
+            .with_field("s", "v");
+        for repeat in [false, true] {
+            let mut v = Vec::new();
+            encode_message(&mut v, &m, repeat);
+            let mut s = vec![0u8; encoded_len(&m, repeat)];
+            assert!(encode_message_into(&mut s, &m, repeat));
+            assert_eq!(s, v);
+            let mut short = vec![0u8; s.len() - 1];
+            assert!(!encode_message_into(&mut short, &m, repeat));
+        }
+    }
 
     fn sample() -> Vec<u8> {
         let msgs = vec![

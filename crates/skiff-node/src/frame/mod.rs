@@ -684,6 +684,26 @@ pub fn encode_pub(out: &mut Vec<u8>, msg: &Message) {
     Enc::new(out, op::PUB).msg(msg).end();
 }
 
+/// Bytes the `Pub` frame of `msg` takes, length prefix included.
+pub fn pub_frame_len(msg: &Message) -> usize {
+    LEN_PREFIX + 1 + wire::encoded_len(msg, false)
+}
+
+/// Writes the `Pub` frame of `msg` (what [`encode_pub`] appends) into
+/// `out`, which must be exactly [`pub_frame_len`] bytes: a publish written
+/// once, in place (a shared-memory ring's segment). `false`, with `out`
+/// untouched, on any other length or a body over 4 GiB.
+pub fn encode_pub_into(out: &mut [u8], msg: &Message) -> bool {
+    if out.len() != pub_frame_len(msg) || out.len() - LEN_PREFIX > u32::MAX as usize {
+        return false;
+    }
+    let body = (out.len() - LEN_PREFIX) as u32;
+    let (head, rest) = out.split_at_mut(LEN_PREFIX + 1);
+    head[..LEN_PREFIX].copy_from_slice(&body.to_le_bytes());
+    head[LEN_PREFIX] = op::PUB;
+    wire::encode_message_into(rest, msg, false)
+}
+
 /// Appends a `Msg` frame for `msg` (what [`ServerFrame::Msg`] encodes to).
 pub fn encode_msg(out: &mut Vec<u8>, sid: u64, token: u64, msg: &Message) {
     Enc::new(out, op::MSG).v(sid).v(token).msg(msg).end();
@@ -948,6 +968,36 @@ impl Decoder {
         }
         buf.advance(LEN_PREFIX);
         Ok(Some(buf.split_to(len).freeze()))
+    }
+
+    /// The next frame body at the front of `buf`, split off it without a
+    /// copy (a frame body is then a slice of whatever `buf` refers to,
+    /// e.g. a shared-memory segment); `Ok(None)` once `buf` is empty. The
+    /// same checks as [`Decoder::next`]; a frame cut short by the end of
+    /// `buf` is an error (the caller hands whole frames only).
+    pub fn split(&self, buf: &mut Bytes) -> Result<Option<Bytes>, WireError> {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        if buf.len() < LEN_PREFIX {
+            return Err(WireError::Malformed("a frame cut short"));
+        }
+        let len = u32::from_le_bytes(buf[..LEN_PREFIX].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            return Err(WireError::Malformed("empty frame"));
+        }
+        if len > self.max_frame {
+            return Err(WireError::TooLong {
+                what: "frame",
+                len: len as u64,
+                max: self.max_frame,
+            });
+        }
+        if buf.len() - LEN_PREFIX < len {
+            return Err(WireError::Malformed("a frame cut short"));
+        }
+        buf.advance(LEN_PREFIX);
+        Ok(Some(buf.split_to(len)))
     }
 }
 

@@ -239,3 +239,34 @@ fn simple_message_agrees_with_decode_message() {
     }
     assert!(simple > 0);
 }
+
+/// A publish written in place is what `encode_pub` appends, and
+/// `Decoder::split` takes frames off a `Bytes` without a copy, refusing
+/// what `Decoder::next` refuses.
+#[test]
+fn pub_in_place_and_split() {
+    let m = msg();
+    let mut v = Vec::new();
+    encode_pub(&mut v, &m);
+    let mut s = vec![0u8; pub_frame_len(&m)];
+    assert!(encode_pub_into(&mut s, &m));
+    assert_eq!(s, v);
+    assert!(!encode_pub_into(&mut s[1..], &m));
+    v.extend_from_slice(&s);
+    let all = Bytes::from(v);
+    let mut rest = all.clone();
+    let dec = Decoder::new(1 << 20);
+    for _ in 0..2 {
+        let body = dec.split(&mut rest).unwrap().unwrap();
+        assert!(is_pub(&body));
+        let base = all.as_ptr() as usize;
+        let p = body.as_ptr() as usize;
+        assert!(p >= base && p < base + all.len(), "a slice, not a copy");
+    }
+    assert!(dec.split(&mut rest).unwrap().is_none());
+    for bad in [&[1u8, 0][..], &[0, 0, 0, 0], &[9, 0, 0, 0, 1]] {
+        assert!(dec.split(&mut Bytes::copy_from_slice(bad)).is_err());
+    }
+    let mut big = Bytes::copy_from_slice(&[0, 0, 0, 1, 0]);
+    assert!(Decoder::new(8).split(&mut big).is_err());
+}

@@ -1,6 +1,6 @@
 //! The harness shared by the node's tests: one node per test, reached in
-//! process (`mem://`), over TCP (`skiff://`) or over a Unix socket, so one
-//! suite runs against every transport.
+//! process (`mem://`), over TCP (`skiff://`), over a Unix socket or over
+//! shared memory (`shm://`), so one suite runs against every transport.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -15,12 +15,16 @@ pub enum Kind {
     Mem,
     Tcp,
     Unix,
+    Shm,
 }
 
 /// A node for one test.
 pub struct H {
     pub node: Node,
     pub kind: Kind,
+    /// The node's `shm://` listener (`Kind::Shm`).
+    pub shm: Option<skiff::shm::ShmListener>,
+    shm_locator: Option<String>,
     _dir: Option<TempDir>,
 }
 
@@ -55,8 +59,23 @@ impl H {
                 return H {
                     node: Node::embedded(&config),
                     kind,
+                    shm: None,
+                    shm_locator: None,
                     _dir: None,
                 }
+            }
+            Kind::Shm => {
+                let d = temp_dir("shm");
+                let locator = format!("shm://node?dir={}", d.0.display());
+                let node = Node::start(&config).await.unwrap();
+                let shm = skiff::shm::serve(&node, &locator).unwrap();
+                return H {
+                    node,
+                    kind,
+                    shm: Some(shm),
+                    shm_locator: Some(locator),
+                    _dir: Some(d),
+                };
             }
             Kind::Tcp => config.tcp = Some("127.0.0.1:0".parse().unwrap()),
             Kind::Unix => {
@@ -68,6 +87,8 @@ impl H {
         H {
             node: Node::start(&config).await.unwrap(),
             kind,
+            shm: None,
+            shm_locator: None,
             _dir: dir,
         }
     }
@@ -77,6 +98,7 @@ impl H {
             Kind::Mem => unreachable!("mem clients attach directly"),
             Kind::Tcp => format!("skiff://{}", self.node.tcp_addr().unwrap()),
             Kind::Unix => format!("unix://{}", self.node.unix_path().unwrap().display()),
+            Kind::Shm => self.shm_locator.clone().unwrap(),
         }
     }
 
@@ -142,6 +164,12 @@ macro_rules! on_every_transport {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 super::$name(super::common::H::new(super::common::Kind::Unix).await).await
+            })*
+        }
+        mod shm {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::common::H::new(super::common::Kind::Shm).await).await
             })*
         }
     };

@@ -41,6 +41,8 @@ const KEEPALIVE: u64 = 0;
 pub(crate) enum Link {
     Mem(MemLink),
     Stream(Arc<StreamTx>),
+    /// Shared memory with a node on this host (`shm://`).
+    Shm(Arc<super::shm_link::ShmTx>),
 }
 
 #[derive(Debug, Default)]
@@ -222,6 +224,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.send(f).await.map_err(|e| refused(e.code, e.text)),
             Link::Stream(s) => s.send_with(holds(&f), |buf| f.encode(buf)).await,
+            Link::Shm(s) => s.send(f).await,
         }
     }
 
@@ -237,6 +240,7 @@ impl Link {
                     Err(e) => Some(Err(e)),
                 }
             }
+            Link::Shm(s) => s.try_publish(msg),
             Link::Mem(_) => None,
         }
     }
@@ -246,6 +250,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.send_control(f).map_err(|e| refused(e.code, e.text)),
             Link::Stream(s) => s.send_now(&f),
+            Link::Shm(s) => s.send_now(f),
         }
     }
 
@@ -254,6 +259,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.close(),
             Link::Stream(s) => s.close(),
+            Link::Shm(s) => s.close(),
         }
     }
 }

@@ -22,6 +22,11 @@
 //!   over** when its node dies (see [`failover`](self#failover)).
 //! - `unix:///path[,/path…]`: a node over a Unix socket (a list fails over
 //!   the same way).
+//! - `shm://name[?dir=…&ring=4M&spin=20us]`: a node on this host over
+//!   shared memory (`skiff node --shm name`; the node's socket and the
+//!   rings' files are under `dir/name/`, `dir` as for [`crate::shm`]).
+//!   Publishes are written once into the client's ring and reach the
+//!   node's subscribers as slices of it (see `docs/shm.md`); no failover.
 //! - `file:///path`: cMsg's file domain: [`Client::publish`] appends to the
 //!   log, [`Client::subscribe`] reads it back; nothing else is supported.
 //!
@@ -78,6 +83,7 @@ mod failover;
 mod file;
 mod inbox;
 mod link;
+mod shm_link;
 mod sub;
 
 use std::collections::HashMap;
@@ -243,12 +249,13 @@ impl Client {
                 }
                 Err(last.unwrap_or(Error::Closed))
             }
+            "shm" => shm_link::connect(locator).await,
             "file" => Ok(Client {
                 inner: Inner::new(None, Backend::File(FileLog::open(rest)?), usize::MAX, 0),
             }),
             other => Err(crate::LocatorError::Scheme {
                 scheme: other.into(),
-                accepted: "mem, skiff, tcp, unix, file",
+                accepted: "mem, skiff, tcp, unix, shm, file",
             }
             .into()),
         }

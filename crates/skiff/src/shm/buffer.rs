@@ -100,7 +100,7 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
 }
 
 /// `20us`, `5ms`, `2s`, `100ns`.
-fn parse_duration(v: &str) -> Option<Duration> {
+pub(super) fn parse_duration(v: &str) -> Option<Duration> {
     let split = v.find(|c: char| !c.is_ascii_digit())?;
     let (n, unit) = v.split_at(split);
     let n: u64 = n.parse().ok()?;
@@ -118,7 +118,7 @@ fn ring_path(ns: &Path, id: BufferId) -> PathBuf {
 }
 
 /// Reads and validates the header of a ring file and maps it.
-fn open_ring(path: &Path, id: BufferId) -> Result<Arc<Ring>, BufferError> {
+pub(super) fn open_ring(path: &Path, id: BufferId) -> Result<Arc<Ring>, BufferError> {
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)

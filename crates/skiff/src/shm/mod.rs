@@ -33,10 +33,15 @@
 //! only `unsafe` code is in `sys.rs` (mapping, futex) and two call sites in
 //! `ring.rs` that hand out data slices under the ring protocol's proof.
 //!
-//! Hook for the node (not done here): a node that accepts clients over
-//! `shm://` would create an [`Input`] on `shm://<client name>` per attached
-//! client and [`Output::splice`] it into its own `shm://` namespace for
-//! local subscribers; see `docs/shm.md`.
+//! The node's `shm://name` listener is here too ([`serve`],
+//! [`ShmListener`]; `skiff-node` cannot depend on this crate): clients of
+//! the node's host attach with `Client::connect("shm://name")` over a pair
+//! of rings (`attach.rs`: rendezvous on a Unix socket whose end is the
+//! peer's end; `node.rs`: the node's side). A publish is encoded once into
+//! the client's ring and reaches the broker and in-process subscribers as
+//! `Bytes` over the node's mapping of it, released in ring order; frames
+//! to the client are copied once into its ring and once out. See
+//! `docs/shm.md`, "Node integration".
 
 use std::io;
 use std::path::PathBuf;
@@ -49,10 +54,14 @@ pub use skiff_proto::credits::{Delivered, Flow};
 #[cfg(not(skiff_loom))]
 mod assoc;
 #[cfg(not(skiff_loom))]
+pub(crate) mod attach;
+#[cfg(not(skiff_loom))]
 mod buffer;
 mod layout;
 #[cfg(skiff_loom)]
 mod loom;
+#[cfg(not(skiff_loom))]
+mod node;
 #[cfg(skiff_loom)]
 #[path = "loom_region.rs"]
 mod region;
@@ -65,6 +74,8 @@ mod tcp;
 
 #[cfg(not(skiff_loom))]
 pub use buffer::{InSegment, InStats, Input, OutStats, Output, SegmentMut};
+#[cfg(not(skiff_loom))]
+pub use node::{serve, serve_broker, ShmListener, ShmStats};
 #[cfg(skiff_loom)]
 use region::Region;
 #[cfg(not(skiff_loom))]

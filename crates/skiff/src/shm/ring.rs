@@ -116,6 +116,12 @@ impl Ring {
         }
     }
 
+    /// Wakes a consumer sleeping in [`RingConsumer::next_or`] so that it
+    /// re-checks its extra condition (a system call only if one sleeps).
+    pub(crate) fn poke_data(&self) {
+        self.wake(P_DATA_FUTEX, P_DATA_WAITERS);
+    }
+
     /// The data offset of position `pos` split for `len` bytes.
     pub(crate) fn ranges(&self, pos: u64, len: u64) -> [(usize, usize); 2] {
         let (a, b) = self.layout.split(pos, len);
@@ -146,13 +152,16 @@ impl Ring {
 
     /// Waits on `futex` (registered in `waiters`) until `ready` holds or
     /// `deadline`; spins first for `spin`. `alive` is checked every
-    /// [`LIVENESS`]. Returns whether `ready` held.
+    /// `every` ([`LIVENESS`] but where another signal covers a dead peer).
+    /// Returns whether `ready` held.
+    #[allow(clippy::too_many_arguments)]
     fn wait(
         &self,
         futex: usize,
         waiters: usize,
         deadline: Option<Instant>,
         spin: Duration,
+        every: Duration,
         mut ready: impl FnMut() -> Result<bool, BufferError>,
         mut alive: impl FnMut() -> Result<(), BufferError>,
     ) -> Result<bool, BufferError> {
@@ -196,8 +205,8 @@ impl Ring {
                     count.fetch_sub(1, Ordering::SeqCst);
                     return Ok(false);
                 }
-                Some(d) => (d - now).min(LIVENESS),
-                None => LIVENESS,
+                Some(d) => (d - now).min(every),
+                None => every,
             };
             let w = sys::futex_wait(word, v, slice);
             count.fetch_sub(1, Ordering::SeqCst);
@@ -356,6 +365,7 @@ impl RingProducer {
             P_SPACE_WAITERS,
             deadline,
             spin,
+            LIVENESS,
             || match self.try_reserve(len) {
                 Ok(r) => {
                     got = Some(r);
@@ -648,9 +658,47 @@ impl RingConsumer {
             P_DATA_WAITERS,
             deadline,
             spin,
+            LIVENESS,
             || {
                 got = self.try_next()?;
                 Ok(got.is_some())
+            },
+            || {
+                if ring.state() == OPEN && !ring.producer_alive() {
+                    let (pid, _) = ring.producer;
+                    Err(BufferError::PeerDead { id: ring.id, pid })
+                } else {
+                    Ok(())
+                }
+            },
+        )?;
+        Ok(got)
+    }
+
+    /// As [`RingConsumer::next`], but also returns `Ok(None)` as soon as
+    /// `also` holds (checked with the ring's own condition; another thread
+    /// that makes it true calls [`Ring::poke_data`]), and checks the
+    /// producer's liveness only every `every` (where another signal, such
+    /// as a socket's end closing the ring, covers a dead peer sooner: an
+    /// idle waiter then wakes rarely).
+    pub(crate) fn next_or(
+        &mut self,
+        deadline: Option<Instant>,
+        spin: Duration,
+        every: Duration,
+        mut also: impl FnMut() -> bool,
+    ) -> Result<Option<Delivered>, BufferError> {
+        let ring = Arc::clone(&self.ring);
+        let mut got = None;
+        ring.wait(
+            P_DATA_FUTEX,
+            P_DATA_WAITERS,
+            deadline,
+            spin,
+            every,
+            || {
+                got = self.try_next()?;
+                Ok(got.is_some() || also())
             },
             || {
                 if ring.state() == OPEN && !ring.producer_alive() {
@@ -778,6 +826,36 @@ impl RingConsumer {
         unsafe { Some((self.ring.region.bytes(a, al), self.ring.region.bytes(b, bl))) }
     }
 
+    /// The bytes of `[start, start+len)` in place, as a value that keeps
+    /// the mapping alive (for `bytes::Bytes::from_owner`): `None` unless
+    /// the range is received, not consumed, credit flow and in one piece
+    /// (not wrapped).
+    ///
+    /// # Safety
+    /// The caller must not [`RingConsumer::consume`] past `start` while
+    /// the returned value (or anything made from it) lives: the node's
+    /// `shm://` listener returns the space only when every `Bytes` of the
+    /// segment, and of the segments before it, was dropped (its in-order
+    /// release queue).
+    pub(crate) unsafe fn pin(&self, start: u64, len: u64) -> Option<Pinned> {
+        let (consumed, received) = self.positions();
+        if self.ring.layout.flow != Flow::Credits
+            || start < consumed
+            || start.checked_add(len).is_none_or(|e| e > received)
+        {
+            return None;
+        }
+        let [(a, al), (_, bl)] = self.ring.ranges(start, len);
+        if bl != 0 {
+            return None;
+        }
+        Some(Pinned {
+            ring: Arc::clone(&self.ring),
+            off: a,
+            len: al,
+        })
+    }
+
     /// Copies `[start, start+len)` out (any flow); `false` if an overwrite
     /// producer broke the segment's sequence lock meanwhile (counted).
     pub(crate) fn copy(&self, seg: u64, start: u64, len: u64, out: &mut Vec<u8>) -> bool {
@@ -787,6 +865,30 @@ impl RingConsumer {
         self.ring.region.copy_out(a, &mut out[base..base + al]);
         self.ring.region.copy_out(b, &mut out[base + al..]);
         self.ring.layout.flow == Flow::Credits || self.intact(seg)
+    }
+}
+
+/// A received segment's bytes in a ring's mapping, readable in place for
+/// as long as this value lives (it holds the mapping); made by
+/// [`RingConsumer::pin`], whose caller promised not to consume them
+/// meanwhile.
+#[cfg(not(skiff_loom))]
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    ring: Arc<Ring>,
+    off: usize,
+    len: usize,
+}
+
+#[cfg(not(skiff_loom))]
+impl AsRef<[u8]> for Pinned {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `RingConsumer::pin` checked the range was received and
+        // unconsumed (so a credit-flow producer does not write it) and in
+        // bounds of the mapping, which `self.ring` keeps alive; its caller
+        // promised not to consume it while this value lives, so no writer
+        // can touch the bytes while the slice borrows `self`.
+        unsafe { self.ring.region.bytes(self.off, self.len) }
     }
 }
 

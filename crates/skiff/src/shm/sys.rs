@@ -60,6 +60,12 @@ impl Region {
         Ok(Region { map: map.into() })
     }
 
+    /// The address of the mapping's first byte (for diagnostics: where a
+    /// slice handed out from it lies).
+    pub(crate) fn base(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
     /// Bytes mapped.
     pub(crate) fn len(&self) -> usize {
         self.map.len()

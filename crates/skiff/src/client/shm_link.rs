@@ -1,0 +1,395 @@
+//! A client attached to a node on its host over shared memory
+//! (`shm://name`): see `shm/attach.rs` for the rendezvous and `shm/node.rs`
+//! for the node's side.
+//!
+//! Senders queue frames as values in [`ShmTx`] (bounded: a publisher waits
+//! once about 1 MiB of publishes is queued); one writer thread takes them
+//! in batches and writes each batch into segments of the client→node ring.
+//! A publish is encoded straight into the ring (`encode_pub_into`): its
+//! payload is written once, there, and the node reads it in place. Other
+//! frames are encoded into a scratch buffer and copied in. A full ring
+//! blocks the writer thread (credits), which fills the queue, which makes
+//! publishers wait.
+//!
+//! A reader thread waits on the node→client ring, copies each segment out
+//! (one copy, like a socket read; the ring space goes back at once),
+//! decodes the frames with the bounded decoder (payloads are slices of
+//! that copy) and dispatches them. A tokio task holds the rendezvous
+//! socket: its end means the node is gone. No failover: the node is on
+//! this host.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+use skiff_node::frame::{encode_pub_into, pub_frame_len, Decoder, FRAME_OVERHEAD};
+use skiff_node::{ClientFrame, Code, ServerFrame};
+use skiff_proto::Message;
+use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
+
+use super::Inner;
+use crate::shm::attach::{ClientRings, DownReader, FrameWriter};
+use crate::shm::BufferError;
+use crate::Error;
+
+/// Bytes of queued publishes (payload and subject) before publishers wait.
+const HIGH_WATER: usize = 1 << 20;
+
+/// How long a closed client's writer keeps trying to flush to a node that
+/// does not take its frames.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct TxQ {
+    frames: VecDeque<ClientFrame>,
+    bytes: usize,
+    closed: Option<Instant>,
+    lost: Option<String>,
+}
+
+/// The send side of an shm link: a bounded queue of frames for the
+/// writer thread.
+#[derive(Debug, Default)]
+pub(crate) struct ShmTx {
+    q: Mutex<TxQ>,
+    wake_writer: Condvar,
+    space: Notify,
+    /// The node this is attached to (the locator), for errors.
+    node: String,
+}
+
+fn cost(f: &ClientFrame) -> usize {
+    match f {
+        ClientFrame::Pub(m) => m.payload.len() + m.subject.len() + 16,
+        _ => 64,
+    }
+}
+
+impl ShmTx {
+    fn push(&self, f: &mut Option<ClientFrame>, bounded: bool) -> Result<bool, Error> {
+        let mut q = self.q.lock();
+        if let Some(why) = &q.lost {
+            let _ = why;
+            return Err(Error::NodeLost {
+                node: self.node.clone(),
+            });
+        }
+        if q.closed.is_some() {
+            return Err(Error::Closed);
+        }
+        if bounded && q.bytes >= HIGH_WATER {
+            return Ok(false);
+        }
+        let Some(f) = f.take() else {
+            return Ok(true);
+        };
+        q.bytes += cost(&f);
+        let wake = q.frames.is_empty();
+        q.frames.push_back(f);
+        drop(q);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Ok(true)
+    }
+
+    /// Queues a frame, waiting while the queue is over its bound.
+    pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
+        let mut f = Some(f);
+        loop {
+            let n = self.space.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.push(&mut f, true)? {
+                return Ok(());
+            }
+            n.await;
+        }
+    }
+
+    /// Queues a frame that never waits.
+    pub(crate) fn send_now(&self, f: ClientFrame) -> Result<(), Error> {
+        self.push(&mut Some(f), false).map(|_| ())
+    }
+
+    /// Queues a publish if there is room now.
+    pub(crate) fn try_publish(&self, msg: &Message) -> Option<Result<(), Error>> {
+        match self.push(&mut Some(ClientFrame::Pub(msg.clone())), true) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The application closes the client: the writer flushes what is
+    /// queued, closes the ring and the socket.
+    pub(crate) fn close(&self) {
+        let mut q = self.q.lock();
+        q.closed.get_or_insert_with(Instant::now);
+        drop(q);
+        self.wake_writer.notify_one();
+        self.space.notify_waiters();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.q.lock().closed.is_some()
+    }
+
+    /// The node is gone: nothing more is written.
+    fn lose(&self, why: &str) {
+        let mut q = self.q.lock();
+        q.lost.get_or_insert_with(|| why.to_owned());
+        q.frames.clear();
+        drop(q);
+        self.wake_writer.notify_one();
+        self.space.notify_waiters();
+    }
+}
+
+/// Attaches to the node at `locator` (`shm://name?dir=…`).
+pub(crate) async fn connect(locator: &str) -> Result<super::Client, Error> {
+    let place = crate::shm::attach::parse(locator)?;
+    let rings = crate::shm::attach::client_rendezvous(&place)
+        .await
+        .map_err(|reason| Error::Refused {
+            code: Code::Shutdown,
+            reason,
+        })?;
+    let ClientRings {
+        socket,
+        up,
+        down,
+        down_lost,
+        client,
+        max_payload,
+    } = rings;
+    let tx = Arc::new(ShmTx {
+        node: locator.to_owned(),
+        ..ShmTx::default()
+    });
+    let inner = Inner::new(
+        Some(super::link::Link::Shm(tx.clone())),
+        super::Backend::Node,
+        max_payload as usize,
+        client,
+    );
+    {
+        let mut st = inner.state.lock();
+        st.nodes.push((0, locator.to_owned()));
+        st.node = Some(locator.to_owned());
+    }
+    let handle = tokio::runtime::Handle::current();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("skiff-shm-up-{client}"))
+            .spawn(move || {
+                write_up(up, &tx);
+                let _ = done_tx.send(());
+            })
+            .map_err(Error::io("start the shm writer thread"))?;
+    }
+    {
+        let (tx, weak) = (tx.clone(), Arc::downgrade(&inner));
+        let max = max_payload as usize;
+        std::thread::Builder::new()
+            .name(format!("skiff-shm-down-{client}"))
+            .spawn(move || {
+                let _g = handle.enter();
+                read_down(down, weak, &tx, max);
+            })
+            .map_err(Error::io("start the shm reader thread"))?;
+    }
+    // The socket: its end is the node's end; it is closed once the writer
+    // is done (the node then knows this client is gone).
+    let watch = tx.clone();
+    tokio::spawn(async move {
+        let mut socket = socket;
+        let mut b = [0u8; 64];
+        loop {
+            tokio::select! {
+                r = socket.read(&mut b) => match r {
+                    Ok(0) | Err(_) => {
+                        watch.lose("the node closed its shm socket");
+                        down_lost.mark_lost();
+                        return;
+                    }
+                    Ok(_) => {}
+                },
+                _ = &mut done_rx => return,
+            }
+        }
+    });
+    Ok(super::Client { inner })
+}
+
+/// An item of a batch: a publish written in place, or frame bytes
+/// encoded into the scratch buffer.
+enum Item {
+    Pub(Message, usize),
+    Enc(std::ops::Range<usize>),
+}
+
+impl Item {
+    fn len(&self) -> usize {
+        match self {
+            Item::Pub(_, n) => *n,
+            Item::Enc(r) => r.len(),
+        }
+    }
+}
+
+/// The writer thread: batches of frames into ring segments until the
+/// client closes (then the ring is closed after the last frame) or the
+/// node is gone.
+fn write_up(mut w: FrameWriter, tx: &ShmTx) {
+    let mut batch = VecDeque::new();
+    let mut items: Vec<Item> = Vec::new();
+    let mut scratch = Vec::new();
+    let max_seg = w.max_segment();
+    let mut go = || {
+        let q = tx.q.lock();
+        q.lost.is_none() && q.closed.is_none_or(|t| t.elapsed() < CLOSE_GRACE)
+    };
+    loop {
+        {
+            let mut q = tx.q.lock();
+            while q.frames.is_empty() && q.closed.is_none() && q.lost.is_none() {
+                tx.wake_writer.wait(&mut q);
+            }
+            if q.lost.is_some() || q.frames.is_empty() {
+                break;
+            }
+            std::mem::swap(&mut q.frames, &mut batch);
+            q.bytes = 0;
+        }
+        tx.space.notify_waiters();
+        for f in batch.drain(..) {
+            match f {
+                ClientFrame::Pub(m) => {
+                    let n = pub_frame_len(&m);
+                    items.push(Item::Pub(m, n));
+                }
+                other => {
+                    let s = scratch.len();
+                    other.encode(&mut scratch);
+                    items.push(Item::Enc(s..scratch.len()));
+                }
+            }
+        }
+        let mut i = 0;
+        let mut failed = None;
+        while i < items.len() {
+            let mut total = 0;
+            let mut j = i;
+            while j < items.len() && (j == i || total + items[j].len() <= max_seg) {
+                total += items[j].len();
+                j += 1;
+            }
+            let run = &items[i..j];
+            let r = w.write(total, &mut go, |buf| {
+                let mut at = 0;
+                for it in run {
+                    let n = it.len();
+                    match it {
+                        Item::Pub(m, _) => {
+                            let ok = encode_pub_into(&mut buf[at..at + n], m);
+                            debug_assert!(ok, "sized by pub_frame_len");
+                        }
+                        Item::Enc(r) => buf[at..at + n].copy_from_slice(&scratch[r.clone()]),
+                    }
+                    at += n;
+                }
+            });
+            if let Err(e) = r {
+                failed = Some(e);
+                break;
+            }
+            i = j;
+        }
+        items.clear();
+        scratch.clear();
+        if scratch.capacity() > 4 << 20 {
+            scratch = Vec::new();
+        }
+        if let Some(e) = failed {
+            tx.lose(&format!("writing to the node's ring failed: {e}"));
+            break;
+        }
+    }
+    // Closed (or lost): the node reads what was written, then ends.
+    w.close();
+}
+
+/// How the reader thread ended.
+enum End {
+    Closed,
+    Fatal(String),
+    Lost(String),
+}
+
+/// The reader thread: segments copied out, frames decoded and dispatched.
+fn read_down(mut r: DownReader, weak: Weak<Inner>, tx: &ShmTx, max_payload: usize) {
+    let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
+    let mut frames = Vec::new();
+    let end = loop {
+        let mut seg = Vec::new();
+        match r.next(&mut seg) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(BufferError::Closed { .. }) if tx.is_closed() => break End::Closed,
+            Err(BufferError::Closed { .. }) => {
+                break End::Lost("the node closed the connection".into())
+            }
+            Err(e) => break End::Lost(format!("the node is gone: {e}")),
+        }
+        let mut rest = Bytes::from(seg);
+        let mut bad = None;
+        loop {
+            match dec.split(&mut rest) {
+                Ok(Some(body)) => match ServerFrame::decode(body, max_payload) {
+                    Ok(ServerFrame::Welcome { .. }) => {}
+                    Ok(f) => frames.push(f),
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    bad = Some(e);
+                    break;
+                }
+            }
+        }
+        if !frames.is_empty() {
+            let Some(inner) = weak.upgrade() else {
+                break End::Closed;
+            };
+            match inner.dispatch(&mut frames) {
+                None => {}
+                Some((_, why)) => break End::Fatal(why),
+            }
+        }
+        if let Some(e) = bad {
+            break End::Lost(format!("bad frame from the node: {e}"));
+        }
+    };
+    match end {
+        End::Closed => {
+            if let Some(inner) = weak.upgrade() {
+                inner.shut(None);
+            }
+        }
+        End::Fatal(why) | End::Lost(why) => {
+            tx.lose(&why);
+            if let Some(inner) = weak.upgrade() {
+                inner.fail(why);
+            }
+        }
+    }
+}
