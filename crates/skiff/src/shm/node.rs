@@ -501,8 +501,9 @@ fn read_up(
             };
             c.frames.fetch_add(1, Relaxed);
             if is_pub(&body) {
-                let raw = body.slice(1..);
-                drop(body);
+                // Past the op byte in place: no reference-count traffic.
+                let mut raw = body;
+                bytes::Buf::advance(&mut raw, 1);
                 let msg = if simple_message(&raw, max_payload).is_some() {
                     None
                 } else {
