@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use skiff_proto::router::{Clusters, Router, SubId, Subject};
-use skiff_proto::Message;
+use skiff_proto::{Message, WireError};
 
 use crate::config::Limits;
 use crate::frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
@@ -43,6 +43,24 @@ pub struct Published {
 }
 
 impl Published {
+    /// A publish frame's body (its op byte first), checked: the encoding
+    /// is kept as a slice of `body` (no copy), and decoded only when it is
+    /// not the simple kind.
+    pub fn from_frame(mut body: Bytes, max_payload: usize) -> Result<Published, WireError> {
+        // Past the op byte in place: no reference-count traffic.
+        let op = 1.min(body.len());
+        bytes::Buf::advance(&mut body, op);
+        let msg = if crate::frame::simple_message(&body, max_payload).is_some() {
+            None
+        } else {
+            Some(Box::new(skiff_proto::wire::decode_message(
+                &body,
+                max_payload,
+            )?))
+        };
+        Ok(Published { raw: body, msg })
+    }
+
     /// (subject, type, payload length).
     fn parts(&self, max_payload: usize) -> (&str, Option<&str>, usize) {
         match &self.msg {

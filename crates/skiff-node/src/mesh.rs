@@ -661,17 +661,9 @@ pub(crate) async fn start(
 
 /// A publish frame as the broker's batch takes it, or `None` (counted) if
 /// the message does not decode.
-fn published(l: &MeshLink, mut raw: Bytes) -> Option<crate::broker::Published> {
-    // Past the op byte in place: no reference-count traffic.
-    bytes::Buf::advance(&mut raw, 1);
-    if crate::frame::simple_message(&raw, l.max_payload).is_some() {
-        return Some(crate::broker::Published { raw, msg: None });
-    }
-    match skiff_proto::wire::decode_message(&raw, l.max_payload) {
-        Ok(m) => Some(crate::broker::Published {
-            raw,
-            msg: Some(Box::new(m)),
-        }),
+fn published(l: &MeshLink, frame: Bytes) -> Option<crate::broker::Published> {
+    match crate::broker::Published::from_frame(frame, l.max_payload) {
+        Ok(p) => Some(p),
         Err(_) => {
             l.counters.bad_frames.fetch_add(1, Relaxed);
             None

@@ -22,9 +22,7 @@ use tokio::task::JoinSet;
 
 use crate::broker::{Broker, Fatal, Published};
 use crate::config::Config;
-use crate::frame::{
-    is_pub, simple_message, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD,
-};
+use crate::frame::{is_pub, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
 use crate::outbox::ClientOut;
 
 /// A running node: its listeners and connections run as tokio tasks on the
@@ -238,22 +236,14 @@ async fn serve<R, W>(
                 }
             };
             if is_pub(&body) {
-                // Past the op byte in place: no reference-count traffic.
-                let mut raw = body;
-                bytes::Buf::advance(&mut raw, 1);
-                let msg = if simple_message(&raw, max_payload).is_some() {
-                    None
-                } else {
-                    match skiff_proto::wire::decode_message(&raw, max_payload) {
-                        Ok(m) => Some(Box::new(m)),
-                        Err(e) => {
-                            broker.publish_batch(&out, &mut pubs).await;
-                            error = Some(protocol(&broker, e));
-                            break 'read;
-                        }
+                match Published::from_frame(body, max_payload) {
+                    Ok(p) => pubs.push(p),
+                    Err(e) => {
+                        broker.publish_batch(&out, &mut pubs).await;
+                        error = Some(protocol(&broker, e));
+                        break 'read;
                     }
-                };
-                pubs.push(Published { raw, msg });
+                }
                 if pubs.len() >= 1024 {
                     broker.publish_batch(&out, &mut pubs).await;
                 }

@@ -44,7 +44,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff_node::broker::{Broker, Published};
-use skiff_node::frame::{is_pub, simple_message, ClientFrame, Code, Decoder, FRAME_OVERHEAD};
+use skiff_node::frame::{is_pub, ClientFrame, Code, Decoder, FRAME_OVERHEAD};
 use skiff_node::{ClientOut, Node};
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -501,21 +501,13 @@ fn read_up(
             };
             c.frames.fetch_add(1, Relaxed);
             if is_pub(&body) {
-                // Past the op byte in place: no reference-count traffic.
-                let mut raw = body;
-                bytes::Buf::advance(&mut raw, 1);
-                let msg = if simple_message(&raw, max_payload).is_some() {
-                    None
-                } else {
-                    match skiff_proto::wire::decode_message(&raw, max_payload) {
-                        Ok(m) => Some(Box::new(m)),
-                        Err(e) => {
-                            handle.block_on(broker.publish_batch(&out, &mut pubs));
-                            break 'read Some(protocol(&broker, c, e.to_string()));
-                        }
+                match Published::from_frame(body, max_payload) {
+                    Ok(p) => pubs.push(p),
+                    Err(e) => {
+                        handle.block_on(broker.publish_batch(&out, &mut pubs));
+                        break 'read Some(protocol(&broker, c, e.to_string()));
                     }
-                };
-                pubs.push(Published { raw, msg });
+                }
                 continue;
             }
             let frame = match ClientFrame::decode(body, max_payload) {

@@ -651,28 +651,7 @@ impl RingConsumer {
         deadline: Option<Instant>,
         spin: Duration,
     ) -> Result<Option<Delivered>, BufferError> {
-        let ring = Arc::clone(&self.ring);
-        let mut got = None;
-        ring.wait(
-            P_DATA_FUTEX,
-            P_DATA_WAITERS,
-            deadline,
-            spin,
-            LIVENESS,
-            || {
-                got = self.try_next()?;
-                Ok(got.is_some())
-            },
-            || {
-                if ring.state() == OPEN && !ring.producer_alive() {
-                    let (pid, _) = ring.producer;
-                    Err(BufferError::PeerDead { id: ring.id, pid })
-                } else {
-                    Ok(())
-                }
-            },
-        )?;
-        Ok(got)
+        self.next_or(deadline, spin, LIVENESS, || false)
     }
 
     /// As [`RingConsumer::next`], but also returns `Ok(None)` as soon as
