@@ -42,6 +42,7 @@ pub(crate) enum Link {
     Mem(MemLink),
     Stream(Arc<StreamTx>),
     /// Shared memory with a node on this host (`shm://`).
+    #[cfg(not(skiff_loom))]
     Shm(Arc<super::shm_link::ShmTx>),
 }
 
@@ -224,6 +225,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.send(f).await.map_err(|e| refused(e.code, e.text)),
             Link::Stream(s) => s.send_with(holds(&f), |buf| f.encode(buf)).await,
+            #[cfg(not(skiff_loom))]
             Link::Shm(s) => s.send(f).await,
         }
     }
@@ -240,6 +242,7 @@ impl Link {
                     Err(e) => Some(Err(e)),
                 }
             }
+            #[cfg(not(skiff_loom))]
             Link::Shm(s) => s.try_publish(msg),
             Link::Mem(_) => None,
         }
@@ -250,6 +253,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.send_control(f).map_err(|e| refused(e.code, e.text)),
             Link::Stream(s) => s.send_now(&f),
+            #[cfg(not(skiff_loom))]
             Link::Shm(s) => s.send_now(f),
         }
     }
@@ -259,6 +263,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.close(),
             Link::Stream(s) => s.close(),
+            #[cfg(not(skiff_loom))]
             Link::Shm(s) => s.close(),
         }
     }

@@ -83,6 +83,8 @@ mod failover;
 mod file;
 mod inbox;
 mod link;
+// Not in the loom build, which leaves out the shm transport.
+#[cfg(not(skiff_loom))]
 mod shm_link;
 mod sub;
 
@@ -249,6 +251,7 @@ impl Client {
                 }
                 Err(last.unwrap_or(Error::Closed))
             }
+            #[cfg(not(skiff_loom))]
             "shm" => shm_link::connect(locator).await,
             "file" => Ok(Client {
                 inner: Inner::new(None, Backend::File(FileLog::open(rest)?), usize::MAX, 0),
