@@ -162,4 +162,13 @@ async fn a_killed_client_is_detached() {
     let mut sub = c.subscribe("after", "*").await.unwrap();
     c.publish(Message::new("after", "x")).await.unwrap();
     recv_n(&mut sub, 1).await;
+    // A clean shutdown leaves nothing: not the socket, not the directory.
+    // (The harness's temporary directory, the parent, is still there;
+    // clients still attached keep no file in it.)
+    drop((sub, c));
+    let mut h = h;
+    let listener = h.shm.take().unwrap();
+    let dir = listener.dir().to_path_buf();
+    drop(listener);
+    assert!(!dir.exists(), "{} left behind", dir.display());
 }

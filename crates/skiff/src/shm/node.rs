@@ -144,6 +144,11 @@ impl Drop for ShmListener {
     fn drop(&mut self) {
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
+        // The name's directory too, once nothing else is in it (a client
+        // still attaching keeps it; `remove_dir` refuses a full one).
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
