@@ -944,14 +944,10 @@ impl Decoder {
         Decoder { max_frame }
     }
 
-    /// The next frame body in `buf`, removed from it; `Ok(None)` when more
-    /// bytes are needed. On `Ok(None)`, `buf` has been given room for the
-    /// rest of the frame (never more than `max_frame`).
-    pub fn next(&self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
-        if buf.len() < LEN_PREFIX {
-            return Ok(None);
-        }
-        let len = u32::from_le_bytes(buf[..LEN_PREFIX].try_into().expect("4 bytes")) as usize;
+    /// The body length a frame's prefix announces, checked: not zero, not
+    /// over the limit.
+    fn body_len(&self, prefix: &[u8]) -> Result<usize, WireError> {
+        let len = u32::from_le_bytes(prefix.try_into().expect("4 bytes")) as usize;
         if len == 0 {
             return Err(WireError::Malformed("empty frame"));
         }
@@ -962,6 +958,17 @@ impl Decoder {
                 max: self.max_frame,
             });
         }
+        Ok(len)
+    }
+
+    /// The next frame body in `buf`, removed from it; `Ok(None)` when more
+    /// bytes are needed. On `Ok(None)`, `buf` has been given room for the
+    /// rest of the frame (never more than `max_frame`).
+    pub fn next(&self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
+        if buf.len() < LEN_PREFIX {
+            return Ok(None);
+        }
+        let len = self.body_len(&buf[..LEN_PREFIX])?;
         if buf.len() < LEN_PREFIX + len {
             buf.reserve(LEN_PREFIX + len - buf.len());
             return Ok(None);
@@ -982,17 +989,7 @@ impl Decoder {
         if buf.len() < LEN_PREFIX {
             return Err(WireError::Malformed("a frame cut short"));
         }
-        let len = u32::from_le_bytes(buf[..LEN_PREFIX].try_into().expect("4 bytes")) as usize;
-        if len == 0 {
-            return Err(WireError::Malformed("empty frame"));
-        }
-        if len > self.max_frame {
-            return Err(WireError::TooLong {
-                what: "frame",
-                len: len as u64,
-                max: self.max_frame,
-            });
-        }
+        let len = self.body_len(&buf[..LEN_PREFIX])?;
         if buf.len() - LEN_PREFIX < len {
             return Err(WireError::Malformed("a frame cut short"));
         }
