@@ -164,6 +164,21 @@ fn place(
     }
 }
 
+/// Lets `poll` append one packet to the outbox and places it (see
+/// [`place`]); its size, or `None` when `poll` had nothing to send.
+fn emit(
+    out: &mut super::driver::Outbox,
+    fbuf: &mut Vec<u8>,
+    frames: &mut Vec<Frame>,
+    max_datagram: usize,
+    poll: impl FnOnce(&mut Vec<u8>) -> Option<association::Transmit>,
+) -> Option<usize> {
+    let (buf, start) = out.begin();
+    let t = poll(buf)?;
+    place(out, fbuf, frames, t, start, max_datagram);
+    Some(t.size)
+}
+
 impl Core {
     pub(crate) fn new(
         listener: Listener,
@@ -630,20 +645,13 @@ impl Core {
             let mut progressed = false;
             for a in self.outgoing.values_mut() {
                 for _ in 0..PER_TURN {
-                    let (buf, start) = out.begin();
-                    let Some(t) = a.poll_transmit_append(now, buf) else {
+                    let Some(n) = emit(out, &mut self.fbuf, &mut self.frames, max_datagram, |b| {
+                        a.poll_transmit_append(now, b)
+                    }) else {
                         break;
                     };
                     progressed = true;
-                    bytes += t.size;
-                    place(
-                        out,
-                        &mut self.fbuf,
-                        &mut self.frames,
-                        t,
-                        start,
-                        max_datagram,
-                    );
+                    bytes += n;
                 }
             }
             if !progressed {
@@ -655,19 +663,13 @@ impl Core {
             }
         }
         while bytes < max_bytes {
-            let (buf, start) = out.begin();
-            let Some(t) = self.listener.poll_transmit_append(now, buf) else {
+            let listener = &mut self.listener;
+            let Some(n) = emit(out, &mut self.fbuf, &mut self.frames, max_datagram, |b| {
+                listener.poll_transmit_append(now, b)
+            }) else {
                 break;
             };
-            bytes += t.size;
-            place(
-                out,
-                &mut self.fbuf,
-                &mut self.frames,
-                t,
-                start,
-                max_datagram,
-            );
+            bytes += n;
         }
         if bytes >= max_bytes {
             more = true;

@@ -35,7 +35,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::layout::{Layout, OPEN};
 use super::ring::{Ring, RingProducer};
-use super::{BufferError, BufferId, Region};
+use super::{BufferError, BufferId};
 use crate::error::LocatorError;
 use crate::locator::Locator;
 
@@ -160,14 +160,7 @@ pub(crate) fn create_ring(
         .create_new(true)
         .open(&path)
         .map_err(BufferError::io("create ring file"))?;
-    let made = (|| {
-        f.set_len(layout.total as u64)
-            .map_err(BufferError::io("size ring file"))?;
-        let region =
-            Region::map_file(&f, layout.total).map_err(BufferError::io("map ring file"))?;
-        Ok(Arc::new(Ring::init(region, layout, id)))
-    })();
-    match made {
+    match super::buffer::init_file(&f, layout, id) {
         Ok(r) => Ok((r, path)),
         Err(e) => {
             let _ = fs::remove_file(&path);

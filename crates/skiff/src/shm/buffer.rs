@@ -516,6 +516,15 @@ impl Drop for Output {
     }
 }
 
+/// Sizes the new (empty) ring file `f` for `layout`, maps it and writes
+/// the ring's header: the ring this process produces into.
+pub(crate) fn init_file(f: &File, layout: Layout, id: BufferId) -> Result<Arc<Ring>, BufferError> {
+    f.set_len(layout.total as u64)
+        .map_err(BufferError::io("size ring file"))?;
+    let region = Region::map_file(f, layout.total).map_err(BufferError::io("map ring file"))?;
+    Ok(Arc::new(Ring::init(region, layout, id)))
+}
+
 /// Creates ring file `ns/ID.ring` without ever exposing a half-written
 /// header: written under a temporary name, then hard-linked into place
 /// (which fails if the name exists). A file left by a dead producer is
@@ -535,11 +544,7 @@ fn create_file(
         .open(&tmp)
         .map_err(BufferError::io("create ring file"))?;
     let made = (|| {
-        f.set_len(layout.total as u64)
-            .map_err(BufferError::io("size ring file"))?;
-        let region =
-            Region::map_file(&f, layout.total).map_err(BufferError::io("map ring file"))?;
-        let ring = Arc::new(Ring::init(region, layout, id));
+        let ring = init_file(&f, layout, id)?;
         for attempt in 0..2 {
             match fs::hard_link(&tmp, &path) {
                 Ok(()) => return Ok(ring),
