@@ -338,6 +338,46 @@ pub(crate) struct Session {
 }
 
 /// Connects to `addr` and reads the node's welcome, within `timeout`.
+/// When a TCP connect has not completed after this long, another attempt
+/// starts beside it (and again, doubling, up to `SYN_ATTEMPTS`): a lost
+/// SYN or SYN-ACK otherwise costs TCP's initial retransmission timeout of
+/// 1 s, which a client failing over to its next node would spend without
+/// one. A connect on a working network takes one round trip.
+const SYN_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Connect attempts that may be in flight at once (see `SYN_RETRY`).
+const SYN_ATTEMPTS: u32 = 3;
+
+/// Connects to `addr`, racing a fresh attempt against one whose handshake
+/// is slow (see `SYN_RETRY`); the first to connect wins and the others are
+/// dropped. An attempt that fails (refused, unreachable) fails the
+/// connect: a second SYN would be answered the same way.
+async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut started = 0u32;
+    let mut wait = SYN_RETRY;
+    loop {
+        if started < SYN_ATTEMPTS {
+            let addr = addr.to_string();
+            attempts.spawn(async move { TcpStream::connect(addr).await });
+            started += 1;
+        }
+        let more = started < SYN_ATTEMPTS;
+        let done = tokio::select! {
+            r = attempts.join_next() => r,
+            _ = tokio::time::sleep(wait), if more => None,
+        };
+        match done {
+            Some(Ok(r)) => return r,
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            None if !more => {
+                return Err(io::Error::other("no connect attempt left"));
+            }
+            None => wait *= 2,
+        }
+    }
+}
+
 pub(crate) async fn open(
     addr: &NodeAddr,
     at: usize,
@@ -346,7 +386,7 @@ pub(crate) async fn open(
     let open = async {
         let (mut r, w) = match addr {
             NodeAddr::Tcp(a) => {
-                let s = TcpStream::connect(a.as_str())
+                let s = connect_tcp(a.as_str())
                     .await
                     .map_err(Error::io("connect to node"))?;
                 let _ = s.set_nodelay(true);
