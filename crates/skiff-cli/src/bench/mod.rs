@@ -330,9 +330,8 @@ mod tests {
         w.wait(9, &mut forgiven); // room: returns at once
         assert_eq!(forgiven, 0);
         w.received(5);
-        let t = Instant::now();
-        w.wait(14, &mut forgiven); // 9 in flight: room
-        assert!(t.elapsed() < Duration::from_millis(20));
+        w.wait(14, &mut forgiven); // 9 in flight: room, nothing forgiven
+        assert_eq!(forgiven, 0);
         // 15 in flight and the receiver never moves: after the stall the
         // outstanding messages are taken as lost.
         w.wait(20, &mut forgiven);
