@@ -858,22 +858,30 @@ impl Inner {
         {
             let mut st = self.state.lock();
             let st = &mut *st;
-            let mut run: Option<(u64, Option<Shared<Delivery>>)> = None;
-            let mut pend = Vec::new();
+            // Consecutive messages for one subscription go straight into
+            // its inbox under one lock, with one wake-up.
+            let mut run: Option<Run> = None;
             for f in frames.drain(..) {
                 if !matches!(f, ServerFrame::Msg { .. }) {
-                    flush_run(&run, &mut pend);
-                    run = None;
+                    end_run(run.take());
                 }
                 match f {
                     ServerFrame::Msg { sid, token, msg } => {
-                        // Consecutive messages for one subscription go in
-                        // under one lock, with one wake-up.
-                        if run.as_ref().map(|(s, _)| *s) != Some(sid) {
-                            flush_run(&run, &mut pend);
-                            run = Some((sid, st.subs.get(&sid).map(|s| s.inbox.clone())));
+                        if run.as_ref().map(|r| r.sid) != Some(sid) {
+                            end_run(run.take());
+                            run = Some(Run {
+                                sid,
+                                inbox: st.subs.get(&sid).map(|s| s.inbox.lock_arc()),
+                                pushed: false,
+                            });
                         }
-                        pend.push(Delivery::new(msg, (token != 0).then_some(token), epoch));
+                        let r = run.as_mut().expect("set");
+                        if let Some(i) = &mut r.inbox {
+                            let mut d = Delivery::new(msg, (token != 0).then_some(token), epoch);
+                            d.gap = i.pending_gap.take();
+                            i.q.push_back(d);
+                            r.pushed = true;
+                        }
                         continue;
                     }
                     ServerFrame::Dropped { sid, total } => {
@@ -1012,7 +1020,7 @@ impl Inner {
                     _ => {}
                 }
             }
-            flush_run(&run, &mut pend);
+            end_run(run);
         }
         fatal
     }
@@ -1030,18 +1038,22 @@ impl Inner {
     }
 }
 
-/// Hands the deliveries gathered for one subscription to its inbox under
-/// one lock, with one wake-up.
-fn flush_run(run: &Option<(u64, Option<Shared<Delivery>>)>, pend: &mut Vec<Delivery>) {
-    if let Some((_, Some(s))) = run {
-        if !pend.is_empty() {
-            let mut i = s.lock();
-            if let Some(gap) = i.pending_gap.take() {
-                pend[0].gap = Some(gap);
-            }
-            i.q.extend(pend.drain(..));
-            i.wake();
-        }
+/// Messages for one subscription being put into its inbox: its lock is
+/// held for the run.
+struct Run {
+    sid: u64,
+    inbox: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, inbox::Inbox<Delivery>>>,
+    pushed: bool,
+}
+
+/// Ends a run: wakes the subscription once, and releases its inbox.
+fn end_run(run: Option<Run>) {
+    if let Some(Run {
+        inbox: Some(mut i),
+        pushed: true,
+        ..
+    }) = run
+    {
+        i.wake();
     }
-    pend.clear();
 }
