@@ -582,7 +582,6 @@ async fn read_session(
     writer_done: &mut oneshot::Receiver<()>,
 ) -> End {
     let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
-    let mut frames = Vec::new();
     let keepalive = !opts.ping.is_zero();
     let mut heard = tokio::time::Instant::now();
     let mut pinged = false;
@@ -591,25 +590,35 @@ async fn read_session(
     let timer = tokio::time::sleep(opts.ping);
     tokio::pin!(timer);
     loop {
-        loop {
-            match dec.next(buf) {
-                Ok(Some(body)) => match ServerFrame::decode(body, max_payload) {
-                    Ok(f) => frames.push(f),
-                    Err(e) => return End::Lost(format!("bad frame from the node: {e}")),
-                },
-                Ok(None) => break,
-                Err(e) => return End::Lost(format!("bad frame from the node: {e}")),
-            }
-        }
-        if !frames.is_empty() {
+        // Every whole frame read goes to the client as it is decoded (no
+        // list of frames between them).
+        if !buf.is_empty() {
             let Some(inner) = weak.upgrade() else {
                 return End::Closed;
             };
-            match inner.dispatch(&mut frames) {
+            let mut bad = None;
+            let frames = std::iter::from_fn(|| match dec.next(buf) {
+                Ok(Some(body)) => match ServerFrame::decode(body, max_payload) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        bad = Some(e);
+                        None
+                    }
+                },
+                Ok(None) => None,
+                Err(e) => {
+                    bad = Some(e);
+                    None
+                }
+            });
+            match inner.dispatch(frames) {
                 None => {}
                 // The node is going away: that is a lost node.
                 Some((Code::Shutdown, why)) => return End::Lost(why),
                 Some((_, why)) => return End::Fatal(why),
+            }
+            if let Some(e) = bad {
+                return End::Lost(format!("bad frame from the node: {e}"));
             }
         }
         if buf.capacity() - buf.len() < 4096 {
@@ -688,7 +697,7 @@ async fn write_loop(tx: Arc<StreamTx>, mut w: WriteHalf, done: oneshot::Sender<(
 
 fn dispatch_weak(weak: &Weak<Inner>, frames: &mut Vec<ServerFrame>) -> Option<bool> {
     let inner = weak.upgrade()?;
-    match inner.dispatch(frames) {
+    match inner.dispatch(frames.drain(..)) {
         None => Some(true),
         Some((_, why)) => {
             inner.fail(why);

@@ -851,7 +851,7 @@ impl Inner {
     #[must_use]
     pub(crate) fn dispatch(
         self: &Arc<Self>,
-        frames: &mut Vec<ServerFrame>,
+        frames: impl IntoIterator<Item = ServerFrame>,
     ) -> Option<(Code, String)> {
         let mut fatal = None;
         let epoch = self.epoch();
@@ -861,7 +861,7 @@ impl Inner {
             // Consecutive messages for one subscription go straight into
             // its inbox under one lock, with one wake-up.
             let mut run: Option<Run> = None;
-            for f in frames.drain(..) {
+            for f in frames {
                 if !matches!(f, ServerFrame::Msg { .. }) {
                     end_run(run.take());
                 }

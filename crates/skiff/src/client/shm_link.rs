@@ -370,7 +370,7 @@ fn read_down(mut r: DownReader, weak: Weak<Inner>, tx: &ShmTx, max_payload: usiz
             let Some(inner) = weak.upgrade() else {
                 break End::Closed;
             };
-            match inner.dispatch(&mut frames) {
+            match inner.dispatch(frames.drain(..)) {
                 None => {}
                 Some((_, why)) => break End::Fatal(why),
             }
