@@ -1,0 +1,91 @@
+//! A node that breaks the protocol: the client delivers what arrived
+//! whole before the bad frame, then gives the node up with an error that
+//! says why (a decoder never panics on a node's bytes, and nothing after
+//! the bad frame is taken).
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use skiff::client::{Client, ClientEvent};
+use skiff::Message;
+use skiff_node::frame::{Decoder, ServerFrame};
+use skiff_node::ClientFrame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_frame_from_the_node_loses_it_after_what_came_before() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let fake = tokio::spawn(async move {
+        // One connection only: a reconnect finds nobody.
+        let (mut s, _) = l.accept().await.unwrap();
+        drop(l);
+        let mut out = Vec::new();
+        ServerFrame::Welcome {
+            client: 7,
+            max_payload: 1 << 20,
+        }
+        .encode(&mut out);
+        s.write_all(&out).await.unwrap();
+        // Wait for the subscription and acknowledge it.
+        let dec = Decoder::new(1 << 21);
+        let mut buf = BytesMut::new();
+        let sid = loop {
+            if let Some(body) = dec.next(&mut buf).unwrap() {
+                if let ClientFrame::Sub { sid, .. } = ClientFrame::decode(body, 1 << 20).unwrap() {
+                    break sid;
+                }
+                continue;
+            }
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "client left");
+        };
+        out.clear();
+        ServerFrame::Ack { corr: sid }.encode(&mut out);
+        ServerFrame::Msg {
+            sid,
+            token: 0,
+            msg: Message::new("t.a", "before"),
+        }
+        .encode(&mut out);
+        // A whole frame whose body is not a frame, then one that is.
+        out.extend_from_slice(&4u32.to_le_bytes());
+        out.extend_from_slice(&[0xff; 4]);
+        ServerFrame::Msg {
+            sid,
+            token: 0,
+            msg: Message::new("t.a", "after"),
+        }
+        .encode(&mut out);
+        s.write_all(&out).await.unwrap();
+        // Keep the connection open: the client must leave on its own.
+        tokio::time::sleep(PATIENCE).await;
+    });
+
+    let c = Client::connect(&format!("skiff://{addr}?connect_timeout=200ms"))
+        .await
+        .unwrap();
+    let mut events = c.events();
+    let mut sub = c.subscribe("t.>", "*").await.unwrap();
+    let d = tokio::time::timeout(PATIENCE, sub.recv())
+        .await
+        .expect("the message before the bad frame arrives")
+        .expect("a message");
+    assert_eq!(&d.payload[..], b"before");
+    // One node and no reconnect: the client is closed, and says why.
+    let end = tokio::time::timeout(PATIENCE, sub.recv())
+        .await
+        .expect("the subscription ends");
+    assert!(end.is_none(), "nothing after the bad frame is delivered");
+    let reason = sub.error().expect("a reason");
+    assert!(reason.contains("bad frame from the node"), "{reason}");
+    match tokio::time::timeout(PATIENCE, events.recv()).await {
+        Ok(Some(ClientEvent::Closed { reason })) => {
+            assert!(reason.contains("bad frame from the node"), "{reason}")
+        }
+        other => panic!("no close event: {other:?}"),
+    }
+    fake.abort();
+}
