@@ -22,6 +22,7 @@ pub mod error;
 pub mod loss;
 pub mod mesh;
 pub mod message;
+pub mod msgframe;
 pub mod router;
 pub mod varint;
 pub mod wire;

@@ -330,6 +330,104 @@ fn fill_until_refused(out: &mut Output, id: u32, len: usize) {
     }
 }
 
+/// The message layer: messages of many sizes, `more` set at random,
+/// through a small buffer (segments wrap, and a message sometimes straddles
+/// the wrap): every message arrives once, in order, and messages sent with
+/// `more` share segments.
+fn messages_round_trip_in_order(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 512, Flow::Credits).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 512).unwrap();
+    let msgs: Vec<Vec<u8>> = (0..400u32)
+        .map(|i| vec![i as u8; (i as usize * 7) % 61])
+        .collect();
+    let consumer = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let mut segments = 0;
+        while got.len() < 400 {
+            let seg = input
+                .recv(Some(Duration::from_secs(5)))
+                .unwrap()
+                .expect("a segment within 5 s");
+            segments += 1;
+            let len = seg.len();
+            for m in seg.messages().unwrap() {
+                got.push(m.unwrap().into_owned());
+            }
+            input.consumed(1, len).unwrap();
+        }
+        (got, segments)
+    });
+    let mut w = out.messages(1, 128, true).unwrap();
+    for (i, m) in msgs.iter().enumerate() {
+        // Bursts of 1 to 10 messages: the last of each without `more`.
+        w.send(m, (i * 31) % 10 != 0).unwrap();
+    }
+    w.flush().unwrap();
+    let (sent, delivered) = w.counts();
+    drop(w);
+    let (got, segments) = consumer.join().unwrap();
+    assert_eq!(got, msgs);
+    assert_eq!(sent, 400);
+    assert_eq!(segments, delivered);
+    assert!(
+        delivered < 200,
+        "messages with more share segments: {delivered} segments"
+    );
+}
+
+/// Without `more` every message leaves at once in a segment of its own;
+/// one longer than the buffer is refused with the limit; a writer that
+/// may not wait takes nothing when the subscribers are full.
+fn messages_without_more_and_limits(t: T) {
+    let (mut out, loc) = output(t);
+    out.create_buffer(1, 256, Flow::Credits).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 256).unwrap();
+    {
+        let mut w = out.messages(1, 64, false).unwrap();
+        w.send(b"one", false).unwrap();
+        let seg = input.recv(Some(Duration::from_secs(5))).unwrap().unwrap();
+        let got: Vec<Vec<u8>> = seg
+            .messages()
+            .unwrap()
+            .map(|m| m.unwrap().into_owned())
+            .collect();
+        assert_eq!(got, vec![b"one".to_vec()]);
+        let len = seg.len();
+        input.consumed(1, len).unwrap();
+        let e = w.send(&[0; 253], false).unwrap_err();
+        assert!(e.to_string().contains("256"), "names the limit: {e}");
+        // Fill the buffer without consuming: then a send is refused and
+        // takes nothing.
+        let mut refused = false;
+        for _ in 0..100 {
+            match w.send(&[7; 60], false) {
+                Ok(()) => {}
+                Err(e) if e.is_would_block() => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(refused, "a full buffer refuses");
+        let (sent, segments) = w.counts();
+        assert_eq!(sent, segments, "one segment per message without more");
+    }
+    let mut n = 0;
+    while let Some(seg) = input.recv(Some(Duration::from_millis(500))).unwrap() {
+        let len = seg.len();
+        for m in seg.messages().unwrap() {
+            assert_eq!(m.unwrap().as_ref(), &[7; 60][..]);
+            n += 1;
+        }
+        input.consumed(1, len).unwrap();
+    }
+    assert!(n > 0, "what was taken arrives");
+}
+
 macro_rules! suite {
     ($t:ident: $($name:ident),* $(,)?) => {
         $(#[test] fn $name() { super::$name(super::T::$t) })*
@@ -365,6 +463,8 @@ transports!(
         splice_forwarding,
         bad_requests,
         multiple_buffers_and_subscribers,
+        messages_round_trip_in_order,
+        messages_without_more_and_limits,
     ]
     crash: [
         producer_killed_is_a_clean_error,
@@ -376,6 +476,29 @@ transports!(
 );
 
 // ---- shared memory only ----
+
+/// A segment that is not a run of framed messages (a length running past
+/// its end) reads as an error that says so, after the whole messages
+/// before it; never a panic.
+#[test]
+fn messages_of_a_bad_segment_are_an_error() {
+    let (mut out, loc) = output(T::Shm);
+    out.create_buffer(1, 256, Flow::Credits).unwrap();
+    let mut input = Input::open(&loc).unwrap();
+    input.subscribe(1, 256).unwrap();
+    out.send(1, &[1, 0, 0, 0, 42, 9, 0, 0, 0, 1, 2], true)
+        .unwrap();
+    let seg = input.recv(Some(Duration::from_secs(5))).unwrap().unwrap();
+    let got: Vec<_> = seg.messages().unwrap().collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap().as_ref(), &[42]);
+    match &got[1] {
+        Err(BufferError::Corrupt { id: 1, why }) => {
+            assert!(why.contains("runs past the segment"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
 
 #[test]
 fn overwrite_slow_reader_detects_torn_data() {

@@ -429,6 +429,18 @@ impl Output {
         }
     }
 
+    /// The capacity of buffer `id` in bytes (the largest segment).
+    pub fn capacity(&self, id: BufferId) -> Result<usize, BufferError> {
+        match self.buffers.get(&id) {
+            Some(OutBuf::Own { prod, .. }) => Ok(prod.ring.layout.geom.capacity() as usize),
+            Some(OutBuf::Spliced { .. }) => Err(BufferError::Usage {
+                id,
+                why: "the buffer is spliced from an input; its input feeds it".into(),
+            }),
+            None => Err(BufferError::UnknownBuffer { id }),
+        }
+    }
+
     /// Statistics of buffer `id`.
     pub fn stats(&self, id: BufferId) -> Option<OutStats> {
         match self.buffers.get(&id)? {

@@ -61,6 +61,8 @@ mod layout;
 #[cfg(skiff_loom)]
 mod loom;
 #[cfg(not(skiff_loom))]
+mod msgs;
+#[cfg(not(skiff_loom))]
 mod node;
 #[cfg(skiff_loom)]
 #[path = "loom_region.rs"]
@@ -74,6 +76,8 @@ mod tcp;
 
 #[cfg(not(skiff_loom))]
 pub use buffer::{InSegment, InStats, Input, OutStats, Output, SegmentMut};
+#[cfg(not(skiff_loom))]
+pub use msgs::MsgWriter;
 #[cfg(not(skiff_loom))]
 pub use node::{serve, serve_broker, ShmListener, ShmStats};
 #[cfg(skiff_loom)]
