@@ -2,7 +2,8 @@
 # skiff's node against nats-server, side by side in one run: publish/
 # subscribe (1->1, 1->4, 4->4 at 8 B, 256 B, 4 KB), request/reply (1 and 16
 # concurrent requesters, with a TCP ping-pong floor), and each server's CPU
-# and RSS idle and under load. Prints a Markdown section for
+# and RSS idle and under load; then 1->1 publish/subscribe and request/reply
+# again with everything on one CPU. Prints a Markdown section for
 # bench/RESULTS.md on standard output.
 #
 #   bench/pubsub.sh [--duration-secs 2]
@@ -26,6 +27,11 @@ trap 'rm -rf "$TMP"' EXIT
 
 "$SKIFF" bench pubsub --nats --duration-secs "$DUR" --markdown "$TMP/pubsub.md" >&2
 "$SKIFF" bench request --nats --duration-secs "$DUR" --markdown "$TMP/request.md" >&2
+# The same with everything on one CPU (servers, clients, load generators):
+# on this VM a wake-up on the other CPU costs tens of microseconds, which
+# the two-CPU rows measure as much as either server.
+taskset -c 0 "$SKIFF" bench pubsub --nats --shapes 1x1 --duration-secs "$DUR" --markdown "$TMP/pubsub-cpu0.md" >&2
+"$SKIFF" bench request --nats --cpu 0 --duration-secs "$DUR" --markdown "$TMP/request-cpu0.md" >&2
 
 echo "## Node: publish/subscribe and request/reply against nats-server"
 echo
@@ -41,3 +47,12 @@ echo
 echo "### Request/reply"
 echo
 cat "$TMP/request.md"
+echo
+echo "### On one CPU"
+echo
+echo "Everything (node or nats-server, clients, load generator) on CPU 0: no cross-CPU wake-ups."
+echo "Publish/subscribe under \`taskset -c 0\`, request/reply with \`--cpu 0\`."
+echo
+cat "$TMP/pubsub-cpu0.md"
+echo
+cat "$TMP/request-cpu0.md"

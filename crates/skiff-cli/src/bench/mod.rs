@@ -30,6 +30,7 @@ use indicatif::ProgressBar;
 
 mod baseline;
 mod failover;
+mod pin;
 mod plot;
 mod pubsub;
 mod queue;

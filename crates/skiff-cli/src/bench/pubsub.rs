@@ -199,6 +199,11 @@ fn wait_port(port: u16) -> Result<(), Box<dyn Error>> {
 }
 
 impl Server {
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `skiff node` on a free port.
     pub(crate) fn skiff() -> Result<Server, Box<dyn Error>> {
         Server::skiff_with(free_port()?, &[])

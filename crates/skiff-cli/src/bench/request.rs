@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use skiff::client::{Client, Incoming, Target};
 use skiff::Message;
 
+use super::pin::PinAll;
 use super::pubsub::{run_natsbench, At, Places, Server};
 use super::report::{self, record, Histogram, Reporter, Row};
 use super::{parse_secs, parse_size, OutputArgs};
@@ -55,6 +56,11 @@ pub(crate) struct RequestArgs {
     /// Skip the TCP ping-pong floor.
     #[arg(long)]
     pub(crate) no_floor: bool,
+    /// Run every row with this process, the servers it starts and the
+    /// nats load generator on this one CPU: no cross-CPU wake-ups (on a VM
+    /// each costs tens of microseconds), so the rows compare software.
+    #[arg(long, value_name = "N")]
+    pub(crate) cpu: Option<usize>,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
@@ -83,9 +89,24 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
         None
     };
     let nats_places = nats_places.or_else(|| nats.as_ref().map(|n| Places::new(None, &[], &n.url)));
+    let servers: Vec<u32> = own.iter().chain(nats.iter()).map(Server::pid).collect();
+    let _pin = match a.cpu {
+        Some(cpu) => {
+            Some(PinAll::to(cpu, &servers).map_err(|e| format!("--cpu {cpu}: cannot pin: {e}"))?)
+        }
+        None => None,
+    };
+    let pinned = a
+        .cpu
+        .map(|c| format!(" all on cpu {c}"))
+        .unwrap_or_default();
     for &size in &a.sizes {
         if !a.no_floor {
-            rep.push(tcp_pingpong(size, a.duration_secs)?)?;
+            let mut row = tcp_pingpong(size, a.duration_secs)?;
+            if !pinned.is_empty() {
+                row.options = Some(pinned.trim().to_string());
+            }
+            rep.push(row)?;
         }
         for &conc in &a.concurrency {
             let mut row = rt.block_on(skiff_requests(
@@ -99,7 +120,7 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
             if let Some(c) = &a.cluster {
                 options += &format!(" cluster={c}");
             }
-            row.options = Some(options);
+            row.options = Some(options + &pinned);
             rep.push(row)?;
             if let Some(np) = &nats_places {
                 let mut args: Vec<String> = vec!["request".into()];
@@ -115,7 +136,11 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
                 if let Some(c) = &a.cluster {
                     args.extend(["-queue".into(), c.clone()]);
                 }
-                rep.push(run_natsbench(&args)?)?;
+                let mut row = run_natsbench(&args)?;
+                if let Some(o) = &mut row.options {
+                    o.push_str(&pinned);
+                }
+                rep.push(row)?;
             }
         }
     }
@@ -271,13 +296,18 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     let find = |test: &str, mode: &str| rows.iter().find(|r| r.test == test && r.mode == mode);
     let mut out = Vec::new();
+    let on = rows
+        .iter()
+        .filter_map(|r| r.options.as_deref())
+        .find_map(|o| o.find("all on cpu").map(|i| format!(" [{}]", &o[i..])))
+        .unwrap_or_default();
     if let (Some(s), Some(n)) = (
         find("skiff-request", "conc=16"),
         find("nats-request", "conc=16"),
     ) {
         if let (Some(a), Some(b)) = (s.msgs_per_s, n.msgs_per_s) {
             out.push(format!(
-                "target: request rate with 16 requesters >= 2x nats-server: {:.2}x ({} vs {}/s): {}",
+                "target: request rate with 16 requesters >= 2x nats-server{on}: {:.2}x ({} vs {}/s): {}",
                 a / b,
                 report::si(a),
                 report::si(b),
@@ -295,7 +325,7 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
                 .map(|f| format!(" (tcp ping-pong floor {f:.1} us)"))
                 .unwrap_or_default();
             out.push(format!(
-                "target: one requester p50 <= nats-server's: {a:.1} us vs {b:.1} us{floor}: {}",
+                "target: one requester p50 <= nats-server's{on}: {a:.1} us vs {b:.1} us{floor}: {}",
                 verdict(a <= b)
             ));
         }
