@@ -48,7 +48,9 @@ Command: \`bench/shm.sh${shown_args}\`, which runs
 (rows in \`bench/shm.jsonl\`, chart in \`bench/shm.svg\`).
 
 \`per-msg\`: one segment (one deliver, one receive, one consumed) per message; \`batch=N\`: messages
-packed into segments of up to N bytes, RocketBufs' batching. \`busy-poll\`: \`spin=1s\` (waiters spin);
+packed into segments of up to N bytes, RocketBufs' batching; \`msg api more\`: the message layer,
+one \`send(msg, more=true)\` and one read per message, packed into segments of up to 64 KiB
+(\`batches\` counts the segments). \`busy-poll\`: \`spin=1s\` (waiters spin);
 \`futex\`: \`spin=0\`. uds: std \`UnixStream\` pair, one \`write\` per message or a 64 KiB \`BufWriter\`.
 zmq-ipc: PUSH/PULL (rate) and PAIR (round trip) over \`ipc://\`, one context.
 
