@@ -270,8 +270,8 @@ fn producer_killed_is_a_clean_error(t: T) {
 /// A producer child feeding a broker (its input spliced into the broker's
 /// output) is killed: the downstream subscriber learns that the source is
 /// gone (`PeerDead` over shm, where it reads the producer's own ring;
-/// `PeerLost` over tcp, from the broker's close frame of reason 2), not
-/// `Closed` or `Corrupt`.
+/// `PeerLost` over tcp and udp, from the broker's close frame of reason
+/// 2), not `Closed` or `Corrupt`.
 fn spliced_producer_killed_reaches_downstream(t: T) {
     let (mut child, up) = spawn_role("producer", &output_locator(t));
     let mut broker_in = Input::open(&up).unwrap();
@@ -434,9 +434,8 @@ macro_rules! suite {
     };
 }
 
-/// The same tests over every transport, crash tests included; a lost
-/// source forwarded through a splice over shm and tcp (the udp close frame
-/// has no "lost" reason yet: see docs/shm.md, Unfinished).
+/// The same tests over every transport, crash tests included, and a lost
+/// source forwarded through a splice.
 macro_rules! transports {
     (
         all: [$($all:ident),* $(,)?]
@@ -450,7 +449,7 @@ macro_rules! transports {
             suite!(Tcp: $($all,)* $($crash,)* $($lost,)*);
         }
         mod over_udp {
-            suite!(Udp: $($all,)* $($crash,)*);
+            suite!(Udp: $($all,)* $($crash,)* $($lost,)*);
         }
     };
 }

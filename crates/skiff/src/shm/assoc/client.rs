@@ -359,6 +359,7 @@ impl ClientIo {
                 Some(l) if l.prod.ring.state() == OPEN => l.prod.ring.close(match reason {
                     CloseReason::Producer => CLOSED,
                     CloseReason::Corrupt => CORRUPT,
+                    CloseReason::Lost => LOST,
                 }),
                 _ => Counters::bump(&stats.unknown),
             },

@@ -30,7 +30,9 @@
 //!   +-------+-------+----------------+
 //! output -> subscriber   closed: 0 = by the producer (after its last
 //!                        segment), 1 = corrupt (a segment was larger than
-//!                        the subscribed size, or the output's ring broke)
+//!                        the subscribed size, or the output's ring broke),
+//!                        2 = lost (the buffer's own source died: a spliced
+//!                        input whose producer was lost; as over tcp)
 //!   0       4            8      9
 //!   +-------+------------+------+
 //!   | id    | 0xfffffffd |reason|
@@ -56,6 +58,20 @@ pub(crate) enum CloseReason {
     /// The subscriber's copy is unusable: a segment was larger than its
     /// ring, or the output's ring broke.
     Corrupt,
+    /// The buffer's own source was lost (a spliced input whose producer
+    /// died or whose link failed).
+    Lost,
+}
+
+impl CloseReason {
+    /// The reason a ring consumer's error ends a buffer with.
+    pub(crate) fn of(e: &crate::shm::BufferError) -> CloseReason {
+        match e {
+            crate::shm::BufferError::Closed { .. } => CloseReason::Producer,
+            e if e.is_peer_gone() => CloseReason::Lost,
+            _ => CloseReason::Corrupt,
+        }
+    }
 }
 
 /// One frame, decoded; see the module documentation.
@@ -152,6 +168,10 @@ pub(crate) fn decode_down(b: &[u8]) -> Result<Frame<'_>, Malformed> {
                 id,
                 reason: CloseReason::Corrupt,
             }),
+            2 => Ok(Frame::Close {
+                id,
+                reason: CloseReason::Lost,
+            }),
             _ => Err(Malformed("unknown close reason")),
         },
         CLOSE => Err(Malformed("a close frame is 9 bytes")),
@@ -202,6 +222,7 @@ pub(crate) fn encode(f: &Frame<'_>) -> Bytes {
             b.put_u8(match reason {
                 CloseReason::Producer => 0,
                 CloseReason::Corrupt => 1,
+                CloseReason::Lost => 2,
             });
         }
     }
@@ -244,6 +265,10 @@ mod tests {
             Frame::Close {
                 id: 3,
                 reason: CloseReason::Corrupt,
+            },
+            Frame::Close {
+                id: 3,
+                reason: CloseReason::Lost,
             },
         ]
     }

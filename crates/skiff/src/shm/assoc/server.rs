@@ -216,6 +216,9 @@ struct Sub {
     read: u64,
     /// A segment taken from the ring and not yet sent (no credit yet).
     held: Option<Delivered>,
+    /// How the ring ended, seen while waiting for data; sent as a close
+    /// frame at the next step.
+    ended: Option<BufferError>,
 }
 
 impl Sub {
@@ -284,14 +287,11 @@ fn step(
 ) -> Result<Sent, TunnelError> {
     let d = match s.held.take() {
         Some(d) => d,
-        None => match s.cons.try_next() {
+        None => match s.ended.take().map_or_else(|| s.cons.try_next(), Err) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Sent::Idle),
             Err(e) => {
-                let reason = match e {
-                    BufferError::Closed { .. } => CloseReason::Producer,
-                    _ => CloseReason::Corrupt,
-                };
+                let reason = CloseReason::of(&e);
                 send_msg(c, waker, &frame::encode(&Frame::Close { id: s.id, reason }))?;
                 return Ok(Sent::Ended);
             }
@@ -370,6 +370,7 @@ fn attach_wanted(
             consumed: 0,
             read: 0,
             held: None,
+            ended: None,
         });
         send_msg(c, waker, &frame::encode(&Frame::Subscribed { id, flow }))?;
     }
@@ -458,8 +459,12 @@ fn conn_sender(c: &Conn, sh: &ServerShared, waker: &Waker) {
                 }
             } else if let Some(s) = subs.first_mut() {
                 let until = Instant::now() + Duration::from_millis(5);
-                if let Ok(Some(d)) = s.cons.next(Some(until), sh.spin) {
-                    s.held = Some(d);
+                match s.cons.next(Some(until), sh.spin) {
+                    Ok(Some(d)) => s.held = Some(d),
+                    Ok(None) => {}
+                    // The ring ended (its consumer is detached now): the
+                    // next step sends the close frame with this reason.
+                    Err(e) => s.ended = Some(e),
                 }
             }
         }
