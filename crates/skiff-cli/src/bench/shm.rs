@@ -814,21 +814,37 @@ mod tests {
     }
 
     #[test]
-    fn rate_verdict_counts_one_segment_per_message() {
+    fn rate_verdict_counts_one_send_and_one_read_per_message() {
         let rows = [
             row("shm", "per-msg busy-poll", 8, 4e6),
             row("shm", "per-msg one thread", 8, 40e6),
             row("shm", "batch=65536B busy-poll", 8, 200e6),
+            row("shm", "msg api more busy-poll", 8, 20e6),
+            row("shm", "msg api more futex", 8, 10e6),
             row("zmq-ipc", "push-pull-ipc", 8, 4e6),
         ];
         let t = targets(&rows);
+        // The best message-layer row decides; packed segments and one
+        // thread alone never do.
         assert!(
-            t[0].contains("4.00 M") && t[0].ends_with("NOT met"),
+            t[0].contains("one send and one read per message")
+                && t[0].contains("20.00 M")
+                && t[0].contains("NOT met")
+                && t[0].ends_with("5.0x zmq ipc"),
             "{t:?}"
         );
-        assert!(t[1].contains("1.0x"), "{t:?}");
-        assert!(t[2].contains("200.0 M") && t[2].contains("50.0x"), "{t:?}");
-        let fast = [row("shm", "per-msg futex", 8, 31e6)];
-        assert!(targets(&fast)[0].ends_with(": met"));
+        assert!(t[1].contains("futex") && t[1].contains("10.00 M"), "{t:?}");
+        assert!(
+            t[2].contains("one segment per message") && t[2].contains("1.0x"),
+            "{t:?}"
+        );
+        assert!(t[3].contains("200.0 M") && t[3].contains("50.0x"), "{t:?}");
+        let fast = [row("shm", "msg api more busy-poll", 8, 31e6)];
+        assert!(targets(&fast)[0].contains(": met"), "{:?}", targets(&fast));
+        // Without message-layer rows there is no verdict to give.
+        let segs = [row("shm", "per-msg busy-poll", 8, 40e6)];
+        assert!(targets(&segs)
+            .iter()
+            .all(|l| !l.starts_with("target: >= 30M")));
     }
 }
