@@ -357,3 +357,13 @@ mod tests {
         }
     }
 }
+
+/// For `cargo fuzz` (feature `fuzzing`): decodes `b` as a frame from a
+/// subscriber and as one from an output; whatever decodes must encode back
+/// to the same bytes (the decoders accept one encoding of each frame).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz(b: &[u8]) {
+    for f in [decode_up(b), decode_down(b)].into_iter().flatten() {
+        assert_eq!(&encode(&f)[..], b, "{f:?}");
+    }
+}

@@ -50,6 +50,8 @@
 
 mod client;
 mod frame;
+#[cfg(feature = "fuzzing")]
+pub(crate) use frame::fuzz;
 mod server;
 
 use std::future::Future;
