@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use skiff::shm::{Flow, Input, Output};
+use skiff::shm::{Flow, InSegment, Input, Output};
 
 use super::report::{self, CpuMeter, Reporter, Row};
 use super::{parse_secs, parse_size, round_trips, Limits, OutputArgs};
@@ -280,26 +280,15 @@ fn shm_msgs(
     let start = Instant::now();
     let (sent, received, last) =
         std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
-            let consumer = s.spawn(move || -> Result<(u64, Instant), String> {
-                let mut n = 0u64;
-                let mut last = Instant::now();
-                loop {
-                    let seg = match input.recv(Some(Duration::from_secs(2))) {
-                        Ok(Some(seg)) => seg,
-                        Ok(None) => return Ok((n, last)),
-                        Err(skiff::shm::BufferError::Closed { .. }) => return Ok((n, last)),
-                        Err(e) => return Err(e.to_string()),
-                    };
-                    let len = seg.len();
+            let consumer = s.spawn(move || {
+                drain(input, |seg| {
                     // Touch every message as a consumer would.
                     let (a, b) = seg.slices().map_err(|e| e.to_string())?;
                     for m in a.chunks(size).chain(b.chunks(size)) {
                         std::hint::black_box(m.first());
                     }
-                    n += (len / size) as u64;
-                    last = Instant::now();
-                    input.consumed(1, len).map_err(|e| e.to_string())?;
-                }
+                    Ok((seg.len() / size) as u64)
+                })
             });
             let payload = vec![0xA5u8; size * per_seg as usize];
             let mut sent = 0u64;
@@ -333,6 +322,30 @@ fn shm_msgs(
     Ok(row)
 }
 
+/// A rate test's consumer: receives segments of buffer 1 until the
+/// producer closes it (or nothing comes for 2 s), counts the messages of
+/// each with `count`, consumes it; returns the count and when the last
+/// segment arrived.
+fn drain(
+    mut input: Input,
+    mut count: impl FnMut(&InSegment<'_>) -> Result<u64, String>,
+) -> Result<(u64, Instant), String> {
+    let mut n = 0u64;
+    let mut last = Instant::now();
+    loop {
+        let seg = match input.recv(Some(Duration::from_secs(2))) {
+            Ok(Some(seg)) => seg,
+            Ok(None) => return Ok((n, last)),
+            Err(skiff::shm::BufferError::Closed { .. }) => return Ok((n, last)),
+            Err(e) => return Err(e.to_string()),
+        };
+        let len = seg.len();
+        n += count(&seg)?;
+        last = Instant::now();
+        input.consumed(1, len).map_err(|e| e.to_string())?;
+    }
+}
+
 /// The message layer (`Output::messages`, `InSegment::messages`): the
 /// producer sends each message with `more` (a stream; the last without),
 /// so messages share segments of up to `--batch` bytes; the consumer reads
@@ -353,25 +366,16 @@ fn shm_msg_api(
     let start = Instant::now();
     let (sent, received, segments, last) =
         std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
-            let consumer = s.spawn(move || -> Result<(u64, Instant), String> {
-                let mut n = 0u64;
-                let mut last = Instant::now();
-                loop {
-                    let seg = match input.recv(Some(Duration::from_secs(2))) {
-                        Ok(Some(seg)) => seg,
-                        Ok(None) => return Ok((n, last)),
-                        Err(skiff::shm::BufferError::Closed { .. }) => return Ok((n, last)),
-                        Err(e) => return Err(e.to_string()),
-                    };
-                    let len = seg.len();
+            let consumer = s.spawn(move || {
+                drain(input, |seg| {
+                    let mut n = 0;
                     for m in seg.messages().map_err(|e| e.to_string())? {
                         let m = m.map_err(|e| e.to_string())?;
                         std::hint::black_box(m.first());
                         n += 1;
                     }
-                    last = Instant::now();
-                    input.consumed(1, len).map_err(|e| e.to_string())?;
-                }
+                    Ok(n)
+                })
             });
             let payload = vec![0xA5u8; size];
             let mut sent = 0u64;
