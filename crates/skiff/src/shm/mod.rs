@@ -89,6 +89,12 @@ pub mod fuzzing {
     pub fn assoc_frame(b: &[u8]) {
         super::assoc::fuzz(b);
     }
+
+    /// Decodes `b` as a tcp buffer header (both directions) and close
+    /// reason; panics if a reason does not encode back to its byte.
+    pub fn tcp_header(b: &[u8]) {
+        super::tcp::fuzz(b);
+    }
 }
 #[cfg(not(skiff_loom))]
 pub use node::{serve, serve_broker, ShmListener, ShmStats};

@@ -201,6 +201,22 @@ pub(crate) fn decode_down(h: &[u8; 8]) -> Result<(BufferId, Down), Malformed> {
     }
 }
 
+/// For `cargo fuzz` (feature `fuzzing`): decodes the first 8 bytes of `b`
+/// as a header from a subscriber and from an output, and the next byte as
+/// a close reason; a reason that decodes encodes back to its byte.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz(b: &[u8]) {
+    if let Some(h) = b.first_chunk::<8>() {
+        let _ = decode_up(h);
+        let _ = decode_down(h);
+    }
+    if let Some(&r) = b.get(8) {
+        if let Some(reason) = Reason::decode(r) {
+            assert_eq!(reason.code(), r);
+        }
+    }
+}
+
 /// A close frame from an output.
 fn close_frame(id: BufferId, reason: Reason) -> [u8; 9] {
     let mut f = [0u8; 9];
