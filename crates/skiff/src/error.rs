@@ -142,6 +142,17 @@ pub enum LocatorError {
     },
 }
 
+impl LocatorError {
+    /// Option `name` has a `value` that is not `expected`.
+    pub(crate) fn bad_value(name: &str, value: &str, expected: &'static str) -> LocatorError {
+        LocatorError::BadValue {
+            name: name.into(),
+            value: value.into(),
+            expected,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

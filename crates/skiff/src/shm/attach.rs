@@ -80,11 +80,7 @@ pub(crate) fn parse(locator: &str) -> Result<Place, LocatorError> {
     let mut dir = super::default_dir();
     let mut ring = DEFAULT_RING;
     let mut spin = Duration::ZERO;
-    let bad = |name: &str, value: &str, expected: &'static str| LocatorError::BadValue {
-        name: name.into(),
-        value: value.into(),
-        expected,
-    };
+    let bad = LocatorError::bad_value;
     loc.options(ACCEPTED, |k, v| {
         match k {
             "dir" => dir = PathBuf::from(v),

@@ -43,11 +43,7 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
     let mut reliable = false;
     let mut endpoint: Vec<String> = Vec::new();
     let mut o = BufferOptions::default();
-    let bad = |name: &str, value: &str, expected: &'static str| LocatorError::BadValue {
-        name: name.into(),
-        value: value.into(),
-        expected,
-    };
+    let bad = LocatorError::bad_value;
     loc.options(ACCEPTED, |k, v| {
         match k {
             "dir" => o.dir = PathBuf::from(v),
