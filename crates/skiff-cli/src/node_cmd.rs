@@ -82,6 +82,12 @@ pub(crate) struct NodeArgs {
     /// A standalone node even if the configuration names a mesh.
     #[arg(long, conflicts_with_all = ["mesh", "net", "seeds", "seeds_dns"])]
     no_mesh: bool,
+    /// While the node runs, keep idle CPUs able to wake within this many
+    /// µs (Linux PM QoS, needs root; 0: idle CPUs poll, which on a VM cuts
+    /// each cross-CPU hop from tens of µs to a few, at the price of idle
+    /// CPU time). Off by default.
+    #[arg(long, value_name = "MICROS")]
+    wake_latency_us: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -118,6 +124,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if a.no_mesh {
         cfg.set("mesh", "off")?;
     }
+    if let Some(w) = &a.wake_latency_us {
+        cfg.set("wake_latency_us", w)?;
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -140,6 +149,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         let node = Node::start(&cfg).await?;
         if let Some(a) = node.tcp_addr() {
             eprintln!("skiff node listening on tcp {a}");
+        }
+        if let Some(us) = node.wake_latency_us() {
+            eprintln!("skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)");
         }
         if let Some(p) = node.unix_path() {
             eprintln!("skiff node listening on unix {}", p.display());

@@ -5,6 +5,7 @@
 //! ```toml
 //! tcp = "127.0.0.1:4747"        # "" to not listen on TCP
 //! unix = "/tmp/skiff.sock"      # optional
+//! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! [limits]
 //! max_subject = 256             # bytes
 //! max_payload = 1048576         # bytes
@@ -79,6 +80,10 @@ pub struct Config {
     pub limits: Limits,
     /// The mesh (`[mesh]`); `None`: a standalone node.
     pub mesh: Option<MeshSettings>,
+    /// While the node runs, ask the kernel to keep idle CPUs able to wake
+    /// within this many µs (PM QoS; 0: idle CPUs poll). `None` (the
+    /// default): the machine's own idle policy. See [`crate::wake`].
+    pub wake_latency_us: Option<u32>,
 }
 
 impl Default for Config {
@@ -88,6 +93,7 @@ impl Default for Config {
             unix: None,
             limits: Limits::default(),
             mesh: None,
+            wake_latency_us: None,
         }
     }
 }
@@ -135,6 +141,7 @@ impl Config {
             #[serde(default)]
             limits: Limits,
             mesh: Option<MeshSettings>,
+            wake_latency_us: Option<u32>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -144,6 +151,7 @@ impl Config {
             unix: raw.unix,
             limits: raw.limits,
             mesh: raw.mesh,
+            wake_latency_us: raw.wake_latency_us,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -161,7 +169,8 @@ impl Config {
         Config::from_toml(&text, path)
     }
 
-    /// Sets one setting by name (`tcp`, `unix`, or a [`Limits`] field), as
+    /// Sets one setting by name (`tcp`, `unix`, `wake_latency_us`, a mesh
+    /// setting or a [`Limits`] field), as
     /// given by a flag or an environment variable.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
         let bad = |expected| ConfigError::Value {
@@ -250,6 +259,20 @@ impl Config {
             "unix" => {
                 self.unix = (!value.is_empty() && value != "none").then(|| PathBuf::from(value))
             }
+            "wake_latency_us" => {
+                self.wake_latency_us = if value.is_empty() || value == "off" || value == "none" {
+                    None
+                } else {
+                    Some(
+                        value
+                            .trim()
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|&v| v <= i32::MAX as u32)
+                            .ok_or_else(|| bad("a whole number of µs up to 2147483647, or off"))?,
+                    )
+                }
+            }
             "max_subject" => l.max_subject = num()? as usize,
             "max_payload" => l.max_payload = num()? as usize,
             "max_subscriptions" => l.max_subscriptions = num()? as usize,
@@ -257,7 +280,7 @@ impl Config {
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
         }
         Ok(())
     }
@@ -269,9 +292,10 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 17] = [
+        const NAMES: [&str; 18] = [
             "tcp",
             "unix",
+            "wake_latency_us",
             "mesh",
             "net",
             "seeds",
@@ -350,5 +374,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("x.toml"), "{e}");
+    }
+
+    #[test]
+    fn wake_latency_from_toml_env_and_flags() {
+        let mut c =
+            Config::from_toml("wake_latency_us = 5", std::path::Path::new("w.toml")).unwrap();
+        assert_eq!(c.wake_latency_us, Some(5));
+        c.apply_env([("SKIFF_WAKE_LATENCY_US".into(), "0".into())])
+            .unwrap();
+        assert_eq!(c.wake_latency_us, Some(0));
+        c.set("wake_latency_us", "off").unwrap();
+        assert_eq!(c.wake_latency_us, None);
+        for bad in ["-1", "soon", "3000000000"] {
+            let e = c.set("wake_latency_us", bad).unwrap_err().to_string();
+            assert!(e.contains("wake_latency_us") && e.contains("µs"), "{e}");
+        }
+        assert_eq!(Config::default().wake_latency_us, None);
     }
 }

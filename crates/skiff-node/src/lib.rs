@@ -32,6 +32,7 @@ pub mod mesh;
 pub mod mesh_tunnel;
 pub mod outbox;
 pub mod server;
+pub mod wake;
 
 pub use broker::{Broker, ClientStats, Fatal, NodeStats, SubStats, ASYNC_ERROR};
 pub use config::{Config, ConfigError, Limits};
@@ -39,6 +40,7 @@ pub use frame::{ClientFrame, Code, Policy, ServerFrame};
 pub use mesh::{MeshLink, MeshSettings, MeshView};
 pub use outbox::{ClientOut, SubCounters};
 pub use server::{MemLink, Node};
+pub use wake::WakeLatency;
 
 /// The node's default TCP port.
 pub const DEFAULT_PORT: u16 = 4747;

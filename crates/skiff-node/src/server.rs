@@ -34,6 +34,8 @@ pub struct Node {
     unix: Option<PathBuf>,
     stop: watch::Sender<bool>,
     tasks: Option<tokio::task::JoinHandle<()>>,
+    /// The wake-up latency request held while the node lives.
+    wake: Option<crate::wake::WakeLatency>,
 }
 
 impl Node {
@@ -47,14 +49,25 @@ impl Node {
             unix: None,
             stop,
             tasks: None,
+            wake: None,
         }
     }
 
     /// Binds the listeners named in `config` and starts serving on the
     /// current tokio runtime. A TCP port of 0 picks a free port (see
-    /// [`Node::tcp_addr`]).
+    /// [`Node::tcp_addr`]). With `wake_latency_us` set, fails if the
+    /// request cannot be held (it needs root): a setting asked for is not
+    /// silently dropped.
     pub async fn start(config: &Config) -> io::Result<Node> {
         let mut node = Node::embedded(config);
+        if let Some(us) = config.wake_latency_us {
+            node.wake = Some(crate::wake::WakeLatency::request(us).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("wake_latency_us={us}: {e} (needs root; unset the setting to run without it)"),
+                )
+            })?);
+        }
         let mut set = JoinSet::new();
         if let Some(addr) = config.tcp {
             let l = TcpListener::bind(addr).await?;
@@ -83,6 +96,11 @@ impl Node {
             while set.join_next().await.is_some() {}
         }));
         Ok(node)
+    }
+
+    /// The wake-up latency the node holds (see [`crate::wake`]), in µs.
+    pub fn wake_latency_us(&self) -> Option<u32> {
+        self.wake.as_ref().map(crate::wake::WakeLatency::micros)
     }
 
     /// The TCP address the node listens on.

@@ -73,3 +73,20 @@ impl Drop for PinAll {
         }
     }
 }
+
+/// Holds a CPU wake-up latency (`--wake-latency-us`, see
+/// `skiff_node::wake`) for a whole run, so that skiff's rows and the
+/// peer's run under the same machine-wide idle policy. Returns the request
+/// (release by dropping) and the note every row's options get.
+pub(crate) fn hold_wake(
+    micros: Option<u32>,
+) -> Result<(Option<skiff_node::WakeLatency>, String), Box<dyn std::error::Error>> {
+    match micros {
+        None => Ok((None, String::new())),
+        Some(us) => {
+            let w = skiff_node::WakeLatency::request(us)
+                .map_err(|e| format!("--wake-latency-us {us}: {e} (needs root)"))?;
+            Ok((Some(w), format!(" wake_latency_us={us}")))
+        }
+    }
+}

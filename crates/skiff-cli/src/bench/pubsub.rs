@@ -55,6 +55,12 @@ pub(crate) struct PubsubArgs {
     /// Most messages per publisher.
     #[arg(long, default_value_t = 20_000_000)]
     pub(crate) messages: u64,
+    /// Hold this CPU wake-up latency (Linux PM QoS, needs root) for the
+    /// whole run, skiff's rows and nats' alike: 0 keeps idle CPUs polling,
+    /// so a cross-CPU hop costs a few µs instead of a hypervisor wake-up.
+    /// The rows' options say so.
+    #[arg(long, value_name = "MICROS")]
+    pub(crate) wake_latency_us: Option<u32>,
     /// Subscriptions' slow-consumer policy.
     #[arg(long, default_value = "block")]
     pub(crate) policy: String,
@@ -329,8 +335,17 @@ fn parse_shape(s: &str) -> Result<(usize, usize), Box<dyn Error>> {
 pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
     let policy = Policy::parse(&a.policy)
         .ok_or("--policy: drop-oldest, drop-newest, block or disconnect")?;
+    // Publishers and subscribers get runtimes of their own, as separate
+    // programs would have: in one shared two-worker runtime, tokio left
+    // every client task of a 1x1 run on one worker (perf: 97 % of a CPU)
+    // while the other idled, and the row measured that worker.
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let sub_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("bench-sub")
         .enable_all()
         .build()?;
     let own = match &a.node {
@@ -351,6 +366,7 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
         None
     };
     let nats_places = nats_places.or_else(|| nats.as_ref().map(|n| Places::new(None, &[], &n.url)));
+    let (_wake, wake_note) = super::pin::hold_wake(a.wake_latency_us)?;
     let idle = Instant::now();
     let (c0, n0) = (
         own.as_ref().map(Server::cpu).unwrap_or_default(),
@@ -385,10 +401,22 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
         for shape in &a.shapes {
             let (pubs, subs) = parse_shape(shape)?;
             let t = Instant::now();
-            let mut row = rt.block_on(skiff_shape(&places, pubs, subs, size, a, policy))?;
+            let mut row = rt.block_on(skiff_shape(
+                &places,
+                sub_rt.handle(),
+                pubs,
+                subs,
+                size,
+                a,
+                policy,
+            ))?;
             skiff_time += t.elapsed();
             row.mode = shape.clone();
-            row.options = Some(format!("{} policy={}", places.describe(), policy.name()));
+            row.options = Some(format!(
+                "{} policy={}{wake_note}",
+                places.describe(),
+                policy.name()
+            ));
             rep.push(row)?;
             if let Some(np) = &nats_places {
                 let t = Instant::now();
@@ -401,19 +429,26 @@ pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Erro
                     "-messages".into(),
                     a.messages.to_string(),
                 ]);
-                let row = run_natsbench(&args)?;
+                let mut row = run_natsbench(&args)?;
                 nats_time += t.elapsed();
+                if let Some(o) = &mut row.options {
+                    o.push_str(&wake_note);
+                }
                 rep.push(row)?;
             }
         }
         if a.latency {
             let mut row = rt.block_on(skiff_latency(&places, size, a.duration_secs))?;
-            row.options = Some(places.describe());
+            row.options = Some(places.describe() + &wake_note);
             rep.push(row)?;
             if let Some(np) = &nats_places {
                 let mut args = natsbench_common(np, size);
                 args.push("-latency".into());
-                rep.push(run_natsbench(&args)?)?;
+                let mut row = run_natsbench(&args)?;
+                if let Some(o) = &mut row.options {
+                    o.push_str(&wake_note);
+                }
+                rep.push(row)?;
             }
         }
     }
@@ -456,6 +491,7 @@ async fn probe(c: &Client, subject: &str, ready: impl Fn() -> bool) -> Result<()
 
 async fn skiff_shape(
     places: &Places,
+    sub_rt: &tokio::runtime::Handle,
     pubs: usize,
     subs: usize,
     size: usize,
@@ -472,10 +508,16 @@ async fn skiff_shape(
         .queue(65_536)
         .window(8192);
     for i in 0..subs {
-        let c = Client::connect(places.subscriber(i)).await?;
-        let mut s = c.subscribe_with("bench.ps", "*", opts).await?;
+        let url = places.subscriber(i).to_string();
+        let (c, mut s) = sub_rt
+            .spawn(async move {
+                let c = Client::connect(&url).await?;
+                let s = c.subscribe_with("bench.ps", "*", opts).await?;
+                Ok::<_, skiff::Error>((c, s))
+            })
+            .await??;
         let (received, probed, last) = (received.clone(), probed.clone(), last.clone());
-        readers.push(tokio::spawn(async move {
+        readers.push(sub_rt.spawn(async move {
             let mut seen_probe = false;
             // Count what is already queued too before reading the clock:
             // one clock read per wake-up, not per message. Empty messages

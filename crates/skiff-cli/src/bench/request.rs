@@ -61,6 +61,12 @@ pub(crate) struct RequestArgs {
     /// each costs tens of microseconds), so the rows compare software.
     #[arg(long, value_name = "N")]
     pub(crate) cpu: Option<usize>,
+    /// Hold this CPU wake-up latency (Linux PM QoS, needs root) for the
+    /// whole run, skiff's rows and nats' alike: 0 keeps idle CPUs polling,
+    /// so a cross-CPU hop costs a few µs instead of a hypervisor wake-up.
+    /// The rows' options say so.
+    #[arg(long, value_name = "MICROS")]
+    pub(crate) wake_latency_us: Option<u32>,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
@@ -96,10 +102,12 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
         }
         None => None,
     };
+    let (_wake, wake_note) = super::pin::hold_wake(a.wake_latency_us)?;
     let pinned = a
         .cpu
         .map(|c| format!(" all on cpu {c}"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + &wake_note;
     for &size in &a.sizes {
         if !a.no_floor {
             let mut row = tcp_pingpong(size, a.duration_secs)?;
