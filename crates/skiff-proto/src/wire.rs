@@ -794,6 +794,32 @@ pub fn decode_message(buf: &Bytes, max_payload: usize) -> Result<Message, WireEr
     Ok(m)
 }
 
+/// Decodes the message that fills `buf[start..]` into `out`, replacing
+/// its subject, type, fields and payload (its `meta` is left as it is):
+/// [`decode_message`] for a receiver that decodes straight into the slot
+/// where the message will wait, without slicing `buf` first or moving a
+/// whole `Message` into place. On error `out` is unchanged.
+pub fn decode_message_into(
+    buf: &Bytes,
+    start: usize,
+    max_payload: usize,
+    out: &mut Message,
+) -> Result<(), WireError> {
+    if start > buf.len() {
+        return Err(WireError::Truncated { what: "message" });
+    }
+    let mut r = Reader { buf, pos: start };
+    let (subject, kind, fields, payload) = r.parts(None, max_payload)?;
+    if r.pos != buf.len() {
+        return Err(WireError::Malformed("trailing bytes after the message"));
+    }
+    out.subject = subject;
+    out.kind = kind;
+    out.fields = fields;
+    out.payload = payload;
+    Ok(())
+}
+
 /// Decodes a datagram into a new vector (see [`decode_into`]).
 pub fn decode(buf: &Bytes) -> Result<(Header, Vec<Message>), WireError> {
     let mut out = Vec::new();
@@ -884,6 +910,41 @@ mod tests {
     }
 
     proptest! {
+        /// Decoding in place accepts and refuses exactly what
+        /// `decode_message` does, with the same error and the same message,
+        /// from any start, and leaves the slot alone when it refuses.
+        #[test]
+        fn decode_message_into_agrees(
+            prefix in proptest::collection::vec(any::<u8>(), 0..4),
+            tail in proptest::collection::vec(any::<u8>(), 0..40),
+            flips in proptest::collection::vec((0usize..60, any::<u8>()), 0..3),
+            max_payload in 0usize..64,
+        ) {
+            let m = Message::new("a.b", "payload").with_kind("t").with_field("k", 1i64);
+            let mut enc = Vec::new();
+            encode_message(&mut enc, &m, false);
+            enc.extend_from_slice(&tail);
+            for (at, b) in flips {
+                if let Some(x) = enc.get_mut(at) {
+                    *x ^= b;
+                }
+            }
+            let whole = Bytes::from([prefix.clone(), enc.clone()].concat());
+            let expected = decode_message(&Bytes::from(enc), max_payload);
+            let mut slot = Message::new("old", "slot");
+            let got = decode_message_into(&whole, prefix.len(), max_payload, &mut slot);
+            match expected {
+                Ok(e) => {
+                    prop_assert_eq!(got, Ok(()));
+                    prop_assert_eq!(slot, e);
+                }
+                Err(e) => {
+                    prop_assert_eq!(got, Err(e));
+                    prop_assert_eq!(slot, Message::new("old", "slot"));
+                }
+            }
+        }
+
         /// `validate` + `Batch` accept and refuse exactly what `decode`
         /// does, with the same error, and yield the same messages.
         #[test]

@@ -17,6 +17,50 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_frame_from_the_node_loses_it_after_what_came_before() {
+    // A whole frame whose body is not a frame.
+    bad_frame_after_one_message(|_| vec![0xff; 4]).await;
+}
+
+#[tokio::test]
+async fn a_message_frame_with_a_bad_message_loses_the_node() {
+    // A message frame for the live subscription whose message has reserved
+    // flag bits set (the client decodes it in place, into the queue).
+    bad_frame_after_one_message(|sid| msg_body(sid, &[0x80, 0])).await;
+    // The same message cut short: the subject claims more than is there.
+    bad_frame_after_one_message(|sid| msg_body(sid, &[0x01, 9, b'a'])).await;
+    // For a subscription the client does not have: still checked.
+    bad_frame_after_one_message(|sid| msg_body(sid + 1000, &[0x80, 0])).await;
+}
+
+/// A message frame's body for `sid` (no reply token) around `message`.
+fn msg_body(sid: u64, message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    ServerFrame::Msg {
+        sid,
+        token: 0,
+        msg: Message::new("t.a", "x"),
+    }
+    .encode(&mut out);
+    // After the 4-byte length: the op, the sid and the token (0, one
+    // byte); then the given message bytes instead of the real ones.
+    let mut body = out[4..4 + 1 + varint_len(sid) + 1].to_vec();
+    body.extend_from_slice(message);
+    body
+}
+
+fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// A fake node sends one good message, then the frame body `bad(sid)`,
+/// then another good message: the client delivers the first, nothing
+/// after, and closes with "bad frame from the node".
+async fn bad_frame_after_one_message(bad: impl FnOnce(u64) -> Vec<u8> + Send + 'static) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let fake = tokio::spawn(async move {
@@ -50,9 +94,10 @@ async fn a_bad_frame_from_the_node_loses_it_after_what_came_before() {
             msg: Message::new("t.a", "before"),
         }
         .encode(&mut out);
-        // A whole frame whose body is not a frame, then one that is.
-        out.extend_from_slice(&4u32.to_le_bytes());
-        out.extend_from_slice(&[0xff; 4]);
+        // The bad frame, then a good one.
+        let body = bad(sid);
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
         ServerFrame::Msg {
             sid,
             token: 0,

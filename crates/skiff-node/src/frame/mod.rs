@@ -779,6 +779,29 @@ impl ServerFrame {
         }
     }
 
+    /// For a `Msg` frame body: its subscription, its reply token and where
+    /// its message starts, without decoding the message (the client
+    /// decodes it straight into the subscription's queue with
+    /// [`skiff_proto::wire::decode_message_into`]); `None` for any other
+    /// frame.
+    pub fn msg_header(body: &Bytes) -> Result<Option<(u64, u64, usize)>, WireError> {
+        if body.first() != Some(&op::MSG) {
+            return Ok(None);
+        }
+        let mut at = 1;
+        let mut v = |what| -> Result<u64, WireError> {
+            let (v, n) = varint::get(&body[at..]).map_err(|e| match e {
+                WireError::Truncated { .. } => WireError::Truncated { what },
+                e => e,
+            })?;
+            at += n;
+            Ok(v)
+        };
+        let sid = v("sid")?;
+        let token = v("token")?;
+        Ok(Some((sid, token, at)))
+    }
+
     /// Decodes one frame body (after the length prefix).
     pub fn decode(body: Bytes, max_payload: usize) -> Result<ServerFrame, WireError> {
         let mut r = Reader::new(body, max_payload)?;

@@ -28,7 +28,7 @@ use tokio::net::{tcp, unix, TcpStream, UnixStream};
 use tokio::sync::{oneshot, Notify};
 
 use super::failover::{Gap, LinkOptions, NodeAddr, NodeTarget, BACKOFF_MAX, BACKOFF_MIN};
-use super::Inner;
+use super::{Inner, RawFrame};
 use crate::Error;
 
 /// Bytes buffered for the socket before a publisher waits.
@@ -597,8 +597,9 @@ async fn read_session(
                 return End::Closed;
             };
             let mut bad = None;
+            let mut bad_msg = None;
             let frames = std::iter::from_fn(|| match dec.next(buf) {
-                Ok(Some(body)) => match ServerFrame::decode(body, max_payload) {
+                Ok(Some(body)) => match RawFrame::new(body, max_payload) {
                     Ok(f) => Some(f),
                     Err(e) => {
                         bad = Some(e);
@@ -611,13 +612,13 @@ async fn read_session(
                     None
                 }
             });
-            match inner.dispatch(frames) {
+            match inner.dispatch_inbound(frames, &mut bad_msg) {
                 None => {}
                 // The node is going away: that is a lost node.
                 Some((Code::Shutdown, why)) => return End::Lost(why),
                 Some((_, why)) => return End::Fatal(why),
             }
-            if let Some(e) = bad {
+            if let Some(e) = bad.or(bad_msg) {
                 return End::Lost(format!("bad frame from the node: {e}"));
             }
         }

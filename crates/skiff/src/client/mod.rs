@@ -99,7 +99,7 @@ use rustc_hash::FxHashMap;
 use skiff_node::frame::req_flags;
 use skiff_node::{ClientFrame, Code, Config, Node, ServerFrame, ASYNC_ERROR};
 use skiff_proto::router::{KindPattern, Pattern, Subject};
-use skiff_proto::Message;
+use skiff_proto::{Message, WireError};
 use tokio::sync::{mpsc, oneshot};
 
 pub use cluster::{Incoming, Member, Request, Target, Tunnel};
@@ -853,6 +853,23 @@ impl Inner {
         self: &Arc<Self>,
         frames: impl IntoIterator<Item = ServerFrame>,
     ) -> Option<(Code, String)> {
+        let mut bad = None;
+        let fatal = self.dispatch_inbound(frames, &mut bad);
+        debug_assert!(bad.is_none(), "decoded frames cannot be malformed");
+        fatal
+    }
+
+    /// [`Inner::dispatch`] for frames still to be decoded (see
+    /// [`Inbound`]): a message is decoded straight into its
+    /// subscription's queue. Stops at the first frame that does not
+    /// decode and leaves its error in `bad`; nothing after it is
+    /// delivered.
+    #[must_use]
+    pub(crate) fn dispatch_inbound<I: Inbound>(
+        self: &Arc<Self>,
+        frames: impl IntoIterator<Item = I>,
+        bad: &mut Option<WireError>,
+    ) -> Option<(Code, String)> {
         let mut fatal = None;
         let epoch = self.epoch();
         {
@@ -861,29 +878,57 @@ impl Inner {
             // Consecutive messages for one subscription go straight into
             // its inbox under one lock, with one wake-up.
             let mut run: Option<Run> = None;
-            for f in frames {
-                if !matches!(f, ServerFrame::Msg { .. }) {
-                    end_run(run.take());
-                }
-                match f {
-                    ServerFrame::Msg { sid, token, msg } => {
-                        if run.as_ref().map(|r| r.sid) != Some(sid) {
-                            end_run(run.take());
-                            run = Some(Run {
-                                sid,
-                                inbox: st.subs.get(&sid).map(|s| s.inbox.lock_arc()),
-                                pushed: false,
-                            });
-                        }
-                        let r = run.as_mut().expect("set");
-                        if let Some(i) = &mut r.inbox {
-                            let mut d = Delivery::new(msg, (token != 0).then_some(token), epoch);
-                            d.gap = i.pending_gap.take();
-                            i.q.push_back(d);
-                            r.pushed = true;
-                        }
-                        continue;
+            for item in frames {
+                if let Some((sid, token)) = item.msg() {
+                    if run.as_ref().map(|r| r.sid) != Some(sid) {
+                        end_run(run.take());
+                        run = Some(Run {
+                            sid,
+                            inbox: st.subs.get(&sid).map(|s| s.inbox.lock_arc()),
+                            pushed: false,
+                        });
                     }
+                    let r = run.as_mut().expect("set");
+                    let token = (token != 0).then_some(token);
+                    let filled = match &mut r.inbox {
+                        Some(i) => {
+                            // Decoded in place: the 200-byte delivery is
+                            // not moved from frame to queue.
+                            i.q.push_back(Delivery::new(Message::default(), token, epoch));
+                            let i = &mut **i;
+                            let d = i.q.back_mut().expect("just pushed");
+                            match item.fill(&mut d.msg) {
+                                Ok(()) => {
+                                    d.gap = i.pending_gap.take();
+                                    r.pushed = true;
+                                    Ok(())
+                                }
+                                Err(e) => {
+                                    i.q.pop_back();
+                                    Err(e)
+                                }
+                            }
+                        }
+                        // Checked all the same: a bad frame is bad for
+                        // a subscription that has ended too.
+                        None => item.fill(&mut Message::default()),
+                    };
+                    if let Err(e) = filled {
+                        *bad = Some(e);
+                        break;
+                    }
+                    continue;
+                }
+                end_run(run.take());
+                let f = match item.frame() {
+                    Ok(f) => f,
+                    Err(e) => {
+                        *bad = Some(e);
+                        break;
+                    }
+                };
+                match f {
+                    ServerFrame::Msg { .. } => unreachable!("messages are handled above"),
                     ServerFrame::Dropped { sid, total } => {
                         if let Some(s) = st.subs.get(&sid) {
                             let mut i = s.inbox.lock();
@@ -1035,6 +1080,70 @@ impl Inner {
 
     pub(crate) fn forget_member(&self, cluster: &str) {
         self.state.lock().members.remove(cluster);
+    }
+}
+
+/// A frame from the node as the client receives it: decoded already (an
+/// in-process or shared-memory node hands over [`ServerFrame`]s), or still
+/// bytes ([`RawFrame`], from a socket), whose message is then decoded
+/// straight into the subscription's queue.
+pub(crate) trait Inbound {
+    /// A message frame's subscription and reply token (0: none).
+    fn msg(&self) -> Option<(u64, u64)>;
+    /// Puts a message frame's message into `out`.
+    fn fill(self, out: &mut Message) -> Result<(), WireError>;
+    /// Any other frame, decoded.
+    fn frame(self) -> Result<ServerFrame, WireError>;
+}
+
+impl Inbound for ServerFrame {
+    fn msg(&self) -> Option<(u64, u64)> {
+        match self {
+            ServerFrame::Msg { sid, token, .. } => Some((*sid, *token)),
+            _ => None,
+        }
+    }
+    fn fill(self, out: &mut Message) -> Result<(), WireError> {
+        if let ServerFrame::Msg { msg, .. } = self {
+            *out = msg;
+        }
+        Ok(())
+    }
+    fn frame(self) -> Result<ServerFrame, WireError> {
+        Ok(self)
+    }
+}
+
+/// A frame body read from a socket, not decoded yet.
+pub(crate) struct RawFrame {
+    body: Bytes,
+    max_payload: usize,
+    /// A message frame's subscription, token and where its message starts.
+    msg: Option<(u64, u64, usize)>,
+}
+
+impl RawFrame {
+    /// Reads what kind of frame `body` is (for a message frame, its
+    /// subscription and token; the message itself waits for `fill`).
+    pub(crate) fn new(body: Bytes, max_payload: usize) -> Result<RawFrame, WireError> {
+        Ok(RawFrame {
+            msg: ServerFrame::msg_header(&body)?,
+            body,
+            max_payload,
+        })
+    }
+}
+
+impl Inbound for RawFrame {
+    fn msg(&self) -> Option<(u64, u64)> {
+        self.msg.map(|(sid, token, _)| (sid, token))
+    }
+    fn fill(self, out: &mut Message) -> Result<(), WireError> {
+        let at = self.msg.map_or(0, |(_, _, at)| at);
+        skiff_proto::wire::decode_message_into(&self.body, at, self.max_payload, out)
+    }
+    fn frame(self) -> Result<ServerFrame, WireError> {
+        ServerFrame::decode(self.body, self.max_payload)
     }
 }
 
