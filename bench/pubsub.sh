@@ -32,6 +32,16 @@ trap 'rm -rf "$TMP"' EXIT
 # the two-CPU rows measure as much as either server.
 taskset -c 0 "$SKIFF" bench pubsub --nats --shapes 1x1 --duration-secs "$DUR" --markdown "$TMP/pubsub-cpu0.md" >&2
 "$SKIFF" bench request --nats --cpu 0 --duration-secs "$DUR" --markdown "$TMP/request-cpu0.md" >&2
+# Two CPUs again, with idle CPUs polling (PM QoS wake-up latency 0, what
+# `skiff node --wake-latency-us 0` holds) for both systems alike: needs root.
+WAKE=0
+if [ "$(id -u)" = 0 ] && [ -w /dev/cpu_dma_latency ]; then
+    WAKE=1
+    "$SKIFF" bench pubsub --nats --wake-latency-us 0 --duration-secs "$DUR" --markdown "$TMP/pubsub-wake.md" >&2
+    "$SKIFF" bench request --nats --wake-latency-us 0 --duration-secs "$DUR" --markdown "$TMP/request-wake.md" >&2
+else
+    echo "SKIPPED the wake-latency rows: they need root and /dev/cpu_dma_latency" >&2
+fi
 
 echo "## Node: publish/subscribe and request/reply against nats-server"
 echo
@@ -56,3 +66,15 @@ echo
 cat "$TMP/pubsub-cpu0.md"
 echo
 cat "$TMP/request-cpu0.md"
+if [ "$WAKE" = 1 ]; then
+    echo
+    echo "### Idle CPUs polling (wake-up latency 0)"
+    echo
+    echo "Two CPUs, with a PM QoS wake-up latency of 0 µs held for the whole run (\`--wake-latency-us 0\`,"
+    echo "the same request \`skiff node --wake-latency-us 0\` holds): idle CPUs poll instead of halting,"
+    echo "for nats-server and skiff alike."
+    echo
+    cat "$TMP/pubsub-wake.md"
+    echo
+    cat "$TMP/request-wake.md"
+fi
