@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 mod common;
 use common::Netns;
 
+/// A file of this test process; `name` carries the test's subnet, so tests
+/// running in parallel do not share files.
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("skiff-netns-tunnel-{}-{name}", std::process::id()))
 }
@@ -22,7 +24,7 @@ fn temp(name: &str) -> PathBuf {
 /// Runs `skiff cat` from `a` to `b` with `input`, returns what `b` wrote.
 fn cat(ns: &Netns, subnet: u8, input: &PathBuf, send_opts: &[&str]) -> Vec<u8> {
     let bin = env!("CARGO_BIN_EXE_skiff");
-    let out_path = temp("out");
+    let out_path = temp(&format!("out-{subnet}"));
     let out = std::fs::File::create(&out_path).unwrap();
     let listen = format!("udp://10.213.{subnet}.2:4711?idle_timeout=20s");
     let mut rx = ns
@@ -73,7 +75,7 @@ fn sha256(path: &PathBuf) -> String {
 fn bulk(tag: &str, subnet: u8, drop: f64) {
     let ns = Netns::new(tag, subnet);
     ns.drop_on_receiver(drop);
-    let input = temp("in");
+    let input = temp(&format!("in-{subnet}"));
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(subnet);
@@ -90,7 +92,7 @@ fn bulk(tag: &str, subnet: u8, drop: f64) {
     }
     let got = cat(&ns, subnet, &input, &[]);
     let want = std::fs::read(&input).unwrap();
-    let out = temp("out-check");
+    let out = temp(&format!("out-check-{subnet}"));
     std::fs::write(&out, &got).unwrap();
     eprintln!("sha256:\n{}{}", sha256(&input), sha256(&out));
     let _ = std::fs::remove_file(&out);
@@ -108,7 +110,7 @@ fn bulk(tag: &str, subnet: u8, drop: f64) {
 fn small_messages(tag: &str, subnet: u8, drop: f64, n: u64) {
     let ns = Netns::new(tag, subnet);
     ns.drop_on_receiver(drop);
-    let input = temp("lines");
+    let input = temp(&format!("lines-{subnet}"));
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
         for i in 0..n {

@@ -87,13 +87,25 @@ pub struct AssociationConfig {
     /// The largest datagram to send or accept; the smaller of the two ends'
     /// values is used. At least [`frame::MIN_MTU`].
     pub mtu: usize,
-    /// Packets the receiver admits beyond `rseq` (QMP's window).
+    /// Packets the receiver admits beyond `rseq` (QMP's window), at most;
+    /// `window_bytes` may allow fewer.
     pub recv_window: u64,
     /// Unread message bytes above which the receiver stops opening its
     /// window.
     pub recv_buffer: usize,
-    /// Packets in flight at most, whatever the peer allows.
+    /// Packets in flight at most, whatever the peer allows; `window_bytes`
+    /// may allow fewer.
     pub send_window: u64,
+    /// Bytes a window may span: both windows are at most `window_bytes /
+    /// mtu` packets (never fewer than 16), so the memory a window pins (the
+    /// receiver holds what arrives out of order within it) does not grow
+    /// with the datagram size. The default, 3 MiB, is about 2,100 packets
+    /// at the default mtu and 48 at loopback's 65,507 bytes: at 1.4 % loss
+    /// a hole at `rseq` stays open for a round trip or two while the sender
+    /// goes on within the window, and with 256 packets (the old default)
+    /// the sender stalled on it (tunnel bulk in a namespace: 1.2–1.4 GB/s
+    /// with 1.4 % drop against 1.7–2.0 GB/s with this window).
+    pub window_bytes: usize,
     /// Bytes accepted by [`Association::send`] and not yet acknowledged, at
     /// most (one larger message is accepted when nothing is buffered).
     pub send_buffer: usize,
@@ -138,10 +150,11 @@ impl Default for AssociationConfig {
     fn default() -> Self {
         AssociationConfig {
             mtu: 1472,
-            recv_window: 256,
-            recv_buffer: 1 << 20,
-            send_window: 256,
-            send_buffer: 1 << 20,
+            recv_window: 4096,
+            recv_buffer: 2 << 20,
+            send_window: 4096,
+            send_buffer: 2 << 20,
+            window_bytes: 3 << 20,
             max_message: 64 << 20,
             sreq_every: 8,
             ack_delay: Duration::from_millis(5),
@@ -420,8 +433,9 @@ impl Association {
     ) -> Association {
         config.mtu = config.mtu.clamp(frame::MIN_MTU, crate::wire::MAX_DATAGRAM);
         config.max_message = config.max_message.min(frame::MAX_MESSAGE);
-        config.recv_window = config.recv_window.max(1);
-        config.send_window = config.send_window.max(1);
+        let span = (config.window_bytes / config.mtu).max(16) as u64;
+        config.recv_window = config.recv_window.min(span).max(1);
+        config.send_window = config.send_window.min(span).max(1);
         config.sreq_every = config.sreq_every.max(1);
         // Long enough to mean "never", short enough that `now + d` cannot
         // overflow an `Instant`.

@@ -70,7 +70,9 @@ pub struct EndpointConfig {
     /// default 0): QMP's explicit addressing.
     pub service: u32,
     /// Every association's settings: `mtu` (default 1472), `window`
-    /// (packets, both directions), `recv_buffer`, `send_buffer`,
+    /// (packets, both directions, default 4096) and `window_bytes` (what a
+    /// window may span, default 3 MiB: the window is the smaller of the
+    /// two), `recv_buffer`, `send_buffer` (default 2 MiB each),
     /// `max_message`, `sreq_every`, `ack_delay`, `min_rto`, `min_pto`, `initial_rto`,
     /// `keepalive`, `idle_timeout`, `handshake_timeout`.
     pub association: AssociationConfig,
@@ -91,7 +93,8 @@ pub struct EndpointConfig {
     pub udp: UdpConfig,
 }
 
-const OPTIONS: &str = "service, mtu, window, recv_buffer, send_buffer, max_message, sreq_every, \
+const OPTIONS: &str =
+    "service, mtu, window, window_bytes, recv_buffer, send_buffer, max_message, sreq_every, \
      ack_delay, min_rto, min_pto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
      max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
      gso, gro";
@@ -143,6 +146,7 @@ impl EndpointConfig {
                     a.recv_window = count()?.max(1);
                     a.send_window = a.recv_window;
                 }
+                "window_bytes" => a.window_bytes = locator::parse_bytes(k, v)?,
                 "recv_buffer" => a.recv_buffer = locator::parse_bytes(k, v)?,
                 "send_buffer" => a.send_buffer = locator::parse_bytes(k, v)?,
                 "max_message" => a.max_message = locator::parse_bytes(k, v)? as u64,

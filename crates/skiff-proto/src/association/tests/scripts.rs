@@ -237,6 +237,40 @@ fn window_never_exceeded() {
 }
 
 #[test]
+fn window_spans_at_most_window_bytes() {
+    // Large datagrams: 4096 packets would pin 240 MB; `window_bytes` keeps
+    // the window to 16 packets (its floor) on both sides.
+    let cfg = AssociationConfig {
+        mtu: 60_000,
+        recv_window: 4096,
+        send_window: 4096,
+        window_bytes: 600_000,
+        recv_buffer: 4 << 20,
+        send_buffer: 4 << 20,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(3, Net::default(), cfg);
+    p.server_reads = false;
+    p.connect();
+    for i in 0..200 {
+        if p.client.send(msg(i, 50_000)).is_err() {
+            break;
+        }
+    }
+    let mut most_in_flight = 0;
+    p.drive_until(Duration::from_secs(5), |p| {
+        most_in_flight = most_in_flight.max(p.client.in_flight());
+        false
+    });
+    let a = p.server.get(p.server_h.unwrap()).unwrap();
+    let (rseq, alloc) = a.recv_window();
+    assert!(alloc - rseq <= 16, "window {}", alloc - rseq);
+    assert!(most_in_flight <= 16, "in flight {most_in_flight}");
+    assert!(most_in_flight >= 8, "the window was used: {most_in_flight}");
+    assert_eq!(a.stats().out_of_window, 0);
+}
+
+#[test]
 fn fragmented_message_reassembled() {
     let net = Net {
         loss: 0.02,
