@@ -9,6 +9,13 @@
 //! - `udp-pingpong` / `blocking`: one datagram each way between two threads
 //!   blocked in `recv`; the round trip is the latency floor of any
 //!   datagram protocol on this machine.
+//! - `udp-pingpong` / `queue-calls`: the same exchange made with the
+//!   system calls the queue's natural-batching ping-pong makes (skiff's
+//!   `UdpSocket`: `sendto` on an unconnected socket, which a queue talking
+//!   to many peers must use, and one blocking `recvmsg` with the source
+//!   address and control messages, with a receive timeout), and no queue:
+//!   the floor of any queue built on those calls, so a ping-pong row splits
+//!   into system calls and the queue's own work.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -207,6 +214,90 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
     Ok(row)
 }
 
+/// Round trips of one `size`-byte datagram each way between two threads
+/// with the queue's system calls (see the module documentation).
+pub(crate) fn udp_pingpong_queue_calls(
+    size: usize,
+    limits: Limits,
+    pb: &ProgressBar,
+) -> io::Result<Row> {
+    use skiff::udp::{Outgoing, RecvBatch, UdpConfig, UdpSocket as Udp};
+    let cfg = UdpConfig::default();
+    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let (a, b) = (Udp::bind(any, &cfg)?, Udp::bind(any, &cfg)?);
+    let (aa, ba) = (a.local_addr()?, b.local_addr()?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        thread::spawn(move || -> io::Result<()> {
+            let mut batch = RecvBatch::new(32, 65536);
+            while !stop.load(Ordering::Relaxed) {
+                match b.recv_wait(&mut batch, Some(Duration::from_millis(50))) {
+                    Ok(_) => {
+                        for d in batch.drain() {
+                            b.send(&[Outgoing {
+                                dest: aa,
+                                data: &d.data,
+                                segment_size: None,
+                            }])?;
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock
+                                | io::ErrorKind::TimedOut
+                                | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+    };
+    let ping = vec![0x5Au8; size];
+    let mut batch = RecvBatch::new(32, 65536);
+    let cpu = CpuMeter::start();
+    let result = round_trips(limits, pb, || {
+        a.send(&[Outgoing {
+            dest: ba,
+            data: &ping,
+            segment_size: None,
+        }])?;
+        loop {
+            match a.recv_wait(&mut batch, Some(Duration::from_secs(1))) {
+                Ok(_) => {
+                    batch.drain().for_each(drop);
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join()
+        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
+    let (hist, lost) = result?;
+    let mut row = Row::new("udp-pingpong", "queue-calls", size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu.pct());
+    row.options = Some(
+        "127.0.0.1 the queue's system calls (unconnected sendto, recvmsg with a timeout), no queue"
+            .into(),
+    );
+    Ok(row)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,5 +327,17 @@ mod tests {
         assert_eq!(row.messages + row.lost.unwrap(), 200);
         assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
         assert!(row.msgs_per_s.is_none());
+    }
+
+    #[test]
+    fn udp_pingpong_with_the_queue_calls_times_round_trips() {
+        let limits = Limits {
+            messages: 200,
+            duration: Duration::from_secs(5),
+        };
+        let row = udp_pingpong_queue_calls(8, limits, &ProgressBar::hidden()).unwrap();
+        assert_eq!(row.mode, "queue-calls");
+        assert_eq!(row.messages + row.lost.unwrap(), 200);
+        assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
     }
 }

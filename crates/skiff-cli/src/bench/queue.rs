@@ -259,6 +259,14 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
             let row = baseline::udp_pingpong(size, limits, &pb);
             pb.finish_and_clear();
             out.push(on_cpu(row?))?;
+            let pb = report::progress(
+                show,
+                limits.messages,
+                &format!("udp-pingpong queue-calls {size} B"),
+            );
+            let row = baseline::udp_pingpong_queue_calls(size, limits, &pb);
+            pb.finish_and_clear();
+            out.push(on_cpu(row?))?;
         }
     }
     drop(pinned);
@@ -362,10 +370,12 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
         .iter()
         .filter(|r| r.test == "queue-pingpong" && r.mode == "natural")
     {
-        let floor = rows
-            .iter()
-            .find(|r| r.test == "udp-pingpong" && r.size == q.size);
-        if let (Some(p), Some(f)) = (q.p50_us, floor.and_then(|f| f.p50_us)) {
+        let p50 = |mode: &str| {
+            rows.iter()
+                .find(|r| r.test == "udp-pingpong" && r.mode == mode && r.size == q.size)
+                .and_then(|r| r.p50_us)
+        };
+        if let (Some(p), Some(f)) = (q.p50_us, p50("blocking")) {
             out.push(format!(
                 "target: queue-pingpong natural p50 <= 1.25x udp-pingpong p50 at {} B: {:.2}x ({:.1} vs {:.1} µs): {}",
                 q.size,
@@ -374,6 +384,15 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
                 f,
                 verdict(p <= 1.25 * f)
             ));
+            if let Some(c) = p50("queue-calls") {
+                out.push(format!(
+                    "floor: the queue's system calls alone (udp-pingpong queue-calls) at {} B: {:.1} µs = {:.2}x udp-pingpong; the queue's own work adds {:.1} µs",
+                    q.size,
+                    c,
+                    c / f,
+                    p - c
+                ));
+            }
         }
     }
     out
@@ -658,8 +677,15 @@ mod tests {
         qp.p50_us = Some(9.0);
         let mut up = Row::new("udp-pingpong", "blocking", 8);
         up.p50_us = Some(8.0);
-        let t = targets(&[q, p, z, qp, up]);
-        assert_eq!(t.len(), 3, "{t:?}");
+        let mut calls = Row::new("udp-pingpong", "queue-calls", 8);
+        calls.p50_us = Some(8.6);
+        let t = targets(&[q, p, z, qp, up, calls]);
+        assert_eq!(t.len(), 4, "{t:?}");
+        assert!(
+            t[3].starts_with("floor:") && t[3].contains("1.07x") && t[3].contains("adds 0.4 µs"),
+            "{}",
+            t[3]
+        );
         assert!(
             t[0].contains("12.00 M") && t[0].contains("(natural)") && t[0].ends_with(": met"),
             "{}",
