@@ -14,8 +14,12 @@ use skiff_node::{Config, Node};
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
+    runtime_with(2)
+}
+
+fn runtime_with(workers: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()?)
 }
@@ -88,6 +92,10 @@ pub(crate) struct NodeArgs {
     /// CPU time). Off by default.
     #[arg(long, value_name = "MICROS")]
     wake_latency_us: Option<String>,
+    /// Threads serving clients (`auto`: one fewer than the CPUs, at least
+    /// one, leaving a CPU to the applications on this host).
+    #[arg(long, value_name = "N|auto")]
+    workers: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -127,6 +135,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(w) = &a.wake_latency_us {
         cfg.set("wake_latency_us", w)?;
     }
+    if let Some(w) = &a.workers {
+        cfg.set("workers", w)?;
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -140,7 +151,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             format!("shm://{s}")
         }
     });
-    runtime()?.block_on(async move {
+    runtime_with(cfg.workers())?.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         // Handlers first: a signal right after the "listening" line must
         // shut down gracefully, not kill the process.
@@ -150,6 +161,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         if let Some(a) = node.tcp_addr() {
             eprintln!("skiff node listening on tcp {a}");
         }
+        eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
         if let Some(us) = node.wake_latency_us() {
             eprintln!("skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)");
         }
