@@ -21,19 +21,31 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("skiff-netns-tunnel-{}-{name}", std::process::id()))
 }
 
+/// A child process killed if the test fails before waiting for it (a
+/// listener left behind would wait forever).
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs `skiff cat` from `a` to `b` with `input`, returns what `b` wrote.
 fn cat(ns: &Netns, subnet: u8, input: &PathBuf, send_opts: &[&str]) -> Vec<u8> {
     let bin = env!("CARGO_BIN_EXE_skiff");
     let out_path = temp(&format!("out-{subnet}"));
     let out = std::fs::File::create(&out_path).unwrap();
     let listen = format!("udp://10.213.{subnet}.2:4711?idle_timeout=20s");
-    let mut rx = ns
-        .exec(1)
-        .args([bin, "cat", "--listen", &listen, "--stats"])
-        .stdout(out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut rx = Reap(
+        ns.exec(1)
+            .args([bin, "cat", "--listen", &listen, "--stats"])
+            .stdout(out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     let to = format!("udp://10.213.{subnet}.2:4711?idle_timeout=20s");
@@ -51,9 +63,9 @@ fn cat(ns: &Netns, subnet: u8, input: &PathBuf, send_opts: &[&str]) -> Vec<u8> {
         "sender failed: {}",
         String::from_utf8_lossy(&tx.stderr)
     );
-    let st = rx.wait().unwrap();
+    let st = rx.0.wait().unwrap();
     let mut rx_err = String::new();
-    std::io::Read::read_to_string(rx.stderr.as_mut().unwrap(), &mut rx_err).unwrap();
+    std::io::Read::read_to_string(rx.0.stderr.as_mut().unwrap(), &mut rx_err).unwrap();
     assert!(st.success(), "listener failed: {rx_err}");
     eprintln!(
         "sender ({elapsed:?}):\n{}\nlistener:\n{rx_err}",
