@@ -73,12 +73,14 @@ pub(crate) struct RequestArgs {
 
 /// Runs `skiff bench request`.
 pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
-    // The responder gets a runtime of its own, as a separate program would
-    // have: sharing the requesters' runtime, its replies and the requests
-    // hopped between the two workers, each hop a cross-CPU wake-up (one
-    // requester's p50 was 177 µs that way, 67–125 µs apart).
+    // The requesters and the responder get one-worker runtimes of their
+    // own, as two single-threaded programs would have: sharing one
+    // two-worker runtime, requests and replies hopped between the workers,
+    // each hop a cross-CPU wake-up (one requester's p50 was 177 µs that
+    // way, 67–125 µs apart); with two workers for the requesters, 16 of
+    // them ran at 79–200 k/s from run to run, with one at 174–198 k/s.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()?;
     let resp_rt = tokio::runtime::Builder::new_multi_thread()
