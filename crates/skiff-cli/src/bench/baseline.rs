@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::report::{CpuMeter, Row};
+use super::report::{CpuMeter, Histogram, Row};
 use super::{round_trips, Limits, Window, QUIET, STALL};
 
 /// A UDP socket bound to 127.0.0.1 on a free port with both socket
@@ -150,6 +150,59 @@ pub(crate) fn udp_throughput(
     Ok(row)
 }
 
+/// Whether a receive error only means "nothing yet" (a timeout or a
+/// signal): the ping-pong loops go on.
+fn nothing_yet(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// Times round trips: `ping` sends one datagram and waits for the echo
+/// (`false` if none came in time), while a thread runs `echo` (wait a
+/// little for a datagram, send it back) until the rows are done.
+fn pingpong(
+    limits: Limits,
+    pb: &ProgressBar,
+    mut echo: impl FnMut() -> io::Result<()> + Send + 'static,
+    ping: impl FnMut() -> io::Result<bool>,
+) -> io::Result<(Histogram, u64, f64)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        thread::spawn(move || -> io::Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                echo()?;
+            }
+            Ok(())
+        })
+    };
+    let cpu = CpuMeter::start();
+    let result = round_trips(limits, pb, ping);
+    let cpu = cpu.pct();
+    stop.store(true, Ordering::Relaxed);
+    echo.join()
+        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
+    let (hist, lost) = result?;
+    Ok((hist, lost, cpu))
+}
+
+/// A ping-pong row.
+fn pingpong_row(
+    mode: &str,
+    size: usize,
+    (hist, lost, cpu): (Histogram, u64, f64),
+    options: &str,
+) -> Row {
+    let mut row = Row::new("udp-pingpong", mode, size);
+    row.set_latency(&hist);
+    row.lost = Some(lost);
+    row.cpu_pct = Some(cpu);
+    row.options = Some(options.into());
+    row
+}
+
 /// Round trips of one `size`-byte datagram each way between two threads.
 pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io::Result<Row> {
     let a = socket(1 << 20)?;
@@ -158,60 +211,31 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
     b.connect(a.local_addr()?)?;
     b.set_read_timeout(Some(Duration::from_millis(50)))?;
     a.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = {
-        let stop = stop.clone();
-        thread::spawn(move || -> io::Result<()> {
-            let mut buf = vec![0u8; 65536];
-            while !stop.load(Ordering::Relaxed) {
-                match b.recv(&mut buf) {
-                    Ok(n) => {
-                        b.send(&buf[..n])?;
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
-                        ) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        })
+    let mut echo_buf = vec![0u8; 65536];
+    let echo = move || match b.recv(&mut echo_buf) {
+        Ok(n) => b.send(&echo_buf[..n]).map(drop),
+        Err(e) if nothing_yet(&e) => Ok(()),
+        Err(e) => Err(e),
     };
     let ping = vec![0x5Au8; size];
     let mut buf = vec![0u8; 65536];
-    let cpu = CpuMeter::start();
-    let result = round_trips(limits, pb, || {
+    let timed = pingpong(limits, pb, echo, || {
         a.send(&ping)?;
         loop {
             match a.recv(&mut buf) {
                 Ok(_) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Ok(false);
-                }
+                Err(e) if nothing_yet(&e) => return Ok(false),
                 Err(e) => return Err(e),
             }
         }
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join()
-        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
-    let (hist, lost) = result?;
-    let mut row = Row::new("udp-pingpong", "blocking", size);
-    row.set_latency(&hist);
-    row.lost = Some(lost);
-    row.cpu_pct = Some(cpu.pct());
-    row.options = Some("127.0.0.1 one datagram each way, blocking recv".into());
-    Ok(row)
+    })?;
+    Ok(pingpong_row(
+        "blocking",
+        size,
+        timed,
+        "127.0.0.1 one datagram each way, blocking recv",
+    ))
 }
 
 /// Round trips of one `size`-byte datagram each way between two threads
@@ -226,39 +250,24 @@ pub(crate) fn udp_pingpong_queue_calls(
     let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let (a, b) = (Udp::bind(any, &cfg)?, Udp::bind(any, &cfg)?);
     let (aa, ba) = (a.local_addr()?, b.local_addr()?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = {
-        let stop = stop.clone();
-        thread::spawn(move || -> io::Result<()> {
-            let mut batch = RecvBatch::new(32, 65536);
-            while !stop.load(Ordering::Relaxed) {
-                match b.recv_wait(&mut batch, Some(Duration::from_millis(50))) {
-                    Ok(_) => {
-                        for d in batch.drain() {
-                            b.send(&[Outgoing {
-                                dest: aa,
-                                data: &d.data,
-                                segment_size: None,
-                            }])?;
-                        }
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
-                        ) => {}
-                    Err(e) => return Err(e),
-                }
+    let mut echo_batch = RecvBatch::new(32, 65536);
+    let echo = move || match b.recv_wait(&mut echo_batch, Some(Duration::from_millis(50))) {
+        Ok(_) => {
+            for d in echo_batch.drain() {
+                b.send(&[Outgoing {
+                    dest: aa,
+                    data: &d.data,
+                    segment_size: None,
+                }])?;
             }
             Ok(())
-        })
+        }
+        Err(e) if nothing_yet(&e) => Ok(()),
+        Err(e) => Err(e),
     };
     let ping = vec![0x5Au8; size];
     let mut batch = RecvBatch::new(32, 65536);
-    let cpu = CpuMeter::start();
-    let result = round_trips(limits, pb, || {
+    let timed = pingpong(limits, pb, echo, || {
         a.send(&[Outgoing {
             dest: ba,
             data: &ping,
@@ -271,31 +280,17 @@ pub(crate) fn udp_pingpong_queue_calls(
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Ok(false);
-                }
+                Err(e) if nothing_yet(&e) => return Ok(false),
                 Err(e) => return Err(e),
             }
         }
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join()
-        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
-    let (hist, lost) = result?;
-    let mut row = Row::new("udp-pingpong", "queue-calls", size);
-    row.set_latency(&hist);
-    row.lost = Some(lost);
-    row.cpu_pct = Some(cpu.pct());
-    row.options = Some(
-        "127.0.0.1 the queue's system calls (unconnected sendto, recvmsg with a timeout), no queue"
-            .into(),
-    );
-    Ok(row)
+    })?;
+    Ok(pingpong_row(
+        "queue-calls",
+        size,
+        timed,
+        "127.0.0.1 the queue's system calls (unconnected sendto, recvmsg with a timeout), no queue",
+    ))
 }
 
 #[cfg(test)]
