@@ -313,26 +313,21 @@ mod tests {
     }
 
     #[test]
-    fn udp_pingpong_times_round_trips() {
+    fn udp_pingpongs_time_round_trips() {
         let limits = Limits {
             messages: 200,
             duration: Duration::from_secs(5),
         };
-        let row = udp_pingpong(8, limits, &ProgressBar::hidden()).unwrap();
-        assert_eq!(row.messages + row.lost.unwrap(), 200);
-        assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
-        assert!(row.msgs_per_s.is_none());
-    }
-
-    #[test]
-    fn udp_pingpong_with_the_queue_calls_times_round_trips() {
-        let limits = Limits {
-            messages: 200,
-            duration: Duration::from_secs(5),
-        };
-        let row = udp_pingpong_queue_calls(8, limits, &ProgressBar::hidden()).unwrap();
-        assert_eq!(row.mode, "queue-calls");
-        assert_eq!(row.messages + row.lost.unwrap(), 200);
-        assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
+        type Run = fn(usize, Limits, &ProgressBar) -> io::Result<Row>;
+        for (mode, run) in [
+            ("blocking", udp_pingpong as Run),
+            ("queue-calls", udp_pingpong_queue_calls as Run),
+        ] {
+            let row = run(8, limits, &ProgressBar::hidden()).unwrap();
+            assert_eq!(row.mode, mode);
+            assert_eq!(row.messages + row.lost.unwrap(), 200);
+            assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
+            assert!(row.msgs_per_s.is_none());
+        }
     }
 }

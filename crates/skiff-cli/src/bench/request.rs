@@ -77,8 +77,9 @@ pub(crate) fn run(a: &RequestArgs, rep: &mut Reporter) -> Result<(), Box<dyn Err
     // own, as two single-threaded programs would have: sharing one
     // two-worker runtime, requests and replies hopped between the workers,
     // each hop a cross-CPU wake-up (one requester's p50 was 177 µs that
-    // way, 67–125 µs apart); with two workers for the requesters, 16 of
-    // them ran at 79–200 k/s from run to run, with one at 174–198 k/s.
+    // way, 67–125 µs apart). The 16-requester rate still varies from run
+    // to run (85–235 k/s) with whether the responder lands on the node's
+    // CPU: bench/request_placement.sh.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
