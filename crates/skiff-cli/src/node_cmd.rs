@@ -96,6 +96,11 @@ pub(crate) struct NodeArgs {
     /// one, leaving a CPU to the applications on this host).
     #[arg(long, value_name = "N|auto")]
     workers: Option<String>,
+    /// Poll the sockets up to this many µs after traffic before sleeping,
+    /// so a quick answer does not have to wake the node (0: off; default
+    /// 50; it adapts to the traffic).
+    #[arg(long, value_name = "MICROS")]
+    spin_us: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -137,6 +142,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     }
     if let Some(w) = &a.workers {
         cfg.set("workers", w)?;
+    }
+    if let Some(v) = &a.spin_us {
+        cfg.set("spin_us", v)?;
     }
     for kv in &a.set {
         let (k, v) = kv

@@ -7,6 +7,7 @@
 //! unix = "/tmp/skiff.sock"      # optional
 //! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! workers = 1                   # optional: threads serving clients (default: CPUs - 1)
+//! spin_us = 50                  # poll this long after traffic before sleeping (0: off; see `spin`)
 //! [limits]
 //! max_subject = 256             # bytes
 //! max_payload = 1048576         # bytes
@@ -88,6 +89,10 @@ pub struct Config {
     /// Threads that serve clients (`skiff node`'s runtime); `None`: one
     /// fewer than the CPUs, at least one ([`Config::workers`]).
     pub workers: Option<usize>,
+    /// Keep polling the sockets this many µs after the last read before
+    /// sleeping (at most; it adapts), so a quick answer finds the node
+    /// awake; 0: sleep at once. See [`crate::spin`].
+    pub spin_us: u64,
 }
 
 impl Default for Config {
@@ -99,6 +104,7 @@ impl Default for Config {
             mesh: None,
             wake_latency_us: None,
             workers: None,
+            spin_us: crate::spin::DEFAULT_SPIN_US,
         }
     }
 }
@@ -148,6 +154,7 @@ impl Config {
             mesh: Option<MeshSettings>,
             wake_latency_us: Option<u32>,
             workers: Option<usize>,
+            spin_us: Option<u64>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -159,11 +166,13 @@ impl Config {
             mesh: raw.mesh,
             wake_latency_us: raw.wake_latency_us,
             workers: raw.workers,
+            spin_us: raw.spin_us.unwrap_or(crate::spin::DEFAULT_SPIN_US),
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
             c.set("tcp", &t)?;
         }
+        c.set("spin_us", &c.spin_us.to_string())?;
         Ok(c)
     }
 
@@ -315,6 +324,14 @@ impl Config {
                     )
                 }
             }
+            "spin_us" => {
+                self.spin_us = value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&v| v <= 1_000_000)
+                    .ok_or_else(|| bad("a whole number of µs from 0 (off) to 1000000"))?
+            }
             "max_subject" => l.max_subject = num()? as usize,
             "max_payload" => l.max_payload = num()? as usize,
             "max_subscriptions" => l.max_subscriptions = num()? as usize,
@@ -322,7 +339,7 @@ impl Config {
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
         }
         Ok(())
     }
@@ -334,11 +351,12 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 19] = [
+        const NAMES: [&str; 20] = [
             "tcp",
             "unix",
             "wake_latency_us",
             "workers",
+            "spin_us",
             "mesh",
             "net",
             "seeds",
@@ -434,6 +452,25 @@ mod tests {
             assert!(e.contains("wake_latency_us") && e.contains("µs"), "{e}");
         }
         assert_eq!(Config::default().wake_latency_us, None);
+    }
+
+    #[test]
+    fn spin_from_toml_env_and_flags() {
+        assert_eq!(Config::default().spin_us, crate::spin::DEFAULT_SPIN_US);
+        let mut c = Config::from_toml("spin_us = 0", std::path::Path::new("s.toml")).unwrap();
+        assert_eq!(c.spin_us, 0);
+        c.apply_env([("SKIFF_SPIN_US".into(), "250".into())])
+            .unwrap();
+        assert_eq!(c.spin_us, 250);
+        for bad in ["-1", "soon", "2000000", ""] {
+            let e = c.set("spin_us", bad).unwrap_err().to_string();
+            assert!(e.contains("spin_us") && e.contains("µs"), "{e}");
+        }
+        assert_eq!(c.spin_us, 250, "a bad value changes nothing");
+        let e = Config::from_toml("spin_us = 5000000", std::path::Path::new("s.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("spin_us"), "{e}");
     }
 
     #[test]

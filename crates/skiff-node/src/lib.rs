@@ -32,6 +32,7 @@ pub mod mesh;
 pub mod mesh_tunnel;
 pub mod outbox;
 pub mod server;
+pub mod spin;
 pub mod wake;
 
 pub use broker::{Broker, ClientStats, Fatal, NodeStats, SubStats, ASYNC_ERROR};

@@ -24,6 +24,7 @@ use crate::broker::{Broker, Fatal, Published};
 use crate::config::Config;
 use crate::frame::{is_pub, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
 use crate::outbox::ClientOut;
+use crate::spin::Spin;
 
 /// A running node: its listeners and connections run as tokio tasks on the
 /// runtime that started it.
@@ -36,6 +37,8 @@ pub struct Node {
     tasks: Option<tokio::task::JoinHandle<()>>,
     /// The wake-up latency request held while the node lives.
     wake: Option<crate::wake::WakeLatency>,
+    /// Polls after traffic (setting `spin_us`).
+    spin: Option<Arc<Spin>>,
 }
 
 impl Node {
@@ -50,6 +53,7 @@ impl Node {
             stop,
             tasks: None,
             wake: None,
+            spin: None,
         }
     }
 
@@ -69,10 +73,17 @@ impl Node {
             })?);
         }
         let mut set = JoinSet::new();
+        let spin = Spin::start(Duration::from_micros(config.spin_us));
+        node.spin = spin.clone();
         if let Some(addr) = config.tcp {
             let l = TcpListener::bind(addr).await?;
             node.tcp = Some(l.local_addr()?);
-            set.spawn(accept_tcp(l, node.broker.clone(), node.stop.subscribe()));
+            set.spawn(accept_tcp(
+                l,
+                node.broker.clone(),
+                node.stop.subscribe(),
+                spin.clone(),
+            ));
         }
         if let Some(path) = &config.unix {
             // A stale socket file from a previous run would make bind fail.
@@ -84,7 +95,12 @@ impl Node {
             }
             let l = UnixListener::bind(path)?;
             node.unix = Some(path.clone());
-            set.spawn(accept_unix(l, node.broker.clone(), node.stop.subscribe()));
+            set.spawn(accept_unix(
+                l,
+                node.broker.clone(),
+                node.stop.subscribe(),
+                spin.clone(),
+            ));
         }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
@@ -152,13 +168,21 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if let Some(s) = &self.spin {
+            s.close();
+        }
         let _ = self.stop.send(true);
         self.broker
             .close_all(Code::Shutdown, "the node was dropped");
     }
 }
 
-async fn accept_tcp(l: TcpListener, broker: Arc<Broker>, mut stop: watch::Receiver<bool>) {
+async fn accept_tcp(
+    l: TcpListener,
+    broker: Arc<Broker>,
+    mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -166,7 +190,7 @@ async fn accept_tcp(l: TcpListener, broker: Arc<Broker>, mut stop: watch::Receiv
                 Ok((s, peer)) => {
                     let _ = s.set_nodelay(true);
                     let (r, w) = s.into_split();
-                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), stop.clone()));
+                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), stop.clone(), spin.clone()));
                 }
                 // Out of descriptors or similar: back off, keep serving.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -178,7 +202,12 @@ async fn accept_tcp(l: TcpListener, broker: Arc<Broker>, mut stop: watch::Receiv
     while conns.join_next().await.is_some() {}
 }
 
-async fn accept_unix(l: UnixListener, broker: Arc<Broker>, mut stop: watch::Receiver<bool>) {
+async fn accept_unix(
+    l: UnixListener,
+    broker: Arc<Broker>,
+    mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) {
     let mut conns = JoinSet::new();
     let mut n = 0u64;
     loop {
@@ -187,7 +216,7 @@ async fn accept_unix(l: UnixListener, broker: Arc<Broker>, mut stop: watch::Rece
                 Ok((s, _)) => {
                     n += 1;
                     let (r, w) = s.into_split();
-                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), stop.clone()));
+                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), stop.clone(), spin.clone()));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -205,6 +234,7 @@ async fn serve<R, W>(
     mut w: W,
     peer: String,
     mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -237,7 +267,11 @@ async fn serve<R, W>(
         tokio::select! {
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(s) = &spin {
+                        s.touch();
+                    }
+                }
             },
             _ = out.closed() => break,
             _ = stop.changed() => break,

@@ -95,6 +95,9 @@ pub(crate) struct LinkOptions {
     pub(crate) reconnect_buffer: usize,
     /// Longest wait for one address to connect and welcome the client.
     pub(crate) connect_timeout: Duration,
+    /// Polling after a read before the runtime sleeps (see
+    /// [`skiff_node::spin`]); zero: off.
+    pub(crate) spin: Duration,
 }
 
 /// A parsed node locator: the addresses and the link options.
@@ -104,11 +107,11 @@ pub(crate) struct NodeTarget {
     pub(crate) opts: LinkOptions,
 }
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
 /// the link options `reconnect`, `ping`, `ping_timeout`,
-/// `reconnect_buffer` and `connect_timeout`.
+/// `reconnect_buffer`, `connect_timeout` and `spin_us`.
 pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let l: Locator = locator.parse()?;
     l.expect_scheme("skiff, tcp, unix")?;
@@ -133,6 +136,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
     let mut connect_timeout = Duration::from_millis(1500);
+    let mut spin_us = skiff_node::spin::DEFAULT_SPIN_US;
     l.options(OPTIONS, |k, v| {
         match k {
             "reconnect" => reconnect = Some(parse_bool(k, v)?),
@@ -140,6 +144,17 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
             "reconnect_buffer" => reconnect_buffer = parse_bytes(k, v)?,
             "connect_timeout" => connect_timeout = parse_duration(k, v)?,
+            "spin_us" => {
+                spin_us = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 1_000_000)
+                    .ok_or_else(|| LocatorError::BadValue {
+                        name: k.into(),
+                        value: v.into(),
+                        expected: "a whole number of µs from 0 (off) to 1000000",
+                    })?
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -175,6 +190,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             reconnect,
             reconnect_buffer,
             connect_timeout,
+            spin: Duration::from_micros(spin_us),
         },
     })
 }
@@ -526,6 +542,25 @@ mod tests {
         assert_eq!(one.opts.reconnect_buffer, 0);
         let off = parse_target("skiff://a,b?reconnect=false").unwrap();
         assert!(!off.opts.reconnect && off.opts.ping.is_zero());
+        assert_eq!(
+            off.opts.spin,
+            Duration::from_micros(skiff_node::spin::DEFAULT_SPIN_US)
+        );
+        assert!(parse_target("skiff://h?spin_us=0")
+            .unwrap()
+            .opts
+            .spin
+            .is_zero());
+        assert_eq!(
+            parse_target("skiff://h?spin_us=20").unwrap().opts.spin,
+            Duration::from_micros(20)
+        );
+        for bad in ["-5", "fast", "2000000"] {
+            let e = parse_target(&format!("skiff://h?spin_us={bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("spin_us") && e.contains("µs"), "{e}");
+        }
 
         let u = parse_target("unix:///run/a.sock,/run/b.sock").unwrap();
         assert_eq!(

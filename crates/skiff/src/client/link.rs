@@ -21,6 +21,7 @@ use std::time::{Instant, SystemTime};
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use skiff_node::frame::{encode_pub, Decoder, FRAME_OVERHEAD};
+use skiff_node::spin::Spin;
 use skiff_node::{ClientFrame, Code, MemLink, ServerFrame};
 use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -463,11 +464,23 @@ pub(crate) fn spawn_stream(
     tokio::spawn(drive(Arc::downgrade(inner), tx, target, first));
 }
 
+/// Ends a link's spinner with the link.
+struct SpinGuard(Option<Arc<Spin>>);
+
+impl Drop for SpinGuard {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.close();
+        }
+    }
+}
+
 async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: Session) {
     let opts = &target.opts;
     let mut s = first;
     // The gap being reported: the node first lost and when.
     let mut open_gap: Option<(String, SystemTime, Instant)> = None;
+    let spin = SpinGuard(Spin::start(opts.spin));
     loop {
         let (done, mut writer_done) = oneshot::channel();
         let writer = tokio::spawn(write_loop(tx.clone(), s.w, done));
@@ -476,8 +489,11 @@ async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: 
             &tx,
             &mut s.r,
             &mut s.buf,
-            s.max_payload as usize,
-            opts,
+            Reading {
+                max_payload: s.max_payload as usize,
+                opts,
+                spin: spin.0.as_deref(),
+            },
             &mut writer_done,
         )
         .await;
@@ -569,6 +585,14 @@ fn closed_between_nodes(weak: &Weak<Inner>) {
     }
 }
 
+/// What a session's reader needs besides the connection.
+struct Reading<'a> {
+    max_payload: usize,
+    opts: &'a LinkOptions,
+    /// Told of every read (see [`skiff_node::spin`]).
+    spin: Option<&'a Spin>,
+}
+
 /// Reads and dispatches one connection's frames until it ends; pings the
 /// node when it is silent for `opts.ping`, and gives it up when it stays
 /// silent for `opts.ping_timeout`.
@@ -577,10 +601,14 @@ async fn read_session(
     tx: &StreamTx,
     r: &mut ReadHalf,
     buf: &mut BytesMut,
-    max_payload: usize,
-    opts: &LinkOptions,
+    how: Reading<'_>,
     writer_done: &mut oneshot::Receiver<()>,
 ) -> End {
+    let Reading {
+        max_payload,
+        opts,
+        spin,
+    } = how;
     let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
     let keepalive = !opts.ping.is_zero();
     let mut heard = tokio::time::Instant::now();
@@ -632,6 +660,9 @@ async fn read_session(
                 Ok(0) => return End::Lost("the node closed the connection".into()),
                 Err(e) => return End::Lost(format!("reading from the node failed: {e}")),
                 Ok(_) => {
+                    if let Some(s) = spin {
+                        s.touch();
+                    }
                     if keepalive {
                         heard = tokio::time::Instant::now();
                         pinged = false;
@@ -670,6 +701,15 @@ async fn write_loop(tx: Arc<StreamTx>, mut w: WriteHalf, done: oneshot::Sender<(
     let mut out = Vec::with_capacity(64 * 1024);
     loop {
         let n = tx.wake_writer.notified();
+        // Let every task that is ready now queue its frames first. A task
+        // that wakes this one puts it in tokio's LIFO slot, so without the
+        // yield it runs next and writes one frame: 16 requesters answered
+        // by one read made 16 writes. Yielding defers it until the worker
+        // has run the others and polled its sockets; measured (`skiff bench
+        // request`, 16 requesters, node and clients spinning): 182 k to
+        // 245 k requests/s on two CPUs, 170 k to 277 k on one; one
+        // requester's p50 29 to 32 µs.
+        tokio::task::yield_now().await;
         {
             let mut b = tx.buf.lock();
             std::mem::swap(&mut b.out, &mut out);
