@@ -74,7 +74,10 @@
 //! after which the node is dead, default 600 ms), `reconnect` (default on
 //! with two or more addresses; `reconnect=true` retries a single node),
 //! `reconnect_buffer` (publishes held while no node is reachable, default
-//! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default 1 s).
+//! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default 1 s),
+//! `spin_us` (poll the connection up to this many µs after a read before
+//! the runtime sleeps, default 100, 0: off; see [`skiff_node::spin`] and
+//! `docs/node.md`).
 //! Calls in flight on a lost node fail with [`Error::NodeLost`]; see the
 //! [`ClientEvent`] and [`Gap`] documentation for the rest.
 
