@@ -298,6 +298,8 @@ struct Tx {
     in_flight: bool,
     /// The datagrams of the send in progress (kept for its allocation).
     sending: Vec<Pending>,
+    /// The buffer of the lone-datagram path (see `Inner::send_alone`).
+    alone: Vec<u8>,
     last_send_end: Option<Instant>,
     /// Smoothed duration of one send system call.
     send_cost: Duration,
@@ -525,6 +527,7 @@ impl DatagramQueue {
                 pool: Vec::new(),
                 in_flight: false,
                 sending: Vec::new(),
+                alone: Vec::new(),
                 last_send_end: None,
                 send_cost: Duration::ZERO,
                 flusher_parked: false,
@@ -837,29 +840,9 @@ impl Inner {
                     .last_send_end
                     .is_some_and(|t| now().saturating_duration_since(t) < cost);
             if idle && !burst {
-                // The message becomes a datagram of its own at once.
-                let mut buf = tx.pool.pop().unwrap_or_default();
-                match tx.batcher.push_alone(dest, msg, &mut buf) {
-                    Ok(Some(t)) => {
-                        tx.out_bytes += t.size;
-                        tx.out.push_back(Pending {
-                            dest: t.dest.addr,
-                            buf,
-                            segment_size: None,
-                            segments: 1,
-                            messages: 1,
-                        });
-                        self.trim_backlog(&mut tx);
-                        // A reply's send is paced by the exchange: not timed.
-                        self.drain(tx, false, !reply);
-                        return Ok(());
-                    }
-                    Ok(None) => tx.pool.push(buf),
-                    Err(e) => {
-                        tx.pool.push(buf);
-                        return Err(e.into());
-                    }
-                }
+                // The message becomes a datagram of its own at once; a
+                // reply's send is paced by the exchange: not timed.
+                return self.send_alone(tx, dest, msg, !reply);
             }
             // Natural batching never reads a batch's date (nothing waits
             // for a deadline: the flusher seals everything it finds), so a
@@ -893,6 +876,93 @@ impl Inner {
         }
         self.collect(&mut tx);
         self.drain(tx, false, true);
+        Ok(())
+    }
+
+    /// Sends `msg` as a datagram of its own on this thread, on an idle
+    /// path: no send queue, no pooled buffer, one system call between two
+    /// short holds of the lock.
+    fn send_alone(
+        &self,
+        mut tx: parking_lot::MutexGuard<'_, Tx>,
+        dest: Dest,
+        msg: &Message,
+        timed: bool,
+    ) -> Result<(), Error> {
+        let mut buf = std::mem::take(&mut tx.alone);
+        buf.clear();
+        let t = match tx.batcher.push_alone(dest, msg, &mut buf) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                // Something is queued after all: it leaves first, this
+                // after it, through the flusher.
+                tx.alone = buf;
+                tx.batcher.push_with_clock(|| self.epoch, dest, msg)?;
+                if tx.flusher_parked {
+                    tx.flusher_parked = false;
+                    self.wake.notify_one();
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                tx.alone = buf;
+                return Err(e.into());
+            }
+        };
+        tx.in_flight = true;
+        drop(tx);
+        let started = timed.then(Instant::now);
+        let out = Outgoing {
+            dest: t.dest.addr,
+            data: &buf,
+            segment_size: None,
+        };
+        let r = match self.socket.send(&[out]) {
+            Ok(0) => Err(io::Error::from(io::ErrorKind::WouldBlock)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        let ended = started.map(|s| (s, Instant::now()));
+        let mut tx = self.tx.lock();
+        tx.in_flight = false;
+        tx.stats.send_calls += 1;
+        if let Some((started, ended)) = ended {
+            tx.last_send_end = Some(ended);
+            tx.send_cost = (tx.send_cost * 7 + (ended - started)) / 8;
+        }
+        match r {
+            Ok(()) => {
+                tx.stats.sent_messages += 1;
+                tx.stats.sent_bytes += buf.len() as u64;
+                tx.stats.sent_batches += 1;
+                tx.alone = buf;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The flusher retries once the socket has room, ahead of
+                // anything pushed meanwhile.
+                tx.out_bytes += buf.len();
+                tx.out.push_front(Pending {
+                    dest: t.dest.addr,
+                    buf,
+                    segment_size: None,
+                    segments: 1,
+                    messages: 1,
+                });
+                self.wake.notify_one();
+                return Ok(());
+            }
+            Err(e) => {
+                tx.stats.dropped.send_error += 1;
+                tx.last_error = Some(e.to_string());
+                tx.alone = buf;
+            }
+        }
+        // What was pushed during the call leaves now.
+        if tx.batcher.queued() > 0 || !tx.out.is_empty() {
+            tx.batcher.flush();
+            self.collect(&mut tx);
+            self.drain(tx, false, true);
+        }
         Ok(())
     }
 

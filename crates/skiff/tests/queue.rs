@@ -432,3 +432,26 @@ fn pop_blocking_times_out() {
     );
     assert_eq!(q.stats().dropped.foreign, 1);
 }
+
+/// A lone message the kernel refuses (port 0: `EINVAL`) is counted as a
+/// send error and reported by `flush`; the queue goes on sending.
+#[test]
+fn refused_lone_message_is_counted_and_the_queue_goes_on() {
+    let (a, b) = pair("");
+    let nowhere: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    a.push(nowhere, &Message::from_payload(Bytes::from_static(b"lost")))
+        .unwrap();
+    let s = a.stats();
+    assert_eq!((s.dropped.send_error, s.sent_messages), (1, 0), "{s:?}");
+    let e = a.flush().unwrap_err().to_string();
+    assert!(e.contains("send") && e.contains("nvalid"), "{e}");
+    a.push(
+        b.local_addr(),
+        &Message::from_payload(Bytes::from_static(b"next")),
+    )
+    .unwrap();
+    let got = b.pop_blocking(Some(Duration::from_secs(5))).expect("next");
+    assert_eq!(&got.payload[..], b"next");
+    let s = a.stats();
+    assert_eq!((s.dropped.send_error, s.sent_messages), (1, 1), "{s:?}");
+}
