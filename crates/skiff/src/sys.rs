@@ -233,6 +233,25 @@ pub(crate) fn sendto(fd: BorrowedFd<'_>, dest: SocketAddr, data: &[u8]) -> io::R
     Ok(())
 }
 
+/// Sends one datagram on a connected socket (`send(2)`): no address to
+/// copy in and no route to look up, as the connection keeps both.
+pub(crate) fn send(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    // SAFETY: `data` is a live slice of `data.len()` bytes; the kernel only
+    // reads it.
+    let r = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            data.as_ptr() as *const c_void,
+            data.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether a send error of a datagram with a GSO segment size may be the
 /// kernel or the device refusing segmentation (`EIO`: no checksum offload;
 /// `EINVAL`: segment size or count out of range; `EMSGSIZE`: the total is

@@ -137,6 +137,8 @@ pub struct UdpSocket {
     /// The `SO_RCVTIMEO` last set, in µs (`u64::MAX`: none), so that
     /// `recv_wait` sets it only when it changes.
     recv_timeout: AtomicU64,
+    /// The peer of a connected socket (see [`UdpSocket::connect`]).
+    peer: std::sync::OnceLock<SocketAddr>,
 }
 
 impl UdpSocket {
@@ -185,6 +187,7 @@ impl UdpSocket {
             v6,
             gso: AtomicBool::new(gso),
             recv_timeout: AtomicU64::new(u64::MAX),
+            peer: std::sync::OnceLock::new(),
         })
     }
 
@@ -242,7 +245,11 @@ impl UdpSocket {
         if let [d] = datagrams {
             if d.segment_size.is_none_or(|s| s == 0 || s >= d.data.len()) {
                 // One whole datagram: `sendto`, cheaper than `sendmmsg`.
-                return sys::sendto(fd, self.adapt(d.dest), d.data).map(|()| 1);
+                let dest = self.adapt(d.dest);
+                if self.peer.get() == Some(&dest) {
+                    return sys::send(fd, d.data).map(|()| 1);
+                }
+                return sys::sendto(fd, dest, d.data).map(|()| 1);
             }
         }
         let empty = sys::Transmit {
@@ -324,6 +331,32 @@ impl UdpSocket {
     }
 
     /// Puts `dest` in the socket's address family where it can be.
+    /// Connects the socket to `peer` (once): the kernel then delivers only
+    /// `peer`'s datagrams to it, and a lone datagram to `peer` leaves by
+    /// `send(2)`, which keeps the route instead of looking it up per call.
+    /// Datagrams to other addresses still go (by `sendto`).
+    pub fn connect(&self, peer: SocketAddr) -> io::Result<()> {
+        let peer = self.adapt(peer);
+        if let Some(p) = self.peer.get() {
+            return if *p == peer {
+                Ok(())
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("already connected to {p}"),
+                ))
+            };
+        }
+        self.socket.connect(&peer.into())?;
+        let _ = self.peer.set(peer);
+        Ok(())
+    }
+
+    /// The peer the socket is connected to, if any.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.peer.get().copied()
+    }
+
     fn adapt(&self, dest: SocketAddr) -> SocketAddr {
         match (self.v6, dest) {
             (true, SocketAddr::V4(a)) => {

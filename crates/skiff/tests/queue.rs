@@ -455,3 +455,56 @@ fn refused_lone_message_is_counted_and_the_queue_goes_on() {
     let s = a.stats();
     assert_eq!((s.dropped.send_error, s.sent_messages), (1, 1), "{s:?}");
 }
+
+/// A point-to-point queue (`peer=`) exchanges with its peer, takes nothing
+/// from anyone else, and still pushes to other addresses.
+#[test]
+fn connected_queue_hears_only_its_peer() {
+    let b = Queue::bind("udp://127.0.0.1:0").unwrap();
+    let a = Queue::bind(&format!("udp://127.0.0.1:0?peer={}", b.local_addr())).unwrap();
+    assert_eq!(a.as_datagram().unwrap().peer(), Some(b.local_addr()));
+    let stranger = Queue::bind("udp://127.0.0.1:0").unwrap();
+    stranger
+        .push(
+            a.local_addr(),
+            &Message::from_payload(Bytes::from_static(b"from a stranger")),
+        )
+        .unwrap();
+    b.push(
+        a.local_addr(),
+        &Message::from_payload(Bytes::from_static(b"from the peer")),
+    )
+    .unwrap();
+    let got = a
+        .pop_blocking(Some(Duration::from_secs(5)))
+        .expect("peer's message");
+    assert_eq!(&got.payload[..], b"from the peer");
+    assert_eq!(got.meta.from, Some(b.local_addr()));
+    assert!(
+        a.pop_blocking(Some(Duration::from_millis(200))).is_none(),
+        "heard a stranger"
+    );
+    for (to, what) in [
+        (b.local_addr(), &b"to the peer"[..]),
+        (stranger.local_addr(), b"to another"),
+    ] {
+        a.push(to, &Message::from_payload(Bytes::copy_from_slice(what)))
+            .unwrap();
+    }
+    let q = |q: &Queue| {
+        q.pop_blocking(Some(Duration::from_secs(5)))
+            .expect("a's push")
+            .payload
+    };
+    assert_eq!(&q(&b)[..], b"to the peer");
+    assert_eq!(&q(&stranger)[..], b"to another");
+    assert_eq!(a.stats().sent_messages, 2);
+    let e = a.connect(stranger.local_addr()).unwrap_err().to_string();
+    assert!(e.contains("already connected"), "{e}");
+    for bad in ["peer=somewhere", "peer=127.0.0.1:1&reliable=true"] {
+        let e = Queue::bind(&format!("udp://127.0.0.1:0?{bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("peer"), "{bad}: {e}");
+    }
+}

@@ -249,7 +249,20 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
                     limits.messages,
                     &format!("queue-pingpong {} {size} B", m.name),
                 );
-                let row = queue_pingpong(size, &m.name, &loc, limits, &pb);
+                let row = queue_pingpong(size, &m.name, &loc, limits, &pb, false);
+                pb.finish_and_clear();
+                out.push(on_cpu(row?))?;
+            }
+            // Natural batching again, each queue connected to the other
+            // (a point-to-point queue: `peer=`, `Queue::connect`).
+            if let Some(m) = modes.iter().find(|m| m.name == "natural") {
+                let loc = locator(m, max_datagram, args.sockbuf);
+                let pb = report::progress(
+                    show,
+                    limits.messages,
+                    &format!("queue-pingpong natural,peer {size} B"),
+                );
+                let row = queue_pingpong(size, "natural,peer", &loc, limits, &pb, true);
                 pb.finish_and_clear();
                 out.push(on_cpu(row?))?;
             }
@@ -368,7 +381,7 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
     }
     for q in rows
         .iter()
-        .filter(|r| r.test == "queue-pingpong" && r.mode == "natural")
+        .filter(|r| r.test == "queue-pingpong" && (r.mode == "natural" || r.mode == "natural,peer"))
     {
         let p50 = |mode: &str| {
             rows.iter()
@@ -377,14 +390,15 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
         };
         if let (Some(p), Some(f)) = (q.p50_us, p50("blocking")) {
             out.push(format!(
-                "target: queue-pingpong natural p50 <= 1.25x udp-pingpong p50 at {} B: {:.2}x ({:.1} vs {:.1} µs): {}",
+                "target: queue-pingpong {} p50 <= 1.25x udp-pingpong p50 at {} B: {:.2}x ({:.1} vs {:.1} µs): {}",
+                q.mode,
                 q.size,
                 p / f,
                 p,
                 f,
                 verdict(p <= 1.25 * f)
             ));
-            if let Some(c) = p50("queue-calls") {
+            if let (Some(c), "natural") = (p50("queue-calls"), q.mode.as_str()) {
                 out.push(format!(
                     "floor: the queue's system calls alone (udp-pingpong queue-calls) at {} B: {:.1} µs = {:.2}x udp-pingpong; the queue's own work adds {:.1} µs",
                     q.size,
@@ -502,10 +516,15 @@ fn queue_pingpong(
     loc: &str,
     limits: Limits,
     pb: &ProgressBar,
+    connect: bool,
 ) -> Result<Row, Box<dyn Error>> {
     let a = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
     let b = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
     let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
+    if connect {
+        a.connect(b_addr)?;
+        b.connect(a_addr)?;
+    }
     // Long enough for a timeout-batched ping and pong, short enough that a
     // lost one does not stall the run.
     let wait = a.config().timeout * 2 + Duration::from_secs(1);
@@ -534,7 +553,11 @@ fn queue_pingpong(
     row.set_latency(&hist);
     row.lost = Some(lost);
     row.cpu_pct = Some(cpu.pct());
-    row.options = Some(loc.to_string());
+    row.options = Some(if connect {
+        format!("{loc}, each queue connected to the other (peer=)")
+    } else {
+        loc.to_string()
+    });
     Ok(row)
 }
 
@@ -726,7 +749,8 @@ mod tests {
             duration: Duration::from_secs(5),
         };
         let loc = locator(&mode("natural").unwrap(), 65507, 1 << 20);
-        let row = queue_pingpong(8, "natural", &loc, limits, &ProgressBar::hidden()).unwrap();
+        let row =
+            queue_pingpong(8, "natural", &loc, limits, &ProgressBar::hidden(), false).unwrap();
         assert_eq!(row.messages + row.lost.unwrap(), 100);
         assert!(row.p50_us.unwrap() > 0.0);
     }
