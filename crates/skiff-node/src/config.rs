@@ -7,7 +7,7 @@
 //! unix = "/tmp/skiff.sock"      # optional
 //! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! workers = 1                   # optional: threads serving clients (default: CPUs - 1)
-//! spin_us = 50                  # poll this long after traffic before sleeping (0: off; see `spin`)
+//! spin_us = 100                 # poll this long after traffic before sleeping (0: off; see `spin`)
 //! [limits]
 //! max_subject = 256             # bytes
 //! max_payload = 1048576         # bytes
@@ -74,6 +74,11 @@ impl Limits {
         Duration::from_millis(self.drain_timeout_ms)
     }
 }
+
+/// The largest `spin_us` accepted: a second of polling is already far past
+/// any use.
+const MAX_SPIN_US: u64 = 1_000_000;
+const SPIN_US_EXPECTED: &str = "a whole number of µs from 0 (off) to 1000000";
 
 /// A node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -177,7 +182,13 @@ impl Config {
         if let Some(t) = raw.tcp {
             c.set("tcp", &t)?;
         }
-        c.set("spin_us", &c.spin_us.to_string())?;
+        if c.spin_us > MAX_SPIN_US {
+            return Err(ConfigError::Value {
+                name: "spin_us".into(),
+                value: c.spin_us.to_string(),
+                expected: SPIN_US_EXPECTED,
+            });
+        }
         Ok(c)
     }
 
@@ -334,8 +345,8 @@ impl Config {
                     .trim()
                     .parse::<u64>()
                     .ok()
-                    .filter(|&v| v <= 1_000_000)
-                    .ok_or_else(|| bad("a whole number of µs from 0 (off) to 1000000"))?
+                    .filter(|&v| v <= MAX_SPIN_US)
+                    .ok_or_else(|| bad(SPIN_US_EXPECTED))?
             }
             "max_subject" => l.max_subject = num()? as usize,
             "max_payload" => l.max_payload = num()? as usize,

@@ -56,9 +56,16 @@ fn cpus_allowed() -> usize {
 pub struct Spin {
     activity: AtomicU64,
     spinning: AtomicBool,
+    /// Set while the thread may use one CPU only: reads do not wake the
+    /// spinner, which looks again after [`PINNED_RECHECK`].
+    pinned: AtomicBool,
     closed: AtomicBool,
     wake: Notify,
 }
+
+/// How often a spinner whose thread may use one CPU only checks whether
+/// that is still so: one system call per period instead of one per burst.
+const PINNED_RECHECK: Duration = Duration::from_millis(100);
 
 impl Spin {
     /// Starts a spinner with at most `budget` of polling after each read,
@@ -76,7 +83,7 @@ impl Spin {
     #[inline]
     pub fn touch(&self) {
         self.activity.fetch_add(1, Ordering::Relaxed);
-        if !self.spinning.load(Ordering::Relaxed) {
+        if !self.spinning.load(Ordering::Relaxed) && !self.pinned.load(Ordering::Relaxed) {
             self.wake.notify_one();
         }
     }
@@ -101,6 +108,9 @@ impl Spin {
                 return;
             }
             if cpus_allowed() < 2 {
+                self.pinned.store(true, Ordering::Relaxed);
+                tokio::time::sleep(PINNED_RECHECK).await;
+                self.pinned.store(false, Ordering::Relaxed);
                 continue;
             }
             let start = Instant::now();
@@ -230,8 +240,15 @@ mod tests {
                 poll(true).await;
             }
             s.close();
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert_eq!(Arc::strong_count(&s), 1, "the spinner task still holds it");
+            // Pinned, the spinner may be resting for PINNED_RECHECK first.
+            let t = Instant::now();
+            while Arc::strong_count(&s) > 1 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "the spinner task still holds it"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         });
     }
 }
