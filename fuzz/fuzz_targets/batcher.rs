@@ -3,7 +3,8 @@
 //! `poll_transmit` with any segment count. Every transmit must split into
 //! datagrams within `max_datagram` that decode to exactly the messages
 //! pushed to that destination, in order, numbered from zero; refused pushes
-//! must be refused for a reason that holds.
+//! must be refused for a reason that holds, and `wire::run_stride` must
+//! find each multi-segment transmit's segment size from its bytes.
 #![no_main]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -156,6 +157,12 @@ impl Model {
                 Some(seg) => self.buf.chunks(seg).collect(),
             };
             assert_eq!(segs.len(), t.segments);
+            // A receiver told nothing of the run (a waiting receive under
+            // GRO) finds the same segment size from the bytes.
+            assert_eq!(
+                wire::run_stride(&Bytes::copy_from_slice(&self.buf)),
+                t.segment_size
+            );
             let mut n = 0;
             for (i, seg) in segs.iter().enumerate() {
                 assert!(

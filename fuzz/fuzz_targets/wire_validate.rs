@@ -1,7 +1,9 @@
 //! `wire::validate` and `wire::Batch` against `wire::decode` on arbitrary
 //! bytes: the same verdict (the same header, or the same error), and the
 //! same messages, whether taken one by one (`Iterator`) or in bulk in two
-//! uneven steps (`next_into`, as the receive path does).
+//! uneven steps (`next_into`, as the receive path does). And
+//! `wire::run_stride` on the same bytes: no panic, and a stride only where
+//! a valid batch and its zero padding end and a header begins.
 #![no_main]
 
 use bytes::Bytes;
@@ -34,6 +36,11 @@ fn all_same(a: &[Message], b: &[Message]) {
 
 fuzz_target!(|data: &[u8]| {
     let buf = Bytes::copy_from_slice(data);
+    if let Some(s) = wire::run_stride(&buf) {
+        assert!(s >= wire::HEADER_LEN && s < buf.len());
+        assert!(buf[s..].starts_with(&wire::MAGIC));
+        wire::validate(&buf.slice(..s)).expect("the first datagram of a run is valid");
+    }
     let decoded = wire::decode(&buf);
     let validated = wire::validate(&buf);
     let batch = wire::Batch::new(buf.clone());

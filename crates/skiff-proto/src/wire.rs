@@ -728,6 +728,31 @@ pub fn validate(buf: &Bytes) -> Result<Header, WireError> {
     Ok(h)
 }
 
+/// The datagram length of a run the kernel coalesced (GRO) but did not
+/// report, found from the run itself: where the first batch's messages and
+/// zero padding end, if a header starts there. Every datagram of a GRO run
+/// but the last has one length, and the batcher pads the batches of a GSO
+/// send to that length with zeros (see "Zero padding" in `docs/wire.md`),
+/// so that offset is the stride. `None` if `buf` holds one datagram, or if
+/// its first batch is not valid (the caller then judges `buf` whole).
+/// Reads at most one batch's messages and its padding.
+pub fn run_stride(buf: &Bytes) -> Option<usize> {
+    let h = Header::read(buf).ok()?;
+    if h.count == 0 {
+        return None;
+    }
+    let mut r = Reader {
+        buf,
+        pos: HEADER_LEN,
+    };
+    let mut prev_nonempty = false;
+    for _ in 0..h.count {
+        prev_nonempty = r.skip_message(prev_nonempty).ok()?;
+    }
+    let next = r.pos + buf[r.pos..].iter().position(|&b| b != 0)?;
+    (next <= MAX_DATAGRAM && buf[next..].starts_with(&MAGIC)).then_some(next)
+}
+
 /// Decodes a whole datagram, appending its messages to `out` with their
 /// sequence numbers and source filled in. On error nothing is appended:
 /// a datagram is accepted whole or dropped whole.

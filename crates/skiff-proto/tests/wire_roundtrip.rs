@@ -298,6 +298,66 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A run of batches padded to one length, as a GSO send leaves them and
+    /// GRO hands them over, yields that length from its first batch alone;
+    /// one datagram, padded or not, yields none.
+    #[test]
+    fn run_stride_finds_the_padded_length(
+        runs in prop::collection::vec(batch(40, 4), 1..5),
+        extra in 0usize..64,
+        last_extra in 0usize..64,
+    ) {
+        let encoded: Vec<Vec<u8>> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| encode(9, 2, i as u64 * 100, m))
+            .collect();
+        let stride = encoded.iter().map(Vec::len).max().unwrap() + extra;
+        let mut run = Vec::new();
+        for (i, e) in encoded.iter().enumerate() {
+            run.extend_from_slice(e);
+            if i + 1 < encoded.len() {
+                run.resize(run.len() + stride - e.len(), 0);
+            } else {
+                // The last of a run is at most as long as the others.
+                run.resize(run.len() + last_extra.min(stride - e.len()), 0);
+            }
+        }
+        let want = (encoded.len() > 1).then_some(stride);
+        prop_assert_eq!(wire::run_stride(&Bytes::from(run.clone())), want);
+        for (i, seg) in run.chunks(stride).enumerate() {
+            let mut out = Vec::new();
+            wire::decode_into(&Bytes::copy_from_slice(seg), &mut out).unwrap();
+            prop_assert_eq!(out.len(), runs[i].len());
+        }
+    }
+
+    /// Whatever the bytes, `run_stride` answers (no panic) with a stride
+    /// that lies inside the buffer and is followed there by the magic.
+    #[test]
+    fn run_stride_is_total(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        let b = Bytes::from(bytes);
+        if let Some(s) = wire::run_stride(&b) {
+            prop_assert!(s >= wire::HEADER_LEN && s < b.len());
+            prop_assert!(b[s..].starts_with(&wire::MAGIC));
+        }
+    }
+}
+
+/// A first batch that is not valid gives no stride, even with a header
+/// after it: the caller judges the buffer whole.
+#[test]
+fn run_stride_needs_a_valid_first_batch() {
+    let one = wire::encode_datagram(1, 2, 3, &[Message::new("a.b", "hello")]).unwrap();
+    let mut run = one.clone();
+    run.extend_from_slice(&one);
+    assert_eq!(wire::run_stride(&Bytes::from(run.clone())), Some(one.len()));
+    run[0] = b'X';
+    assert_eq!(wire::run_stride(&Bytes::from(run)), None);
+    assert_eq!(wire::run_stride(&Bytes::from(one)), None);
+}
+
 /// Padding is accepted right up to the largest datagram and refused one
 /// byte past it.
 #[test]

@@ -8,9 +8,9 @@
 //!   the source address per receive, which a queue talking to many peers
 //!   cannot do without;
 //! - skiff's `UdpSocket::send` (one datagram: `sendto`) and `recv_wait`
-//!   (one blocking `recvmsg` with room for the source address and the GRO
-//!   and drop-counter control messages, into a `RecvBatch` arena), with and
-//!   without a receive timeout: the calls the queue's ping-pong makes.
+//!   (one blocking `recvfrom` with room for the source address, into a
+//!   `RecvBatch` arena), with and without a receive timeout: the calls the
+//!   queue's ping-pong makes.
 //!
 //! - io_uring (`IORING_OP_SENDMSG` + `IORING_OP_RECVMSG` submitted together,
 //!   one `io_uring_enter` per side and round trip instead of two system

@@ -1285,6 +1285,16 @@ impl Inner {
                 continue;
             }
             let from = d.from;
+            // A waiting receive on a GRO socket is not told whether the
+            // kernel coalesced a run; the batches say where they end. A run
+            // holds two datagrams at least, each longer than a header.
+            let d = match d.maybe_run && d.data.len() > 2 * wire::HEADER_LEN {
+                true => match wire::run_stride(&d.data) {
+                    Some(stride) => d.with_stride(stride),
+                    None => d,
+                },
+                false => d,
+            };
             for data in d.into_datagrams() {
                 if let Some(a) = accept(&self.config, from, data, loss, verdicts, stats) {
                     arrived.push_back(a);

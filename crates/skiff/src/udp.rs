@@ -8,9 +8,12 @@
 //! takes whatever is waiting with one `recvmmsg(2)` into a [`RecvBatch`],
 //! whose datagrams come out as zero-copy [`Bytes`] slices of one arena, with
 //! coalesced runs (`UDP_GRO`) and the kernel's receive-drop counter
-//! (`SO_RXQ_OVFL`). It promises nothing about delivery; it does promise that
-//! the kernel's drops are visible ([`RecvBatch::kernel_drops`]) and that a
-//! datagram larger than a slot is flagged, never silently cut.
+//! (`SO_RXQ_OVFL`). [`UdpSocket::recv_wait`], the blocking receive of a
+//! request/reply exchange, is instead one plain `recvfrom(2)`, the cheapest
+//! receive the kernel has, which reports neither (see there). It promises
+//! nothing about delivery; it does promise that the kernel's drops are
+//! visible ([`RecvBatch::kernel_drops`], [`UdpSocket::kernel_drops`]) and
+//! that a datagram larger than a slot is flagged, never silently cut.
 //!
 //! Why not `quinn-udp`: it sends one destination per call (QUIC talks to
 //! one peer per connection), while the queue (CMQ) batches per destination
@@ -139,6 +142,8 @@ pub struct UdpSocket {
     recv_timeout: AtomicU64,
     /// The peer of a connected socket (see [`UdpSocket::connect`]).
     peer: std::sync::OnceLock<SocketAddr>,
+    /// `UDP_GRO` is on: a buffer may be a coalesced run.
+    gro: bool,
 }
 
 impl UdpSocket {
@@ -148,7 +153,7 @@ impl UdpSocket {
     /// and `UDP_GRO` if `cfg.gro` (each only where the kernel has it).
     pub fn bind(addr: SocketAddr, cfg: &UdpConfig) -> io::Result<UdpSocket> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        // Blocking mode, so `recv_wait` can sleep inside recvmsg; every
+        // Blocking mode, so `recv_wait` can sleep inside recvfrom; every
         // other call passes MSG_DONTWAIT and never blocks.
         socket.set_nonblocking(false)?;
         if cfg.reuse_addr {
@@ -176,11 +181,9 @@ impl UdpSocket {
         let fd = socket.as_fd();
         // Without SO_RXQ_OVFL (old kernels) kernel_drops stays 0.
         let _ = sys::enable_rxq_ovfl(fd);
-        if cfg.gro {
-            // Without UDP_GRO every datagram arrives on its own, which is
-            // correct, only slower.
-            let _ = sys::enable_gro(fd);
-        }
+        // Without UDP_GRO every datagram arrives on its own, which is
+        // correct, only slower.
+        let gro = cfg.gro && sys::enable_gro(fd).is_ok();
         let gso = cfg.gso && sys::probe_gso(fd);
         Ok(UdpSocket {
             socket,
@@ -188,6 +191,7 @@ impl UdpSocket {
             gso: AtomicBool::new(gso),
             recv_timeout: AtomicU64::new(u64::MAX),
             peer: std::sync::OnceLock::new(),
+            gro,
         })
     }
 
@@ -378,11 +382,18 @@ impl UdpSocket {
     }
 
     /// Waits up to `timeout` (forever with `None`) for a datagram inside
-    /// the receive system call itself (one `recvmsg` taking one datagram;
+    /// the receive system call itself (one `recvfrom` taking one datagram;
     /// what else arrived is left for the next `recv`): one system call
     /// where `wait_readable` + `recv` take two, which is what a
     /// request/reply exchange pays per message. `WouldBlock` on timeout,
     /// `Interrupted` if a signal cut the wait short.
+    ///
+    /// `recvfrom` carries no control messages, which is why it is cheaper
+    /// than `recvmsg`, so this receive reports no drop counter (read
+    /// [`UdpSocket::kernel_drops`]) and no GRO segment size: with GRO on,
+    /// its buffer may be a run of datagrams the kernel coalesced, marked
+    /// [`Received::maybe_run`], which only a caller that can tell where its
+    /// own datagrams end can split.
     pub fn recv_wait(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
         let micros = timeout.map_or(u64::MAX, |d| d.as_micros().min(u64::MAX as u128 - 1) as u64);
         // A plain load first: the common wait repeats the last timeout.
@@ -395,6 +406,7 @@ impl UdpSocket {
 
     fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
         batch.count = 0;
+        batch.gro = self.gro;
         let mut arena = batch.take_arena();
         let r = sys::recvmmsg(
             self.socket.as_fd(),
@@ -556,6 +568,8 @@ pub struct RecvBatch {
     kept: Vec<Bytes>,
     drops: u64,
     last_ovfl: u32,
+    /// The socket of the last `recv` has GRO on.
+    gro: bool,
 }
 
 impl RecvBatch {
@@ -575,6 +589,7 @@ impl RecvBatch {
             kept: Vec::new(),
             drops: 0,
             last_ovfl: 0,
+            gro: false,
         }
     }
 
@@ -582,13 +597,14 @@ impl RecvBatch {
     /// taken when the iterator is dropped are discarded.
     pub fn drain(&mut self) -> impl Iterator<Item = Received> + '_ {
         let n = mem::take(&mut self.count);
-        let (filled, slot) = (&self.filled, self.slot_size);
+        let (filled, slot, gro) = (&self.filled, self.slot_size, self.gro);
         self.meta[..n].iter().enumerate().map(move |(i, m)| {
             let at = i * slot;
             Received {
                 from: m.from,
                 data: filled.slice(at..at + m.len),
                 segment_size: m.gro_segment,
+                maybe_run: gro && m.plain,
                 truncated: m.truncated,
             }
         })
@@ -596,8 +612,9 @@ impl RecvBatch {
 
     /// Cumulative kernel drops on the socket, as reported by `SO_RXQ_OVFL`
     /// (0 where unsupported). The kernel reports them on the next datagram
-    /// it queues, so drops at the end of a burst show up with the next one
-    /// (or at once through [`UdpSocket::kernel_drops`]).
+    /// it queues, and only to [`UdpSocket::recv`] (a waiting receive reads
+    /// no control messages), so drops show up late here; they show up at
+    /// once through [`UdpSocket::kernel_drops`].
     ///
     /// The kernel counts dropped *buffers*: with GRO on, one dropped buffer
     /// may have held a run of up to 64 datagrams (measured here: a GSO+GRO
@@ -665,6 +682,12 @@ pub struct Received {
     /// GRO: `data` holds datagrams of this many bytes each, the last
     /// possibly shorter; see [`Received::datagrams`].
     pub segment_size: Option<usize>,
+    /// Received by [`UdpSocket::recv_wait`] on a socket with GRO on, which
+    /// reports no segment size: `data` may be a run of datagrams all of one
+    /// length but the last, which [`Received::datagrams`] yields as one.
+    /// A caller whose datagrams say where they end finds the length and
+    /// splits with [`Received::with_stride`].
+    pub maybe_run: bool,
     /// The datagram was longer than the slot and was cut (`MSG_TRUNC`):
     /// `data` is only its beginning.
     pub truncated: bool,
@@ -674,6 +697,16 @@ impl Received {
     /// The datagrams in `data`: one, or each of a GRO run (zero-copy).
     pub fn datagrams(&self) -> Datagrams {
         self.clone().into_datagrams()
+    }
+
+    /// The same buffer known to be a run of `stride`-byte datagrams (the
+    /// last possibly shorter), as GRO would have reported it.
+    pub fn with_stride(self, stride: usize) -> Received {
+        Received {
+            segment_size: Some(stride),
+            maybe_run: false,
+            ..self
+        }
     }
 
     /// As [`Received::datagrams`], consuming the buffer (one reference
@@ -1283,16 +1316,32 @@ mod tests {
             from,
             data: Bytes::from(pattern(0, 25)),
             segment_size: Some(10),
+            maybe_run: false,
             truncated: false,
         };
         let lens: Vec<usize> = run.datagrams().map(|d| d.len()).collect();
         assert_eq!(lens, [10, 10, 5]);
+        // A run whose stride the receive did not report is one buffer until
+        // the caller names the stride.
+        let unknown = Received {
+            segment_size: None,
+            maybe_run: true,
+            ..run.clone()
+        };
+        assert_eq!(unknown.datagrams().count(), 1);
+        let named = unknown.with_stride(10);
+        assert!(!named.maybe_run);
+        assert_eq!(
+            named.datagrams().collect::<Vec<_>>(),
+            run.datagrams().collect::<Vec<_>>()
+        );
         let owned: Vec<Bytes> = run.clone().into_datagrams().collect();
         assert_eq!(owned, run.datagrams().collect::<Vec<_>>());
         let one = Received {
             from,
             data: Bytes::new(),
             segment_size: None,
+            maybe_run: false,
             truncated: false,
         };
         assert_eq!(

@@ -12,8 +12,8 @@
 //! - `udp-pingpong` / `queue-calls`: the same exchange made with the
 //!   system calls the queue's natural-batching ping-pong makes (skiff's
 //!   `UdpSocket`: `sendto` on an unconnected socket, which a queue talking
-//!   to many peers must use, and one blocking `recvmsg` with the source
-//!   address and control messages, with a receive timeout), and no queue:
+//!   to many peers must use, and one blocking `recvfrom` with the source
+//!   address and a receive timeout), and no queue:
 //!   the floor of any queue built on those calls, so a ping-pong row splits
 //!   into system calls and the queue's own work.
 
@@ -289,7 +289,7 @@ pub(crate) fn udp_pingpong_queue_calls(
         "queue-calls",
         size,
         timed,
-        "127.0.0.1 the queue's system calls (unconnected sendto, recvmsg with a timeout), no queue",
+        "127.0.0.1 the queue's system calls (unconnected sendto, recvfrom with a timeout), no queue",
     ))
 }
 
