@@ -608,6 +608,20 @@ impl Iterator for Batch {
 
     #[inline]
     fn next(&mut self) -> Option<Message> {
+        self.next_from(None)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining(), Some(self.remaining()))
+    }
+}
+
+impl Batch {
+    /// The next message, as `next` yields it but with `from` as its origin:
+    /// built in place, where setting `meta.from` afterwards would move the
+    /// whole message once more.
+    #[inline(always)]
+    pub fn next_from(&mut self, from: Option<std::net::SocketAddr>) -> Option<Message> {
         if self.index == self.header.count {
             return None;
         }
@@ -618,33 +632,33 @@ impl Iterator for Batch {
         let prev = (self.index > 0).then_some(&self.prev);
         // Validated in `new`, so this cannot fail; if it ever did, the
         // batch ends rather than yield garbage.
-        let Ok(mut m) = r.message(prev) else {
+        let Ok((subject, kind, fields, payload)) = r.parts(prev, MAX_DATAGRAM) else {
             self.index = self.header.count;
             return None;
         };
-        m.meta = Meta {
-            seq: self.header.base_seq.wrapping_add(u64::from(self.index)),
-            source: self.header.source,
-            from: None,
-        };
+        let seq = self.header.base_seq.wrapping_add(u64::from(self.index));
         self.pos = r.pos;
         self.index += 1;
-        if m.subject.is_empty() {
+        if subject.is_empty() {
             if !self.prev.is_empty() {
                 self.prev = ByteString::new();
             }
-        } else if m.subject != self.prev {
-            self.prev = m.subject.clone();
+        } else if subject != self.prev {
+            self.prev = subject.clone();
         }
-        Some(m)
+        Some(Message {
+            subject,
+            kind,
+            fields,
+            payload,
+            meta: Meta {
+                seq,
+                source: self.header.source,
+                from,
+            },
+        })
     }
 
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining(), Some(self.remaining()))
-    }
-}
-
-impl Batch {
     /// Decodes up to `max` messages onto the end of `out`, each built in
     /// place (no intermediate moves of the message), with `from` as their
     /// origin; returns how many. The receive path's bulk form of `next`.

@@ -354,15 +354,14 @@ impl Rx {
         loop {
             let a = self.arrived.front_mut()?;
             let index = a.batch.header().count as usize - a.batch.remaining();
-            match a.batch.next() {
-                Some(mut m) => {
+            match a.batch.next_from(Some(a.from)) {
+                Some(m) => {
                     if a.verdicts
                         .get(index)
                         .is_some_and(|v| *v != Verdict::Deliver)
                     {
                         continue;
                     }
-                    m.meta.from = Some(a.from);
                     return Some(m);
                 }
                 None => {
