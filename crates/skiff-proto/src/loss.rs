@@ -49,58 +49,102 @@ pub struct LossStats {
 struct Window {
     /// Highest sequence number seen.
     high: u64,
-    /// Bit `i` of the window says whether `high - i` was seen.
+    /// A ring: bit `s % WINDOW` says whether number `s` was seen, for `s`
+    /// in `(high - WINDOW, high]`; bits of numbers above `high` are clear.
+    /// Moving `high` up clears only the bits it passes (one, in order),
+    /// where a shifted bitmap would rewrite all of it.
     seen: [u64; WORDS],
     touched: u64,
 }
 
 impl Window {
+    /// A window whose highest number is `high`, nothing seen yet.
+    fn new(high: u64, touched: u64) -> Window {
+        Window {
+            high,
+            seen: [0; WORDS],
+            touched,
+        }
+    }
+
+    fn get_seq(&self, seq: u64) -> bool {
+        let i = seq % WINDOW;
+        self.seen[(i / 64) as usize] >> (i % 64) & 1 == 1
+    }
+
+    fn set_seq(&mut self, seq: u64) {
+        let i = seq % WINDOW;
+        self.seen[(i / 64) as usize] |= 1 << (i % 64);
+    }
+
+    /// Whether `high - back` was seen (`back < WINDOW`).
+    #[cfg(test)]
     fn get(&self, back: u64) -> bool {
-        self.seen[(back / 64) as usize] >> (back % 64) & 1 == 1
+        self.get_seq(self.high - back)
     }
 
-    fn set(&mut self, back: u64) {
-        self.seen[(back / 64) as usize] |= 1 << (back % 64);
-    }
-
-    /// Moves `high` up by `by`, shifting the bitmap.
-    fn advance(&mut self, by: u64) {
-        if by >= WINDOW {
-            self.seen = [0; WORDS];
-            return;
-        }
-        let words = (by / 64) as usize;
-        let bits = (by % 64) as u32;
-        for i in (0..WORDS).rev() {
-            let lo = i.checked_sub(words).map_or(0, |j| self.seen[j]);
-            let lower = i.checked_sub(words + 1).map_or(0, |j| self.seen[j]);
-            self.seen[i] = if bits == 0 {
-                lo
+    /// Sets (`on`) or clears the bits of numbers `lo..=hi`, at most
+    /// `WINDOW` of them.
+    fn fill(&mut self, lo: u64, hi: u64, on: bool) {
+        debug_assert!(lo <= hi && hi - lo < WINDOW);
+        let (mut seq, mut left) = (lo, hi - lo + 1);
+        while left > 0 {
+            let i = seq % WINDOW;
+            let bit = i % 64;
+            // The numbers of this run that share a word: from `bit` on.
+            let n = (64 - bit).min(left);
+            let mask = if n == 64 {
+                u64::MAX
             } else {
-                (lo << bits) | (lower >> (64 - bits))
+                ((1u64 << n) - 1) << bit
             };
+            let word = &mut self.seen[(i / 64) as usize];
+            if on {
+                *word |= mask;
+            } else {
+                *word &= !mask;
+            }
+            seq = seq.wrapping_add(n);
+            left -= n;
         }
+    }
+
+    /// Moves `high` up to `to`, clearing the bits of the numbers passed.
+    fn advance_to(&mut self, to: u64) {
+        debug_assert!(to > self.high);
+        if to - self.high >= WINDOW {
+            self.seen = [0; WORDS];
+        } else {
+            self.fill(self.high + 1, to, false);
+        }
+        self.high = to;
+    }
+
+    /// Marks a run `base..=last` above `high` as seen (its newest `WINDOW`
+    /// numbers; older ones fall outside the window at once).
+    fn mark_run(&mut self, base: u64, last: u64) {
+        self.advance_to(last);
+        let lo = base.max(last.saturating_sub(WINDOW - 1));
+        self.fill(lo, last, true);
     }
 
     /// Judges one sequence number against this source's window.
     fn check(&mut self, seq: u64, stats: &mut LossStats) -> Verdict {
         if seq > self.high {
-            let by = seq - self.high;
-            stats.lost = stats.lost.saturating_add(by - 1);
-            self.advance(by);
-            self.high = seq;
-            self.set(0);
+            stats.lost = stats.lost.saturating_add(seq - self.high - 1);
+            self.advance_to(seq);
+            self.set_seq(seq);
             Verdict::Deliver
         } else {
             let back = self.high - seq;
             if back >= WINDOW {
                 stats.stale += 1;
                 Verdict::Stale
-            } else if self.get(back) {
+            } else if self.get_seq(seq) {
                 stats.duplicates += 1;
                 Verdict::Duplicate
             } else {
-                self.set(back);
+                self.set_seq(seq);
                 stats.lost = stats.lost.saturating_sub(1);
                 stats.recovered += 1;
                 Verdict::Deliver
@@ -142,25 +186,20 @@ impl LossDetector {
     /// Judges message `seq` from `source`, updating the counters.
     pub fn check(&mut self, source: u64, seq: u64) -> Verdict {
         self.clock += 1;
-        if !self.sources.contains_key(&source) {
-            if self.sources.len() >= self.max_sources {
-                self.evict();
-            }
-            // Senders number from zero, so the first message seen from a
-            // source tells how many before it were missed.
-            self.stats.lost = self.stats.lost.saturating_add(seq);
-            let mut w = Window {
-                high: seq,
-                seen: [0; WORDS],
-                touched: self.clock,
-            };
-            w.set(0);
-            self.sources.insert(source, w);
-            return Verdict::Deliver;
+        if let Some(w) = self.sources.get_mut(&source) {
+            w.touched = self.clock;
+            return w.check(seq, &mut self.stats);
         }
-        let w = self.sources.get_mut(&source).expect("checked above");
-        w.touched = self.clock;
-        w.check(seq, &mut self.stats)
+        if self.sources.len() >= self.max_sources {
+            self.evict();
+        }
+        // Senders number from zero, so the first message seen from a
+        // source tells how many before it were missed.
+        self.stats.lost = self.stats.lost.saturating_add(seq);
+        let mut w = Window::new(seq, self.clock);
+        w.set_seq(seq);
+        self.sources.insert(source, w);
+        Verdict::Deliver
     }
 
     /// Judges the `count` messages numbered from `base` that one datagram
@@ -180,48 +219,33 @@ impl LossDetector {
         }
         self.clock += 1;
         let last = base.saturating_add(count - 1);
-        let fresh = match self.sources.get_mut(&source) {
-            Some(w) => {
-                w.touched = self.clock;
-                if base > w.high {
-                    // Entirely new: open the gap once, then mark the run.
-                    self.stats.lost = self.stats.lost.saturating_add(base - w.high - 1);
-                    w.advance(last - w.high);
-                    w.high = last;
-                    true
-                } else {
-                    false
-                }
+        if let Some(w) = self.sources.get_mut(&source) {
+            w.touched = self.clock;
+            if base > w.high {
+                // Entirely new: open the gap once, then mark the run.
+                self.stats.lost = self.stats.lost.saturating_add(base - w.high - 1);
+                w.mark_run(base, last);
+                return true;
             }
-            None => {
-                if self.sources.len() >= self.max_sources {
-                    self.evict();
-                }
-                self.stats.lost = self.stats.lost.saturating_add(base);
-                let w = Window {
-                    high: last,
-                    seen: [0; WORDS],
-                    touched: self.clock,
-                };
-                self.sources.insert(source, w);
-                true
+            let mut all = true;
+            for i in 0..count {
+                let v = w.check(base.saturating_add(i), &mut self.stats);
+                all &= v == Verdict::Deliver;
+                verdicts.push(v);
             }
-        };
-        if fresh {
-            let w = self.sources.get_mut(&source).expect("present");
-            for back in 0..count.min(WINDOW) {
-                w.set(back);
-            }
-            return true;
+            return all;
         }
-        let w = self.sources.get_mut(&source).expect("present");
-        let mut all = true;
-        for i in 0..count {
-            let v = w.check(base.saturating_add(i), &mut self.stats);
-            all &= v == Verdict::Deliver;
-            verdicts.push(v);
+        if self.sources.len() >= self.max_sources {
+            self.evict();
         }
-        all
+        self.stats.lost = self.stats.lost.saturating_add(base);
+        let mut w = Window::new(base, self.clock);
+        w.set_seq(base);
+        if last > base {
+            w.mark_run(base + 1, last);
+        }
+        self.sources.insert(source, w);
+        true
     }
 
     fn evict(&mut self) {
@@ -267,6 +291,19 @@ mod tests {
         let mut d = LossDetector::new(4);
         d.check(9, 10);
         assert_eq!(d.stats().lost, 10);
+    }
+
+    /// Numbers at the top of the range neither overflow nor lose track.
+    #[test]
+    fn top_of_the_sequence_space() {
+        let mut d = LossDetector::new(4);
+        let mut v = Vec::new();
+        assert!(d.check_run(2, u64::MAX - 70, 60, &mut v));
+        assert_eq!(d.check(2, u64::MAX - 20), Verdict::Duplicate);
+        assert_eq!(d.check(2, u64::MAX), Verdict::Deliver);
+        assert_eq!(d.check(2, u64::MAX - 5), Verdict::Deliver);
+        assert_eq!(d.check(2, u64::MAX - 5), Verdict::Duplicate);
+        assert_eq!(d.stats().lost, u64::MAX - 70 + 10 - 1);
     }
 
     #[test]
@@ -319,9 +356,9 @@ mod tests {
         }
 
         #[test]
-        fn window_shift_matches_reference(start in 0u64..100, steps in proptest::collection::vec(1u64..200, 1..50)) {
-            let mut w = Window { high: start, seen: [0; WORDS], touched: 0 };
-            w.set(0);
+        fn window_shift_matches_reference(start in 0u64..100, steps in proptest::collection::vec(1u64..2500, 1..50)) {
+            let mut w = Window::new(start, 0);
+            w.set_seq(start);
             let mut seen: HashSet<u64> = [start].into();
             let mut stats = LossStats::default();
             let mut high = start;

@@ -636,7 +636,13 @@ impl RecvBatch {
         let total = self.meta.len() * self.slot_size;
         let last = mem::take(&mut self.filled);
         if !last.is_empty() {
-            self.kept.push(last);
+            // The common case first: the application holds nothing of the
+            // last arena any more.
+            match last.try_into_mut() {
+                Ok(m) if m.len() == total => return m,
+                Ok(_) => {}
+                Err(b) => self.kept.push(b),
+            }
         }
         while let Some(p) = self.kept.iter().position(Bytes::is_unique) {
             match self.kept.swap_remove(p).try_into_mut() {
