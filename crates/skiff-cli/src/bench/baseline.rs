@@ -9,6 +9,10 @@
 //! - `udp-pingpong` / `blocking`: one datagram each way between two threads
 //!   blocked in `recv`; the round trip is the latency floor of any
 //!   datagram protocol on this machine.
+//! - `udp-pingpong` / `unconnected`: the same on unconnected sockets
+//!   (`send_to`, `recv_from`), as an exchange that answers whoever sent
+//!   must run: a route lookup per send and the source per receive. The
+//!   like-for-like floor of a queue that talks to many peers.
 //! - `udp-pingpong` / `queue-calls`: the same exchange made with the
 //!   system calls the queue's natural-batching ping-pong makes (skiff's
 //!   `UdpSocket`: `sendto` on an unconnected socket, which a queue talking
@@ -238,6 +242,47 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
     ))
 }
 
+/// Round trips of one `size`-byte datagram each way between two threads on
+/// unconnected sockets (`send_to`, `recv_from`): a plain UDP exchange that
+/// can answer anyone, as a multi-peer queue can (see the module
+/// documentation).
+pub(crate) fn udp_pingpong_unconnected(
+    size: usize,
+    limits: Limits,
+    pb: &ProgressBar,
+) -> io::Result<Row> {
+    let a = socket(1 << 20)?;
+    let b = socket(1 << 20)?;
+    let ba = b.local_addr()?;
+    b.set_read_timeout(Some(Duration::from_millis(50)))?;
+    a.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut echo_buf = vec![0u8; 65536];
+    let echo = move || match b.recv_from(&mut echo_buf) {
+        Ok((n, from)) => b.send_to(&echo_buf[..n], from).map(drop),
+        Err(e) if nothing_yet(&e) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let ping = vec![0x5Au8; size];
+    let mut buf = vec![0u8; 65536];
+    let timed = pingpong(limits, pb, echo, || {
+        a.send_to(&ping, ba)?;
+        loop {
+            match a.recv_from(&mut buf) {
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if nothing_yet(&e) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    })?;
+    Ok(pingpong_row(
+        "unconnected",
+        size,
+        timed,
+        "127.0.0.1 one datagram each way, unconnected send_to/recv_from, blocking recv",
+    ))
+}
+
 /// Round trips of one `size`-byte datagram each way between two threads
 /// with the queue's system calls (see the module documentation).
 pub(crate) fn udp_pingpong_queue_calls(
@@ -322,6 +367,7 @@ mod tests {
         for (mode, run) in [
             ("blocking", udp_pingpong as Run),
             ("queue-calls", udp_pingpong_queue_calls as Run),
+            ("unconnected", udp_pingpong_unconnected as Run),
         ] {
             let row = run(8, limits, &ProgressBar::hidden()).unwrap();
             assert_eq!(row.mode, mode);

@@ -20,7 +20,9 @@
 //! each mode (one message each way, no `flush`: with natural batching a
 //! lone message leaves at once; with `timeout=200ms` it waits for the
 //! timeout on both sides, which is what the row is there to show) and
-//! `udp-pingpong`, the floor. Both sides of every ping-pong row run on one
+//! `udp-pingpong`, the floor: `blocking` (connected sockets, the bar the
+//! targets use), `queue-calls` and `unconnected` (see [`super::baseline`]).
+//! Both sides of every ping-pong row run on one
 //! CPU (`--latency-cpu`, shown in the row's options): a round trip then
 //! measures the software, not where the scheduler happened to wake the
 //! echo thread (on a virtual machine a wake-up on the other, idle CPU costs
@@ -280,6 +282,14 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
             let row = baseline::udp_pingpong_queue_calls(size, limits, &pb);
             pb.finish_and_clear();
             out.push(on_cpu(row?))?;
+            let pb = report::progress(
+                show,
+                limits.messages,
+                &format!("udp-pingpong unconnected {size} B"),
+            );
+            let row = baseline::udp_pingpong_unconnected(size, limits, &pb);
+            pb.finish_and_clear();
+            out.push(on_cpu(row?))?;
         }
     }
     drop(pinned);
@@ -405,6 +415,16 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
                     c,
                     c / f,
                     p - c
+                ));
+            }
+            if let (Some(u), "natural") = (p50("unconnected"), q.mode.as_str()) {
+                out.push(format!(
+                    "like for like: queue-pingpong natural (many peers) against plain UDP on unconnected sockets (udp-pingpong unconnected, {:.2}x udp-pingpong) at {} B: {:.2}x ({:.1} vs {:.1} µs)",
+                    u / f,
+                    q.size,
+                    p / u,
+                    p,
+                    u
                 ));
             }
         }
@@ -702,8 +722,17 @@ mod tests {
         up.p50_us = Some(8.0);
         let mut calls = Row::new("udp-pingpong", "queue-calls", 8);
         calls.p50_us = Some(8.6);
-        let t = targets(&[q, p, z, qp, up, calls]);
-        assert_eq!(t.len(), 4, "{t:?}");
+        let mut unconnected = Row::new("udp-pingpong", "unconnected", 8);
+        unconnected.p50_us = Some(8.8);
+        let t = targets(&[q, p, z, qp, up, calls, unconnected]);
+        assert_eq!(t.len(), 5, "{t:?}");
+        assert!(
+            t[4].starts_with("like for like:")
+                && t[4].contains("1.10x udp")
+                && t[4].contains(": 1.02x"),
+            "{}",
+            t[4]
+        );
         assert!(
             t[3].starts_with("floor:") && t[3].contains("1.07x") && t[3].contains("adds 0.4 µs"),
             "{}",
