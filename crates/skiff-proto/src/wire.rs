@@ -577,14 +577,23 @@ pub struct Batch {
 impl Batch {
     /// Validates `buf` as a whole datagram.
     pub fn new(buf: Bytes) -> Result<Batch, WireError> {
-        let header = validate(&buf)?;
-        Ok(Batch {
-            buf,
-            header,
-            pos: HEADER_LEN,
-            index: 0,
-            prev: ByteString::new(),
-        })
+        Batch::try_new(buf).map_err(|(e, _)| e)
+    }
+
+    /// As [`Batch::new`], handing `buf` back with the error, for a caller
+    /// that looks at a refused buffer again (a run of datagrams the kernel
+    /// coalesced without saying so: [`run_stride`]).
+    pub fn try_new(buf: Bytes) -> Result<Batch, (WireError, Bytes)> {
+        match validate(&buf) {
+            Ok(header) => Ok(Batch {
+                buf,
+                header,
+                pos: HEADER_LEN,
+                index: 0,
+                prev: ByteString::new(),
+            }),
+            Err(e) => Err((e, buf)),
+        }
     }
 
     /// The datagram's header.

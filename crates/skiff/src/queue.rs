@@ -44,7 +44,7 @@ use skiff_proto::{wire, Batcher, BatcherConfig, Dest, Message, Verdict};
 
 use crate::error::{Error, LocatorError};
 use crate::locator::{self, Locator};
-use crate::udp::{MulticastInterface, Outgoing, RecvBatch, UdpConfig, UdpSocket};
+use crate::udp::{MulticastInterface, Outgoing, Received, RecvBatch, UdpConfig, UdpSocket};
 
 pub mod reliable;
 
@@ -1284,16 +1284,40 @@ impl Inner {
                 continue;
             }
             let from = d.from;
-            // A waiting receive on a GRO socket is not told whether the
-            // kernel coalesced a run; the batches say where they end. A run
-            // holds two datagrams at least, each longer than a header.
-            let d = match d.maybe_run && d.data.len() > 2 * wire::HEADER_LEN {
-                true => match wire::run_stride(&d.data) {
-                    Some(stride) => d.with_stride(stride),
-                    None => d,
-                },
-                false => d,
-            };
+            if d.maybe_run {
+                // A waiting receive on a GRO socket is not told whether the
+                // kernel coalesced a run. Most often it did not: the buffer
+                // is one valid datagram. If not, the batches say where they
+                // end (`run_stride`), or the buffer is refused whole.
+                let len = d.data.len() as u64;
+                match wire::Batch::try_new(d.data) {
+                    Ok(b) => {
+                        if let Some(a) = admit(&self.config, from, b, len, loss, verdicts, stats) {
+                            arrived.push_back(a);
+                        }
+                    }
+                    Err((e, data)) => match wire::run_stride(&data) {
+                        Some(stride) => {
+                            let run = Received {
+                                from,
+                                data,
+                                segment_size: None,
+                                maybe_run: true,
+                                truncated: false,
+                            };
+                            for data in run.with_stride(stride).into_datagrams() {
+                                if let Some(a) =
+                                    accept(&self.config, from, data, loss, verdicts, stats)
+                                {
+                                    arrived.push_back(a);
+                                }
+                            }
+                        }
+                        None => stats.dropped.count_wire(e.reason()),
+                    },
+                }
+                continue;
+            }
             for data in d.into_datagrams() {
                 if let Some(a) = accept(&self.config, from, data, loss, verdicts, stats) {
                     arrived.push_back(a);
@@ -1316,13 +1340,26 @@ fn accept(
     stats: &mut QueueStats,
 ) -> Option<Arrived> {
     let len = data.len() as u64;
-    let batch = match wire::Batch::new(data) {
-        Ok(b) => b,
+    match wire::Batch::new(data) {
+        Ok(b) => admit(config, from, b, len, loss, verdicts, stats),
         Err(e) => {
             stats.dropped.count_wire(e.reason());
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// Judges the messages of a valid datagram of `len` bytes with the loss
+/// detector; counts what is refused.
+fn admit(
+    config: &QueueConfig,
+    from: SocketAddr,
+    batch: wire::Batch,
+    len: u64,
+    loss: &mut LossDetector,
+    verdicts: &mut Vec<Verdict>,
+    stats: &mut QueueStats,
+) -> Option<Arrived> {
     let h = *batch.header();
     if h.endpoint != config.endpoint && h.endpoint != Dest::ANY {
         stats.dropped.endpoint += 1;
