@@ -648,13 +648,7 @@ impl Batch {
         let seq = self.header.base_seq.wrapping_add(u64::from(self.index));
         self.pos = r.pos;
         self.index += 1;
-        if subject.is_empty() {
-            if !self.prev.is_empty() {
-                self.prev = ByteString::new();
-            }
-        } else if subject != self.prev {
-            self.prev = subject.clone();
-        }
+        remember(&mut self.prev, &subject);
         Some(Message {
             subject,
             kind,
@@ -694,13 +688,7 @@ impl Batch {
             };
             let seq = self.header.base_seq.wrapping_add(u64::from(self.index));
             self.index += 1;
-            if subject.is_empty() {
-                if !self.prev.is_empty() {
-                    self.prev = ByteString::new();
-                }
-            } else if subject != self.prev {
-                self.prev = subject.clone();
-            }
+            remember(&mut self.prev, &subject);
             out.push(Message {
                 subject,
                 kind,
@@ -715,6 +703,18 @@ impl Batch {
         }
         self.pos = r.pos;
         n
+    }
+}
+
+/// Keeps `subject` in `prev` as the one the next message may repeat.
+#[inline(always)]
+fn remember(prev: &mut ByteString, subject: &ByteString) {
+    if subject.is_empty() {
+        if !prev.is_empty() {
+            *prev = ByteString::new();
+        }
+    } else if subject != prev {
+        *prev = subject.clone();
     }
 }
 

@@ -163,6 +163,19 @@ fn nothing_yet(e: &io::Error) -> bool {
     )
 }
 
+/// Waits for the echo with `recv` (a blocking receive with a timeout):
+/// `true` when it came, `false` when the timeout passed first.
+fn pong(mut recv: impl FnMut() -> io::Result<()>) -> io::Result<bool> {
+    loop {
+        match recv() {
+            Ok(()) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if nothing_yet(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Times round trips: `ping` sends one datagram and waits for the echo
 /// (`false` if none came in time), while a thread runs `echo` (wait a
 /// little for a datagram, send it back) until the rows are done.
@@ -225,14 +238,7 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
     let mut buf = vec![0u8; 65536];
     let timed = pingpong(limits, pb, echo, || {
         a.send(&ping)?;
-        loop {
-            match a.recv(&mut buf) {
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if nothing_yet(&e) => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
+        pong(|| a.recv(&mut buf).map(drop))
     })?;
     Ok(pingpong_row(
         "blocking",
@@ -266,14 +272,7 @@ pub(crate) fn udp_pingpong_unconnected(
     let mut buf = vec![0u8; 65536];
     let timed = pingpong(limits, pb, echo, || {
         a.send_to(&ping, ba)?;
-        loop {
-            match a.recv_from(&mut buf) {
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if nothing_yet(&e) => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
+        pong(|| a.recv_from(&mut buf).map(drop))
     })?;
     Ok(pingpong_row(
         "unconnected",
@@ -318,17 +317,11 @@ pub(crate) fn udp_pingpong_queue_calls(
             data: &ping,
             segment_size: None,
         }])?;
-        loop {
-            match a.recv_wait(&mut batch, Some(Duration::from_secs(1))) {
-                Ok(_) => {
-                    batch.drain().for_each(drop);
-                    return Ok(true);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if nothing_yet(&e) => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
+        pong(|| {
+            a.recv_wait(&mut batch, Some(Duration::from_secs(1)))?;
+            batch.drain().for_each(drop);
+            Ok(())
+        })
     })?;
     Ok(pingpong_row(
         "queue-calls",
