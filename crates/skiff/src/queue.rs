@@ -1285,37 +1285,7 @@ impl Inner {
             }
             let from = d.from;
             if d.maybe_run {
-                // A waiting receive on a GRO socket is not told whether the
-                // kernel coalesced a run. Most often it did not: the buffer
-                // is one valid datagram. If not, the batches say where they
-                // end (`run_stride`), or the buffer is refused whole.
-                let len = d.data.len() as u64;
-                match wire::Batch::try_new(d.data) {
-                    Ok(b) => {
-                        if let Some(a) = admit(&self.config, from, b, len, loss, verdicts, stats) {
-                            arrived.push_back(a);
-                        }
-                    }
-                    Err((e, data)) => match wire::run_stride(&data) {
-                        Some(stride) => {
-                            let run = Received {
-                                from,
-                                data,
-                                segment_size: None,
-                                maybe_run: true,
-                                truncated: false,
-                            };
-                            for data in run.with_stride(stride).into_datagrams() {
-                                if let Some(a) =
-                                    accept(&self.config, from, data, loss, verdicts, stats)
-                                {
-                                    arrived.push_back(a);
-                                }
-                            }
-                        }
-                        None => stats.dropped.count_wire(e.reason()),
-                    },
-                }
+                self.accept_maybe_run(from, d.data, loss, verdicts, stats, arrived);
                 continue;
             }
             for data in d.into_datagrams() {
@@ -1326,6 +1296,46 @@ impl Inner {
         }
         self.rx_counters.store(rx);
         Ok(received)
+    }
+}
+
+impl Inner {
+    /// A buffer that a waiting receive on a GRO socket took: the kernel
+    /// does not say whether it coalesced a run. Most often it did not, and
+    /// the buffer is one valid datagram. If it is refused as one, the
+    /// batches say where they end (`wire::run_stride`); if not even that,
+    /// it is refused whole.
+    fn accept_maybe_run(
+        &self,
+        from: SocketAddr,
+        data: Bytes,
+        loss: &mut LossDetector,
+        verdicts: &mut Vec<Verdict>,
+        stats: &mut QueueStats,
+        arrived: &mut VecDeque<Arrived>,
+    ) {
+        let len = data.len() as u64;
+        let (e, data) = match wire::Batch::try_new(data) {
+            Ok(b) => {
+                arrived.extend(admit(&self.config, from, b, len, loss, verdicts, stats));
+                return;
+            }
+            Err(refused) => refused,
+        };
+        let Some(stride) = wire::run_stride(&data) else {
+            stats.dropped.count_wire(e.reason());
+            return;
+        };
+        let run = Received {
+            from,
+            data,
+            segment_size: Some(stride),
+            maybe_run: false,
+            truncated: false,
+        };
+        for data in run.into_datagrams() {
+            arrived.extend(accept(&self.config, from, data, loss, verdicts, stats));
+        }
     }
 }
 

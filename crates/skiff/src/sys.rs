@@ -241,29 +241,22 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
 /// buffer is full, else the kernel's error.
 pub(crate) fn sendto(fd: BorrowedFd<'_>, dest: SocketAddr, data: &[u8]) -> io::Result<()> {
     let (addr, addr_len) = RawAddr::new(dest);
-    // SAFETY: `data` is a live slice of `data.len()` bytes and `addr` a live
-    // socket address of `addr_len` bytes; the kernel only reads both.
-    unsafe {
-        syscall6(
-            libc::SYS_sendto,
-            [
-                fd.as_raw_fd() as usize,
-                data.as_ptr() as usize,
-                data.len(),
-                libc::MSG_DONTWAIT as usize,
-                &addr as *const RawAddr as usize,
-                addr_len as usize,
-            ],
-        )
-    }
-    .map(drop)
+    send_raw(fd, data, Some((&addr, addr_len)))
 }
 
 /// Sends one datagram on a connected socket (`send(2)`): no address to
 /// copy in and no route to look up, as the connection keeps both.
 pub(crate) fn send(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
-    // SAFETY: `data` is a live slice of `data.len()` bytes; the kernel only
-    // reads it. `send(2)` is `sendto(2)` with no address.
+    send_raw(fd, data, None)
+}
+
+/// `sendto(2)` without blocking, to `to` or (`None`, as `send(2)` is) to
+/// the connected peer.
+fn send_raw(fd: BorrowedFd<'_>, data: &[u8], to: Option<(&RawAddr, socklen_t)>) -> io::Result<()> {
+    let (addr, addr_len) = to.map_or((0, 0), |(a, l)| (a as *const RawAddr as usize, l as usize));
+    // SAFETY: `data` is a live slice of `data.len()` bytes and `addr`, if
+    // not null, a live socket address of `addr_len` bytes; the kernel only
+    // reads both.
     unsafe {
         syscall6(
             libc::SYS_sendto,
@@ -272,8 +265,8 @@ pub(crate) fn send(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
                 data.as_ptr() as usize,
                 data.len(),
                 libc::MSG_DONTWAIT as usize,
-                0,
-                0,
+                addr,
+                addr_len,
             ],
         )
     }
@@ -311,9 +304,10 @@ pub(crate) struct RecvMeta {
     pub(crate) gro_segment: Option<usize>,
     /// `SO_RXQ_OVFL` cmsg: the socket's cumulative drop count.
     pub(crate) rxq_ovfl: Option<u32>,
-    /// Received by a plain `recvfrom(2)`, without control messages: no
-    /// GRO segment size or drop counter could be reported.
-    pub(crate) plain: bool,
+    /// Received by a plain `recvfrom(2)` (no control messages, so no GRO
+    /// segment size) on a socket with GRO on: possibly a run. `recvmmsg`
+    /// leaves it false; the caller, which knows the socket, sets it.
+    pub(crate) maybe_run: bool,
 }
 
 impl Default for RecvMeta {
@@ -324,7 +318,7 @@ impl Default for RecvMeta {
             truncated: false,
             gro_segment: None,
             rxq_ovfl: None,
-            plain: false,
+            maybe_run: false,
         }
     }
 }
@@ -394,7 +388,7 @@ impl RecvBufs {
 /// arrived is read by the next, non-blocking call. What it cannot report:
 /// the `SO_RXQ_OVFL` counter (read it with [`meminfo_drops`]) and the
 /// `UDP_GRO` segment size, so on a socket with GRO on such a buffer may be
-/// a coalesced run whose stride the caller must find (`RecvMeta::plain`).
+/// a coalesced run whose stride the caller must find (`RecvMeta::maybe_run`).
 pub(crate) fn recvmmsg(
     fd: BorrowedFd<'_>,
     bufs: &mut RecvBufs,
@@ -477,7 +471,7 @@ pub(crate) fn recvmmsg(
             truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             gro_segment: None,
             rxq_ovfl: None,
-            plain: false,
+            maybe_run: false,
         };
         // SAFETY: the kernel set msg_control/msg_controllen to the cmsgs it
         // wrote inside `ctrls[i]`; the CMSG_* macros walk only that range,
@@ -536,7 +530,7 @@ fn recvfrom(
         truncated: len > slot.len(),
         gro_segment: None,
         rxq_ovfl: None,
-        plain: true,
+        maybe_run: false,
     })
 }
 

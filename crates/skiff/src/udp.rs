@@ -406,7 +406,6 @@ impl UdpSocket {
 
     fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
         batch.count = 0;
-        batch.gro = self.gro;
         let mut arena = batch.take_arena();
         let r = sys::recvmmsg(
             self.socket.as_fd(),
@@ -427,6 +426,8 @@ impl UdpSocket {
                 for v in meta[..n].iter().filter_map(|m| m.rxq_ovfl) {
                     fold_drops(drops, last_ovfl, v);
                 }
+                // A waiting receive reads no GRO segment size.
+                meta[0].maybe_run = wait && self.gro;
                 batch.filled = arena.freeze();
                 batch.count = n;
                 Ok(n)
@@ -568,8 +569,6 @@ pub struct RecvBatch {
     kept: Vec<Bytes>,
     drops: u64,
     last_ovfl: u32,
-    /// The socket of the last `recv` has GRO on.
-    gro: bool,
 }
 
 impl RecvBatch {
@@ -589,7 +588,6 @@ impl RecvBatch {
             kept: Vec::new(),
             drops: 0,
             last_ovfl: 0,
-            gro: false,
         }
     }
 
@@ -597,14 +595,14 @@ impl RecvBatch {
     /// taken when the iterator is dropped are discarded.
     pub fn drain(&mut self) -> impl Iterator<Item = Received> + '_ {
         let n = mem::take(&mut self.count);
-        let (filled, slot, gro) = (&self.filled, self.slot_size, self.gro);
+        let (filled, slot) = (&self.filled, self.slot_size);
         self.meta[..n].iter().enumerate().map(move |(i, m)| {
             let at = i * slot;
             Received {
                 from: m.from,
                 data: filled.slice(at..at + m.len),
                 segment_size: m.gro_segment,
-                maybe_run: gro && m.plain,
+                maybe_run: m.maybe_run,
                 truncated: m.truncated,
             }
         })
@@ -692,7 +690,7 @@ pub struct Received {
     /// reports no segment size: `data` may be a run of datagrams all of one
     /// length but the last, which [`Received::datagrams`] yields as one.
     /// A caller whose datagrams say where they end finds the length and
-    /// splits with [`Received::with_stride`].
+    /// sets `segment_size`.
     pub maybe_run: bool,
     /// The datagram was longer than the slot and was cut (`MSG_TRUNC`):
     /// `data` is only its beginning.
@@ -703,16 +701,6 @@ impl Received {
     /// The datagrams in `data`: one, or each of a GRO run (zero-copy).
     pub fn datagrams(&self) -> Datagrams {
         self.clone().into_datagrams()
-    }
-
-    /// The same buffer known to be a run of `stride`-byte datagrams (the
-    /// last possibly shorter), as GRO would have reported it.
-    pub fn with_stride(self, stride: usize) -> Received {
-        Received {
-            segment_size: Some(stride),
-            maybe_run: false,
-            ..self
-        }
     }
 
     /// As [`Received::datagrams`], consuming the buffer (one reference
@@ -1335,8 +1323,10 @@ mod tests {
             ..run.clone()
         };
         assert_eq!(unknown.datagrams().count(), 1);
-        let named = unknown.with_stride(10);
-        assert!(!named.maybe_run);
+        let named = Received {
+            segment_size: Some(10),
+            ..unknown
+        };
         assert_eq!(
             named.datagrams().collect::<Vec<_>>(),
             run.datagrams().collect::<Vec<_>>()
