@@ -3,7 +3,9 @@
 //! same messages, whether taken one by one (`Iterator`) or in bulk in two
 //! uneven steps (`next_into`, as the receive path does). And
 //! `wire::run_stride` on the same bytes: no panic, and a stride only where
-//! a valid batch and its zero padding end and a header begins.
+//! a valid batch and its zero padding end and a header begins. And
+//! `wire::Batch::single_into`: a message exactly when `decode` gives one
+//! message, and that message.
 #![no_main]
 
 use bytes::Bytes;
@@ -41,7 +43,19 @@ fuzz_target!(|data: &[u8]| {
         assert!(buf[s..].starts_with(&wire::MAGIC));
         wire::validate(&buf.slice(..s)).expect("the first datagram of a run is valid");
     }
+    let mut single = None;
+    let single_header = wire::Batch::single_into(&buf, None, &mut single);
+    assert_eq!(single_header.is_some(), single.is_some());
     let decoded = wire::decode(&buf);
+    match (&decoded, &single_header, &single) {
+        (Ok((h, msgs)), Some(hs), Some(m)) if msgs.len() == 1 => {
+            assert_eq!(h, hs);
+            assert!(same(&msgs[0], m), "{:?} != {m:?}", msgs[0]);
+        }
+        (Ok((_, msgs)), None, None) if msgs.len() != 1 => {}
+        (Err(_), None, None) => {}
+        (d, s, _) => panic!("single_into {s:?} disagrees with decode {d:?}"),
+    }
     let validated = wire::validate(&buf);
     let batch = wire::Batch::new(buf.clone());
     match (decoded, validated, batch) {

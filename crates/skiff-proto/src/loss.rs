@@ -130,6 +130,13 @@ impl Window {
 
     /// Judges one sequence number against this source's window.
     fn check(&mut self, seq: u64, stats: &mut LossStats) -> Verdict {
+        if self.high.checked_add(1) == Some(seq) {
+            // The next in order, the common case: its bit, which held the
+            // number `WINDOW` below, is set; nothing else changes.
+            self.high = seq;
+            self.set_seq(seq);
+            return Verdict::Deliver;
+        }
         if seq > self.high {
             stats.lost = stats.lost.saturating_add(seq - self.high - 1);
             self.advance_to(seq);
@@ -221,6 +228,14 @@ impl LossDetector {
         let last = base.saturating_add(count - 1);
         if let Some(w) = self.sources.get_mut(&source) {
             w.touched = self.clock;
+            if count == 1 {
+                let v = w.check(base, &mut self.stats);
+                if v == Verdict::Deliver {
+                    return true;
+                }
+                verdicts.push(v);
+                return false;
+            }
             if base > w.high {
                 // Entirely new: open the gap once, then mark the run.
                 self.stats.lost = self.stats.lost.saturating_add(base - w.high - 1);

@@ -596,6 +596,47 @@ impl Batch {
         }
     }
 
+    /// Decodes the message of a datagram that carries exactly one into
+    /// `out` and returns the datagram's header: what [`Batch::new`] and
+    /// then [`Batch::next_from`] give, in one pass (they read the message
+    /// twice, once to validate and once to decode) and built where the
+    /// caller wants it (a message is large; each move is a copy). A request
+    /// or a reply travels alone, so this is a ping-pong's receive path.
+    /// `None`, with `out` untouched, for anything else (a batch of several
+    /// messages, or a datagram `Batch::new` refuses): the caller then takes
+    /// `Batch::new`, which says why.
+    #[inline]
+    pub fn single_into(
+        buf: &Bytes,
+        from: Option<std::net::SocketAddr>,
+        out: &mut Option<Message>,
+    ) -> Option<Header> {
+        let h = Header::read(buf).ok()?;
+        if h.count != 1 || buf.len() > MAX_DATAGRAM {
+            return None;
+        }
+        let mut r = Reader {
+            buf,
+            pos: HEADER_LEN,
+        };
+        let (subject, kind, fields, payload) = r.parts(None, MAX_DATAGRAM).ok()?;
+        if buf[r.pos..].iter().any(|&b| b != 0) {
+            return None;
+        }
+        *out = Some(Message {
+            subject,
+            kind,
+            fields,
+            payload,
+            meta: Meta {
+                seq: h.base_seq,
+                source: h.source,
+                from,
+            },
+        });
+        Some(h)
+    }
+
     /// The datagram's header.
     pub fn header(&self) -> &Header {
         &self.header

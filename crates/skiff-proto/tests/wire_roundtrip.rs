@@ -13,7 +13,7 @@ use bytestring::ByteString;
 use proptest::prelude::*;
 use skiff_proto::wire::{self, Header, Kind, HEADER_LEN, MAX_DATAGRAM};
 use skiff_proto::{
-    Batcher, BatcherConfig, Dest, Error, Field, Message, UsageError, Value, WireError,
+    Batcher, BatcherConfig, Dest, Error, Field, Message, Meta, UsageError, Value, WireError,
 };
 
 // ---------------------------------------------------------------- strategies
@@ -176,6 +176,26 @@ fn check_decodes(
         prop_assert_eq!(g.meta.source, source);
         prop_assert_eq!(g.meta.from, None);
     }
+    // The one-pass decoder of a lone message agrees: the same header and
+    // message for one, nothing (and `out` untouched) for more.
+    let mut one = None;
+    let from = Some(SocketAddr::from(([127, 0, 0, 1], 9)));
+    let single = wire::Batch::single_into(buf, from, &mut one);
+    if let [sent] = sent {
+        prop_assert_eq!(single, Some(h));
+        let one = one.expect("decoded");
+        assert_same(&one, sent)?;
+        prop_assert_eq!(
+            one.meta,
+            Meta {
+                seq: base,
+                source,
+                from
+            }
+        );
+    } else {
+        prop_assert!(single.is_none() && one.is_none());
+    }
     Ok(got)
 }
 
@@ -262,6 +282,9 @@ proptest! {
                 other => prop_assert!(false, "prefix of {} of {} bytes: {:?}", n, enc.len(), other),
             }
             prop_assert_eq!(out.len(), 1, "a rejected prefix appended messages");
+            let mut one = None;
+            prop_assert!(wire::Batch::single_into(&enc.slice(..n), None, &mut one).is_none());
+            prop_assert!(one.is_none());
         }
         check_decodes(&enc, source, 3, base, &msgs)?;
     }
@@ -289,12 +312,15 @@ proptest! {
         let len = enc.len();
         enc.resize(len + pad, 0);
         enc[len + at.index(pad)] = byte;
+        let enc = Bytes::from(enc);
         let mut out = Vec::new();
         prop_assert_eq!(
-            wire::decode_into(&Bytes::from(enc), &mut out),
+            wire::decode_into(&enc, &mut out),
             Err(WireError::Malformed("trailing bytes after the last message"))
         );
         prop_assert!(out.is_empty());
+        let mut one = None;
+        prop_assert!(wire::Batch::single_into(&enc, None, &mut one).is_none());
     }
 }
 

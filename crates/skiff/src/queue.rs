@@ -349,8 +349,18 @@ struct Rx {
 
 impl Rx {
     /// The next received message, if any.
-    #[inline(always)]
+    #[inline]
     fn take(&mut self) -> Option<Message> {
+        if self.arrived.is_empty() {
+            return None;
+        }
+        self.take_arrived()
+    }
+
+    /// `take` when something arrived: out of line, so that the common
+    /// check for nothing stays small where it is inlined.
+    #[inline(never)]
+    fn take_arrived(&mut self) -> Option<Message> {
         loop {
             let a = self.arrived.front_mut()?;
             let index = a.batch.header().count as usize - a.batch.remaining();
@@ -666,7 +676,11 @@ impl DatagramQueue {
     /// The next received message, or `None` at once if there is none
     /// (CMQ's `cwPop`).
     pub fn try_pop(&self) -> Option<Message> {
-        self.inner.popped(self.inner.try_pop())
+        let m = self.inner.try_pop();
+        if m.is_some() {
+            self.inner.popped();
+        }
+        m
     }
 
     /// Moves up to `max` received messages into `out` without blocking;
@@ -674,7 +688,7 @@ impl DatagramQueue {
     pub fn try_pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
         let n = self.inner.pop_many(out, max);
         if n > 0 {
-            self.inner.popped.store(true, Ordering::Relaxed);
+            self.inner.popped();
         }
         n
     }
@@ -693,8 +707,10 @@ impl DatagramQueue {
         let mut first = true;
         loop {
             let mut rx = self.inner.rx.lock();
-            if let Some(m) = rx.take() {
-                return self.inner.popped(Some(m));
+            let m = rx.take();
+            if m.is_some() {
+                self.inner.popped();
+                return m;
             }
             let left = match timeout {
                 Some(t) if !first => {
@@ -709,10 +725,12 @@ impl DatagramQueue {
             };
             first = false;
             self.inner.waiting.store(true, Ordering::Relaxed);
-            let got = self.inner.fill(&mut rx, Some(left));
+            let mut m = None;
+            let got = self.inner.fill(&mut rx, Some(left), &mut m);
             self.inner.waiting.store(false, Ordering::Relaxed);
-            if let Some(m) = rx.take() {
-                return self.inner.popped(Some(m));
+            if m.is_some() {
+                self.inner.popped();
+                return m;
             }
             if got.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
                 // The kernel's receive timeout, `left`, passed.
@@ -1208,11 +1226,8 @@ impl Inner {
     }
 
     /// Notes that a pop handed out a message (see `popped`).
-    fn popped(&self, m: Option<Message>) -> Option<Message> {
-        if m.is_some() {
-            self.popped.store(true, Ordering::Relaxed);
-        }
-        m
+    fn popped(&self) {
+        self.popped.store(true, Ordering::Relaxed);
     }
 
     fn try_pop(&self) -> Option<Message> {
@@ -1220,8 +1235,9 @@ impl Inner {
         if let Some(m) = rx.take() {
             return Some(m);
         }
-        let _ = self.fill(&mut rx, None);
-        rx.take()
+        let mut m = None;
+        let _ = self.fill(&mut rx, None, &mut m);
+        m
     }
 
     /// The receive state, or `None` if another thread is waiting inside the
@@ -1235,13 +1251,21 @@ impl Inner {
     }
 
     fn pop_many(&self, out: &mut Vec<Message>, max: usize) -> usize {
+        if max == 0 {
+            return 0;
+        }
         let Some(mut rx) = self.lock_rx() else {
             return 0;
         };
-        if rx.is_empty() {
-            let _ = self.fill(&mut rx, None);
-        }
         let mut n = 0;
+        if rx.is_empty() {
+            let mut m = None;
+            let _ = self.fill(&mut rx, None, &mut m);
+            if let Some(m) = m {
+                out.push(m);
+                n = 1;
+            }
+        }
         while n < max {
             let Some(a) = rx.arrived.front_mut() else {
                 break;
@@ -1263,8 +1287,17 @@ impl Inner {
 
     /// Reads what the socket holds in one `recvmmsg` and validates it;
     /// with `wait`, first waits up to that long (forever with `Some(None)`)
-    /// for one datagram. Returns what the receive call returned.
-    fn fill(&self, rx: &mut Rx, wait: Option<Option<Duration>>) -> io::Result<usize> {
+    /// for one datagram. Call only with nothing left in `rx.arrived`, and
+    /// `first` empty: the first message received is put there, for the
+    /// caller to hand out (built in place: a message is large); the rest
+    /// wait in `rx.arrived`. Returns what the receive call returned.
+    fn fill(
+        &self,
+        rx: &mut Rx,
+        wait: Option<Option<Duration>>,
+        first: &mut Option<Message>,
+    ) -> io::Result<usize> {
+        debug_assert!(rx.arrived.is_empty() && first.is_none());
         let Rx {
             batch,
             arrived,
@@ -1279,27 +1312,58 @@ impl Inner {
         };
         let received = got?;
         for d in batch.drain() {
-            if d.truncated {
-                stats.dropped.truncated += 1;
-                continue;
-            }
-            let from = d.from;
-            if d.maybe_run {
-                self.accept_maybe_run(from, d.data, loss, verdicts, stats, arrived);
-                continue;
-            }
-            for data in d.into_datagrams() {
-                if let Some(a) = accept(&self.config, from, data, loss, verdicts, stats) {
-                    arrived.push_back(a);
+            // The first datagram, when it carries one message (a request
+            // or a reply): decoded in one pass and handed out directly.
+            if first.is_none() && arrived.is_empty() && !d.truncated {
+                if let Some(h) = wire::Batch::single_into(&d.data, Some(d.from), first) {
+                    let len = d.data.len() as u64;
+                    if judge(&self.config, &h, len, loss, verdicts, stats) == 0 {
+                        *first = None;
+                    }
+                    continue;
                 }
             }
+            self.admit_received(d, loss, verdicts, stats, arrived);
         }
         self.rx_counters.store(rx);
+        if first.is_none() {
+            *first = rx.take();
+        }
         Ok(received)
     }
 }
 
 impl Inner {
+    /// Validates what one receive slot holds (a datagram, a GRO run, or a
+    /// buffer that may be a run) and queues its messages in `arrived`;
+    /// counts what is refused. Kept out of line: the request/reply path
+    /// (`fill`'s lone message) stays short, in instructions and in code
+    /// the CPU must fetch after each wake-up.
+    #[inline(never)]
+    fn admit_received(
+        &self,
+        d: Received,
+        loss: &mut LossDetector,
+        verdicts: &mut Vec<Verdict>,
+        stats: &mut QueueStats,
+        arrived: &mut VecDeque<Arrived>,
+    ) {
+        if d.truncated {
+            stats.dropped.truncated += 1;
+            return;
+        }
+        let from = d.from;
+        if d.maybe_run {
+            self.accept_maybe_run(from, d.data, loss, verdicts, stats, arrived);
+            return;
+        }
+        for data in d.into_datagrams() {
+            if let Some(a) = accept(&self.config, from, data, loss, verdicts, stats) {
+                arrived.push_back(a);
+            }
+        }
+    }
+
     /// A buffer that a waiting receive on a GRO socket took: the kernel
     /// does not say whether it coalesced a run. Most often it did not, and
     /// the buffer is one valid datagram. If it is refused as one, the
@@ -1370,10 +1434,32 @@ fn admit(
     verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
 ) -> Option<Arrived> {
-    let h = *batch.header();
+    if judge(config, batch.header(), len, loss, verdicts, stats) == 0 {
+        return None;
+    }
+    Some(Arrived {
+        batch,
+        from,
+        verdicts: std::mem::take(verdicts),
+    })
+}
+
+/// Judges the messages of a valid datagram of `len` bytes with header `h`:
+/// its endpoint, then each message with the loss detector, leaving the
+/// verdicts in `verdicts` (empty when all are delivered). Counts what is
+/// refused; returns how many messages are delivered.
+#[inline]
+fn judge(
+    config: &QueueConfig,
+    h: &wire::Header,
+    len: u64,
+    loss: &mut LossDetector,
+    verdicts: &mut Vec<Verdict>,
+    stats: &mut QueueStats,
+) -> u64 {
     if h.endpoint != config.endpoint && h.endpoint != Dest::ANY {
         stats.dropped.endpoint += 1;
-        return None;
+        return 0;
     }
     let count = u64::from(h.count);
     let delivered = if loss.check_run(h.source, h.base_seq, count, verdicts) {
@@ -1385,14 +1471,7 @@ fn admit(
     stats.recv_messages += delivered;
     stats.recv_batches += 1;
     stats.recv_bytes += len;
-    if delivered == 0 {
-        return None;
-    }
-    Some(Arrived {
-        batch,
-        from,
-        verdicts: std::mem::take(verdicts),
-    })
+    delivered
 }
 
 /// A queue: [`push`](Queue::push) to an address, [`try_pop`](Queue::try_pop)

@@ -245,10 +245,10 @@ impl UdpSocket {
     /// cannot, that datagram is reported unsent, so a retry may repeat its
     /// first segments.
     pub fn send(&self, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
-        let fd = self.socket.as_fd();
         if let [d] = datagrams {
             if d.segment_size.is_none_or(|s| s == 0 || s >= d.data.len()) {
                 // One whole datagram: `sendto`, cheaper than `sendmmsg`.
+                let fd = self.socket.as_fd();
                 let dest = self.adapt(d.dest);
                 if self.peer.get() == Some(&dest) {
                     return sys::send(fd, d.data).map(|()| 1);
@@ -256,6 +256,15 @@ impl UdpSocket {
                 return sys::sendto(fd, dest, d.data).map(|()| 1);
             }
         }
+        self.send_batch(datagrams)
+    }
+
+    /// `send` of several datagrams, or of segmented ones: out of line, so
+    /// that a lone datagram's call does not set up (or probe the stack
+    /// for) the batch's arrays.
+    #[inline(never)]
+    fn send_batch(&self, datagrams: &[Outgoing<'_>]) -> io::Result<usize> {
+        let fd = self.socket.as_fd();
         let empty = sys::Transmit {
             dest: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             data: &[],
