@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::report::{CpuMeter, Histogram, Row};
-use super::{round_trips, Limits, Window, QUIET, STALL};
+use super::report::{CpuMeter, Row};
+use super::{Exchange, Limits, PingPong, Window, QUIET, STALL};
 
 /// A UDP socket bound to 127.0.0.1 on a free port with both socket
 /// buffers asked to be `sockbuf` bytes (the kernel caps this at
@@ -176,52 +176,27 @@ fn pong(mut recv: impl FnMut() -> io::Result<()>) -> io::Result<bool> {
     }
 }
 
-/// Times round trips: `ping` sends one datagram and waits for the echo
-/// (`false` if none came in time), while a thread runs `echo` (wait a
-/// little for a datagram, send it back) until the rows are done.
+/// A ping-pong row of `mode` ready to time: `ping` sends one datagram and
+/// waits for the echo (`false` if none came in time), while a thread runs
+/// `echo` (wait a little for a datagram, send it back) until the row is
+/// done.
 fn pingpong(
-    limits: Limits,
-    pb: &ProgressBar,
-    mut echo: impl FnMut() -> io::Result<()> + Send + 'static,
-    ping: impl FnMut() -> io::Result<bool>,
-) -> io::Result<(Histogram, u64, f64)> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = {
-        let stop = stop.clone();
-        thread::spawn(move || -> io::Result<()> {
-            while !stop.load(Ordering::Relaxed) {
-                echo()?;
-            }
-            Ok(())
-        })
-    };
-    let cpu = CpuMeter::start();
-    let result = round_trips(limits, pb, ping);
-    let cpu = cpu.pct();
-    stop.store(true, Ordering::Relaxed);
-    echo.join()
-        .map_err(|_| io::Error::other("udp echo thread panicked"))??;
-    let (hist, lost) = result?;
-    Ok((hist, lost, cpu))
-}
-
-/// A ping-pong row.
-fn pingpong_row(
     mode: &str,
     size: usize,
-    (hist, lost, cpu): (Histogram, u64, f64),
     options: &str,
-) -> Row {
+    echo: impl FnMut() -> io::Result<()> + Send + 'static,
+    ping: impl FnMut() -> io::Result<bool> + 'static,
+) -> PingPong {
     let mut row = Row::new("udp-pingpong", mode, size);
-    row.set_latency(&hist);
-    row.lost = Some(lost);
-    row.cpu_pct = Some(cpu);
     row.options = Some(options.into());
-    row
+    PingPong {
+        row,
+        exchange: Exchange::spawn(echo, ping),
+    }
 }
 
 /// Round trips of one `size`-byte datagram each way between two threads.
-pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io::Result<Row> {
+pub(crate) fn udp_pingpong(size: usize) -> io::Result<PingPong> {
     let a = socket(1 << 20)?;
     let b = socket(1 << 20)?;
     a.connect(b.local_addr()?)?;
@@ -236,15 +211,15 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
     };
     let ping = vec![0x5Au8; size];
     let mut buf = vec![0u8; 65536];
-    let timed = pingpong(limits, pb, echo, || {
-        a.send(&ping)?;
-        pong(|| a.recv(&mut buf).map(drop))
-    })?;
-    Ok(pingpong_row(
+    Ok(pingpong(
         "blocking",
         size,
-        timed,
         "127.0.0.1 one datagram each way, blocking recv",
+        echo,
+        move || {
+            a.send(&ping)?;
+            pong(|| a.recv(&mut buf).map(drop))
+        },
     ))
 }
 
@@ -252,11 +227,7 @@ pub(crate) fn udp_pingpong(size: usize, limits: Limits, pb: &ProgressBar) -> io:
 /// unconnected sockets (`send_to`, `recv_from`): a plain UDP exchange that
 /// can answer anyone, as a multi-peer queue can (see the module
 /// documentation).
-pub(crate) fn udp_pingpong_unconnected(
-    size: usize,
-    limits: Limits,
-    pb: &ProgressBar,
-) -> io::Result<Row> {
+pub(crate) fn udp_pingpong_unconnected(size: usize) -> io::Result<PingPong> {
     let a = socket(1 << 20)?;
     let b = socket(1 << 20)?;
     let ba = b.local_addr()?;
@@ -270,25 +241,21 @@ pub(crate) fn udp_pingpong_unconnected(
     };
     let ping = vec![0x5Au8; size];
     let mut buf = vec![0u8; 65536];
-    let timed = pingpong(limits, pb, echo, || {
-        a.send_to(&ping, ba)?;
-        pong(|| a.recv_from(&mut buf).map(drop))
-    })?;
-    Ok(pingpong_row(
+    Ok(pingpong(
         "unconnected",
         size,
-        timed,
         "127.0.0.1 one datagram each way, unconnected send_to/recv_from, blocking recv",
+        echo,
+        move || {
+            a.send_to(&ping, ba)?;
+            pong(|| a.recv_from(&mut buf).map(drop))
+        },
     ))
 }
 
 /// Round trips of one `size`-byte datagram each way between two threads
 /// with the queue's system calls (see the module documentation).
-pub(crate) fn udp_pingpong_queue_calls(
-    size: usize,
-    limits: Limits,
-    pb: &ProgressBar,
-) -> io::Result<Row> {
+pub(crate) fn udp_pingpong_queue_calls(size: usize) -> io::Result<PingPong> {
     use skiff::udp::{Outgoing, RecvBatch, UdpConfig, UdpSocket as Udp};
     let cfg = UdpConfig::default();
     let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
@@ -311,28 +278,29 @@ pub(crate) fn udp_pingpong_queue_calls(
     };
     let ping = vec![0x5Au8; size];
     let mut batch = RecvBatch::new(32, 65536);
-    let timed = pingpong(limits, pb, echo, || {
-        a.send(&[Outgoing {
-            dest: ba,
-            data: &ping,
-            segment_size: None,
-        }])?;
-        pong(|| {
-            a.recv_wait(&mut batch, Some(Duration::from_secs(1)))?;
-            batch.drain().for_each(drop);
-            Ok(())
-        })
-    })?;
-    Ok(pingpong_row(
+    Ok(pingpong(
         "queue-calls",
         size,
-        timed,
         "127.0.0.1 the queue's system calls (unconnected sendto, recvfrom with a timeout), no queue",
+        echo,
+        move || {
+            a.send(&[Outgoing {
+                dest: ba,
+                data: &ping,
+                segment_size: None,
+            }])?;
+            pong(|| {
+                a.recv_wait(&mut batch, Some(Duration::from_secs(1)))?;
+                batch.drain().for_each(drop);
+                Ok(())
+            })
+        },
     ))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::time_interleaved;
     use super::*;
 
     #[test]
@@ -356,17 +324,21 @@ mod tests {
             messages: 200,
             duration: Duration::from_secs(5),
         };
-        type Run = fn(usize, Limits, &ProgressBar) -> io::Result<Row>;
-        for (mode, run) in [
-            ("blocking", udp_pingpong as Run),
-            ("queue-calls", udp_pingpong_queue_calls as Run),
-            ("unconnected", udp_pingpong_unconnected as Run),
-        ] {
-            let row = run(8, limits, &ProgressBar::hidden()).unwrap();
-            assert_eq!(row.mode, mode);
+        let set = vec![
+            udp_pingpong(8).unwrap(),
+            udp_pingpong_queue_calls(8).unwrap(),
+            udp_pingpong_unconnected(8).unwrap(),
+        ];
+        let rows = time_interleaved(limits, 4, &ProgressBar::hidden(), set).unwrap();
+        let modes: Vec<&str> = rows.iter().map(|r| r.mode.as_str()).collect();
+        assert_eq!(modes, ["blocking", "queue-calls", "unconnected"]);
+        for row in &rows {
+            assert_eq!(row.test, "udp-pingpong");
             assert_eq!(row.messages + row.lost.unwrap(), 200);
             assert!(row.p50_us.unwrap() > 0.0 && row.p99_us.unwrap() >= row.p50_us.unwrap());
-            assert!(row.msgs_per_s.is_none());
+            assert!(row.msgs_per_s.is_none() && row.cpu_pct.is_some());
+            let o = row.options.as_deref().unwrap();
+            assert!(o.ends_with(", interleaved in 4 rounds"), "{o}");
         }
     }
 }

@@ -24,6 +24,9 @@
 
 use std::error::Error;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
@@ -39,7 +42,7 @@ mod request;
 mod shm;
 mod tunnel;
 
-use report::{Histogram, Reporter};
+use report::{CpuMeter, Histogram, Reporter, Row};
 
 /// `skiff bench …`
 #[derive(clap::Args, Debug)]
@@ -262,6 +265,208 @@ pub(crate) fn round_trips<E>(
     Ok((hist, lost))
 }
 
+/// The error an echo thread ends with, handed back across its join.
+type EchoError = Box<dyn Error + Send + Sync>;
+
+/// One ping-pong set up and ready to be timed, so that several can be set
+/// up first and then timed together ([`interleaved_round_trips`]): a round
+/// trip (send one message, wait for its answer; `false` if the answer timed
+/// out) and the thread that answers it, which runs until
+/// [`Exchange::finish`] or drop stops it.
+pub(crate) struct Exchange {
+    round_trip: Box<dyn FnMut() -> Result<bool, Box<dyn Error>>>,
+    stop: Arc<AtomicBool>,
+    echo: Option<JoinHandle<Result<(), EchoError>>>,
+}
+
+impl Exchange {
+    /// Starts a thread that calls `echo` (wait a little for a message,
+    /// answer it) until the exchange is finished, and keeps `round_trip`
+    /// for the timing. `echo` must return now and then (a receive with a
+    /// timeout) so that the thread sees the stop.
+    pub(crate) fn spawn<E, R>(
+        mut echo: impl FnMut() -> Result<(), E> + Send + 'static,
+        mut round_trip: impl FnMut() -> Result<bool, R> + 'static,
+    ) -> Exchange
+    where
+        E: Into<EchoError>,
+        R: Into<Box<dyn Error>>,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let echo = {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> Result<(), EchoError> {
+                while !stop.load(Ordering::Relaxed) {
+                    echo().map_err(Into::into)?;
+                }
+                Ok(())
+            })
+        };
+        Exchange {
+            round_trip: Box::new(move || round_trip().map_err(Into::into)),
+            stop,
+            echo: Some(echo),
+        }
+    }
+
+    /// Stops the echo thread and waits for it; its error if it failed.
+    pub(crate) fn finish(mut self) -> Result<(), Box<dyn Error>> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.echo.take() {
+            Some(echo) => match echo.join() {
+                Ok(result) => result.map_err(|e| e as Box<dyn Error>),
+                Err(_) => Err("ping-pong echo thread panicked".into()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Exchange {
+    /// An exchange dropped unfinished (another row failed) still stops and
+    /// joins its echo thread.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(echo) = self.echo.take() {
+            let _ = echo.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("echo_running", &self.echo.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`interleaved_round_trips`] measured of one exchange.
+#[derive(Debug)]
+pub(crate) struct Timed {
+    /// Answered round trips, nanoseconds.
+    pub(crate) hist: Histogram,
+    /// Round trips whose answer timed out.
+    pub(crate) lost: u64,
+    /// Process CPU over the exchange's own timed stretches, % of one core.
+    pub(crate) cpu_pct: f64,
+}
+
+/// The rounds `rounds` asks for, at least one and at most one per round
+/// trip.
+fn rounds_for(limits: Limits, rounds: u64) -> u64 {
+    rounds.clamp(1, limits.messages.max(1))
+}
+
+/// Times several exchanges close together in time, so that figures
+/// compared with each other were measured on the same machine (a virtual
+/// machine's speed drifts by several percent over seconds): each exchange
+/// warms up as in [`round_trips`], then in each of `rounds` rounds every
+/// exchange in turn runs its share of `limits.messages` (the last round
+/// takes the remainder), in an order rotated by one each round so no
+/// exchange always runs first or last.
+///
+/// `limits.duration` bounds each exchange's total timed time: a round
+/// gives it what is left over the rounds left, and its turn ends when that
+/// is used up (a slow exchange does at least one round trip per round
+/// while it has time left). Returns one [`Timed`] per exchange, in order.
+pub(crate) fn interleaved_round_trips(
+    limits: Limits,
+    rounds: u64,
+    exchanges: &mut [Exchange],
+    pb: &ProgressBar,
+) -> Result<Vec<Timed>, Box<dyn Error>> {
+    let rounds = rounds_for(limits, rounds);
+    for x in exchanges.iter_mut() {
+        let start = Instant::now();
+        for _ in 0..WARMUP.min(limits.messages) {
+            if start.elapsed() >= limits.duration / 10 {
+                break;
+            }
+            (x.round_trip)()?;
+        }
+    }
+    let mut timed: Vec<(Histogram, u64, report::CpuTotal)> = exchanges
+        .iter()
+        .map(|_| (report::histogram(), 0, report::CpuTotal::default()))
+        .collect();
+    let n = exchanges.len();
+    for round in 0..rounds {
+        let share = match round + 1 == rounds {
+            true => limits.messages - (rounds - 1) * (limits.messages / rounds),
+            false => limits.messages / rounds,
+        };
+        for k in 0..n {
+            let i = (round as usize + k) % n;
+            let (hist, lost, cpu) = &mut timed[i];
+            let round_trip = &mut exchanges[i].round_trip;
+            let budget = limits
+                .duration
+                .saturating_sub(cpu.wall())
+                .div_f64((rounds - round) as f64);
+            let meter = CpuMeter::start();
+            let start = Instant::now();
+            for _ in 0..share {
+                let t = Instant::now();
+                if t - start >= budget {
+                    break;
+                }
+                if round_trip()? {
+                    report::record(hist, t.elapsed());
+                } else {
+                    *lost += 1;
+                }
+                pb.inc(1);
+            }
+            cpu.add(&meter);
+        }
+    }
+    Ok(timed
+        .into_iter()
+        .map(|(hist, lost, cpu)| Timed {
+            hist,
+            lost,
+            cpu_pct: cpu.pct(),
+        })
+        .collect())
+}
+
+/// A ping-pong row waiting to be timed: the row with its test, mode, size
+/// and options set, and the exchange that measures it.
+#[derive(Debug)]
+pub(crate) struct PingPong {
+    /// The row to fill in.
+    pub(crate) row: Row,
+    /// What its round trips run.
+    pub(crate) exchange: Exchange,
+}
+
+/// Times `set` interleaved in `rounds` rounds ([`interleaved_round_trips`]),
+/// stops the echo threads and returns the rows filled in, in the order
+/// given, each row's options saying it was interleaved.
+pub(crate) fn time_interleaved(
+    limits: Limits,
+    rounds: u64,
+    pb: &ProgressBar,
+    set: Vec<PingPong>,
+) -> Result<Vec<Row>, Box<dyn Error>> {
+    let (mut rows, mut exchanges): (Vec<Row>, Vec<Exchange>) =
+        set.into_iter().map(|p| (p.row, p.exchange)).unzip();
+    let timed = interleaved_round_trips(limits, rounds, &mut exchanges, pb)?;
+    for x in exchanges {
+        x.finish()?;
+    }
+    let rounds = rounds_for(limits, rounds);
+    for (row, t) in rows.iter_mut().zip(timed) {
+        row.set_latency(&t.hist);
+        row.lost = Some(t.lost);
+        row.cpu_pct = Some(t.cpu_pct);
+        let o = row.options.take().unwrap_or_default();
+        row.options = Some(format!("{o}, interleaved in {rounds} rounds"));
+    }
+    Ok(rows)
+}
+
 /// Parses a message size: `512`, `4k`/`4K`/`4KiB` (×1024), `1m` (×2^20).
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let v = s.trim().to_ascii_lowercase();
@@ -296,6 +501,10 @@ pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::atomic::AtomicU64;
+
     use super::*;
 
     #[test]
@@ -346,6 +555,138 @@ mod tests {
             w.wait(15, &mut f); // 10 in flight until the receiver moves
             assert_eq!(f, 0);
         });
+    }
+
+    /// A fake exchange `id` that logs each round trip's id in `log`, loses
+    /// every `lose_every`-th call (0: none), and whose echo thread counts
+    /// its turns in `echoes` (or fails at once if `echo_fails`).
+    fn fake(
+        id: usize,
+        log: &Rc<RefCell<Vec<usize>>>,
+        lose_every: u64,
+        echoes: &Arc<AtomicU64>,
+        echo_fails: bool,
+    ) -> Exchange {
+        let (log, echoes) = (log.clone(), echoes.clone());
+        let mut calls = 0u64;
+        Exchange::spawn(
+            move || {
+                echoes.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+                match echo_fails {
+                    true => Err(std::io::Error::other("echo failed")),
+                    false => Ok(()),
+                }
+            },
+            move || -> Result<bool, std::io::Error> {
+                log.borrow_mut().push(id);
+                calls += 1;
+                Ok(lose_every == 0 || !calls.is_multiple_of(lose_every))
+            },
+        )
+    }
+
+    /// Waits (at most 5 s) until `count` reaches `n`.
+    fn wait_for(count: &AtomicU64, n: u64) {
+        let start = Instant::now();
+        while count.load(Ordering::Relaxed) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "never reached {n}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn interleaved_round_trips_take_turns_in_rotated_rounds() {
+        let limits = Limits {
+            messages: 10,
+            duration: Duration::from_secs(60),
+        };
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let echoes = Arc::new(AtomicU64::new(0));
+        let mut xs = [
+            fake(0, &log, 2, &echoes, false),
+            fake(1, &log, 0, &echoes, false),
+            fake(2, &log, 5, &echoes, false),
+        ];
+        let timed = interleaved_round_trips(limits, 3, &mut xs, &ProgressBar::hidden()).unwrap();
+        // Warm-up (10 each, one exchange after another), then three rounds
+        // of 3, 3 and 4 (the remainder) round trips each, the order rotated
+        // by one each round.
+        let mut want = Vec::new();
+        for id in [0, 1, 2] {
+            want.extend([id; 10]);
+        }
+        for (share, order) in [(3, [0, 1, 2]), (3, [1, 2, 0]), (4, [2, 0, 1])] {
+            for id in order {
+                want.extend(std::iter::repeat_n(id, share));
+            }
+        }
+        assert_eq!(*log.borrow(), want);
+        // Calls 11..=20 of each are timed: every 2nd lost, none, every 5th.
+        let lost: Vec<u64> = timed.iter().map(|t| t.lost).collect();
+        assert_eq!(lost, [5, 0, 2]);
+        for t in &timed {
+            assert_eq!(t.hist.len() + t.lost, 10);
+            assert!(t.cpu_pct >= 0.0);
+        }
+        // The echo threads run until finished, then stop: the count no
+        // longer grows.
+        wait_for(&echoes, 6);
+        for x in xs {
+            x.finish().unwrap();
+        }
+        let n = echoes.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(echoes.load(Ordering::Relaxed), n);
+    }
+
+    #[test]
+    fn interleaved_round_trips_share_the_duration_and_report_echo_errors() {
+        // Each round trip takes 2 ms and an exchange has 40 ms in all, over
+        // 4 rounds: about 20 round trips each, not the 1000 asked for, and
+        // every round gets some.
+        let limits = Limits {
+            messages: 1000,
+            duration: Duration::from_millis(40),
+        };
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let echoes = Arc::new(AtomicU64::new(0));
+        let slow = |id| {
+            let (log, echoes) = (log.clone(), echoes.clone());
+            Exchange::spawn(
+                move || {
+                    echoes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok::<(), std::io::Error>(())
+                },
+                move || -> Result<bool, std::io::Error> {
+                    log.borrow_mut().push(id);
+                    std::thread::sleep(Duration::from_millis(2));
+                    Ok(true)
+                },
+            )
+        };
+        let mut xs = [slow(0), slow(1)];
+        let timed = interleaved_round_trips(limits, 4, &mut xs, &ProgressBar::hidden()).unwrap();
+        for t in &timed {
+            let n = t.hist.len();
+            // At most 40 ms of 2 ms round trips plus one overrun per round.
+            assert!((2..=24).contains(&n), "{n} round trips in 40 ms");
+        }
+        // The turns alternate: warm-up, then both exchanges in each round.
+        let log = log.borrow();
+        let changes = log.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(changes >= 3, "{log:?}");
+        drop(xs);
+
+        let tried = Arc::new(AtomicU64::new(0));
+        let failing = fake(0, &Rc::new(RefCell::new(Vec::new())), 0, &tried, true);
+        wait_for(&tried, 1);
+        let e = failing.finish().unwrap_err().to_string();
+        assert_eq!(e, "echo failed");
     }
 
     #[test]

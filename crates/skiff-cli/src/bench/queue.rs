@@ -27,6 +27,14 @@
 //! measures the software, not where the scheduler happened to wake the
 //! echo thread (on a virtual machine a wake-up on the other, idle CPU costs
 //! tens of microseconds, and which one happens changes from run to run).
+//!
+//! The ping-pong rows of one size run interleaved
+//! ([`super::interleaved_round_trips`]): all are set up and warmed up
+//! first, then timed in `--rounds` rounds, each row running its share of
+//! the round trips in turn, in an order rotated every round. The targets
+//! are ratios of rows, and a virtual machine's speed drifts by about 10%
+//! over seconds: rows run one after another would each see a different
+//! machine, interleaved they see the same one.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -42,7 +50,8 @@ use skiff::{Message, Queue};
 
 use super::report::{self, CpuMeter, Reporter, Row};
 use super::{
-    baseline, parse_secs, parse_size, round_trips, Limits, OutputArgs, Window, QUIET, STALL,
+    baseline, parse_secs, parse_size, time_interleaved, Exchange, Limits, OutputArgs, PingPong,
+    Window, QUIET, STALL,
 };
 
 /// The tests `skiff bench queue` can run.
@@ -77,6 +86,11 @@ pub(crate) struct QueueArgs {
     /// Round trips per ping-pong test (after 1000 of warm-up).
     #[arg(long, default_value_t = 20_000)]
     pub(crate) round_trips: u64,
+    /// Rounds the ping-pong rows of one size are timed in: each round,
+    /// every row runs its share of --round-trips (and of --duration-secs)
+    /// in turn, so the rows compared see the same machine.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) rounds: u64,
     /// Message sizes of the ping-pong tests.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8")]
     pub(crate) latency_sizes: Vec<usize>,
@@ -243,53 +257,38 @@ pub(crate) fn run(args: &QueueArgs, out: &mut Reporter) -> Result<(), Box<dyn Er
         row
     };
     for &size in &args.latency_sizes {
+        // Every row of this size is set up before any is timed, then all
+        // are timed interleaved (see the module documentation).
+        let mut set = Vec::new();
         if wants(Test::QueuePingpong) {
             for m in &modes {
                 let loc = locator(m, max_datagram, args.sockbuf);
-                let pb = report::progress(
-                    show,
-                    limits.messages,
-                    &format!("queue-pingpong {} {size} B", m.name),
-                );
-                let row = queue_pingpong(size, &m.name, &loc, limits, &pb, false);
-                pb.finish_and_clear();
-                out.push(on_cpu(row?))?;
+                set.push(queue_pingpong(size, &m.name, &loc, false)?);
             }
             // Natural batching again, each queue connected to the other
             // (a point-to-point queue: `peer=`, `Queue::connect`).
             if let Some(m) = modes.iter().find(|m| m.name == "natural") {
                 let loc = locator(m, max_datagram, args.sockbuf);
-                let pb = report::progress(
-                    show,
-                    limits.messages,
-                    &format!("queue-pingpong natural,peer {size} B"),
-                );
-                let row = queue_pingpong(size, "natural,peer", &loc, limits, &pb, true);
-                pb.finish_and_clear();
-                out.push(on_cpu(row?))?;
+                set.push(queue_pingpong(size, "natural,peer", &loc, true)?);
             }
         }
         if wants(Test::UdpPingpong) {
-            let pb = report::progress(show, limits.messages, &format!("udp-pingpong {size} B"));
-            let row = baseline::udp_pingpong(size, limits, &pb);
-            pb.finish_and_clear();
-            out.push(on_cpu(row?))?;
-            let pb = report::progress(
-                show,
-                limits.messages,
-                &format!("udp-pingpong queue-calls {size} B"),
-            );
-            let row = baseline::udp_pingpong_queue_calls(size, limits, &pb);
-            pb.finish_and_clear();
-            out.push(on_cpu(row?))?;
-            let pb = report::progress(
-                show,
-                limits.messages,
-                &format!("udp-pingpong unconnected {size} B"),
-            );
-            let row = baseline::udp_pingpong_unconnected(size, limits, &pb);
-            pb.finish_and_clear();
-            out.push(on_cpu(row?))?;
+            set.push(baseline::udp_pingpong(size)?);
+            set.push(baseline::udp_pingpong_queue_calls(size)?);
+            set.push(baseline::udp_pingpong_unconnected(size)?);
+        }
+        if set.is_empty() {
+            continue;
+        }
+        let pb = report::progress(
+            show,
+            limits.messages * set.len() as u64,
+            &format!("{} ping-pongs {size} B interleaved", set.len()),
+        );
+        let rows = time_interleaved(limits, args.rounds, &pb, set);
+        pb.finish_and_clear();
+        for row in rows? {
+            out.push(on_cpu(row))?;
         }
     }
     drop(pinned);
@@ -528,16 +527,14 @@ fn queue_throughput(
     Ok(row)
 }
 
-/// Ping-pong round trips through two skiff queues: see the module
-/// documentation.
+/// Ping-pong round trips through two skiff queues, ready to time: see the
+/// module documentation.
 fn queue_pingpong(
     size: usize,
     mode: &str,
     loc: &str,
-    limits: Limits,
-    pb: &ProgressBar,
     connect: bool,
-) -> Result<Row, Box<dyn Error>> {
+) -> Result<PingPong, Box<dyn Error>> {
     let a = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
     let b = Queue::bind(loc).map_err(|e| format!("cannot bind {loc}: {e}"))?;
     let (a_addr, b_addr) = (a.local_addr(), b.local_addr());
@@ -548,37 +545,27 @@ fn queue_pingpong(
     // Long enough for a timeout-batched ping and pong, short enough that a
     // lost one does not stall the run.
     let wait = a.config().timeout * 2 + Duration::from_secs(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let echo = {
-        let stop = stop.clone();
-        thread::spawn(move || -> Result<(), skiff::Error> {
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(m) = b.pop_blocking(Some(Duration::from_millis(50))) {
-                    b.push(a_addr, &m)?;
-                }
-            }
-            Ok(())
-        })
+    let echo = move || -> Result<(), skiff::Error> {
+        if let Some(m) = b.pop_blocking(Some(Duration::from_millis(50))) {
+            b.push(a_addr, &m)?;
+        }
+        Ok(())
     };
     let ping = Message::from_payload(Bytes::from(vec![0x5Au8; size]));
-    let cpu = CpuMeter::start();
-    let result = round_trips(limits, pb, || -> Result<bool, skiff::Error> {
+    let round_trip = move || -> Result<bool, skiff::Error> {
         a.push(b_addr, &ping)?;
         Ok(a.pop_blocking(Some(wait)).is_some())
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join().map_err(|_| "queue echo thread panicked")??;
-    let (hist, lost) = result?;
+    };
     let mut row = Row::new("queue-pingpong", mode, size);
-    row.set_latency(&hist);
-    row.lost = Some(lost);
-    row.cpu_pct = Some(cpu.pct());
     row.options = Some(if connect {
         format!("{loc}, each queue connected to the other (peer=)")
     } else {
         loc.to_string()
     });
-    Ok(row)
+    Ok(PingPong {
+        row,
+        exchange: Exchange::spawn(echo, round_trip),
+    })
 }
 
 /// The ZeroMQ peer to run: `explicit` if given (it must exist), else the
@@ -772,15 +759,28 @@ mod tests {
     }
 
     #[test]
-    fn queue_pingpong_times_round_trips() {
+    fn queue_pingpongs_time_round_trips_interleaved() {
         let limits = Limits {
             messages: 100,
             duration: Duration::from_secs(5),
         };
         let loc = locator(&mode("natural").unwrap(), 65507, 1 << 20);
-        let row =
-            queue_pingpong(8, "natural", &loc, limits, &ProgressBar::hidden(), false).unwrap();
-        assert_eq!(row.messages + row.lost.unwrap(), 100);
-        assert!(row.p50_us.unwrap() > 0.0);
+        let set = vec![
+            queue_pingpong(8, "natural", &loc, false).unwrap(),
+            queue_pingpong(8, "natural,peer", &loc, true).unwrap(),
+        ];
+        let rows = time_interleaved(limits, 3, &ProgressBar::hidden(), set).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].mode, "natural");
+        assert_eq!(rows[1].mode, "natural,peer");
+        for row in &rows {
+            assert_eq!(row.messages + row.lost.unwrap(), 100);
+            assert!(row.p50_us.unwrap() > 0.0);
+        }
+        let o = rows[1].options.as_deref().unwrap();
+        assert!(
+            o.starts_with(&loc) && o.ends_with("(peer=), interleaved in 3 rounds"),
+            "{o}"
+        );
     }
 }

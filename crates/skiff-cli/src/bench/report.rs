@@ -414,11 +414,46 @@ impl CpuMeter {
 
     /// CPU time since start as a percentage of one core.
     pub(crate) fn pct(&self) -> f64 {
-        let wall = self.wall.elapsed().as_secs_f64().max(1e-9);
-        round(
-            (cpu_time().saturating_sub(self.cpu)).as_secs_f64() / wall * 100.0,
-            1,
-        )
+        let (cpu, wall) = self.elapsed();
+        cpu_pct(cpu, wall)
+    }
+
+    /// Process CPU time and wall time since start.
+    pub(crate) fn elapsed(&self) -> (Duration, Duration) {
+        (cpu_time().saturating_sub(self.cpu), self.wall.elapsed())
+    }
+}
+
+/// `cpu` as a percentage of one core over `wall`.
+fn cpu_pct(cpu: Duration, wall: Duration) -> f64 {
+    round(cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9) * 100.0, 1)
+}
+
+/// Process CPU time and wall time summed over separate stretches: the CPU
+/// share of a test timed in chunks between other tests' chunks (the
+/// interleaved ping-pong rows), counting its own stretches only.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuTotal {
+    cpu: Duration,
+    wall: Duration,
+}
+
+impl CpuTotal {
+    /// Adds the stretch from `meter`'s start to now.
+    pub(crate) fn add(&mut self, meter: &CpuMeter) {
+        let (cpu, wall) = meter.elapsed();
+        self.cpu += cpu;
+        self.wall += wall;
+    }
+
+    /// The wall time of the stretches so far.
+    pub(crate) fn wall(&self) -> Duration {
+        self.wall
+    }
+
+    /// CPU time over the stretches as a percentage of one core.
+    pub(crate) fn pct(&self) -> f64 {
+        cpu_pct(self.cpu, self.wall)
     }
 }
 
