@@ -324,7 +324,20 @@ impl Reader<'_> {
         Ok(b)
     }
 
+    #[inline]
     fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
+        // One byte, the common case (a length below 128), inline.
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(b));
+            }
+        }
+        self.varint_long(what)
+    }
+
+    #[inline(never)]
+    fn varint_long(&mut self, what: &'static str) -> Result<u64, WireError> {
         let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
             WireError::Truncated { .. } => WireError::Truncated { what },
             e => e,
