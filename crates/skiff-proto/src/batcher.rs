@@ -325,8 +325,18 @@ impl Batcher {
             return Ok(None);
         }
         wire::check(msg)?;
-        let len = wire::encoded_len(msg, false);
-        if HEADER_LEN + len > self.config.max_datagram {
+        // Encoded first and measured after: one pass over the message. A
+        // payload alone too large is refused before it is copied (`check`
+        // bounds the rest of the message).
+        if HEADER_LEN + msg.payload.len() > self.config.max_datagram {
+            return Err(self.too_large(wire::encoded_len(msg, false)));
+        }
+        buf.clear();
+        buf.resize(HEADER_LEN, 0);
+        wire::encode_message(buf, msg, false);
+        let len = buf.len() - HEADER_LEN;
+        if buf.len() > self.config.max_datagram {
+            buf.clear();
             return Err(self.too_large(len));
         }
         let q = self.queue_for(dest)?;
@@ -334,9 +344,6 @@ impl Batcher {
         // batch and overtakes nothing.
         let queue = &mut self.queues[q as usize];
         debug_assert!(queue.count == 0 && queue.sealed.is_empty());
-        buf.clear();
-        buf.resize(HEADER_LEN, 0);
-        wire::encode_message(buf, msg, false);
         Header {
             kind: Kind::Batch,
             source: queue.stream,
@@ -370,12 +377,18 @@ impl Batcher {
         .into()
     }
 
+    #[inline]
     fn queue_for(&mut self, dest: Dest) -> Result<u32, Error> {
-        if let Some((d, q)) = self.last {
-            if d == dest {
-                return Ok(q);
-            }
+        match self.last {
+            Some((d, q)) if d == dest => Ok(q),
+            _ => self.queue_lookup(dest),
         }
+    }
+
+    /// `queue_for` of a destination other than the last one: the index,
+    /// or a new queue.
+    #[inline(never)]
+    fn queue_lookup(&mut self, dest: Dest) -> Result<u32, Error> {
         let q = match self.index.get(&dest) {
             Some(&q) => q,
             None => {

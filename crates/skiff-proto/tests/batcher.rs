@@ -642,10 +642,18 @@ fn push_alone_equals_push_flush_poll_and_keeps_the_numbering() {
     a.flush();
     let sent = drain(&mut a, 1);
     assert_eq!(sent[0].1[0][0].meta.seq, 3);
-    // Too large: the same error as push.
+    // Too large: the same error as push, whether the payload alone is too
+    // large or only the payload with the subject, and the stream is not
+    // advanced by a refused message.
     let big = Message::from_payload(vec![0u8; 2000]);
-    assert!(matches!(
-        a.push_alone(dest(1), &big, &mut buf_a),
-        Err(Error::Usage(UsageError::TooLarge { .. }))
-    ));
+    let over = Message::new("a".repeat(100), Bytes::from(vec![0u8; 1472 - 26 - 60]));
+    for m in [&big, &over] {
+        let alone = a.push_alone(dest(1), m, &mut buf_a).unwrap_err();
+        let pushed = b.push(now, dest(1), m).unwrap_err();
+        assert!(matches!(alone, Error::Usage(UsageError::TooLarge { .. })));
+        assert_eq!(alone.to_string(), pushed.to_string());
+    }
+    let t = a.push_alone(dest(1), &msg(4), &mut buf_a).unwrap();
+    assert!(t.is_some());
+    assert_eq!(wire::decode(&Bytes::from(buf_a)).unwrap().1[0].meta.seq, 4);
 }

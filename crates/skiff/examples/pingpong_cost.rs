@@ -75,7 +75,9 @@ fn udp(n: usize) {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let n: usize = args.next().map_or(300_000, |s| s.parse().expect("round trips"));
+    let n: usize = args
+        .next()
+        .map_or(300_000, |s| s.parse().expect("round trips"));
     let mode = args.next().unwrap_or_else(|| "queue".into());
     pin();
     let (u0, s0) = cpu_times();

@@ -90,7 +90,7 @@ union RawAddr {
 
 impl RawAddr {
     /// Encodes `addr`; returns the address and its length.
-    fn new(addr: SocketAddr) -> (RawAddr, socklen_t) {
+    fn new(addr: &SocketAddr) -> (RawAddr, socklen_t) {
         match addr {
             SocketAddr::V4(a) => {
                 let sin = libc::sockaddr_in {
@@ -182,7 +182,7 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
     let mut ctrls = [MaybeUninit::<SendCtrl>::uninit(); MAX_BATCH];
     let mut hdrs = [MaybeUninit::<libc::mmsghdr>::uninit(); MAX_BATCH];
     for (i, m) in msgs[..n].iter().enumerate() {
-        let (addr, addr_len) = RawAddr::new(m.dest);
+        let (addr, addr_len) = RawAddr::new(&m.dest);
         let addr = addrs[i].write(addr);
         let iov = iovs[i].write(libc::iovec {
             iov_base: m.data.as_ptr() as *mut c_void,
@@ -239,7 +239,7 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
 ///
 /// Errors as [`sendmmsg`] for its first datagram: `WouldBlock` when the send
 /// buffer is full, else the kernel's error.
-pub(crate) fn sendto(fd: BorrowedFd<'_>, dest: SocketAddr, data: &[u8]) -> io::Result<()> {
+pub(crate) fn sendto(fd: BorrowedFd<'_>, dest: &SocketAddr, data: &[u8]) -> io::Result<()> {
     let (addr, addr_len) = RawAddr::new(dest);
     send_raw(fd, data, Some((&addr, addr_len)))
 }

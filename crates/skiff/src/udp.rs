@@ -249,8 +249,15 @@ impl UdpSocket {
             if d.segment_size.is_none_or(|s| s == 0 || s >= d.data.len()) {
                 // One whole datagram: `sendto`, cheaper than `sendmmsg`.
                 let fd = self.socket.as_fd();
-                let dest = self.adapt(d.dest);
-                if self.peer.get() == Some(&dest) {
+                let mapped;
+                let dest = match (self.v6, &d.dest) {
+                    (true, SocketAddr::V4(_)) | (false, SocketAddr::V6(_)) => {
+                        mapped = self.adapt(d.dest);
+                        &mapped
+                    }
+                    (_, dest) => dest,
+                };
+                if self.peer.get() == Some(dest) {
                     return sys::send(fd, d.data).map(|()| 1);
                 }
                 return sys::sendto(fd, dest, d.data).map(|()| 1);
