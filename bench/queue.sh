@@ -50,6 +50,8 @@ queues dropped and counted in brackets); \`cpu %\` is the process's CPU time ove
 wall time (200 = both cores). Latency rows time one message each way, with
 both threads of a row on one CPU (\`--latency-cpu\`, named in the options) so
 that a row measures the software, not where the scheduler woke the echo thread;
+the latency rows of one size run interleaved (\`--rounds\`, each row's share in
+turn, round after round), so the rows a target compares ran on the same machine;
 with \`timeout=200ms\` a lone message waits for the timeout on both sides, by design.
 
 EOF
