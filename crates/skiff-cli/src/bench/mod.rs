@@ -630,7 +630,6 @@ mod tests {
         assert_eq!(lost, [5, 0, 2]);
         for t in &timed {
             assert_eq!(t.hist.len() + t.lost, 10);
-            assert!(t.cpu_pct >= 0.0);
         }
         // The echo threads run until finished, then stop: the count no
         // longer grows.
