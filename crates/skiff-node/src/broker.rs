@@ -18,14 +18,14 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use serde::{Deserialize, Serialize};
 use skiff_proto::router::{Clusters, Router, SubId, Subject};
 use skiff_proto::{Message, WireError};
 
 use crate::config::Limits;
-use crate::frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
-use crate::mesh::{MeshLink, MeshView};
-use crate::outbox::{cost, Body, ClientOut, Push, SubCounters};
+use crate::mesh::MeshLink;
+use crate::outbox::{cost, Body, ClientOut, Push};
+use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::stats::{ClientStats, NodeStats, SubStats};
 
 /// Cluster members at or above this id are other nodes of the mesh (their
 /// capacity is what they advertise), not clients.
@@ -33,7 +33,7 @@ const REMOTE: u64 = 1 << 62;
 
 /// A message from a client's `Pub` frame, for [`Broker::publish_batch`]:
 /// its encoding, and the decoded message unless the encoding is the simple
-/// kind [`crate::frame::simple_message`] reads in place.
+/// kind [`skiff_proto::client_frame::simple_message`] reads in place.
 #[derive(Debug)]
 pub struct Published {
     /// The message's encoding (checked).
@@ -50,7 +50,7 @@ impl Published {
         // Past the op byte in place: no reference-count traffic.
         let op = 1.min(body.len());
         bytes::Buf::advance(&mut body, op);
-        let msg = if crate::frame::simple_message(&body, max_payload).is_some() {
+        let msg = if skiff_proto::client_frame::simple_message(&body, max_payload).is_some() {
             None
         } else {
             Some(Box::new(skiff_proto::wire::decode_message(
@@ -65,7 +65,7 @@ impl Published {
     fn parts(&self, max_payload: usize) -> (&str, Option<&str>, usize) {
         match &self.msg {
             Some(m) => (&m.subject, m.kind.as_deref(), m.payload.len()),
-            None => crate::frame::simple_message(&self.raw, max_payload)
+            None => skiff_proto::client_frame::simple_message(&self.raw, max_payload)
                 .map_or(("", None, 0), |(s, n)| (s, None, n)),
         }
     }
@@ -1520,82 +1520,4 @@ fn release_members(st: &mut State, members: &[u64]) {
             st.clusters.set_load(m, l);
         }
     }
-}
-
-/// The node's counters ([`Broker::stats`], `skiff stats`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NodeStats {
-    /// Seconds since the node started.
-    pub uptime_s: f64,
-    /// Clients attached now.
-    pub connections: usize,
-    /// Clients attached since the start.
-    pub connections_total: u64,
-    /// Subscriptions held.
-    pub subscriptions: usize,
-    /// Clusters with members.
-    pub clusters: usize,
-    /// Tunnels open.
-    pub tunnels: usize,
-    /// Messages published.
-    pub published: u64,
-    /// Requests received.
-    pub requests: u64,
-    /// Replies relayed.
-    pub replies: u64,
-    /// Requests and tunnels refused for want of a responder.
-    pub no_responders: u64,
-    /// Broadcasts received.
-    pub broadcasts: u64,
-    /// Times a limit was reached.
-    pub limit_hits: u64,
-    /// Clients closed for protocol errors.
-    pub protocol_errors: u64,
-    /// Clients closed as slow consumers.
-    pub slow_consumers: u64,
-    /// Messages from other nodes dropped because a subscription was full.
-    #[serde(default)]
-    pub remote_drops: u64,
-    /// The mesh, when the node is part of one (`skiff stats --mesh`).
-    #[serde(default)]
-    pub mesh: Option<MeshView>,
-    /// Per client.
-    pub clients: Vec<ClientStats>,
-}
-
-/// One client's counters.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClientStats {
-    /// The node's id for it.
-    pub id: u64,
-    /// Where it connected from.
-    pub peer: String,
-    /// Messages it published.
-    pub published: u64,
-    /// Messages delivered to it.
-    pub delivered: u64,
-    /// Bytes queued for it.
-    pub pending_bytes: usize,
-    /// Broadcasts and tunnel data not queued for it (pending-bytes limit).
-    pub dropped_control: u64,
-    /// Its requests awaiting replies.
-    pub requests_waiting: usize,
-    /// Per subscription.
-    pub subscriptions: Vec<SubStats>,
-}
-
-/// One subscription's counters.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SubStats {
-    /// The client's id for it.
-    pub sid: u64,
-    /// Subject pattern.
-    pub pattern: String,
-    /// Type pattern.
-    pub kind: String,
-    /// Slow-consumer policy.
-    pub policy: String,
-    /// Queue counters.
-    #[serde(flatten)]
-    pub counters: SubCounters,
 }

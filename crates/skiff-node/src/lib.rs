@@ -27,7 +27,6 @@
 
 pub mod broker;
 pub mod config;
-pub mod frame;
 pub mod mesh;
 pub mod mesh_tunnel;
 pub mod outbox;
@@ -35,12 +34,15 @@ pub mod server;
 pub mod spin;
 pub mod wake;
 
-pub use broker::{Broker, ClientStats, Fatal, NodeStats, SubStats, ASYNC_ERROR};
+pub use broker::{Broker, Fatal, ASYNC_ERROR};
 pub use config::{Config, ConfigError, Limits};
-pub use frame::{ClientFrame, Code, Policy, ServerFrame};
-pub use mesh::{MeshLink, MeshSettings, MeshView};
-pub use outbox::{ClientOut, SubCounters};
+pub use mesh::{MeshLink, MeshSettings};
+pub use outbox::ClientOut;
 pub use server::{MemLink, Node};
+pub use skiff_proto::client_frame::{self as frame, ClientFrame, Code, Policy, ServerFrame};
+pub use skiff_proto::stats::{
+    ClientStats, MeshView, NodeStats, SubCounters, SubStats, TunnelStats,
+};
 pub use wake::WakeLatency;
 
 /// The node's default TCP port.

@@ -33,9 +33,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use skiff_proto::mesh::packet::Reader;
-use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, MeshStats, NodeId, PeerStats};
+use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
+use skiff_proto::stats::MeshView;
 use skiff_proto::{varint, Message};
 use tokio::net::UdpSocket;
 use tokio::sync::{watch, Notify};
@@ -105,30 +106,6 @@ struct Counters {
     send_errors: AtomicU64,
     scout_errors: AtomicU64,
     dns_errors: AtomicU64,
-}
-
-/// What `skiff stats --mesh` shows.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MeshView {
-    /// This node's identity.
-    pub me: String,
-    /// Network name.
-    pub net: String,
-    /// The sans-I/O mesh's counters.
-    pub stats: MeshStats,
-    /// Frames between nodes that did not decode.
-    pub bad_frames: u64,
-    /// Datagrams the socket refused to send.
-    pub send_errors: u64,
-    /// Scouting hellos that could not be sent.
-    pub scout_errors: u64,
-    /// Failed resolutions of `seeds_dns`.
-    pub dns_errors: u64,
-    /// Every peer known.
-    pub peers: Vec<PeerStats>,
-    /// Tunnels between nodes.
-    #[serde(default)]
-    pub tunnels: crate::mesh_tunnel::TunnelStats,
 }
 
 /// The mesh as the broker sees it: route, send, advertise.

@@ -45,19 +45,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
-use serde::{Deserialize, Serialize};
 use skiff_proto::association::{
     frame::MIN_MTU, Association, AssociationConfig, Event, Handle, Listener, ListenerConfig,
     SendError,
 };
 use skiff_proto::mesh::packet::{Reader, ENVELOPE};
 use skiff_proto::mesh::Mesh;
+use skiff_proto::stats::TunnelStats;
 use skiff_proto::{varint, Message};
 
 use crate::broker::Broker;
-use crate::frame::{Code, ServerFrame};
 use crate::mesh::MeshLink;
 use crate::ASYNC_ERROR;
+use skiff_proto::client_frame::{Code, ServerFrame};
 
 /// The association service id of tunnels between nodes ("TUN1").
 const SERVICE: u32 = 0x5455_4e31;
@@ -197,35 +197,6 @@ impl TunFrame {
         }
         Ok(f)
     }
-}
-
-/// Counters of tunnels between nodes (`skiff stats --mesh`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TunnelStats {
-    /// Tunnels with a remote end open now (pending opens included).
-    pub open: usize,
-    /// Associations this node opened that are up or setting up.
-    pub associations: usize,
-    /// Frames sent to peers.
-    pub frames_sent: u64,
-    /// Frames received from peers.
-    pub frames_received: u64,
-    /// Frames that did not decode (dropped).
-    pub bad_frames: u64,
-    /// Frames naming a tunnel the peer does not hold, or from a superseded
-    /// association (dropped).
-    pub stray_frames: u64,
-    /// Data dropped because too much waited for a peer's association.
-    pub backlog_drops: u64,
-    /// Opens refused over [`MAX_TUNNELS`].
-    pub limit_refused: u64,
-    /// Associations that failed (every tunnel with the peer ended).
-    pub assoc_failures: u64,
-    /// Tunnels ended because their peer went down or its association
-    /// failed.
-    pub tunnels_lost: u64,
-    /// Association packets the mesh refused to send.
-    pub send_refused: u64,
 }
 
 /// This node's end of a tunnel whose other end is on `peer`.

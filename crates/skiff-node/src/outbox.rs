@@ -23,10 +23,11 @@ use bytes::Bytes;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use skiff_proto::stats::SubCounters;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 
-use crate::frame::{encode_msg, encode_msg_raw, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{encode_msg, encode_msg_raw, Code, Policy, ServerFrame};
 
 /// Bytes a queued message is charged against the client's pending-bytes
 /// limit.
@@ -154,19 +155,6 @@ impl SubQueue {
     fn room(&self) -> usize {
         self.cap.saturating_add(self.credit as usize)
     }
-}
-
-/// A subscription's counters, for stats.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
-pub struct SubCounters {
-    /// Messages waiting in the node.
-    pub queued: usize,
-    /// Messages handed to the client's connection.
-    pub delivered: u64,
-    /// Messages lost to the policy.
-    pub dropped: u64,
-    /// Messages the client may take now.
-    pub credit: u32,
 }
 
 #[derive(Debug, Default)]

@@ -2,7 +2,7 @@
 //! writer task per connection, in-process attachment ([`MemLink`]), and
 //! graceful shutdown.
 //!
-//! A connection's reader decodes frames ([`crate::frame::Decoder`], bounded
+//! A connection's reader decodes frames ([`skiff_proto::client_frame::Decoder`], bounded
 //! by the payload limit) and hands them to the [`Broker`] in order; its
 //! writer takes every ready frame from the client's outbox in one batch and
 //! writes them with one system call. A frame that does not decode closes
@@ -22,9 +22,9 @@ use tokio::task::JoinSet;
 
 use crate::broker::{Broker, Fatal, Published};
 use crate::config::Config;
-use crate::frame::{is_pub, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
 use crate::outbox::ClientOut;
 use crate::spin::Spin;
+use skiff_proto::client_frame::{is_pub, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
 
 /// A running node: its listeners and connections run as tokio tasks on the
 /// runtime that started it.

@@ -16,6 +16,7 @@
 
 pub mod association;
 pub mod batcher;
+pub mod client_frame;
 pub mod compound;
 pub mod credits;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod mesh;
 pub mod message;
 pub mod msgframe;
 pub mod router;
+pub mod stats;
 pub mod varint;
 pub mod wire;
 

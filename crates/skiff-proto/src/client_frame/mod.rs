@@ -11,7 +11,7 @@
 //!
 //! Integers are varints (`v`), strings and byte strings a varint length and
 //! the bytes (`s`). A message, when a frame carries one, comes last and is
-//! encoded by [`skiff_proto::wire::encode_message`], so a message has one
+//! encoded by [`crate::wire::encode_message`], so a message has one
 //! encoding everywhere; its payload is decoded as a zero-copy slice of the
 //! frame.
 //!
@@ -36,10 +36,10 @@
 //! limit before it reserves anything, and any input yields a frame, a need
 //! for more bytes, or an error.
 
+use crate::varint;
+use crate::wire::{self, MAX_SUBJECT};
+use crate::{Message, WireError};
 use bytes::{Buf, Bytes, BytesMut};
-use skiff_proto::varint;
-use skiff_proto::wire::{self, MAX_SUBJECT};
-use skiff_proto::{Message, WireError};
 
 /// Bytes before a frame's body: its length.
 pub const LEN_PREFIX: usize = 4;
@@ -168,7 +168,6 @@ pub mod req_flags {
 
 /// What a client sends to its node.
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum ClientFrame {
     /// Publish a message on its subject.
     Pub(Message),
@@ -294,7 +293,6 @@ pub enum ClientFrame {
 
 /// What a node sends to a client.
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum ServerFrame {
     /// First frame on a connection.
     Welcome {
@@ -489,7 +487,7 @@ impl<'a> Enc<'a> {
 
 impl ClientFrame {
     /// Appends the frame, length prefix included, to `out`. The caller has
-    /// checked any message with [`skiff_proto::wire::check`].
+    /// checked any message with [`crate::wire::check`].
     pub fn encode(&self, out: &mut Vec<u8>) {
         use ClientFrame as F;
         match self {
@@ -640,7 +638,7 @@ impl ClientFrame {
 }
 
 /// Appends a `Msg` frame whose message is already encoded (`raw`, as
-/// [`skiff_proto::wire::encode_message`] writes it, e.g. the body of a
+/// [`crate::wire::encode_message`] writes it, e.g. the body of a
 /// client's `Pub` frame after its op): the node forwards a published
 /// message without decoding and re-encoding it.
 pub fn encode_msg_raw(out: &mut Vec<u8>, sid: u64, token: u64, raw: &[u8]) {
@@ -657,7 +655,7 @@ pub fn encode_msg_raw(out: &mut Vec<u8>, sid: u64, token: u64, raw: &[u8]) {
 /// The subject and payload length of an encoded message with a subject and
 /// nothing else but its payload (the common publish), read without
 /// building a [`Message`]; `None` for any other encoding, valid or not
-/// (decode those with [`skiff_proto::wire::decode_message`]). Accepts only
+/// (decode those with [`crate::wire::decode_message`]). Accepts only
 /// what `decode_message(raw, max_payload)` accepts.
 pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
     const F_SUBJECT: u8 = 1;
@@ -782,7 +780,7 @@ impl ServerFrame {
     /// For a `Msg` frame body: its subscription, its reply token and where
     /// its message starts, without decoding the message (the client
     /// decodes it straight into the subscription's queue with
-    /// [`skiff_proto::wire::decode_message_into`]); `None` for any other
+    /// [`crate::wire::decode_message_into`]); `None` for any other
     /// frame.
     pub fn msg_header(body: &Bytes) -> Result<Option<(u64, u64, usize)>, WireError> {
         if body.first() != Some(&op::MSG) {

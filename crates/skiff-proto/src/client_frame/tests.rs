@@ -206,7 +206,7 @@ fn simple_message_agrees_with_decode_message() {
         msg(),
     ] {
         let mut out = Vec::new();
-        skiff_proto::wire::encode_message(&mut out, &m, false);
+        crate::wire::encode_message(&mut out, &m, false);
         inputs.push(out);
     }
     // Every prefix and one-byte corruption of each.
@@ -229,7 +229,7 @@ fn simple_message_agrees_with_decode_message() {
         for max in [0, 4, 8, 1 << 20] {
             if let Some((subject, len)) = simple_message(&raw, max) {
                 simple += 1;
-                let m = skiff_proto::wire::decode_message(&Bytes::from(raw.clone()), max)
+                let m = crate::wire::decode_message(&Bytes::from(raw.clone()), max)
                     .expect("a simple message decodes");
                 assert_eq!(&*m.subject, subject);
                 assert_eq!(m.payload.len(), len);

@@ -1,0 +1,152 @@
+//! What a node reports about itself: the body of a `Stats` reply
+//! (`skiff stats`), carried as JSON in the client↔node protocol
+//! ([`crate::client_frame`]). Plain data, shared by the node that fills it
+//! and the client that reads it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::mesh::{MeshStats, PeerStats};
+
+/// The node's counters ([`Broker::stats`], `skiff stats`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Seconds since the node started.
+    pub uptime_s: f64,
+    /// Clients attached now.
+    pub connections: usize,
+    /// Clients attached since the start.
+    pub connections_total: u64,
+    /// Subscriptions held.
+    pub subscriptions: usize,
+    /// Clusters with members.
+    pub clusters: usize,
+    /// Tunnels open.
+    pub tunnels: usize,
+    /// Messages published.
+    pub published: u64,
+    /// Requests received.
+    pub requests: u64,
+    /// Replies relayed.
+    pub replies: u64,
+    /// Requests and tunnels refused for want of a responder.
+    pub no_responders: u64,
+    /// Broadcasts received.
+    pub broadcasts: u64,
+    /// Times a limit was reached.
+    pub limit_hits: u64,
+    /// Clients closed for protocol errors.
+    pub protocol_errors: u64,
+    /// Clients closed as slow consumers.
+    pub slow_consumers: u64,
+    /// Messages from other nodes dropped because a subscription was full.
+    #[serde(default)]
+    pub remote_drops: u64,
+    /// The mesh, when the node is part of one (`skiff stats --mesh`).
+    #[serde(default)]
+    pub mesh: Option<MeshView>,
+    /// Per client.
+    pub clients: Vec<ClientStats>,
+}
+
+/// One client's counters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientStats {
+    /// The node's id for it.
+    pub id: u64,
+    /// Where it connected from.
+    pub peer: String,
+    /// Messages it published.
+    pub published: u64,
+    /// Messages delivered to it.
+    pub delivered: u64,
+    /// Bytes queued for it.
+    pub pending_bytes: usize,
+    /// Broadcasts and tunnel data not queued for it (pending-bytes limit).
+    pub dropped_control: u64,
+    /// Its requests awaiting replies.
+    pub requests_waiting: usize,
+    /// Per subscription.
+    pub subscriptions: Vec<SubStats>,
+}
+
+/// One subscription's counters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubStats {
+    /// The client's id for it.
+    pub sid: u64,
+    /// Subject pattern.
+    pub pattern: String,
+    /// Type pattern.
+    pub kind: String,
+    /// Slow-consumer policy.
+    pub policy: String,
+    /// Queue counters.
+    #[serde(flatten)]
+    pub counters: SubCounters,
+}
+
+/// A subscription's counters, for stats.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct SubCounters {
+    /// Messages waiting in the node.
+    pub queued: usize,
+    /// Messages handed to the client's connection.
+    pub delivered: u64,
+    /// Messages lost to the policy.
+    pub dropped: u64,
+    /// Messages the client may take now.
+    pub credit: u32,
+}
+
+/// What `skiff stats --mesh` shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeshView {
+    /// This node's identity.
+    pub me: String,
+    /// Network name.
+    pub net: String,
+    /// The sans-I/O mesh's counters.
+    pub stats: MeshStats,
+    /// Frames between nodes that did not decode.
+    pub bad_frames: u64,
+    /// Datagrams the socket refused to send.
+    pub send_errors: u64,
+    /// Scouting hellos that could not be sent.
+    pub scout_errors: u64,
+    /// Failed resolutions of `seeds_dns`.
+    pub dns_errors: u64,
+    /// Every peer known.
+    pub peers: Vec<PeerStats>,
+    /// Tunnels between nodes.
+    #[serde(default)]
+    pub tunnels: TunnelStats,
+}
+
+/// Counters of tunnels between nodes (`skiff stats --mesh`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelStats {
+    /// Tunnels with a remote end open now (pending opens included).
+    pub open: usize,
+    /// Associations this node opened that are up or setting up.
+    pub associations: usize,
+    /// Frames sent to peers.
+    pub frames_sent: u64,
+    /// Frames received from peers.
+    pub frames_received: u64,
+    /// Frames that did not decode (dropped).
+    pub bad_frames: u64,
+    /// Frames naming a tunnel the peer does not hold, or from a superseded
+    /// association (dropped).
+    pub stray_frames: u64,
+    /// Data dropped because too much waited for a peer's association.
+    pub backlog_drops: u64,
+    /// Opens refused over the node's tunnel limit.
+    pub limit_refused: u64,
+    /// Associations that failed (every tunnel with the peer ended).
+    pub assoc_failures: u64,
+    /// Tunnels ended because their peer went down or its association
+    /// failed.
+    pub tunnels_lost: u64,
+    /// Association packets the mesh refused to send.
+    pub send_refused: u64,
+}
