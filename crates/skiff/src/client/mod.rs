@@ -1067,7 +1067,6 @@ impl Inner {
                         }
                     }
                     ServerFrame::Welcome { .. } => {}
-                    _ => {}
                 }
             }
             end_run(run);
