@@ -45,6 +45,8 @@ enum Command {
 }
 
 fn main() {
+    // `mem://` (the demo, `--node mem://`) attaches to a node in this process.
+    skiff_node::embed::install();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Push(a) => queue_cmd::push(a),

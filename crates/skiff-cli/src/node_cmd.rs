@@ -152,13 +152,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             .ok_or_else(|| format!("--set {kv:?}: expected NAME=VALUE"))?;
         cfg.set(k.trim(), v.trim())?;
     }
-    let shm = a.shm.as_ref().map(|s| {
-        if s.contains("://") {
-            s.clone()
-        } else {
-            format!("shm://{s}")
-        }
-    });
+    if let Some(s) = &a.shm {
+        cfg.set("shm", s)?;
+    }
     runtime_with(cfg.workers())?.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         // Handlers first: a signal right after the "listening" line must
@@ -176,14 +172,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         if let Some(p) = node.unix_path() {
             eprintln!("skiff node listening on unix {}", p.display());
         }
-        let _shm = match &shm {
-            Some(loc) => {
-                let l = skiff::shm::serve(&node, loc).map_err(|e| format!("--shm {loc}: {e}"))?;
-                eprintln!("skiff node listening on {loc} ({})", l.dir().display());
-                Some(l)
-            }
-            None => None,
-        };
+        if let (Some(loc), Some(l)) = (&cfg.shm, node.shm()) {
+            eprintln!("skiff node listening on {loc} ({})", l.dir().display());
+        }
         if let Some(m) = node.broker().mesh() {
             let v = m.view();
             eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);

@@ -24,7 +24,7 @@ use skiff_proto::{Message, WireError};
 use crate::config::Limits;
 use crate::mesh::MeshLink;
 use crate::outbox::{cost, Body, ClientOut, Push};
-use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame, ASYNC_ERROR};
 use skiff_proto::stats::{ClientStats, NodeStats, SubStats};
 
 /// Cluster members at or above this id are other nodes of the mesh (their
@@ -70,10 +70,6 @@ impl Published {
         }
     }
 }
-
-/// The `corr` of an error frame about a publish, broadcast or reply, which
-/// has no correlation id of its own; the connection stays open.
-pub const ASYNC_ERROR: u64 = u64::MAX;
 
 #[derive(Debug)]
 struct SubEntry {

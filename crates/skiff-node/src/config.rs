@@ -5,6 +5,7 @@
 //! ```toml
 //! tcp = "127.0.0.1:4747"        # "" to not listen on TCP
 //! unix = "/tmp/skiff.sock"      # optional
+//! shm = "shm://skiff"           # optional: clients of this host over shared memory
 //! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! workers = 1                   # optional: threads serving clients (default: CPUs - 1)
 //! spin_us = 100                 # poll this long after traffic before sleeping (0: off; see `spin`)
@@ -41,10 +42,7 @@ pub struct Limits {
     /// Most bytes of messages queued in the node for one client; past it the
     /// subscription's policy applies as if its queue were full. Default
     /// 16 MiB: it bounds the node's memory per slow client, and a larger
-    /// queue does not move more. With 64 MiB, a 1→1 run on one CPU peaked at
-    /// 78 MB RSS against 25 MB with 16 MiB, at the same rates (2.87 M
-    /// msgs/s at 8 B); on two CPUs 88 MB against 44 MB, rates within 3 % at
-    /// 8 B and 256 B (`skiff bench pubsub`, `SKIFF_MAX_PENDING_BYTES`).
+    /// queue does not move more (`bench/RESULTS.md` has the runs).
     pub max_pending_bytes: usize,
     /// Most clients at once (TCP, Unix and in-process together).
     pub max_connections: usize,
@@ -88,6 +86,10 @@ pub struct Config {
     pub tcp: Option<SocketAddr>,
     /// Unix socket path to listen on; `None` for none.
     pub unix: Option<PathBuf>,
+    /// Shared-memory listener for clients of this host (`shm://name`, with
+    /// the options of `skiff::shm::host::HostSocket::bind`); `None` for
+    /// none.
+    pub shm: Option<String>,
     /// Limits.
     pub limits: Limits,
     /// The mesh (`[mesh]`); `None`: a standalone node.
@@ -101,7 +103,7 @@ pub struct Config {
     pub workers: Option<usize>,
     /// Keep polling the sockets this many µs after the last read before
     /// sleeping (at most; it adapts), so a quick answer finds the node
-    /// awake; 0: sleep at once. See [`crate::spin`].
+    /// awake; 0: sleep at once. See [`skiff::spin`].
     pub spin_us: u64,
 }
 
@@ -110,11 +112,12 @@ impl Default for Config {
         Config {
             tcp: Some(SocketAddr::from(([127, 0, 0, 1], crate::DEFAULT_PORT))),
             unix: None,
+            shm: None,
             limits: Limits::default(),
             mesh: None,
             wake_latency_us: None,
             workers: None,
-            spin_us: crate::spin::DEFAULT_SPIN_US,
+            spin_us: skiff::spin::DEFAULT_SPIN_US,
         }
     }
 }
@@ -159,6 +162,7 @@ impl Config {
         struct Raw {
             tcp: Option<String>,
             unix: Option<PathBuf>,
+            shm: Option<String>,
             #[serde(default)]
             limits: Limits,
             mesh: Option<MeshSettings>,
@@ -172,15 +176,19 @@ impl Config {
         })?;
         let mut c = Config {
             unix: raw.unix,
+            shm: None,
             limits: raw.limits,
             mesh: raw.mesh,
             wake_latency_us: raw.wake_latency_us,
             workers: raw.workers,
-            spin_us: raw.spin_us.unwrap_or(crate::spin::DEFAULT_SPIN_US),
+            spin_us: raw.spin_us.unwrap_or(skiff::spin::DEFAULT_SPIN_US),
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
             c.set("tcp", &t)?;
+        }
+        if let Some(t) = raw.shm {
+            c.set("shm", &t)?;
         }
         if c.spin_us > MAX_SPIN_US {
             return Err(ConfigError::Value {
@@ -312,6 +320,14 @@ impl Config {
             "unix" => {
                 self.unix = (!value.is_empty() && value != "none").then(|| PathBuf::from(value))
             }
+            // A bare name is `shm://name`.
+            "shm" => {
+                self.shm = match value.trim() {
+                    "" | "none" | "off" => None,
+                    v if v.contains("://") => Some(v.to_owned()),
+                    v => Some(format!("shm://{v}")),
+                }
+            }
             "wake_latency_us" => {
                 self.wake_latency_us = if value.is_empty() || value == "off" || value == "none" {
                     None
@@ -367,9 +383,10 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 20] = [
+        const NAMES: [&str; 21] = [
             "tcp",
             "unix",
+            "shm",
             "wake_latency_us",
             "workers",
             "spin_us",
@@ -472,7 +489,7 @@ mod tests {
 
     #[test]
     fn spin_from_toml_env_and_flags() {
-        assert_eq!(Config::default().spin_us, crate::spin::DEFAULT_SPIN_US);
+        assert_eq!(Config::default().spin_us, skiff::spin::DEFAULT_SPIN_US);
         let mut c = Config::from_toml("spin_us = 0", std::path::Path::new("s.toml")).unwrap();
         assert_eq!(c.spin_us, 0);
         c.apply_env([("SKIFF_SPIN_US".into(), "250".into())])

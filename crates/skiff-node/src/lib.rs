@@ -27,19 +27,23 @@
 
 pub mod broker;
 pub mod config;
+pub mod embed;
 pub mod mesh;
 pub mod mesh_tunnel;
 pub mod outbox;
 pub mod server;
-pub mod spin;
+pub mod shm_listener;
 pub mod wake;
 
-pub use broker::{Broker, Fatal, ASYNC_ERROR};
+pub use broker::{Broker, Fatal};
 pub use config::{Config, ConfigError, Limits};
 pub use mesh::{MeshLink, MeshSettings};
 pub use outbox::ClientOut;
 pub use server::{MemLink, Node};
-pub use skiff_proto::client_frame::{self as frame, ClientFrame, Code, Policy, ServerFrame};
+pub use shm_listener::{ShmListener, ShmStats};
+pub use skiff_proto::client_frame::{
+    self as frame, ClientFrame, Code, Policy, ServerFrame, ASYNC_ERROR,
+};
 pub use skiff_proto::stats::{
     ClientStats, MeshView, NodeStats, SubCounters, SubStats, TunnelStats,
 };

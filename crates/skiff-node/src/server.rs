@@ -23,7 +23,9 @@ use tokio::task::JoinSet;
 use crate::broker::{Broker, Fatal, Published};
 use crate::config::Config;
 use crate::outbox::ClientOut;
-use crate::spin::Spin;
+use crate::shm_listener::ShmListener;
+use skiff::client::embed::{LocalFuture, LocalLink, LocalNode, LocalOutbox, Refusal};
+use skiff::spin::Spin;
 use skiff_proto::client_frame::{is_pub, ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
 
 /// A running node: its listeners and connections run as tokio tasks on the
@@ -33,6 +35,7 @@ pub struct Node {
     broker: Arc<Broker>,
     tcp: Option<SocketAddr>,
     unix: Option<PathBuf>,
+    shm: Option<ShmListener>,
     stop: watch::Sender<bool>,
     tasks: Option<tokio::task::JoinHandle<()>>,
     /// The wake-up latency request held while the node lives.
@@ -50,6 +53,7 @@ impl Node {
             broker: Arc::new(Broker::new(config.limits.clone())),
             tcp: None,
             unix: None,
+            shm: None,
             stop,
             tasks: None,
             wake: None,
@@ -102,6 +106,11 @@ impl Node {
                 spin.clone(),
             ));
         }
+        if let Some(loc) = &config.shm {
+            let l = ShmListener::start(node.broker.clone(), loc)
+                .map_err(|e| io::Error::other(format!("shm {loc}: {e}")))?;
+            node.shm = Some(l);
+        }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
             set.spawn(async move {
@@ -132,6 +141,11 @@ impl Node {
     /// The Unix socket path the node listens on.
     pub fn unix_path(&self) -> Option<&std::path::Path> {
         self.unix.as_deref()
+    }
+
+    /// The node's shared-memory listener, when it has one.
+    pub fn shm(&self) -> Option<&ShmListener> {
+        self.shm.as_ref()
     }
 
     /// The node's state (for stats and tests).
@@ -424,5 +438,54 @@ impl MemLink {
 impl Drop for MemLink {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+fn refusal(f: Fatal) -> Refusal {
+    Refusal {
+        code: f.code,
+        text: f.text,
+    }
+}
+
+impl LocalNode for Node {
+    fn attach(&self) -> Result<Box<dyn LocalLink>, Refusal> {
+        Ok(Box::new(self.attach_mem().map_err(refusal)?))
+    }
+}
+
+impl LocalLink for MemLink {
+    fn send(&self, frame: ClientFrame) -> LocalFuture<'_, Result<(), Refusal>> {
+        Box::pin(async move { MemLink::send(self, frame).await.map_err(refusal) })
+    }
+
+    fn send_control(&self, frame: ClientFrame) -> Result<(), Refusal> {
+        MemLink::send_control(self, frame).map_err(refusal)
+    }
+
+    fn outbox(&self) -> Arc<dyn LocalOutbox> {
+        self.out.clone()
+    }
+
+    fn id(&self) -> u64 {
+        self.out.id
+    }
+
+    fn max_payload(&self) -> usize {
+        self.broker.limits().max_payload
+    }
+
+    fn close(&self) {
+        MemLink::close(self)
+    }
+}
+
+impl LocalOutbox for ClientOut {
+    fn take(&self, out: &mut Vec<ServerFrame>) {
+        ClientOut::take(self, out);
+    }
+
+    fn next_batch<'a>(&'a self, out: &'a mut Vec<ServerFrame>) -> LocalFuture<'a, bool> {
+        Box::pin(ClientOut::next_batch(self, out))
     }
 }

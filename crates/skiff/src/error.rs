@@ -57,7 +57,7 @@ pub enum Error {
     #[error("the node refused ({code:?}): {reason}")]
     Refused {
         /// The node's code.
-        code: skiff_node::Code,
+        code: crate::client::Code,
         /// The node's explanation.
         reason: String,
     },
@@ -140,6 +140,9 @@ pub enum LocatorError {
         /// What is accepted.
         expected: &'static str,
     },
+    /// `mem://` was asked for but no node runs in this process.
+    #[error("mem:// needs a node in this process: call skiff_node::embed::install() once at start (the skiff binary and the Python package do), or attach to a node with Client::attach")]
+    NoLocalNode,
 }
 
 impl LocatorError {
@@ -178,6 +181,7 @@ mod tests {
                 value: "x".into(),
                 expected: "bytes",
             }),
+            Error::Locator(LocatorError::NoLocalNode),
             Error::Usage(UsageError::TooManyFields(99)),
             Error::Limit(LimitError::Destinations { max: 3 }),
             Error::Codec("bad".into()),
@@ -193,7 +197,7 @@ mod tests {
             Error::Timeout,
             Error::NoResponders { target: "x".into() },
             Error::Refused {
-                code: skiff_node::Code::Limit,
+                code: crate::client::Code::Limit,
                 reason: "max_subscriptions".into(),
             },
             Error::Subject(skiff_proto::router::Subject::new("").unwrap_err()),

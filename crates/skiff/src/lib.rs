@@ -22,6 +22,7 @@ pub mod error;
 pub mod locator;
 pub mod queue;
 pub mod shm;
+pub mod spin;
 mod sys;
 pub mod tunnel;
 pub mod udp;

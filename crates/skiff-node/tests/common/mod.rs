@@ -23,7 +23,7 @@ pub struct H {
     pub node: Node,
     pub kind: Kind,
     /// The node's `shm://` listener (`Kind::Shm`).
-    pub shm: Option<skiff::shm::ShmListener>,
+    pub shm: Option<skiff_node::ShmListener>,
     shm_locator: Option<String>,
     _dir: Option<TempDir>,
 }
@@ -68,7 +68,7 @@ impl H {
                 let d = temp_dir("shm");
                 let locator = format!("shm://node?dir={}", d.0.display());
                 let node = Node::start(&config).await.unwrap();
-                let shm = skiff::shm::serve(&node, &locator).unwrap();
+                let shm = skiff_node::ShmListener::start(node.broker().clone(), &locator).unwrap();
                 return H {
                     node,
                     kind,

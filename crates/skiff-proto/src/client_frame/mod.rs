@@ -47,6 +47,10 @@ pub const LEN_PREFIX: usize = 4;
 /// fields, when checking a frame's length against the message size limit.
 pub const FRAME_OVERHEAD: usize = 64 * 1024;
 
+/// The `corr` of an error frame about a publish, broadcast or reply, which
+/// has no correlation id of its own; the connection stays open.
+pub const ASYNC_ERROR: u64 = u64::MAX;
+
 /// What a subscriber wants done when its subscription's queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]

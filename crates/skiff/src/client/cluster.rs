@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use skiff_node::ClientFrame;
+use skiff_proto::client_frame::ClientFrame;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 

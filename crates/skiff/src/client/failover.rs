@@ -43,7 +43,7 @@ use parking_lot::Mutex;
 
 use std::sync::atomic::Ordering;
 
-use skiff_node::ClientFrame;
+use skiff_proto::client_frame::ClientFrame;
 
 use super::inbox::{self, Inbox, Shared};
 use super::link::Link;
@@ -96,7 +96,7 @@ pub(crate) struct LinkOptions {
     /// Longest wait for one address to connect and welcome the client.
     pub(crate) connect_timeout: Duration,
     /// Polling after a read before the runtime sleeps (see
-    /// [`skiff_node::spin`]); zero: off.
+    /// [`crate::spin`]); zero: off.
     pub(crate) spin: Duration,
 }
 
@@ -136,7 +136,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
     let mut connect_timeout = Duration::from_millis(1500);
-    let mut spin_us = skiff_node::spin::DEFAULT_SPIN_US;
+    let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     l.options(OPTIONS, |k, v| {
         match k {
             "reconnect" => reconnect = Some(parse_bool(k, v)?),
@@ -544,7 +544,7 @@ mod tests {
         assert!(!off.opts.reconnect && off.opts.ping.is_zero());
         assert_eq!(
             off.opts.spin,
-            Duration::from_micros(skiff_node::spin::DEFAULT_SPIN_US)
+            Duration::from_micros(crate::spin::DEFAULT_SPIN_US)
         );
         assert!(parse_target("skiff://h?spin_us=0")
             .unwrap()

@@ -1,5 +1,5 @@
 //! How a client's frames reach its node and the node's frames come back:
-//! in process ([`MemLink`], frames as values, no copy) or over a byte
+//! in process ([`LocalLink`], frames as values, no copy) or over a byte
 //! stream (TCP or a Unix socket: frames encoded into one buffer that a
 //! writer task flushes with one system call per batch).
 //!
@@ -18,11 +18,13 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
 
+use crate::spin::Spin;
 use bytes::BytesMut;
 use parking_lot::Mutex;
-use skiff_node::frame::{encode_pub, Decoder, FRAME_OVERHEAD};
-use skiff_node::spin::Spin;
-use skiff_node::{ClientFrame, Code, MemLink, ServerFrame};
+use skiff_proto::client_frame::{encode_pub, Decoder, FRAME_OVERHEAD};
+use skiff_proto::client_frame::{ClientFrame, Code, ServerFrame};
+
+use super::embed::LocalLink;
 use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{tcp, unix, TcpStream, UnixStream};
@@ -40,7 +42,7 @@ const KEEPALIVE: u64 = 0;
 
 #[derive(Debug)]
 pub(crate) enum Link {
-    Mem(MemLink),
+    Mem(Box<dyn LocalLink>),
     Stream(Arc<StreamTx>),
     /// Shared memory with a node on this host (`shm://`).
     #[cfg(not(skiff_loom))]
@@ -589,7 +591,7 @@ fn closed_between_nodes(weak: &Weak<Inner>) {
 struct Reading<'a> {
     max_payload: usize,
     opts: &'a LinkOptions,
-    /// Told of every read (see [`skiff_node::spin`]).
+    /// Told of every read (see [`crate::spin`]).
     spin: Option<&'a Spin>,
 }
 

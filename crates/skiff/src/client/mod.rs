@@ -76,12 +76,13 @@
 //! `reconnect_buffer` (publishes held while no node is reachable, default
 //! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default 1 s),
 //! `spin_us` (poll the connection up to this many µs after a read before
-//! the runtime sleeps, default 100, 0: off; see [`skiff_node::spin`] and
+//! the runtime sleeps, default 100, 0: off; see [`crate::spin`] and
 //! `docs/node.md`).
 //! Calls in flight on a lost node fail with [`Error::NodeLost`]; see the
 //! [`ClientEvent`] and [`Gap`] documentation for the rest.
 
 mod cluster;
+pub mod embed;
 mod failover;
 mod file;
 mod inbox;
@@ -91,24 +92,24 @@ mod link;
 mod shm_link;
 mod sub;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use skiff_node::frame::req_flags;
-use skiff_node::{ClientFrame, Code, Config, Node, ServerFrame, ASYNC_ERROR};
+use skiff_proto::client_frame::{req_flags, ClientFrame, ServerFrame, ASYNC_ERROR};
 use skiff_proto::router::{KindPattern, Pattern, Subject};
 use skiff_proto::{Message, WireError};
 use tokio::sync::{mpsc, oneshot};
 
 pub use cluster::{Incoming, Member, Request, Target, Tunnel};
+pub use embed::{LocalLink, LocalNode, LocalOutbox, Refusal};
 pub use failover::{ClientEvent, Events, Gap, LinkStats};
 pub use file::FileLog;
-pub use skiff_node::{NodeStats, Policy};
+pub use skiff_proto::client_frame::{Code, Policy};
+pub use skiff_proto::stats::NodeStats;
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
 
 use crate::Error;
@@ -223,16 +224,6 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
-fn embedded(name: &str) -> Arc<Node> {
-    static NODES: OnceLock<Mutex<HashMap<String, Arc<Node>>>> = OnceLock::new();
-    NODES
-        .get_or_init(Default::default)
-        .lock()
-        .entry(name.to_owned())
-        .or_insert_with(|| Arc::new(Node::embedded(&Config::default())))
-        .clone()
-}
-
 impl Client {
     /// Connects to a node named by a locator (see the module
     /// documentation). Needs a tokio runtime.
@@ -242,7 +233,7 @@ impl Client {
             .ok_or_else(|| crate::LocatorError::NoScheme(locator.into()))?;
         let rest = rest.split('?').next().unwrap_or("");
         match scheme {
-            "mem" => Client::attach(&embedded(rest)),
+            "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
             "skiff" | "tcp" | "unix" => {
                 let target = failover::parse_target(locator)?;
                 let mut last = None;
@@ -269,8 +260,8 @@ impl Client {
 
     /// Attaches to a node running in this process (what `mem://` does with
     /// the process's embedded node).
-    pub fn attach(node: &Node) -> Result<Client, Error> {
-        let link = node.attach_mem().map_err(|f| Error::Refused {
+    pub fn attach(node: &dyn LocalNode) -> Result<Client, Error> {
+        let link = node.attach().map_err(|f| Error::Refused {
             code: f.code,
             reason: f.text,
         })?;
@@ -283,7 +274,7 @@ impl Client {
                 client,
                 max_payload,
             }) => (*client, *max_payload),
-            _ => (link.id(), node.broker().limits().max_payload as u64),
+            _ => (link.id(), link.max_payload() as u64),
         };
         let inner = Inner::new(
             Some(Link::Mem(link)),

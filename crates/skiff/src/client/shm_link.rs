@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
-use skiff_node::frame::{encode_pub_into, pub_frame_len, Decoder, FRAME_OVERHEAD};
-use skiff_node::{ClientFrame, Code, ServerFrame};
+use skiff_proto::client_frame::{encode_pub_into, pub_frame_len, Decoder, FRAME_OVERHEAD};
+use skiff_proto::client_frame::{ClientFrame, Code, ServerFrame};
 use skiff_proto::Message;
 use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use skiff_node::{ClientFrame, Policy};
+use skiff_proto::client_frame::{ClientFrame, Policy};
 use skiff_proto::Message;
 
 use super::failover::Gap;

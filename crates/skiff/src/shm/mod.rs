@@ -30,14 +30,15 @@
 //!   from the input's ring directly.
 //!
 //! Layout, wake-ups and crash handling: see `layout.rs` and `ring.rs`. The
-//! only `unsafe` code is in `sys.rs` (mapping, futex) and two call sites in
-//! `ring.rs` that hand out data slices under the ring protocol's proof.
+//! only `unsafe` code is in `sys.rs` (mapping, futex), two call sites in
+//! `ring.rs` that hand out data slices under the ring protocol's proof, and
+//! the one in `host.rs` that pins a received segment.
 //!
-//! The node's `shm://name` listener is here too ([`serve`],
-//! [`ShmListener`]; `skiff-node` cannot depend on this crate): clients of
-//! the node's host attach with `Client::connect("shm://name")` over a pair
-//! of rings (`attach.rs`: rendezvous on a Unix socket whose end is the
-//! peer's end; `node.rs`: the node's side). A publish is encoded once into
+//! The host's side of a node's `shm://name` attachment is here too
+//! ([`host`]; the node's listener in `skiff-node` drives it with its
+//! broker): clients of the node's host attach with
+//! `Client::connect("shm://name")` over a pair of rings (`attach.rs`:
+//! rendezvous on a Unix socket whose end is the peer's end). A publish is encoded once into
 //! the client's ring and reaches the broker and in-process subscribers as
 //! `Bytes` over the node's mapping of it, released in ring order; frames
 //! to the client are copied once into its ring and once out. See
@@ -57,13 +58,13 @@ mod assoc;
 pub(crate) mod attach;
 #[cfg(not(skiff_loom))]
 mod buffer;
+#[cfg(not(skiff_loom))]
+pub mod host;
 mod layout;
 #[cfg(skiff_loom)]
 mod loom;
 #[cfg(not(skiff_loom))]
 mod msgs;
-#[cfg(not(skiff_loom))]
-mod node;
 #[cfg(skiff_loom)]
 #[path = "loom_region.rs"]
 mod region;
@@ -96,8 +97,6 @@ pub mod fuzzing {
         super::tcp::fuzz(b);
     }
 }
-#[cfg(not(skiff_loom))]
-pub use node::{serve, serve_broker, ShmListener, ShmStats};
 #[cfg(skiff_loom)]
 use region::Region;
 #[cfg(not(skiff_loom))]

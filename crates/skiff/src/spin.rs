@@ -3,9 +3,9 @@
 //! When a runtime has nothing to do, its worker sleeps in `epoll_wait`, and
 //! the next frame from a peer on another CPU must wake it: an
 //! inter-processor interrupt. On a virtual machine without guest halt
-//! polling that costs tens of microseconds (about 37 µs on the 2-CPU VM in
-//! `bench/RESULTS.md`), and a request crosses the node twice, so a round
-//! trip can pay it four times. With a spin budget, the runtime keeps
+//! polling that costs tens of microseconds (`bench/RESULTS.md` has the
+//! figures), and a request crosses the node twice, so a round trip can pay
+//! it four times. With a spin budget, the runtime keeps
 //! polling its sockets without blocking for that long after the last read,
 //! so a peer that answers within the budget finds it awake and no
 //! interrupt is sent. Go's scheduler spins the same way, by default.
@@ -20,9 +20,7 @@
 //! Used by the node (setting `spin_us`) and by clients (locator option
 //! `spin_us`); 0 turns it off. A thread that may use only one CPU never
 //! spins: the event it waits for has to come from a thread
-//! on that same CPU, which its polling only delays (measured: one
-//! requester's p50 went from 20 to 35 µs with every process on one CPU).
-//! That is checked at each burst, since a process can be pinned while it
+//! on that same CPU, which its polling only delays. That is checked at each burst, since a process can be pinned while it
 //! runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,10 +30,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// The default spin budget for nodes and clients, in µs: above a
-/// request's round trip between spinning peers on the VM measured (about
-/// 30 µs) with room for scheduling noise, and far below a scheduler tick.
-/// With 50 µs, budgets shrank at one requester and its p50 varied from 40
-/// to 86 µs; with 100 µs it stayed at 28–30 µs (`skiff bench request`).
+/// request's round trip between two spinning peers on a loopback, with
+/// room for scheduling noise, and far below a scheduler tick (the runs
+/// that chose it are in `bench/RESULTS.md`).
 pub const DEFAULT_SPIN_US: u64 = 100;
 
 /// How many CPUs the calling thread may run on (1 if that is unknown).
