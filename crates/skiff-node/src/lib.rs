@@ -49,5 +49,4 @@ pub use skiff_proto::stats::{
 };
 pub use wake::WakeLatency;
 
-/// The node's default TCP port.
-pub const DEFAULT_PORT: u16 = 4747;
+pub use skiff::locator::DEFAULT_PORT;

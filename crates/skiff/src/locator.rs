@@ -132,18 +132,20 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, LocatorError> {
         .ok_or_else(|| bad("the name resolved to no address"))
 }
 
-/// Parses a byte count: `512`, `64k`/`64KiB`, `4m`/`4MiB`.
+/// Parses a byte count: `512`, `64k`/`64KiB`, `4m`/`4MiB`, `1g`/`1GiB`.
 pub fn parse_bytes(name: &str, value: &str) -> Result<usize, LocatorError> {
     let bad = || LocatorError::BadValue {
         name: name.to_string(),
         value: value.to_string(),
-        expected: "a byte count such as 512, 64k or 4m",
+        expected: "a byte count such as 512, 64k, 4m or 1g",
     };
     let v = value.trim().to_ascii_lowercase();
     let (num, mult) = if let Some(n) = v.strip_suffix("kib").or_else(|| v.strip_suffix('k')) {
         (n, 1 << 10)
     } else if let Some(n) = v.strip_suffix("mib").or_else(|| v.strip_suffix('m')) {
         (n, 1 << 20)
+    } else if let Some(n) = v.strip_suffix("gib").or_else(|| v.strip_suffix('g')) {
+        (n, 1 << 30)
     } else {
         (v.strip_suffix('b').unwrap_or(&v), 1)
     };

@@ -85,14 +85,13 @@ pub(crate) fn parse(locator: &str) -> Result<Place, LocatorError> {
         match k {
             "dir" => dir = PathBuf::from(v),
             "ring" => {
-                ring = parse_size(v)
+                ring = crate::locator::parse_bytes(k, v)
+                    .ok()
+                    .map(|n| n as u64)
                     .filter(|&n| (4096..=1 << 34).contains(&n))
                     .ok_or_else(|| bad(k, v, "a size from 4K to 16G, like 4M"))?
             }
-            "spin" => {
-                spin = super::buffer::parse_duration(v)
-                    .ok_or_else(|| bad(k, v, "a duration like 20us"))?
-            }
+            "spin" => spin = crate::locator::parse_duration(k, v)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -109,17 +108,6 @@ pub(crate) fn parse(locator: &str) -> Result<Place, LocatorError> {
         ring,
         spin,
     })
-}
-
-/// `4096`, `64K`, `4M`, `1G`.
-fn parse_size(v: &str) -> Option<u64> {
-    let (n, mul) = match v.as_bytes().last()? {
-        b'K' | b'k' => (&v[..v.len() - 1], 1 << 10),
-        b'M' | b'm' => (&v[..v.len() - 1], 1 << 20),
-        b'G' | b'g' => (&v[..v.len() - 1], 1 << 30),
-        _ => (v, 1),
-    };
-    n.parse::<u64>().ok()?.checked_mul(mul)
 }
 
 /// A file or attachment name: one path component, short, no leading dot.

@@ -47,10 +47,8 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
     loc.options(ACCEPTED, |k, v| {
         match k {
             "dir" => o.dir = PathBuf::from(v),
-            "spin" => {
-                o.spin = parse_duration(v).ok_or_else(|| bad(k, v, "a duration like 20us"))?
-            }
-            "wait" => o.wait = parse_duration(v).ok_or_else(|| bad(k, v, "a duration like 5s"))?,
+            "spin" => o.spin = crate::locator::parse_duration(k, v)?,
+            "wait" => o.wait = crate::locator::parse_duration(k, v)?,
             "records" => o.records = Some(v.parse().map_err(|_| bad(k, v, "a count"))?),
             "consumers" => o.consumers = v.parse().map_err(|_| bad(k, v, "a count"))?,
             "reliable" if udp => {
@@ -93,20 +91,6 @@ fn parse(locator: &str) -> Result<(Kind, BufferOptions), BufferError> {
         Kind::Tcp(loc.socket_addr()?)
     };
     Ok((kind, o))
-}
-
-/// `20us`, `5ms`, `2s`, `100ns`.
-pub(super) fn parse_duration(v: &str) -> Option<Duration> {
-    let split = v.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = v.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    Some(match unit {
-        "ns" => Duration::from_nanos(n),
-        "us" => Duration::from_micros(n),
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        _ => return None,
-    })
 }
 
 fn ring_path(ns: &Path, id: BufferId) -> PathBuf {
