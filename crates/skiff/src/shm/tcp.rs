@@ -761,16 +761,17 @@ fn receiver(mut rd: TcpStream, sh: &ClientShared) {
     } else {
         LOST
     };
-    let mut open = 0;
-    for p in lock(&sh.rings).values() {
+    let rings = lock(&sh.rings);
+    // Counted before any ring is closed: a reader that sees the loss
+    // finds it in the stats.
+    if state == LOST && rings.values().any(|p| lock(p).ring.state() == OPEN) {
+        Counters::bump(&sh.stats.peers_lost);
+    }
+    for p in rings.values() {
         let p = lock(p);
         if p.ring.state() == OPEN {
             p.ring.close(state);
-            open += 1;
         }
-    }
-    if state == LOST && open > 0 {
-        Counters::bump(&sh.stats.peers_lost);
     }
 }
 
