@@ -1,0 +1,442 @@
+//! The node's state and what it does with each client frame: the router
+//! (subject trie), clusters, requests in flight and tunnels. It owns no
+//! sockets: connection tasks ([`crate::server`]) and in-process clients
+//! ([`crate::MemLink`]) hand it decoded [`ClientFrame`]s, and it answers by
+//! queueing [`ServerFrame`]s in the clients' [`ClientOut`]s.
+//!
+//! One lock guards the routing state; each client's outbox has its own, and
+//! is only ever taken after the routing lock or alone, never before it. A
+//! publish matches under the routing lock and queues the same
+//! [`Message`] (payload shared by reference count) to every matching
+//! subscription. Only a `block` subscription that is full makes the
+//! publisher wait, and it waits with no lock held.
+//!
+//! Layout: this file holds the state, attachment and the dispatch of a
+//! client's frames; `pubsub` subscriptions and publishes, `request`
+//! requests and replies (from clients and from other nodes, one path),
+//! `tunnel` tunnels, `cluster` cluster membership and broadcasts, `stats`
+//! the counters.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use skiff_proto::client_frame::{ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::router::{Clusters, Router, SubId, Subject};
+use skiff_proto::Message;
+
+use crate::config::Limits;
+use crate::mesh::MeshLink;
+use crate::outbox::{cost, ClientOut};
+
+mod cluster;
+mod pubsub;
+mod request;
+mod stats;
+mod tunnel;
+
+use cluster::release_members;
+pub use pubsub::Published;
+use request::Request;
+
+/// Cluster members at or above this id are other nodes of the mesh (their
+/// capacity is what they advertise), not clients.
+const REMOTE: u64 = 1 << 62;
+
+#[derive(Debug)]
+struct SubEntry {
+    out: Arc<ClientOut>,
+    sid: u64,
+}
+
+#[derive(Debug)]
+struct ClientEntry {
+    out: Arc<ClientOut>,
+    peer: String,
+    /// The client's sid → router id, policy and patterns.
+    sids: FxHashMap<u64, (SubId, Policy, String, String)>,
+    /// The client's request id → node token.
+    requests: FxHashMap<u64, u64>,
+    /// Cluster requests this client was chosen to answer.
+    serving: FxHashSet<u64>,
+    tunnels: FxHashSet<u64>,
+    published: u64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    requester: u64,
+    rid: u64,
+    /// Replies still wanted.
+    left: u32,
+    /// Responders reached that have not answered.
+    expect: u32,
+    /// Cluster members reached, for their load.
+    members: Vec<u64>,
+    /// For a request forwarded by another node: that node and its token;
+    /// replies go back there.
+    origin: Option<(SocketAddr, u64)>,
+    /// Replies relayed so far.
+    replied: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    router: Router<u64>,
+    subs: FxHashMap<SubId, SubEntry>,
+    clients: FxHashMap<u64, ClientEntry>,
+    clusters: Clusters<u64>,
+    load: FxHashMap<u64, u32>,
+    pending: FxHashMap<u64, Pending>,
+    next_token: u64,
+    tunnels: FxHashMap<u64, (u64, u64)>,
+    next_tunnel: u64,
+    /// Mesh peers as cluster members: address ↔ member id (≥ [`REMOTE`]).
+    remote_ids: FxHashMap<SocketAddr, u64>,
+    remote_addrs: FxHashMap<u64, SocketAddr>,
+}
+
+/// Node-wide counters.
+#[derive(Debug, Default)]
+struct Counters {
+    connections_total: AtomicU64,
+    published: AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
+    no_responders: AtomicU64,
+    broadcasts: AtomicU64,
+    limit_hits: AtomicU64,
+    protocol_errors: AtomicU64,
+    slow_consumers: AtomicU64,
+}
+
+/// The node's state, shared by every connection. See the module
+/// documentation.
+#[derive(Debug)]
+pub struct Broker {
+    state: Mutex<State>,
+    limits: Limits,
+    next_client: AtomicU64,
+    counters: Counters,
+    shutting_down: AtomicBool,
+    started: std::time::Instant,
+    mesh: OnceLock<Arc<MeshLink>>,
+    /// Remote deliveries dropped because a subscription was full.
+    remote_drops: AtomicU64,
+}
+
+/// Why a frame could not be handled: the client is closed with this error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fatal {
+    /// Why.
+    pub code: Code,
+    /// A sentence for the client.
+    pub text: String,
+}
+
+impl Broker {
+    /// A node with no clients.
+    pub fn new(limits: Limits) -> Broker {
+        Broker {
+            state: Mutex::new(State {
+                next_token: 1,
+                next_tunnel: 1,
+                ..State::default()
+            }),
+            limits,
+            next_client: AtomicU64::new(1),
+            counters: Counters::default(),
+            shutting_down: AtomicBool::new(false),
+            started: std::time::Instant::now(),
+            mesh: OnceLock::new(),
+            remote_drops: AtomicU64::new(0),
+        }
+    }
+
+    /// Connects the broker to the mesh (once): local interest is
+    /// advertised from then on, and publishes, requests and broadcasts go
+    /// to other nodes too.
+    pub fn set_mesh(&self, link: Arc<MeshLink>) {
+        let st = self.state.lock();
+        for c in st.clients.values() {
+            for (_, _, p, k) in c.sids.values() {
+                link.add_interest(p, k);
+            }
+        }
+        let _ = self.mesh.set(link);
+    }
+
+    /// The mesh link, when the node is part of a mesh.
+    pub fn mesh(&self) -> Option<&Arc<MeshLink>> {
+        self.mesh.get()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Adds a client (`peer` says where from, for stats) and queues its
+    /// `Welcome`; refuses when the connection limit is reached or the node
+    /// is shutting down.
+    pub fn attach(&self, peer: String) -> Result<Arc<ClientOut>, Fatal> {
+        if self.shutting_down.load(Relaxed) {
+            return Err(Fatal {
+                code: Code::Shutdown,
+                text: "the node is shutting down".into(),
+            });
+        }
+        let mut st = self.state.lock();
+        if st.clients.len() >= self.limits.max_connections {
+            self.counters.limit_hits.fetch_add(1, Relaxed);
+            return Err(Fatal {
+                code: Code::Limit,
+                text: format!(
+                    "the node already has {} clients (max_connections)",
+                    self.limits.max_connections
+                ),
+            });
+        }
+        let id = self.next_client.fetch_add(1, Relaxed);
+        let out = Arc::new(ClientOut::new(id, self.limits.max_pending_bytes));
+        out.control(ServerFrame::Welcome {
+            client: id,
+            max_payload: self.limits.max_payload as u64,
+        });
+        st.clients.insert(
+            id,
+            ClientEntry {
+                out: out.clone(),
+                peer,
+                sids: FxHashMap::default(),
+                requests: FxHashMap::default(),
+                serving: FxHashSet::default(),
+                tunnels: FxHashSet::default(),
+                published: 0,
+            },
+        );
+        self.counters.connections_total.fetch_add(1, Relaxed);
+        Ok(out)
+    }
+
+    /// Number of clients attached.
+    pub fn client_count(&self) -> usize {
+        self.state.lock().clients.len()
+    }
+
+    /// Number of subscriptions held.
+    pub fn subscription_count(&self) -> usize {
+        self.state.lock().router.len()
+    }
+
+    /// Removes a client and everything it held (subscriptions, cluster
+    /// memberships, requests, tunnels), closing it with `error` if given.
+    pub fn detach(&self, client: u64, error: Option<(Code, String)>) {
+        let mut st = self.state.lock();
+        let Some(c) = st.clients.remove(&client) else {
+            return;
+        };
+        c.out.close(error);
+        st.router.remove_subscriber(client);
+        for (_, (id, _, pattern, kind)) in c.sids {
+            st.subs.remove(&id);
+            if let Some(m) = self.mesh.get() {
+                m.remove_interest(&pattern, &kind);
+            }
+        }
+        let joined: Vec<String> = if self.mesh.get().is_some() {
+            st.clusters.clusters_of(client).map(str::to_owned).collect()
+        } else {
+            Vec::new()
+        };
+        st.clusters.remove_member(client);
+        for c in &joined {
+            self.advertise_cluster(&st, c);
+        }
+        st.load.remove(&client);
+        for (_, token) in c.requests {
+            if let Some(p) = st.pending.remove(&token) {
+                release_members(&mut st, &p.members);
+            }
+        }
+        for token in c.serving {
+            let Some(p) = st.pending.get_mut(&token) else {
+                continue;
+            };
+            p.expect = p.expect.saturating_sub(1);
+            p.members.retain(|m| *m != client);
+            if p.expect == 0 {
+                let p = st.pending.remove(&token).expect("present");
+                release_members(&mut st, &p.members);
+                if let Some(r) = st.clients.get_mut(&p.requester) {
+                    r.requests.remove(&p.rid);
+                    r.out.control(ServerFrame::ReqDone {
+                        rid: p.rid,
+                        code: Code::NoResponders,
+                    });
+                }
+            }
+        }
+        for t in c.tunnels {
+            if let Some((a, b)) = st.tunnels.remove(&t) {
+                let other = if a == client { b } else { a };
+                if let Some(o) = st.clients.get_mut(&other) {
+                    o.tunnels.remove(&t);
+                    o.out.control(ServerFrame::TunClose { tunnel: t });
+                }
+            } else if let Some(l) = self.mesh.get() {
+                l.tunnel_close(t);
+            }
+        }
+    }
+
+    /// Stops accepting clients (see [`crate::Node::shutdown`]).
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Relaxed);
+    }
+
+    /// Whether every client's queue is empty.
+    pub(crate) fn drained(&self) -> bool {
+        self.state
+            .lock()
+            .clients
+            .values()
+            .all(|c| c.out.is_drained())
+    }
+
+    /// Closes every client with `code`.
+    pub(crate) fn close_all(&self, code: Code, text: &str) {
+        let ids: Vec<u64> = self.state.lock().clients.keys().copied().collect();
+        for id in ids {
+            self.detach(id, Some((code, text.to_owned())));
+        }
+    }
+
+    fn limit(&self, text: String) -> (Code, String) {
+        self.counters.limit_hits.fetch_add(1, Relaxed);
+        (Code::Limit, text)
+    }
+
+    /// Checks a message from a client against the limits.
+    fn check_message(&self, msg: &Message, subject_needed: bool) -> Result<(), (Code, String)> {
+        self.check_parts(&msg.subject, msg.payload.len(), subject_needed)
+    }
+
+    fn check_parts(
+        &self,
+        subject: &str,
+        payload: usize,
+        subject_needed: bool,
+    ) -> Result<(), (Code, String)> {
+        if payload > self.limits.max_payload {
+            return Err(self.limit(format!(
+                "payload of {} bytes is over the node's limit of {} (max_payload)",
+                payload, self.limits.max_payload
+            )));
+        }
+        if subject.len() > self.limits.max_subject {
+            return Err(self.limit(format!(
+                "subject of {} bytes is over the node's limit of {} (max_subject)",
+                subject.len(),
+                self.limits.max_subject
+            )));
+        }
+        if subject_needed {
+            Subject::new(subject).map_err(|e| (Code::Invalid, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Handles one frame from client `me`. An `Err` means the client must
+    /// be closed with that error (the caller calls [`Broker::detach`]).
+    pub async fn handle(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
+        match frame {
+            ClientFrame::Pub(msg) => self.publish(me, msg).await,
+            ClientFrame::Req {
+                rid,
+                flags,
+                max,
+                target,
+                key,
+                msg,
+            } => {
+                let req = Request {
+                    flags,
+                    max: max.max(1),
+                    target,
+                    key,
+                    msg,
+                };
+                self.request(me, rid, req).await
+            }
+            other => self.handle_control(me, other)?,
+        }
+        Ok(())
+    }
+
+    /// Handles a frame that never waits: anything but `Pub` and `Req`,
+    /// which this refuses as a protocol error (use [`Broker::handle`]).
+    pub fn handle_control(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
+        use ClientFrame as F;
+        match frame {
+            F::Pub(_) | F::Req { .. } => {
+                return Err(Fatal {
+                    code: Code::Protocol,
+                    text: "publish and request frames go through Broker::handle".into(),
+                })
+            }
+            F::Sub {
+                sid,
+                pattern,
+                kind,
+                policy,
+                queue,
+                credit,
+            } => {
+                let r = self.subscribe(me, sid, pattern, kind, policy, queue, credit);
+                me.control(match r {
+                    Ok(()) => ServerFrame::Ack { corr: sid },
+                    Err((code, text)) => ServerFrame::Error {
+                        corr: sid,
+                        code,
+                        text,
+                    },
+                });
+            }
+            F::Unsub { sid } => self.unsubscribe(me, sid),
+            F::Credit { sid, n } => me.credit(sid, n),
+            F::Reply { token, msg } => self.reply(token, msg),
+            F::Cancel { rid } => self.cancel(me, rid),
+            F::Join {
+                corr,
+                cluster,
+                capacity,
+            } => self.join(me, corr, cluster, capacity),
+            F::Leave { corr, cluster } => self.leave(me, corr, cluster),
+            F::Bcast { cluster, msg } => self.broadcast(me, cluster, msg),
+            F::TunOpen {
+                corr,
+                cluster,
+                key,
+                window,
+            } => self.tunnel_open(me, corr, cluster, key, window),
+            F::TunData { tunnel, msg } => {
+                let size = cost(&msg);
+                let f = ServerFrame::TunData { tunnel, msg };
+                self.tunnel_relay(me, tunnel, f, Some(size))?
+            }
+            F::TunCredit { tunnel, n } => {
+                self.tunnel_relay(me, tunnel, ServerFrame::TunCredit { tunnel, n }, None)?
+            }
+            F::TunClose { tunnel } => self.tunnel_close(me, tunnel),
+            F::Stats { corr } => {
+                let json = serde_json::to_string(&self.stats()).unwrap_or_default();
+                me.control(ServerFrame::Stats { corr, json });
+            }
+            F::Ping { corr } => me.control(ServerFrame::Pong { corr }),
+        }
+        Ok(())
+    }
+}
