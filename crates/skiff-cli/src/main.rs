@@ -2,8 +2,8 @@
 //! and a demo that needs nothing else installed.
 
 use clap::{Parser, Subcommand};
+use skiff_cli::bench;
 
-mod bench;
 mod demo;
 mod node_cmd;
 mod queue_cmd;
@@ -40,7 +40,7 @@ enum Command {
     Stats(node_cmd::StatsArgs),
     /// A complete exchange on this host, nothing else needed.
     Demo,
-    /// Measure throughput and latency against baselines.
+    /// Measure skiff's throughput and latency on this machine.
     Bench(bench::BenchArgs),
 }
 

@@ -19,31 +19,41 @@
 //! ten trials, the largest) in µs and the largest in its options.
 
 use std::error::Error;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use skiff::client::Client;
 use skiff::Message;
 
-use super::pubsub::{free_port, Server};
+use super::server::{free_port, Server};
 use super::report::{self, Reporter, Row};
 use super::OutputArgs;
 
 /// `skiff bench failover`
 #[derive(clap::Args, Debug)]
-pub(crate) struct FailoverArgs {
+pub struct FailoverArgs {
+    /// How many trials and where.
+    #[command(flatten)]
+    pub params: FailoverParams,
+    /// Output format.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The failover benchmark's settings, shared with skiff-bench.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FailoverParams {
     /// Trials (one killed node each).
     #[arg(long, default_value_t = 10)]
-    pub(crate) trials: usize,
+    pub trials: usize,
     /// The mesh's network name [default: bench-failover-PID].
     #[arg(long)]
-    pub(crate) net: Option<String>,
+    pub net: Option<String>,
     /// Longest wait for messages to flow, or to flow again after the kill,
     /// in seconds.
     #[arg(long, value_parser = super::parse_secs, default_value = "10")]
-    pub(crate) patience: Duration,
-    #[command(flatten)]
-    pub(crate) output: OutputArgs,
+    pub patience: Duration,
 }
 
 /// How often the publisher sends.
@@ -57,7 +67,7 @@ fn free_udp_port() -> Result<u16, Box<dyn Error>> {
 }
 
 /// A mesh node on loopback, seeded with `seeds` (mesh addresses).
-fn mesh_node(net: &str, seeds: &[String]) -> Result<(Server, String), Box<dyn Error>> {
+fn mesh_node(skiff: &Path, net: &str, seeds: &[String]) -> Result<(Server, String), Box<dyn Error>> {
     let mesh = format!("127.0.0.1:{}", free_udp_port()?);
     let mut args = vec![
         "--mesh".to_owned(),
@@ -69,7 +79,7 @@ fn mesh_node(net: &str, seeds: &[String]) -> Result<(Server, String), Box<dyn Er
     if !seeds.is_empty() {
         args.extend(["--seeds".into(), seeds.join(",")]);
     }
-    Ok((Server::skiff_with(free_port()?, &args)?, mesh))
+    Ok((Server::skiff_with(skiff, free_port()?, &args)?, mesh))
 }
 
 /// What one trial saw.
@@ -83,8 +93,8 @@ struct Trial {
     duplicates: u64,
 }
 
-/// Runs `skiff bench failover`.
-pub(crate) fn run(a: &FailoverArgs, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
+/// Runs `skiff bench failover`, starting nodes from the binary `skiff`.
+pub fn run(a: &FailoverParams, skiff: &Path, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -93,8 +103,8 @@ pub(crate) fn run(a: &FailoverArgs, rep: &mut Reporter) -> Result<(), Box<dyn Er
         .net
         .clone()
         .unwrap_or_else(|| format!("bench-failover-{}", std::process::id()));
-    let (b, b_mesh) = mesh_node(&net, &[])?;
-    let (c, c_mesh) = mesh_node(&net, std::slice::from_ref(&b_mesh))?;
+    let (b, b_mesh) = mesh_node(skiff, &net, &[])?;
+    let (c, c_mesh) = mesh_node(skiff, &net, std::slice::from_ref(&b_mesh))?;
     let epoch = Instant::now();
     let publisher = rt.block_on(Client::connect(&c.url))?;
     let pub_task = rt.spawn(async move {
@@ -122,6 +132,7 @@ pub(crate) fn run(a: &FailoverArgs, rep: &mut Reporter) -> Result<(), Box<dyn Er
     let mut outcome = Ok(());
     for i in 0..a.trials {
         let t = rt.block_on(trial(
+            skiff,
             &net,
             &[b_mesh.clone(), c_mesh.clone()],
             &b,
@@ -166,13 +177,14 @@ pub(crate) fn run(a: &FailoverArgs, rep: &mut Reporter) -> Result<(), Box<dyn Er
 
 /// One trial: a fresh node A, a subscriber on `skiff://A,B`, kill A.
 async fn trial(
+    skiff: &Path,
     net: &str,
     seeds: &[String],
     b: &Server,
     epoch: Instant,
     patience: Duration,
 ) -> Result<Trial, Box<dyn Error>> {
-    let (mut a, _) = mesh_node(net, seeds)?;
+    let (mut a, _) = mesh_node(skiff, net, seeds)?;
     let locator = format!("{},{}", a.url, b.url.trim_start_matches("skiff://"));
     let client = Client::connect(&locator).await?;
     let mut sub = client.subscribe("bench.failover", "*").await?;
@@ -246,27 +258,3 @@ async fn trial(
     Ok(t)
 }
 
-/// The target, from the rows of this run.
-pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
-    rows.iter()
-        .filter(|r| r.test == "skiff-failover")
-        .filter_map(|r| {
-            let p50 = r.p50_us?;
-            let max = r
-                .options
-                .as_deref()?
-                .split_whitespace()
-                .find_map(|o| o.strip_prefix("max_us="))?
-                .parse::<f64>()
-                .ok()?;
-            let ok = max <= 1e6;
-            Some(format!(
-                "target: clients fail over within 1 s: p50 {:.1} ms, max {:.1} ms over {} trials: {}",
-                p50 / 1e3,
-                max / 1e3,
-                r.messages,
-                if ok { "met" } else { "NOT met" }
-            ))
-        })
-        .collect()
-}

@@ -1,29 +1,30 @@
-//! `skiff bench`: end-to-end benchmarks, each run side by side with its
-//! baselines in one process and one run, so every figure has its floor
-//! measured under the same conditions.
+//! `skiff bench`: end-to-end benchmarks of skiff on this machine, as
+//! `nats bench` measures NATS: each subcommand runs one kind of load
+//! through skiff and prints what it sustained.
 //!
 //! Every subcommand prints the same rows ([`report::Row`]): an aligned
-//! table by default, one JSON object per line with `--json`, and with
-//! `--plot FILE.svg` a chart of msgs/s and MB/s against message size. A
-//! progress bar runs on stderr while a test runs, when stderr is a
-//! terminal and `--json` is off.
+//! table by default, one JSON object per line with `--json`. A progress
+//! bar runs on stderr while a test runs, when stderr is a terminal and
+//! `--json` is off.
 //!
-//! - `queue`: the batched datagram queue (CMQ) against one UDP datagram per
-//!   message, ZeroMQ PUSH/PULL over TCP and ping-pong latency floors.
+//! - `queue`: the batched datagram queue (CMQ): throughput and ping-pong
+//!   latency in each batching mode.
 //! - `pubsub`, `request`: publish/subscribe and request/reply through a
-//!   node, against nats-server (`--nats`) and a TCP ping-pong floor.
-//! - `tunnel`: a reliable tunnel (QMP association) against plain TCP on
-//!   the same path: bulk goodput, 64 B message rate, ping-pong latency.
-//! - `shm`: RocketBufs buffers over shared memory against a Unix domain
-//!   socket and ZeroMQ `ipc://`: message rate and round trip.
+//!   node (one it starts, or one or several given: `--node`, `--pub-at`,
+//!   `--sub-at`; bench/mesh.sh runs them across a mesh).
+//! - `tunnel`: a reliable tunnel (QMP association): bulk goodput, small
+//!   message rate, ping-pong latency.
+//! - `shm`: RocketBufs buffers over shared memory: message rate and round
+//!   trip, busy-poll and futex.
 //! - `failover`: how long a subscriber goes without messages when its
 //!   node is killed and its client moves to the next node of a mesh.
 //!
-//! `pubsub` and `request` also run across a mesh (`--pub-at`, `--sub-at`
-//! and their nats counterparts; bench/mesh.sh).
+//! This module is also a library: the `skiff-bench` crate (not
+//! published) runs the same measuring code beside its comparisons with
+//! other systems (plain sockets, ZeroMQ, nats-server), CPU pinning, plots
+//! and the Markdown for bench/RESULTS.md, none of which ship in `skiff`.
 
 use std::error::Error;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -31,44 +32,40 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 
-mod baseline;
-mod failover;
-mod pin;
-mod plot;
-mod pubsub;
-mod queue;
-mod report;
-mod request;
-mod shm;
-mod tunnel;
+pub mod failover;
+pub mod pubsub;
+pub mod queue;
+pub mod report;
+pub mod request;
+pub mod server;
+pub mod shm;
+pub mod tunnel;
 
 use report::{CpuMeter, Histogram, Reporter, Row};
 
 /// `skiff bench …`
 #[derive(clap::Args, Debug)]
-pub(crate) struct BenchArgs {
+pub struct BenchArgs {
     /// Which benchmark to run.
     #[command(subcommand)]
-    pub(crate) command: BenchCommand,
+    pub command: BenchCommand,
 }
 
 /// The benchmarks.
 #[derive(clap::Subcommand, Debug)]
-pub(crate) enum BenchCommand {
-    /// The batched datagram queue against plain UDP, ZeroMQ and ping-pong
-    /// latency floors, at several message sizes.
+pub enum BenchCommand {
+    /// The batched datagram queue: throughput and ping-pong latency at
+    /// several message sizes, in each batching mode.
     Queue(queue::QueueArgs),
-    /// Publish/subscribe through a node (1→1, 1→4, 4→4) against
-    /// nats-server with `--nats`.
+    /// Publish/subscribe through a node (1→1, 1→4, 4→4).
     Pubsub(pubsub::PubsubArgs),
-    /// Request/reply through a node with 1 and 16 requesters, against
-    /// nats-server with `--nats` and a TCP ping-pong floor.
+    /// Request/reply through a node with 1 and 16 requesters.
     Request(request::RequestArgs),
-    /// A reliable tunnel against plain TCP on the same path: bulk goodput,
-    /// small-message rate and ping-pong latency.
+    /// A reliable tunnel: bulk goodput, small-message rate and ping-pong
+    /// latency.
     Tunnel(tunnel::TunnelArgs),
-    /// RocketBufs buffers over shared memory against a Unix socket and
-    /// ZeroMQ ipc: message rate and round trip, busy-poll and futex.
+    /// RocketBufs buffers over shared memory: message rate and round
+    /// trip, busy-poll and futex.
     Shm(shm::ShmArgs),
     /// Failover time of a subscriber whose node is killed (kill -9), over
     /// a mesh of nodes on loopback that this command starts.
@@ -77,69 +74,46 @@ pub(crate) enum BenchCommand {
 
 /// Output options every benchmark takes.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub(crate) struct OutputArgs {
+pub struct OutputArgs {
     /// Print one JSON object per row and line instead of a table.
     #[arg(long)]
-    pub(crate) json: bool,
-    /// Also draw msgs/s and MB/s against message size into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    pub(crate) plot: Option<PathBuf>,
-    /// Also write the rows as a Markdown table into this file (for
-    /// bench/RESULTS.md).
-    #[arg(long, value_name = "FILE.md")]
-    pub(crate) markdown: Option<PathBuf>,
+    pub json: bool,
 }
 
-/// Runs `skiff bench …`.
-pub(crate) fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
-    let (output, title) = match &args.command {
-        BenchCommand::Queue(a) => (a.output.clone(), "skiff bench queue"),
-        BenchCommand::Pubsub(a) => (a.output.clone(), "skiff bench pubsub"),
-        BenchCommand::Request(a) => (a.output.clone(), "skiff bench request"),
-        BenchCommand::Tunnel(a) => (a.output.clone(), "skiff bench tunnel"),
-        BenchCommand::Shm(a) => (a.output.clone(), "skiff bench shm"),
-        BenchCommand::Failover(a) => (a.output.clone(), "skiff bench failover"),
+/// Runs `skiff bench …`. The nodes that `pubsub`, `request` and
+/// `failover` start are `skiff node` of this very binary.
+pub fn run(args: BenchArgs) -> Result<(), Box<dyn Error>> {
+    let skiff = std::env::current_exe()?;
+    let json = match &args.command {
+        BenchCommand::Queue(a) => a.output.json,
+        BenchCommand::Pubsub(a) => a.output.json,
+        BenchCommand::Request(a) => a.output.json,
+        BenchCommand::Tunnel(a) => a.output.json,
+        BenchCommand::Shm(a) => a.output.json,
+        BenchCommand::Failover(a) => a.output.json,
     };
-    let mut reporter = Reporter::new(output.json);
+    let mut reporter = Reporter::new(json);
     let result = match &args.command {
         BenchCommand::Queue(a) => queue::run(a, &mut reporter),
-        BenchCommand::Pubsub(a) => pubsub::run(a, &mut reporter),
-        BenchCommand::Request(a) => request::run(a, &mut reporter),
+        BenchCommand::Pubsub(a) => pubsub::run(a, &skiff, &mut reporter),
+        BenchCommand::Request(a) => request::run(a, &skiff, &mut reporter),
         BenchCommand::Tunnel(a) => tunnel::run(a, &mut reporter),
         BenchCommand::Shm(a) => shm::run(a, &mut reporter),
-        BenchCommand::Failover(a) => failover::run(a, &mut reporter),
-    };
-    let notes = match &args.command {
-        BenchCommand::Queue(_) => queue::targets(reporter.rows()),
-        BenchCommand::Pubsub(_) => pubsub::targets(reporter.rows()),
-        BenchCommand::Request(_) => request::targets(reporter.rows()),
-        BenchCommand::Tunnel(_) => tunnel::targets(reporter.rows()),
-        BenchCommand::Shm(_) => shm::targets(reporter.rows()),
-        BenchCommand::Failover(_) => failover::targets(reporter.rows()),
+        BenchCommand::Failover(a) => failover::run(&a.params, &skiff, &mut reporter),
     };
     // Whatever was measured before a failure is still shown.
-    reporter.finish(&notes)?;
-    if let Some(path) = &output.plot {
-        std::fs::write(path, plot::svg(reporter.rows(), title))
-            .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
-        eprintln!("plot written to {}", path.display());
-    }
-    if let Some(path) = &output.markdown {
-        std::fs::write(path, report::markdown(reporter.rows(), &notes))
-            .map_err(|e| format!("cannot write the table to {}: {e}", path.display()))?;
-        eprintln!("markdown table written to {}", path.display());
-    }
+    reporter.finish(&[])?;
     result
 }
 
 /// When a test stops: after `messages` messages (or round trips) or after
 /// `duration`, whichever comes first.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// Most messages sent, or round trips timed.
-    pub(crate) messages: u64,
+    pub messages: u64,
     /// Longest time spent sending, or timing round trips.
-    pub(crate) duration: Duration,
+    pub duration: Duration,
 }
 
 /// Flow control between a benchmark's sender and receiver threads, which
@@ -153,7 +127,7 @@ pub(crate) struct Limits {
 /// no progress for `stall` takes everything outstanding as lost and goes
 /// on.
 #[derive(Debug)]
-pub(crate) struct Window {
+pub struct Window {
     received: std::sync::atomic::AtomicU64,
     limit: u64,
     stall: Duration,
@@ -162,7 +136,7 @@ pub(crate) struct Window {
 impl Window {
     /// A window of at most `messages` messages and at most `bytes` payload
     /// bytes of `size`-byte messages in flight; `messages` 0 is open loop.
-    pub(crate) fn new(messages: u64, bytes: usize, size: usize, stall: Duration) -> Window {
+    pub fn new(messages: u64, bytes: usize, size: usize, stall: Duration) -> Window {
         let by_bytes = (bytes / size.max(1)).max(1) as u64;
         Window {
             received: Default::default(),
@@ -176,18 +150,18 @@ impl Window {
     }
 
     /// The most messages in flight (0: no limit).
-    pub(crate) fn limit(&self) -> u64 {
+    pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Receiver side: `n` messages received so far in total.
-    pub(crate) fn received(&self, n: u64) {
+    pub fn received(&self, n: u64) {
         self.received.store(n, std::sync::atomic::Ordering::Release);
     }
 
     /// Sender side, before sending message number `sent` (counting from 0):
     /// waits for room. `forgiven` carries the messages taken as lost.
-    pub(crate) fn wait(&self, sent: u64, forgiven: &mut u64) {
+    pub fn wait(&self, sent: u64, forgiven: &mut u64) {
         if self.limit == 0 {
             return;
         }
@@ -224,11 +198,11 @@ impl Window {
 
 /// How long a windowed sender waits for a receiver that makes no progress
 /// before it takes what is outstanding as lost.
-pub(crate) const STALL: Duration = Duration::from_millis(50);
+pub const STALL: Duration = Duration::from_millis(50);
 
 /// How long a receiver waits with nothing arriving, after its sender has
 /// finished, before it takes the rest as lost.
-pub(crate) const QUIET: Duration = Duration::from_millis(300);
+pub const QUIET: Duration = Duration::from_millis(300);
 
 /// Round trips before timing starts (or until a tenth of the duration has
 /// passed): they fill caches, fault in buffers and wake the CPUs.
@@ -238,7 +212,7 @@ const WARMUP: u64 = 1000;
 /// for its answer, returning `false` if the answer timed out) first to warm
 /// up, then within `limits`. Returns the histogram of answered round trips
 /// in nanoseconds and the number that timed out.
-pub(crate) fn round_trips<E>(
+pub fn round_trips<E>(
     limits: Limits,
     pb: &ProgressBar,
     mut round_trip: impl FnMut() -> Result<bool, E>,
@@ -273,7 +247,7 @@ type EchoError = Box<dyn Error + Send + Sync>;
 /// trip (send one message, wait for its answer; `false` if the answer timed
 /// out) and the thread that answers it, which runs until
 /// [`Exchange::finish`] or drop stops it.
-pub(crate) struct Exchange {
+pub struct Exchange {
     round_trip: Box<dyn FnMut() -> Result<bool, Box<dyn Error>>>,
     stop: Arc<AtomicBool>,
     echo: Option<JoinHandle<Result<(), EchoError>>>,
@@ -284,7 +258,7 @@ impl Exchange {
     /// answer it) until the exchange is finished, and keeps `round_trip`
     /// for the timing. `echo` must return now and then (a receive with a
     /// timeout) so that the thread sees the stop.
-    pub(crate) fn spawn<E, R>(
+    pub fn spawn<E, R>(
         mut echo: impl FnMut() -> Result<(), E> + Send + 'static,
         mut round_trip: impl FnMut() -> Result<bool, R> + 'static,
     ) -> Exchange
@@ -310,7 +284,7 @@ impl Exchange {
     }
 
     /// Stops the echo thread and waits for it; its error if it failed.
-    pub(crate) fn finish(mut self) -> Result<(), Box<dyn Error>> {
+    pub fn finish(mut self) -> Result<(), Box<dyn Error>> {
         self.stop.store(true, Ordering::Relaxed);
         match self.echo.take() {
             Some(echo) => match echo.join() {
@@ -343,13 +317,13 @@ impl std::fmt::Debug for Exchange {
 
 /// What [`interleaved_round_trips`] measured of one exchange.
 #[derive(Debug)]
-pub(crate) struct Timed {
+pub struct Timed {
     /// Answered round trips, nanoseconds.
-    pub(crate) hist: Histogram,
+    pub hist: Histogram,
     /// Round trips whose answer timed out.
-    pub(crate) lost: u64,
+    pub lost: u64,
     /// Process CPU over the exchange's own timed stretches, % of one core.
-    pub(crate) cpu_pct: f64,
+    pub cpu_pct: f64,
 }
 
 /// The rounds `rounds` asks for, at least one and at most one per round
@@ -370,7 +344,7 @@ fn rounds_for(limits: Limits, rounds: u64) -> u64 {
 /// gives it what is left over the rounds left, and its turn ends when that
 /// is used up (a slow exchange does at least one round trip per round
 /// while it has time left). Returns one [`Timed`] per exchange, in order.
-pub(crate) fn interleaved_round_trips(
+pub fn interleaved_round_trips(
     limits: Limits,
     rounds: u64,
     exchanges: &mut [Exchange],
@@ -434,17 +408,17 @@ pub(crate) fn interleaved_round_trips(
 /// A ping-pong row waiting to be timed: the row with its test, mode, size
 /// and options set, and the exchange that measures it.
 #[derive(Debug)]
-pub(crate) struct PingPong {
+pub struct PingPong {
     /// The row to fill in.
-    pub(crate) row: Row,
+    pub row: Row,
     /// What its round trips run.
-    pub(crate) exchange: Exchange,
+    pub exchange: Exchange,
 }
 
 /// Times `set` interleaved in `rounds` rounds ([`interleaved_round_trips`]),
 /// stops the echo threads and returns the rows filled in, in the order
 /// given, each row's options saying it was interleaved.
-pub(crate) fn time_interleaved(
+pub fn time_interleaved(
     limits: Limits,
     rounds: u64,
     pb: &ProgressBar,
@@ -468,7 +442,7 @@ pub(crate) fn time_interleaved(
 }
 
 /// Parses a message size: `512`, `4k`/`4K`/`4KiB` (×1024), `1m` (×2^20).
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+pub fn parse_size(s: &str) -> Result<usize, String> {
     let v = s.trim().to_ascii_lowercase();
     let (num, mult) = if let Some(n) = v.strip_suffix("kib").or_else(|| v.strip_suffix('k')) {
         (n, 1usize << 10)
@@ -486,7 +460,7 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// Parses a duration in seconds (fractions allowed).
-pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
     s.trim()
         .parse::<f64>()
         .ok()

@@ -1,34 +1,25 @@
-//! `skiff bench pubsub`: publish/subscribe through a node, against
-//! nats-server with the same load shapes, in one run.
+//! `skiff bench pubsub`: publish/subscribe through a node.
 //!
-//! The node runs as a child process (`skiff node` on a free port, like
-//! nats-server), so its CPU time and RSS are measured on their own; the
-//! load generator (this process) holds one connection per publisher and
-//! per subscriber. Each shape `PxS` has P publishers each sending as fast
-//! as the node lets it for `--duration-secs` (subscriptions use the
-//! `block` policy, so the rate is what the subscribers sustain, with
-//! nothing lost), and S subscribers to the same subject. msgs/s counts
-//! messages received by all subscribers together, over the time from the
-//! first publish to the last receive.
-//!
-//! With `--nats`, each shape also runs against `nats-server` (Debian's
-//! package) driven by `bench/nats/natsbench` (nats.go; `bench/nats/build.sh`
-//! builds it), rows `nats`. `node` rows give each server's CPU and RSS,
-//! idle and after the load.
+//! The node runs as a child process (`skiff node` on a free port), so its
+//! CPU time and RSS are measured on their own (`node` rows, idle and under
+//! the load); the load generator (this process) holds one connection per
+//! publisher and per subscriber. Each shape `PxS` has P publishers each
+//! sending as fast as the node lets it for `--duration-secs`
+//! (subscriptions use the `block` policy by default, so the rate is what
+//! the subscribers sustain, with nothing lost), and S subscribers to the
+//! same subject. msgs/s counts messages received by all subscribers
+//! together, over the time from the first publish to the last receive.
 //!
 //! Across a mesh (bench/mesh.sh): `--pub-at` names the node publishers
 //! connect to and `--sub-at` (repeatable) the nodes subscribers connect to,
-//! spread over them in turn; `--nats-pub-at` / `--nats-sub-at` do the same
-//! for the nats rows against servers already running (a routed cluster).
-//! Before timing, the first publisher sends empty probe messages until
-//! every subscriber has one, so interest has reached the publisher's node.
-//! `--latency` adds a `1x1-latency` row per size: one message at a time,
-//! timed from publish to its arrival at the subscriber (both ends live in
-//! this process, so one clock times them).
+//! spread over them in turn. Before timing, the first publisher sends empty
+//! probe messages until every subscriber has one, so interest has reached
+//! the publisher's node. `--latency` adds a `1x1-latency` row per size: one
+//! message at a time, timed from publish to its arrival at the subscriber
+//! (both ends live in this process, so one clock times them).
 
 use std::error::Error;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,81 +29,77 @@ use skiff::client::{Client, Policy, SubOptions};
 use skiff::Message;
 
 use super::report::{self, round, Reporter, Row};
+use super::server::Server;
 use super::{parse_secs, parse_size, OutputArgs};
 
 /// `skiff bench pubsub`
 #[derive(clap::Args, Debug)]
-pub(crate) struct PubsubArgs {
+pub struct PubsubArgs {
+    /// What to measure and where.
+    #[command(flatten)]
+    pub params: PubsubParams,
+    /// Output format.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The publish/subscribe benchmark's settings, shared with skiff-bench.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PubsubParams {
     /// Load shapes, publishers x subscribers.
     #[arg(long, value_delimiter = ',', default_value = "1x1,1x4,4x4")]
-    pub(crate) shapes: Vec<String>,
+    pub shapes: Vec<String>,
     /// Payload sizes (`4k` = 4096).
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "8,256,4k")]
-    pub(crate) sizes: Vec<usize>,
+    pub sizes: Vec<usize>,
     /// How long each publisher sends, in seconds.
     #[arg(long, value_parser = parse_secs, default_value = "2")]
-    pub(crate) duration_secs: Duration,
+    pub duration_secs: Duration,
     /// Most messages per publisher.
     #[arg(long, default_value_t = 20_000_000)]
-    pub(crate) messages: u64,
-    /// Hold this CPU wake-up latency (Linux PM QoS, needs root) for the
-    /// whole run, skiff's rows and nats' alike: 0 keeps idle CPUs polling,
-    /// so a cross-CPU hop costs a few µs instead of a hypervisor wake-up.
-    /// The rows' options say so.
-    #[arg(long, value_name = "MICROS")]
-    pub(crate) wake_latency_us: Option<u32>,
+    pub messages: u64,
     /// Subscriptions' slow-consumer policy.
     #[arg(long, default_value = "block")]
-    pub(crate) policy: String,
+    pub policy: String,
     /// Use this node instead of starting one (e.g. skiff://127.0.0.1:4747).
     #[arg(long)]
-    pub(crate) node: Option<String>,
-    /// Also run the shapes against nats-server.
-    #[arg(long)]
-    pub(crate) nats: bool,
+    pub node: Option<String>,
+    /// Where publishers and subscribers connect.
     #[command(flatten)]
-    pub(crate) at: At,
+    pub at: At,
     /// Also time one message at a time, publish to arrival (a
     /// `1x1-latency` row per size).
     #[arg(long)]
-    pub(crate) latency: bool,
-    #[command(flatten)]
-    pub(crate) output: OutputArgs,
+    pub latency: bool,
 }
 
 /// Where publishers (requesters) and subscribers (responders) connect,
-/// for runs across several nodes or servers.
+/// for runs across several nodes.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub(crate) struct At {
+pub struct At {
     /// Node the publishers (or the requester) connect to, e.g.
     /// skiff://127.0.0.1:4747 [default: --node, else the node started].
     #[arg(long, value_name = "LOCATOR")]
-    pub(crate) pub_at: Option<String>,
+    pub pub_at: Option<String>,
     /// Node a subscriber (or responder) connects to; repeat it to spread
     /// them over several nodes in turn [default: as --pub-at].
     #[arg(long, value_name = "LOCATOR")]
-    pub(crate) sub_at: Vec<String>,
-    /// nats-server the nats publishers connect to (implies --nats, with no
-    /// nats-server started).
-    #[arg(long, value_name = "URL")]
-    pub(crate) nats_pub_at: Option<String>,
-    /// nats-server a nats subscriber connects to; repeatable [default: as
-    /// --nats-pub-at].
-    #[arg(long, value_name = "URL")]
-    pub(crate) nats_sub_at: Vec<String>,
+    pub sub_at: Vec<String>,
 }
 
 /// The places resolved: one publisher locator, one or more subscriber
-/// locators.
+/// locators (skiff locators, or nats URLs in skiff-bench).
 #[derive(Debug, Clone)]
-pub(crate) struct Places {
-    pub(crate) publisher: String,
-    pub(crate) subscribers: Vec<String>,
+pub struct Places {
+    /// Where the publishers (or the requester) connect.
+    pub publisher: String,
+    /// Where the subscribers (or responders) connect, in turn.
+    pub subscribers: Vec<String>,
 }
 
 impl Places {
     /// `publisher` and `subscribers`, each defaulting to `default`.
-    pub(crate) fn new(publisher: Option<&String>, subscribers: &[String], default: &str) -> Places {
+    pub fn new(publisher: Option<&String>, subscribers: &[String], default: &str) -> Places {
         let publisher = publisher.cloned().unwrap_or_else(|| default.to_owned());
         let subscribers = if subscribers.is_empty() {
             vec![publisher.clone()]
@@ -126,34 +113,24 @@ impl Places {
     }
 
     /// Where subscriber number `i` connects.
-    pub(crate) fn subscriber(&self, i: usize) -> &str {
+    pub fn subscriber(&self, i: usize) -> &str {
         &self.subscribers[i % self.subscribers.len()]
     }
 
     /// `pub=… sub=…`, for a row's options.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         format!("pub={} sub={}", self.publisher, self.subscribers.join(","))
-    }
-
-    /// natsbench's flags for these places.
-    pub(crate) fn natsbench_args(&self) -> Vec<String> {
-        let mut v = vec!["-pub-url".to_owned(), self.publisher.clone()];
-        for s in &self.subscribers {
-            v.push("-sub-url".into());
-            v.push(s.clone());
-        }
-        v
     }
 }
 
 impl At {
     /// Whether the caller names its own servers (no skiff node to start).
-    pub(crate) fn skiff_given(&self) -> bool {
+    pub fn skiff_given(&self) -> bool {
         self.pub_at.is_some() || !self.sub_at.is_empty()
     }
 
     /// The skiff places, given the default node.
-    pub(crate) fn skiff(&self, default: &str) -> Places {
+    pub fn skiff(&self, default: &str) -> Places {
         let first = self.pub_at.as_ref().or(self.sub_at.first());
         Places::new(
             self.pub_at.as_ref(),
@@ -161,183 +138,6 @@ impl At {
             first.map(String::as_str).unwrap_or(default),
         )
     }
-
-    /// The nats places, if the caller named nats servers.
-    pub(crate) fn nats(&self) -> Option<Places> {
-        let first = self.nats_pub_at.as_ref().or(self.nats_sub_at.first())?;
-        Some(Places::new(
-            self.nats_pub_at.as_ref(),
-            &self.nats_sub_at,
-            first,
-        ))
-    }
-}
-
-/// A server run as a child process, with its CPU time and RSS.
-pub(crate) struct Server {
-    child: Child,
-    /// Its locator / URL.
-    pub(crate) url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub(crate) fn free_port() -> Result<u16, Box<dyn Error>> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn wait_port(port: u16) -> Result<(), Box<dyn Error>> {
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if t.elapsed() > Duration::from_secs(10) {
-            return Err(format!("nothing listens on port {port} after 10 s").into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-impl Server {
-    /// The server's process id.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `skiff node` on a free port.
-    pub(crate) fn skiff() -> Result<Server, Box<dyn Error>> {
-        Server::skiff_with(free_port()?, &[])
-    }
-
-    /// `skiff node --tcp 127.0.0.1:PORT ARGS…`, once it listens.
-    pub(crate) fn skiff_with(port: u16, args: &[String]) -> Result<Server, Box<dyn Error>> {
-        let child = Command::new(std::env::current_exe()?)
-            .args(["node", "--tcp", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut s = Server {
-            child,
-            url: format!("skiff://127.0.0.1:{port}"),
-        };
-        let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = s.child.try_wait()? {
-                return Err(format!("skiff node {} exited ({status})", args.join(" ")).into());
-            }
-            if t.elapsed() > Duration::from_secs(10) {
-                return Err(format!("skiff node does not listen on port {port} after 10 s").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // A node that starts listening and then rejects its mesh settings
-        // exits at once.
-        std::thread::sleep(Duration::from_millis(20));
-        if let Ok(Some(status)) = s.child.try_wait() {
-            return Err(format!("skiff node {} exited ({status})", args.join(" ")).into());
-        }
-        Ok(s)
-    }
-
-    /// Kills the server at once (SIGKILL: no goodbye to anyone).
-    pub(crate) fn kill(&mut self) -> std::io::Result<()> {
-        self.child.kill()?;
-        self.child.wait().map(|_| ())
-    }
-
-    /// `nats-server` on a free port.
-    pub(crate) fn nats() -> Result<Server, Box<dyn Error>> {
-        let port = free_port()?;
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start nats-server ({e}); install it: apt-get install nats-server")
-            })?;
-        wait_port(port)?;
-        Ok(Server {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-        })
-    }
-
-    /// User + system CPU time so far.
-    pub(crate) fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command name (which ends with ')').
-        let rest = stat.rsplit(')').next().unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        // utime and stime are fields 14 and 15; index 11 and 12 here.
-        let hz = 100; // USER_HZ on Linux
-        Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz)
-    }
-
-    /// A `/proc/PID/status` size in KiB (`VmRSS`, `VmHWM`).
-    fn status_kb(&self, field: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Resident set size now, in KiB.
-    pub(crate) fn rss_kb(&self) -> u64 {
-        self.status_kb("VmRSS")
-    }
-
-    /// The largest resident set size so far (`VmHWM`), in KiB: what the
-    /// server needed at its busiest, whenever that was (the RSS after a
-    /// run depends on how much the allocator has given back by then).
-    pub(crate) fn peak_rss_kb(&self) -> u64 {
-        self.status_kb("VmHWM")
-    }
-
-    /// A `node` row: CPU% over `since`, RSS now and at its peak.
-    pub(crate) fn row(&self, test: &str, mode: &str, cpu0: Duration, since: Instant) -> Row {
-        let mut r = Row::new(test, mode, 0);
-        let wall = since.elapsed().as_secs_f64().max(1e-9);
-        r.cpu_pct = Some(round((self.cpu() - cpu0).as_secs_f64() / wall * 100.0, 1));
-        r.options = Some(format!(
-            "rss_kb={} peak_rss_kb={}",
-            self.rss_kb(),
-            self.peak_rss_kb()
-        ));
-        r.elapsed_s = Some(round(wall, 3));
-        r
-    }
-}
-
-/// The natsbench binary: `$SKIFF_NATSBENCH`, else `bench/nats/natsbench`.
-pub(crate) fn natsbench() -> Result<PathBuf, Box<dyn Error>> {
-    let p = std::env::var_os("SKIFF_NATSBENCH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("bench/nats/natsbench"));
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!("{} not found: run bench/nats/build.sh first", p.display()).into())
-    }
-}
-
-/// Runs natsbench with `args` and parses its row.
-pub(crate) fn run_natsbench(args: &[String]) -> Result<Row, Box<dyn Error>> {
-    let out = Command::new(natsbench()?).args(args).output()?;
-    if !out.status.success() {
-        return Err(format!("natsbench failed: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 fn parse_shape(s: &str) -> Result<(usize, usize), Box<dyn Error>> {
@@ -347,139 +147,141 @@ fn parse_shape(s: &str) -> Result<(usize, usize), Box<dyn Error>> {
     Ok((p.trim().parse()?, q.trim().parse()?))
 }
 
-/// Runs `skiff bench pubsub`.
-pub(crate) fn run(a: &PubsubArgs, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
-    let policy = Policy::parse(&a.policy)
-        .ok_or("--policy: drop-oldest, drop-newest, block or disconnect")?;
-    // Publishers and subscribers get runtimes of their own, as separate
-    // programs would have: in one shared two-worker runtime, tokio left
-    // every client task of a 1x1 run on one worker (perf: 97 % of a CPU)
-    // while the other idled, and the row measured that worker.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let sub_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("bench-sub")
-        .enable_all()
-        .build()?;
-    let own = match &a.node {
-        Some(_) => None,
-        None if a.at.skiff_given() => None,
-        None => Some(Server::skiff()?),
-    };
-    let url = a
-        .node
-        .clone()
-        .or_else(|| own.as_ref().map(|s| s.url.clone()))
-        .unwrap_or_default();
-    let places = a.at.skiff(&url);
-    let nats_places = a.at.nats();
-    let nats = if a.nats && nats_places.is_none() {
-        Some(Server::nats()?)
-    } else {
-        None
-    };
-    let nats_places = nats_places.or_else(|| nats.as_ref().map(|n| Places::new(None, &[], &n.url)));
-    let (_wake, wake_note) = super::pin::hold_wake(a.wake_latency_us)?;
-    let idle = Instant::now();
-    let (c0, n0) = (
-        own.as_ref().map(Server::cpu).unwrap_or_default(),
-        nats.as_ref().map(Server::cpu).unwrap_or_default(),
-    );
-    if own.is_some() || nats.is_some() {
-        std::thread::sleep(Duration::from_secs(1));
+/// A publish/subscribe run set up: the runtimes of the publishers and of
+/// the subscribers, the node started (unless one was given) and where
+/// clients connect. Measures one row at a time, so that a caller can put
+/// other rows beside them.
+#[derive(Debug)]
+pub struct Session {
+    params: PubsubParams,
+    policy: Policy,
+    rt: tokio::runtime::Runtime,
+    sub_rt: tokio::runtime::Runtime,
+    own: Option<Server>,
+    places: Places,
+    skiff_time: Duration,
+}
+
+impl Session {
+    /// Checks the settings, builds the runtimes and starts `skiff node`
+    /// from the binary `skiff` unless a node is given.
+    pub fn start(params: &PubsubParams, skiff: &Path) -> Result<Session, Box<dyn Error>> {
+        let policy = Policy::parse(&params.policy)
+            .ok_or("--policy: drop-oldest, drop-newest, block or disconnect")?;
+        // Publishers and subscribers get runtimes of their own, as separate
+        // programs would have: in one shared two-worker runtime, tokio left
+        // every client task of a 1x1 run on one worker (perf: 97 % of a CPU)
+        // while the other idled, and the row measured that worker.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let sub_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bench-sub")
+            .enable_all()
+            .build()?;
+        let own = match &params.node {
+            Some(_) => None,
+            None if params.at.skiff_given() => None,
+            None => Some(Server::skiff(skiff)?),
+        };
+        let url = params
+            .node
+            .clone()
+            .or_else(|| own.as_ref().map(|s| s.url.clone()))
+            .unwrap_or_default();
+        let places = params.at.skiff(&url);
+        Ok(Session {
+            params: params.clone(),
+            policy,
+            rt,
+            sub_rt,
+            own,
+            places,
+            skiff_time: Duration::ZERO,
+        })
     }
-    if let Some(s) = &own {
+
+    /// The node this session started, if it started one.
+    pub fn node(&self) -> Option<&Server> {
+        self.own.as_ref()
+    }
+
+    /// Where skiff's clients connect.
+    pub fn places(&self) -> &Places {
+        &self.places
+    }
+
+    /// Measures `shape` (`PxS`) at `size` bytes: a row `skiff`, mode
+    /// `shape`, whose options end with `note`.
+    pub fn shape(&mut self, shape: &str, size: usize, note: &str) -> Result<Row, Box<dyn Error>> {
+        let (pubs, subs) = parse_shape(shape)?;
+        let t = Instant::now();
+        let mut row = self.rt.block_on(skiff_shape(
+            &self.places,
+            self.sub_rt.handle(),
+            pubs,
+            subs,
+            size,
+            &self.params,
+            self.policy,
+        ))?;
+        self.skiff_time += t.elapsed();
+        row.mode = shape.to_owned();
+        row.options = Some(format!(
+            "{} policy={}{note}",
+            self.places.describe(),
+            self.policy.name()
+        ));
+        Ok(row)
+    }
+
+    /// Measures publish-to-arrival latency at `size` bytes: a row `skiff`,
+    /// `1x1-latency`, whose options end with `note`.
+    pub fn latency(&self, size: usize, note: &str) -> Result<Row, Box<dyn Error>> {
+        let mut row = self.rt.block_on(skiff_latency(
+            &self.places,
+            size,
+            self.params.duration_secs,
+        ))?;
+        row.options = Some(self.places.describe() + note);
+        Ok(row)
+    }
+
+    /// The `node skiff-load` row: the started node's CPU over the time
+    /// the rows measured so far ran, from CPU time `cpu0` (read at
+    /// `since`), and its RSS.
+    pub fn load_row(&self, cpu0: Duration, since: Instant) -> Option<Row> {
+        let s = self.own.as_ref()?;
+        let mut r = s.row("node", "skiff-load", cpu0, since);
+        let wall = self.skiff_time.as_secs_f64().max(1e-9);
+        r.cpu_pct = Some(round((s.cpu() - cpu0).as_secs_f64() / wall * 100.0, 1));
+        Some(r)
+    }
+}
+
+/// Runs `skiff bench pubsub`, starting nodes from the binary `skiff`.
+pub fn run(a: &PubsubArgs, skiff: &Path, rep: &mut Reporter) -> Result<(), Box<dyn Error>> {
+    let p = &a.params;
+    let mut session = Session::start(p, skiff)?;
+    let idle = Instant::now();
+    let c0 = session.node().map(Server::cpu).unwrap_or_default();
+    if let Some(s) = session.node() {
+        std::thread::sleep(Duration::from_secs(1));
         rep.push(s.row("node", "skiff-idle", c0, idle))?;
     }
-    if let Some(s) = &nats {
-        rep.push(s.row("node", "nats-idle", n0, idle))?;
-    }
     let load = Instant::now();
-    let c0 = own.as_ref().map(Server::cpu).unwrap_or_default();
-    let n0 = nats.as_ref().map(Server::cpu).unwrap_or_default();
-    let mut skiff_time = Duration::ZERO;
-    let mut nats_time = Duration::ZERO;
-    let natsbench_common = |np: &Places, size: usize| {
-        let mut v: Vec<String> = vec!["pubsub".into()];
-        v.extend(np.natsbench_args());
-        v.extend([
-            "-size".into(),
-            size.to_string(),
-            "-duration".into(),
-            format!("{}ms", a.duration_secs.as_millis()),
-        ]);
-        v
-    };
-    for &size in &a.sizes {
-        for shape in &a.shapes {
-            let (pubs, subs) = parse_shape(shape)?;
-            let t = Instant::now();
-            let mut row = rt.block_on(skiff_shape(
-                &places,
-                sub_rt.handle(),
-                pubs,
-                subs,
-                size,
-                a,
-                policy,
-            ))?;
-            skiff_time += t.elapsed();
-            row.mode = shape.clone();
-            row.options = Some(format!(
-                "{} policy={}{wake_note}",
-                places.describe(),
-                policy.name()
-            ));
-            rep.push(row)?;
-            if let Some(np) = &nats_places {
-                let t = Instant::now();
-                let mut args = natsbench_common(np, size);
-                args.extend([
-                    "-pubs".into(),
-                    pubs.to_string(),
-                    "-subs".into(),
-                    subs.to_string(),
-                    "-messages".into(),
-                    a.messages.to_string(),
-                ]);
-                let mut row = run_natsbench(&args)?;
-                nats_time += t.elapsed();
-                if let Some(o) = &mut row.options {
-                    o.push_str(&wake_note);
-                }
-                rep.push(row)?;
-            }
+    let c0 = session.node().map(Server::cpu).unwrap_or_default();
+    for &size in &p.sizes {
+        for shape in &p.shapes {
+            rep.push(session.shape(shape, size, "")?)?;
         }
-        if a.latency {
-            let mut row = rt.block_on(skiff_latency(&places, size, a.duration_secs))?;
-            row.options = Some(places.describe() + &wake_note);
-            rep.push(row)?;
-            if let Some(np) = &nats_places {
-                let mut args = natsbench_common(np, size);
-                args.push("-latency".into());
-                let mut row = run_natsbench(&args)?;
-                if let Some(o) = &mut row.options {
-                    o.push_str(&wake_note);
-                }
-                rep.push(row)?;
-            }
+        if p.latency {
+            rep.push(session.latency(size, "")?)?;
         }
     }
-    // CPU under load: each server's CPU time over the time its own tests
-    // ran (the two never run at once).
-    if let Some(s) = &own {
-        let mut r = s.row("node", "skiff-load", c0, load);
-        let wall = skiff_time.as_secs_f64().max(1e-9);
-        r.cpu_pct = Some(round((s.cpu() - c0).as_secs_f64() / wall * 100.0, 1));
-        rep.push(r)?;
-    }
-    if let Some(s) = &nats {
-        let mut r = s.row("node", "nats-load", n0, load);
-        let wall = nats_time.as_secs_f64().max(1e-9);
-        r.cpu_pct = Some(round((s.cpu() - n0).as_secs_f64() / wall * 100.0, 1));
+    if let Some(r) = session.load_row(c0, load) {
         rep.push(r)?;
     }
     Ok(())
@@ -511,7 +313,7 @@ async fn skiff_shape(
     pubs: usize,
     subs: usize,
     size: usize,
-    a: &PubsubArgs,
+    a: &PubsubParams,
     policy: Policy,
 ) -> Result<Row, Box<dyn Error>> {
     let received = Arc::new(AtomicU64::new(0));
@@ -707,69 +509,3 @@ mod parking_last {
     }
 }
 
-/// The targets, from the rows of this run.
-pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
-    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
-    let mut out = Vec::new();
-    let nats_row = |r: &Row| {
-        rows.iter()
-            .find(|n| n.test == "nats" && n.mode == r.mode && n.size == r.size)
-    };
-    for r in rows
-        .iter()
-        .filter(|r| r.test == "skiff" && r.mode.ends_with("-latency"))
-    {
-        if let (Some(s), Some(n)) = (r.p50_us, nats_row(r).and_then(|n| n.p50_us)) {
-            out.push(format!(
-                "{} at {} B: p50 {s:.1} us vs nats-server {n:.1} us ({:.2}x)",
-                r.mode,
-                r.size,
-                s / n
-            ));
-        }
-    }
-    for r in rows
-        .iter()
-        .filter(|r| r.test == "skiff" && r.size <= 256 && !r.mode.ends_with("-latency"))
-    {
-        let nats = nats_row(r).and_then(|n| n.msgs_per_s);
-        if let (Some(s), Some(n)) = (r.msgs_per_s, nats.filter(|n| *n > 0.0)) {
-            out.push(format!(
-                "target: {} at {} B >= 1.5x nats-server: {:.2}x ({} vs {} msgs/s): {}",
-                r.mode,
-                r.size,
-                s / n,
-                super::report::si(s),
-                super::report::si(n),
-                verdict(s >= 1.5 * n)
-            ));
-        }
-    }
-    let rss = |mode: &str, key: &str| {
-        rows.iter()
-            .find(|r| r.test == "node" && r.mode == mode)
-            .and_then(|r| {
-                r.options
-                    .as_deref()?
-                    .split_whitespace()
-                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
-                    .parse::<u64>()
-                    .ok()
-            })
-    };
-    if let (Some(s), Some(n)) = (
-        rss("skiff-load", "peak_rss_kb"),
-        rss("nats-load", "peak_rss_kb"),
-    ) {
-        out.push(format!(
-            "target: node peak RSS under load <= nats-server's: {s} KiB vs {n} KiB: {}",
-            verdict(s <= n)
-        ));
-    }
-    if let (Some(s), Some(n)) = (rss("skiff-load", "rss_kb"), rss("nats-load", "rss_kb")) {
-        out.push(format!(
-            "node RSS after the load (what the allocator kept): {s} KiB vs {n} KiB"
-        ));
-    }
-    out
-}

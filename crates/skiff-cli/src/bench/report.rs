@@ -21,52 +21,52 @@ use serde::{Deserialize, Serialize};
 /// not apply); the extras are omitted when unset.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub(crate) struct Row {
+pub struct Row {
     /// What was measured: `queue`, `udp`, `zmq`, `queue-pingpong`, ….
-    pub(crate) test: String,
+    pub test: String,
     /// How: the batching mode, socket pattern or transport.
-    pub(crate) mode: String,
+    pub mode: String,
     /// Payload bytes per message.
-    pub(crate) size: usize,
+    pub size: usize,
     /// Messages sent (throughput) or round trips timed (latency).
-    pub(crate) messages: u64,
+    pub messages: u64,
     /// Messages received per second of the receiver's elapsed time.
-    pub(crate) msgs_per_s: Option<f64>,
+    pub msgs_per_s: Option<f64>,
     /// Messages received (throughput tests): with `lost`, accounts for
     /// every message sent, exactly (the rate is rounded).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) received: Option<u64>,
+    pub received: Option<u64>,
     /// Payload megabytes (10^6 B) received per second.
-    pub(crate) mb_per_s: Option<f64>,
+    pub mb_per_s: Option<f64>,
     /// Median round trip, microseconds.
-    pub(crate) p50_us: Option<f64>,
+    pub p50_us: Option<f64>,
     /// 99th percentile round trip, microseconds.
-    pub(crate) p99_us: Option<f64>,
+    pub p99_us: Option<f64>,
     /// Datagrams (or system-call batches) the sender sent.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) batches: Option<u64>,
+    pub batches: Option<u64>,
     /// Messages sent but never received.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) lost: Option<u64>,
+    pub lost: Option<u64>,
     /// Messages or datagrams the receiver dropped on purpose and counted
     /// (kernel buffer overflow, malformed, …).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) dropped: Option<u64>,
+    pub dropped: Option<u64>,
     /// Process CPU time (user + system) as a percentage of one core over
     /// the test's wall time; 200 means both cores of a two-core machine.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cpu_pct: Option<f64>,
+    pub cpu_pct: Option<f64>,
     /// Wall time of the measurement, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) elapsed_s: Option<f64>,
+    pub elapsed_s: Option<f64>,
     /// The locator or settings used, so the row can be reproduced.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) options: Option<String>,
+    pub options: Option<String>,
 }
 
 impl Row {
     /// A row with the identifying fields set and everything else empty.
-    pub(crate) fn new(test: &str, mode: &str, size: usize) -> Row {
+    pub fn new(test: &str, mode: &str, size: usize) -> Row {
         Row {
             test: test.to_string(),
             mode: mode.to_string(),
@@ -77,7 +77,7 @@ impl Row {
 
     /// Fills the throughput fields from `received` messages of `self.size`
     /// bytes over `elapsed`.
-    pub(crate) fn set_throughput(&mut self, received: u64, elapsed: Duration) {
+    pub fn set_throughput(&mut self, received: u64, elapsed: Duration) {
         let secs = elapsed.as_secs_f64().max(1e-9);
         let rate = received as f64 / secs;
         self.received = Some(received);
@@ -87,7 +87,7 @@ impl Row {
     }
 
     /// Fills the latency fields from a histogram of nanoseconds.
-    pub(crate) fn set_latency(&mut self, hist: &Histogram) {
+    pub fn set_latency(&mut self, hist: &Histogram) {
         self.messages = hist.len();
         if !hist.is_empty() {
             self.p50_us = Some(round(hist.value_at_quantile(0.50) as f64 / 1e3, 3));
@@ -96,46 +96,50 @@ impl Row {
     }
 
     /// The row as one line of JSON (no trailing newline).
-    pub(crate) fn to_json(&self) -> String {
+    pub fn to_json(&self) -> String {
         // A struct of strings, integers and options cannot fail to serialize.
         serde_json::to_string(self).expect("Row serializes")
     }
 
     /// The (test, mode) pair that names this row's series in a plot.
-    pub(crate) fn series(&self) -> String {
+    pub fn series(&self) -> String {
         format!("{} {}", self.test, self.mode)
     }
 }
 
 /// `v` rounded to `digits` decimal places, so JSON lines stay readable.
-pub(crate) fn round(v: f64, digits: i32) -> f64 {
+pub fn round(v: f64, digits: i32) -> f64 {
     let m = 10f64.powi(digits);
     (v * m).round() / m
 }
 
 /// Latency histogram in nanoseconds, 1 ns to 100 s, three significant
 /// digits.
-pub(crate) type Histogram = hdrhistogram::Histogram<u64>;
+pub type Histogram = hdrhistogram::Histogram<u64>;
 
 /// A new, empty latency [`Histogram`].
-pub(crate) fn histogram() -> Histogram {
+pub fn histogram() -> Histogram {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
 }
 
 /// Records `d` in `hist`, clamped to its range.
-pub(crate) fn record(hist: &mut Histogram, d: Duration) {
+pub fn record(hist: &mut Histogram, d: Duration) {
     let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     hist.saturating_record(ns.max(1));
 }
 
 /// Column alignment in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Align {
+pub enum Align {
+    /// Text, padded on the right.
     Left,
+    /// Numbers, padded on the left.
     Right,
 }
 
-const COLUMNS: [(&str, Align); 12] = [
+/// The table's columns, in order, with their heading and alignment; one
+/// cell each in [`cells`].
+pub const COLUMNS: [(&str, Align); 12] = [
     ("test", Align::Left),
     ("mode", Align::Left),
     ("size B", Align::Right),
@@ -156,7 +160,7 @@ fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
 
 /// A rate with an SI suffix and three or four significant digits:
 /// `12.35 M`, `980.1 k`, `42.0`.
-pub(crate) fn si(v: f64) -> String {
+pub fn si(v: f64) -> String {
     let (x, unit) = if v >= 1e9 {
         (v / 1e9, " G")
     } else if v >= 1e6 {
@@ -184,7 +188,8 @@ fn num(v: f64) -> String {
     }
 }
 
-fn cells(r: &Row) -> [String; 12] {
+/// One row's cells as the table shows them, in [`COLUMNS`] order.
+pub fn cells(r: &Row) -> [String; 12] {
     [
         r.test.clone(),
         r.mode.clone(),
@@ -211,7 +216,7 @@ fn width(s: &str) -> usize {
 /// The rows as an aligned table with a header line and a rule, one line
 /// per row, each ending in a newline. Numbers are right-aligned; columns
 /// are separated by two spaces; trailing spaces are trimmed.
-pub(crate) fn table(rows: &[Row]) -> String {
+pub fn table(rows: &[Row]) -> String {
     let header: Vec<String> = COLUMNS.iter().map(|(h, _)| h.to_string()).collect();
     let body: Vec<[String; 12]> = rows.iter().map(cells).collect();
     let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
@@ -251,37 +256,9 @@ pub(crate) fn table(rows: &[Row]) -> String {
     out
 }
 
-/// The rows as a Markdown table (GitHub style), series grouped, options
-/// in code spans; `notes` follow as a list.
-pub(crate) fn markdown(rows: &[Row], notes: &[String]) -> String {
-    let mut out = String::new();
-    let header: Vec<&str> = COLUMNS.iter().map(|(h, _)| *h).collect();
-    out.push_str(&format!("| {} |\n", header.join(" | ")));
-    let rule: Vec<&str> = COLUMNS
-        .iter()
-        .map(|(_, a)| if *a == Align::Right { "---:" } else { "---" })
-        .collect();
-    out.push_str(&format!("| {} |\n", rule.join(" | ")));
-    for r in grouped(rows) {
-        let mut c = cells(&r);
-        if !c[11].is_empty() {
-            c[11] = format!("`{}`", c[11]);
-        }
-        let c: Vec<String> = c.iter().map(|x| x.replace('|', "\\|")).collect();
-        out.push_str(&format!("| {} |\n", c.join(" | ")));
-    }
-    if !notes.is_empty() {
-        out.push('\n');
-        for n in notes {
-            out.push_str(&format!("- {n}\n"));
-        }
-    }
-    out
-}
-
 /// `rows` reordered so that each (test, mode) series is contiguous, series
 /// in order of first appearance, rows within a series in measured order.
-pub(crate) fn grouped(rows: &[Row]) -> Vec<Row> {
+pub fn grouped(rows: &[Row]) -> Vec<Row> {
     let mut order: Vec<String> = Vec::new();
     for r in rows {
         let s = r.series();
@@ -297,14 +274,14 @@ pub(crate) fn grouped(rows: &[Row]) -> Vec<Row> {
 /// Where rows go as they are measured: JSON lines are written at once (a
 /// long run can be watched or cut short), the table at the end.
 #[derive(Debug)]
-pub(crate) struct Reporter {
+pub struct Reporter {
     json: bool,
     rows: Vec<Row>,
 }
 
 impl Reporter {
     /// A reporter printing JSON lines if `json`, else a table at the end.
-    pub(crate) fn new(json: bool) -> Reporter {
+    pub fn new(json: bool) -> Reporter {
         Reporter {
             json,
             rows: Vec::new(),
@@ -313,12 +290,12 @@ impl Reporter {
 
     /// Whether progress bars may be drawn: not with `--json`, and only on
     /// a terminal.
-    pub(crate) fn progress_enabled(&self) -> bool {
+    pub fn progress_enabled(&self) -> bool {
         !self.json && io::stderr().is_terminal()
     }
 
     /// Records a finished row (and prints it now in JSON mode).
-    pub(crate) fn push(&mut self, row: Row) -> io::Result<()> {
+    pub fn push(&mut self, row: Row) -> io::Result<()> {
         if self.json {
             let mut out = io::stdout().lock();
             writeln!(out, "{}", row.to_json())?;
@@ -329,14 +306,14 @@ impl Reporter {
     }
 
     /// Every row so far.
-    pub(crate) fn rows(&self) -> &[Row] {
+    pub fn rows(&self) -> &[Row] {
         &self.rows
     }
 
     /// Prints the table (unless in JSON mode), each series' rows together
     /// in the order the series first appeared.
     /// `notes` (one line each) follow the table.
-    pub(crate) fn finish(&self, notes: &[String]) -> io::Result<()> {
+    pub fn finish(&self, notes: &[String]) -> io::Result<()> {
         if !self.json {
             let mut out = io::stdout().lock();
             out.write_all(table(&grouped(&self.rows)).as_bytes())?;
@@ -353,7 +330,7 @@ impl Reporter {
 }
 
 /// A progress bar on stderr for one test, or a hidden one.
-pub(crate) fn progress(enabled: bool, len: u64, label: &str) -> ProgressBar {
+pub fn progress(enabled: bool, len: u64, label: &str) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }
@@ -369,7 +346,7 @@ pub(crate) fn progress(enabled: bool, len: u64, label: &str) -> ProgressBar {
 
 /// A spinner on stderr for a test whose progress cannot be counted (a
 /// child process), or a hidden one.
-pub(crate) fn spinner(enabled: bool, label: &str) -> ProgressBar {
+pub fn spinner(enabled: bool, label: &str) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }
@@ -384,7 +361,7 @@ pub(crate) fn spinner(enabled: bool, label: &str) -> ProgressBar {
 }
 
 /// Process CPU time (user + system) used so far.
-pub(crate) fn cpu_time() -> Duration {
+pub fn cpu_time() -> Duration {
     // SAFETY: getrusage writes into the zeroed struct we own and reads
     // nothing else; RUSAGE_SELF is always valid.
     let ru = unsafe {
@@ -398,14 +375,14 @@ pub(crate) fn cpu_time() -> Duration {
 
 /// Measures the process CPU share between its creation and [`Self::pct`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CpuMeter {
+pub struct CpuMeter {
     cpu: Duration,
     wall: Instant,
 }
 
 impl CpuMeter {
     /// Starts measuring now.
-    pub(crate) fn start() -> CpuMeter {
+    pub fn start() -> CpuMeter {
         CpuMeter {
             cpu: cpu_time(),
             wall: Instant::now(),
@@ -413,13 +390,13 @@ impl CpuMeter {
     }
 
     /// CPU time since start as a percentage of one core.
-    pub(crate) fn pct(&self) -> f64 {
+    pub fn pct(&self) -> f64 {
         let (cpu, wall) = self.elapsed();
         cpu_pct(cpu, wall)
     }
 
     /// Process CPU time and wall time since start.
-    pub(crate) fn elapsed(&self) -> (Duration, Duration) {
+    pub fn elapsed(&self) -> (Duration, Duration) {
         (cpu_time().saturating_sub(self.cpu), self.wall.elapsed())
     }
 }
@@ -433,26 +410,26 @@ fn cpu_pct(cpu: Duration, wall: Duration) -> f64 {
 /// share of a test timed in chunks between other tests' chunks (the
 /// interleaved ping-pong rows), counting its own stretches only.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct CpuTotal {
+pub struct CpuTotal {
     cpu: Duration,
     wall: Duration,
 }
 
 impl CpuTotal {
     /// Adds the stretch from `meter`'s start to now.
-    pub(crate) fn add(&mut self, meter: &CpuMeter) {
+    pub fn add(&mut self, meter: &CpuMeter) {
         let (cpu, wall) = meter.elapsed();
         self.cpu += cpu;
         self.wall += wall;
     }
 
     /// The wall time of the stretches so far.
-    pub(crate) fn wall(&self) -> Duration {
+    pub fn wall(&self) -> Duration {
         self.wall
     }
 
     /// CPU time over the stretches as a percentage of one core.
-    pub(crate) fn pct(&self) -> f64 {
+    pub fn pct(&self) -> f64 {
         cpu_pct(self.cpu, self.wall)
     }
 }
@@ -598,22 +575,6 @@ mod tests {
             ("zmq", 64),
         ];
         assert_eq!(g, want.map(|(t, s)| (t.to_string(), s)));
-    }
-
-    #[test]
-    fn markdown_has_a_header_rule_and_a_line_per_row() {
-        let md = markdown(&sample(), &["a note".to_string()]);
-        let lines: Vec<&str> = md.lines().collect();
-        assert!(lines[0].starts_with("| test | mode | size B |"));
-        assert!(lines[1].starts_with("| --- | --- | ---: |"));
-        assert_eq!(lines.iter().filter(|l| l.starts_with('|')).count(), 4);
-        let pipes = lines[0].matches('|').count();
-        assert!(
-            lines[..4].iter().all(|l| l.matches('|').count() == pipes),
-            "{md}"
-        );
-        assert!(md.contains("`udp://127.0.0.1:0?timeout=0`"));
-        assert!(md.ends_with("- a note\n"));
     }
 
     #[test]
