@@ -1,5 +1,5 @@
-//! The floors every skiff figure is compared with, measured in the same run
-//! with plain sockets and nothing of skiff's:
+//! The UDP floors `skiff-bench queue` compares the queue with, measured in
+//! the same run with plain sockets and nothing of skiff's:
 //!
 //! - `udp` / `datagram-per-msg`: a sender thread sends each message as its
 //!   own datagram (one `send` per message) to a receiver thread on
@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::report::{CpuMeter, Row};
-use super::{Exchange, Limits, PingPong, Window, QUIET, STALL};
+use skiff_cli::bench::report::{CpuMeter, Row};
+use skiff_cli::bench::{Exchange, Limits, PingPong, Window, QUIET, STALL};
 
 /// A UDP socket bound to 127.0.0.1 on a free port with both socket
 /// buffers asked to be `sockbuf` bytes (the kernel caps this at
@@ -300,7 +300,8 @@ pub(crate) fn udp_pingpong_queue_calls(size: usize) -> io::Result<PingPong> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::time_interleaved;
+    use skiff_cli::bench::time_interleaved;
+
     use super::*;
 
     #[test]

@@ -26,8 +26,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use skiff::client::Client;
 use skiff::Message;
 
-use super::server::{free_port, Server};
 use super::report::{self, Reporter, Row};
+use super::server::{free_port, Server};
 use super::OutputArgs;
 
 /// `skiff bench failover`
@@ -67,7 +67,11 @@ fn free_udp_port() -> Result<u16, Box<dyn Error>> {
 }
 
 /// A mesh node on loopback, seeded with `seeds` (mesh addresses).
-fn mesh_node(skiff: &Path, net: &str, seeds: &[String]) -> Result<(Server, String), Box<dyn Error>> {
+fn mesh_node(
+    skiff: &Path,
+    net: &str,
+    seeds: &[String],
+) -> Result<(Server, String), Box<dyn Error>> {
     let mesh = format!("127.0.0.1:{}", free_udp_port()?);
     let mut args = vec![
         "--mesh".to_owned(),
@@ -257,4 +261,3 @@ async fn trial(
     client.close();
     Ok(t)
 }
-

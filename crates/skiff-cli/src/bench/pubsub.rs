@@ -140,7 +140,8 @@ impl At {
     }
 }
 
-fn parse_shape(s: &str) -> Result<(usize, usize), Box<dyn Error>> {
+/// A load shape `PxS`: P publishers, S subscribers.
+pub fn parse_shape(s: &str) -> Result<(usize, usize), Box<dyn Error>> {
     let (p, q) = s
         .split_once('x')
         .ok_or_else(|| format!("shape {s:?}: expected PUBSxSUBS, e.g. 1x4"))?;
@@ -240,11 +241,9 @@ impl Session {
     /// Measures publish-to-arrival latency at `size` bytes: a row `skiff`,
     /// `1x1-latency`, whose options end with `note`.
     pub fn latency(&self, size: usize, note: &str) -> Result<Row, Box<dyn Error>> {
-        let mut row = self.rt.block_on(skiff_latency(
-            &self.places,
-            size,
-            self.params.duration_secs,
-        ))?;
+        let mut row =
+            self.rt
+                .block_on(skiff_latency(&self.places, size, self.params.duration_secs))?;
         row.options = Some(self.places.describe() + note);
         Ok(row)
     }
@@ -508,4 +507,3 @@ mod parking_last {
         }
     }
 }
-

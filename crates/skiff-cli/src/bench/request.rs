@@ -270,4 +270,3 @@ async fn skiff_requests(
 
 /// How long the warm-up retries requests that find no responder.
 const PATIENCE: Duration = Duration::from_secs(10);
-

@@ -134,4 +134,3 @@ impl Server {
         r
     }
 }
-

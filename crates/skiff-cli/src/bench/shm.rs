@@ -501,4 +501,3 @@ fn pingpong(
     row.options = Some(ping);
     Ok(row)
 }
-

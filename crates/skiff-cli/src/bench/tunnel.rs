@@ -295,4 +295,3 @@ pub fn pingpong(
     row.options = Some(args.locator(args.port(2)));
     Ok(row)
 }
-
