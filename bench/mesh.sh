@@ -14,7 +14,8 @@
 #
 # skiff: three `skiff node --mesh 127.0.0.1:PORT --net bench-PID --seeds
 # <the others> --no-scout` processes, driven by `skiff bench pubsub` /
-# `request` with --pub-at / --sub-at; the failover trials start their own
+# `request` with --pub-at / --sub-at (the user's tool: skiff's rows need
+# nothing of skiff-bench here); the failover trials start their own
 # nodes (`skiff bench failover`). nats: three nats-servers joined by routes
 # (-cluster / -routes), driven by bench/nats/natsbench (nats.go) with
 # -pub-url / -sub-url. Each case runs for skiff and then for nats.
@@ -209,7 +210,7 @@ request_case() {
     local case="$1" pub="$2"; shift 2
     local resps=("$@")
     if [ $RUN_SKIFF = 1 ]; then
-        local args=(bench request --json --no-floor --cluster bench.svc --concurrency 1,16
+        local args=(bench request --json --cluster bench.svc --concurrency 1,16
             --sizes 8 --duration-secs "$DUR" --pub-at "$(sk "$pub")")
         for s in "${resps[@]}"; do args+=(--sub-at "$(sk "$s")"); done
         "$SKIFF" "${args[@]}" | tag "$case" || fail "skiff $case"

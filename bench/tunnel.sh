@@ -2,9 +2,9 @@
 # The tunnel benchmark, lossless and at 1.4 % drop, ready for
 # bench/RESULTS.md.
 #
-#   bench/tunnel.sh [extra `skiff bench tunnel` options, e.g. --bytes 256m]
+#   bench/tunnel.sh [extra `skiff-bench tunnel` options, e.g. --bytes 256m]
 #
-# Runs `skiff bench tunnel` (tunnel vs plain TCP: bulk goodput, 64 B
+# Runs `skiff-bench tunnel` (tunnel vs plain TCP: bulk goodput, 64 B
 # message rate, ping-pong latency) three times:
 #   1. lo-lossless: on this host's loopback, tunnel mtu=65507 (what
 #      loopback carries; TCP uses 64 KiB segments there too);
@@ -15,6 +15,7 @@
 # The namespace is created and removed by this script (needs root).
 # Rows go to bench/tunnel.jsonl; stdout gets a Markdown section with the
 # machine, the commands, the tables and the issue's targets.
+# SKIFF_BENCH=path uses that skiff-bench binary instead of building one.
 #
 # Run it on a quiet machine: with two cores, anything else running shows
 # up in every figure.
@@ -23,8 +24,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 target=${CARGO_TARGET_DIR:-$root/target}
-cargo build --release -p skiff-cli >&2
-skiff="$target/release/skiff"
+if [ -z "${SKIFF_BENCH:-}" ]; then
+  cargo build --release -p skiff-bench >&2
+  SKIFF_BENCH="$target/release/skiff-bench"
+fi
 port=4900
 ns="skiff-bench-tunnel-$$"
 tmp=$(mktemp -d)
@@ -44,7 +47,7 @@ run() { # label, then the command prefix and options
 }
 EXTRA=("$@")
 
-run lo-lossless "$skiff" bench tunnel --mtu 65507
+run lo-lossless "$SKIFF_BENCH" tunnel --mtu 65507
 have_ns=1
 if [ "$(id -u)" != 0 ] || ! ip netns add "$ns" 2>/dev/null; then
   have_ns=0
@@ -52,12 +55,12 @@ if [ "$(id -u)" != 0 ] || ! ip netns add "$ns" 2>/dev/null; then
 fi
 if [ $have_ns = 1 ]; then
   ip -n "$ns" link set lo mtu 1500 up
-  run ns-lossless ip netns exec "$ns" "$skiff" bench tunnel --mtu 1472 --port $port
+  run ns-lossless ip netns exec "$ns" "$SKIFF_BENCH" tunnel --mtu 1472 --port $port
   for proto in udp tcp; do
     ip netns exec "$ns" iptables -A INPUT -p $proto --dport $port:$((port + 3)) \
       -m statistic --mode random --probability 0.014 -j DROP
   done
-  run ns-drop1.4% ip netns exec "$ns" "$skiff" bench tunnel --mtu 1472 --port $port
+  run ns-drop1.4% ip netns exec "$ns" "$SKIFF_BENCH" tunnel --mtu 1472 --port $port
   dropped=$(ip netns exec "$ns" iptables -L INPUT -v -n -x | awk '/DROP/ { s += $1 } END { print s + 0 }')
 fi
 
@@ -65,7 +68,7 @@ cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 shown_args=""
 for a in "$@"; do shown_args+=" $(printf '%q' "$a")"; done
 cat <<EOF2
-## skiff bench tunnel ($(date -u +%Y-%m-%d))
+## skiff-bench tunnel ($(date -u +%Y-%m-%d))
 
 Machine: $(nproc) cores, ${cpu:-unknown CPU}, Linux $(uname -r), $(rustc --version).
 Load average when the run ended: $(cut -d' ' -f1-3 /proc/loadavg) (other builds and tests

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the ZeroMQ baseline of `skiff bench queue` into target/zmq_bench
+# Builds the ZeroMQ baseline of `skiff-bench queue` and `shm` into target/zmq_bench
 # (or $CARGO_TARGET_DIR/zmq_bench), installing gcc and libzmq3-dev from
 # Debian when they are missing. Prints the path of the binary.
 set -euo pipefail
