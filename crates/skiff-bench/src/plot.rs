@@ -123,10 +123,7 @@ fn panel(
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d(
-            (x_lo..x_hi).log_scale().base(2.0),
-            (y_lo..y_hi).log_scale(),
-        )?;
+        .build_cartesian_2d((x_lo..x_hi).log_scale().base(2.0), (y_lo..y_hi).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("message size (bytes, log scale)")
