@@ -145,6 +145,8 @@ fn targets(command: &Command, rows: &[Row]) -> Vec<String> {
 }
 
 fn main() {
+    // `--node mem://` attaches to a node in this process, as in `skiff`.
+    skiff_node::embed::install();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("skiff-bench: {e}");
         std::process::exit(1);

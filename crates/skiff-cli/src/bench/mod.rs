@@ -441,18 +441,11 @@ pub fn time_interleaved(
     Ok(rows)
 }
 
-/// Parses a message size: `512`, `4k`/`4K`/`4KiB` (×1024), `1m` (×2^20).
+/// Parses a message size: `512`, `4k`/`4K`/`4KiB` (×1024), `1m` (×2^20),
+/// as locators do ([`skiff::locator::parse_bytes`]), and more than zero.
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let v = s.trim().to_ascii_lowercase();
-    let (num, mult) = if let Some(n) = v.strip_suffix("kib").or_else(|| v.strip_suffix('k')) {
-        (n, 1usize << 10)
-    } else if let Some(n) = v.strip_suffix("mib").or_else(|| v.strip_suffix('m')) {
-        (n, 1 << 20)
-    } else {
-        (v.strip_suffix('b').unwrap_or(&v), 1)
-    };
-    match num.parse::<usize>().ok().and_then(|n| n.checked_mul(mult)) {
-        Some(n) if n > 0 => Ok(n),
+    match skiff::locator::parse_bytes("size", s) {
+        Ok(n) if n > 0 => Ok(n),
         _ => Err(format!(
             "`{s}` is not a message size: expected a positive byte count such as 8, 512, 4k or 16k"
         )),
