@@ -55,7 +55,8 @@ impl Server {
             .args(["node", "--tcp", &format!("127.0.0.1:{port}")])
             .args(args)
             .stderr(Stdio::null())
-            .spawn()?;
+            .spawn()
+            .map_err(|e| format!("cannot run {} node: {e}", skiff.display()))?;
         let mut s = Server {
             child,
             url: format!("skiff://127.0.0.1:{port}"),
