@@ -3,7 +3,7 @@
 //!
 //! What it owns and promises:
 //! - **Set-up** by a FIRST packet with explicit addressing (a service id)
-//!   and a key unique on the initiating host. The [`Listener`] answers with
+//!   and a key unique on the initiating host. The listening [`Endpoint`] answers with
 //!   the key's return form (RTN bit set) and a key of its own; from then on
 //!   every packet carries only a key, which each side looks up directly
 //!   (QMP's abbreviated lookup). FIRST is retransmitted until answered; the
@@ -52,6 +52,10 @@
 //!   duplicates, acknowledgements of data never sent) is dropped and counted
 //!   in [`AssociationStats`] or [`ListenerStats`], never delivered.
 //!
+//! One [`Endpoint`] holds every association of a local address, initiated
+//! and accepted: it routes datagrams to them, accepts set-ups and keeps
+//! their timers; a driver runs it (see [`endpoint`]).
+//!
 //! What it does not do: congestion control (QMP's flow control is
 //! optimistic and the window is the only brake), encryption or
 //! authentication beyond unguessable keys (a key is 63 random bits from the
@@ -67,14 +71,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 pub mod frame;
-mod listener;
+pub mod endpoint;
 mod recv;
 mod send;
 #[cfg(test)]
 mod tests;
 
 pub use frame::{is_association, peek_key, KIND};
-pub use listener::{Handle, Listener, ListenerConfig, ListenerStats};
+pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats};
 
 use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
 use recv::{DataOutcome, RecvState};
@@ -608,7 +612,7 @@ impl Association {
     }
 
     /// Takes a datagram addressed to this association (from a driver that
-    /// owns it alone; a [`Listener`] routes its own).
+    /// owns it alone; an [`Endpoint`] routes its own).
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
         let p = match Packet::decode(&bytes) {
             Ok(p) => p,
@@ -627,6 +631,12 @@ impl Association {
             return;
         }
         self.handle_packet(now, p);
+    }
+
+    /// Counts a packet with this association's key from another address
+    /// (the endpoint routed it by key and checked the source).
+    pub(crate) fn count_wrong_source(&mut self) {
+        self.stats.wrong_source += 1;
     }
 
     /// Takes a decoded packet whose key and source were checked.

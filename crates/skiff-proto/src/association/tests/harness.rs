@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use crate::association::frame::Packet;
 use crate::association::{
-    Association, AssociationConfig, Event, Handle, Listener, ListenerConfig, State,
+    Association, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle, State,
 };
 
 /// xorshift64*: small, seeded, good enough for fault injection.
@@ -100,7 +100,7 @@ pub(super) struct Pair {
     pub(super) now: Instant,
     pub(super) start: Instant,
     pub(super) client: Association,
-    pub(super) server: Listener,
+    pub(super) server: Endpoint,
     pub(super) server_h: Option<Handle>,
     pub(super) client_addr: SocketAddr,
     pub(super) server_addr: SocketAddr,
@@ -152,11 +152,11 @@ impl Pair {
         let mut rng = Rng::new(seed);
         let key = rng.next();
         let client = Association::connect(now, config.clone(), server_addr, 7, key);
-        let server = Listener::new(ListenerConfig {
+        let server = Endpoint::new(EndpointConfig {
             service: 7,
             seed: rng.next(),
             association: config,
-            ..ListenerConfig::default()
+            ..EndpointConfig::default()
         });
         Pair {
             now,
@@ -296,7 +296,7 @@ impl Pair {
                 any = true;
             }
             assert_eq!(buf, BEHIND, "nothing appended without a transmit");
-            if let Some(h) = self.server.accept() {
+            if let Some(h) = accept(&mut self.server) {
                 assert!(self.server_h.is_none(), "one client, one association");
                 self.server_h = Some(h);
                 any = true;
@@ -459,4 +459,14 @@ pub(super) fn msg(i: usize, len: usize) -> Bytes {
     }
     v.truncate(len.max(8));
     v.into()
+}
+
+/// The next association `e` accepted, skipping activity reports.
+pub(super) fn accept(e: &mut Endpoint) -> Option<Handle> {
+    while let Some(ev) = e.poll_event() {
+        if let EndpointEvent::Accepted(h) = ev {
+            return Some(h);
+        }
+    }
+    None
 }

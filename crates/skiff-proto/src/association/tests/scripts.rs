@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::harness::{msg, test_config, Dir, Net, Pair};
+use super::harness::{accept, msg, test_config, Dir, Net, Pair};
 use crate::association::frame::{Chunk, Encoder, Packet, Status, RTN};
 use crate::association::{
-    AssociationConfig, CloseReason, Event, FailReason, Listener, ListenerConfig, SendError, State,
+    AssociationConfig, CloseReason, Event, FailReason, Endpoint, EndpointConfig, SendError, State,
 };
 
 fn lossless() -> Pair {
@@ -413,7 +413,7 @@ fn replayed_packet_not_delivered_twice() {
     p.drive_until(Duration::from_secs(30), |_| false);
     assert_eq!(p.server.half_open(), 0);
     assert_eq!(p.server.stats().half_open_expired, 1);
-    assert!(p.server.accept().is_none());
+    assert!(accept(&mut p.server).is_none());
     assert!(p.server.is_empty());
 }
 
@@ -456,12 +456,13 @@ fn ack_of_unsent_data_ignored() {
 #[test]
 fn first_flood_bounded() {
     let cfg = test_config();
-    let mut l = Listener::new(ListenerConfig {
+    let mut l = Endpoint::new(EndpointConfig {
         service: 7,
         max_associations: 16,
         max_half_open: 8,
         seed: 42,
         association: cfg.clone(),
+        ..EndpointConfig::default()
     });
     let now = std::time::Instant::now();
     let mut buf = Vec::new();
@@ -496,19 +497,20 @@ fn first_flood_bounded() {
     assert_eq!(l.half_open(), 0);
     assert_eq!(l.stats().half_open_expired, 8);
     assert!(l.is_empty());
-    assert!(l.accept().is_none());
+    assert!(accept(&mut l).is_none());
 }
 
 #[test]
 fn listener_bounds_associations() {
     let cfg = test_config();
     let mut p = lossless();
-    p.server = Listener::new(ListenerConfig {
+    p.server = Endpoint::new(EndpointConfig {
         service: 7,
         max_associations: 1,
         max_half_open: 1,
         seed: 5,
         association: cfg.clone(),
+        ..EndpointConfig::default()
     });
     p.connect();
     // A second initiator is refused while the first association lives.
@@ -763,11 +765,11 @@ fn listener_serves_many_associations() {
     use crate::association::{Association, Handle};
 
     let cfg = test_config();
-    let mut l = Listener::new(ListenerConfig {
+    let mut l = Endpoint::new(EndpointConfig {
         service: 7,
         seed: 3,
         association: cfg.clone(),
-        ..ListenerConfig::default()
+        ..EndpointConfig::default()
     });
     let server: SocketAddr = "10.0.0.2:4747".parse().unwrap();
     let mut now = std::time::Instant::now();
@@ -803,7 +805,7 @@ fn listener_serves_many_associations() {
             c.1.handle_datagram(now, server, Bytes::copy_from_slice(&buf));
             moved = true;
         }
-        while let Some(h) = l.accept() {
+        while let Some(h) = accept(&mut l) {
             handles.push(h);
         }
         for h in &handles {

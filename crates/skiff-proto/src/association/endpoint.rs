@@ -1,18 +1,26 @@
-//! QMP's listening context: matches FIRST packets against its service,
-//! creates associations within configured bounds and routes every later
-//! packet to its association by key.
+//! QMP's endpoint: every association of one local address, the ones it
+//! initiated and the ones it accepted, in one table, in the style of
+//! quinn-proto's `Endpoint`. It owns demultiplexing (which association a
+//! datagram belongs to), accepting (QMP's listening context), the
+//! association table and the timers (the earliest deadline across all
+//! associations). No I/O: a driver moves the datagrams and the time in.
 //!
 //! Lookup is QMP's: a FIRST (RTN clear) goes through the translation map
 //! keyed by (source address, initiator's key), so a retransmitted FIRST
 //! finds the association it already created; every other packet carries
-//! this host's own key with RTN set and is found by that key alone.
+//! this host's own key with RTN set and is found by that key alone,
+//! whichever side started the association.
 //!
-//! Bounds: at most `max_associations` associations and at most
-//! `max_half_open` of them waiting for the initiator's confirmation. A FIRST
-//! beyond either bound is dropped and counted, and nothing is sent back, so
-//! a flood of FIRSTs from forged addresses costs a bounded amount of memory
-//! and reflects nothing. Half-open associations expire after the
-//! handshake timeout.
+//! Bounds: at most `max_associations` accepted associations and at most
+//! `max_half_open` of them waiting for the initiator's confirmation. A
+//! FIRST beyond either bound, or while the endpoint is not listening, is
+//! dropped and counted, and nothing is sent back, so a flood of FIRSTs
+//! from forged addresses costs a bounded amount of memory and reflects
+//! nothing. Half-open associations expire after the handshake timeout.
+//!
+//! Keys (this host's half of every association) come from a generator
+//! seeded by the caller ([`EndpointConfig::seed`]), unique within the
+//! endpoint.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -25,31 +33,35 @@ use rustc_hash::FxHashMap;
 use super::frame::{Packet, RTN};
 use super::{Association, AssociationConfig, State, Transmit};
 
-/// Names an association accepted by a [`Listener`] (its local key).
+/// Names an association of an [`Endpoint`] (its local key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle(pub u64);
 
-/// How a [`Listener`] accepts.
+/// How an [`Endpoint`] accepts and connects.
 #[derive(Debug, Clone)]
-pub struct ListenerConfig {
+pub struct EndpointConfig {
     /// The service id a FIRST must name (QMP's explicit addressing).
     pub service: u32,
-    /// Most associations at once, half-open ones included.
+    /// Whether FIRSTs are accepted from the start (see
+    /// [`Endpoint::set_listening`]).
+    pub listen: bool,
+    /// Most accepted associations at once, half-open ones included.
     pub max_associations: usize,
     /// Most associations waiting for the initiator's confirmation.
     pub max_half_open: usize,
-    /// Seed for the keys this listener hands out. Must be random (from the
+    /// Seed for the keys this endpoint hands out. Must be random (from the
     /// OS, by the caller): keys are what keeps others from injecting
     /// packets.
     pub seed: u64,
-    /// The configuration of every accepted association.
+    /// The configuration of every association, accepted or initiated.
     pub association: AssociationConfig,
 }
 
-impl Default for ListenerConfig {
+impl Default for EndpointConfig {
     fn default() -> Self {
-        ListenerConfig {
+        EndpointConfig {
             service: 0,
+            listen: true,
             max_associations: 4096,
             max_half_open: 256,
             seed: 0x5eed_5eed_5eed_5eed,
@@ -58,12 +70,14 @@ impl Default for ListenerConfig {
     }
 }
 
-/// Counters a listener keeps. Every dropped packet increments one.
+/// Counters of an endpoint's listening side and demultiplexing. Every
+/// dropped packet increments one (or one of its association's counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ListenerStats {
     /// Associations created by a FIRST.
     pub first_accepted: u64,
-    /// Associations that completed set-up (handed out by `accept`).
+    /// Associations that completed set-up (reported as
+    /// [`EndpointEvent::Accepted`]).
     pub established: u64,
     /// FIRSTs dropped because `max_associations` were open.
     pub first_rejected_full: u64,
@@ -71,6 +85,8 @@ pub struct ListenerStats {
     pub first_rejected_half_open: u64,
     /// FIRSTs naming another service (dropped).
     pub first_wrong_service: u64,
+    /// FIRSTs dropped because the endpoint was not listening.
+    pub first_not_listening: u64,
     /// Retransmitted FIRSTs for an existing association.
     pub first_duplicate: u64,
     /// Half-open associations that expired.
@@ -81,59 +97,97 @@ pub struct ListenerStats {
     pub malformed: u64,
     /// Packets with a key no association has (dropped).
     pub unknown_key: u64,
-    /// Packets with a known key from the wrong address (dropped).
+    /// Packets with a known key from the wrong address, for an accepted
+    /// association (dropped; an initiated one counts its own).
     pub wrong_source: u64,
+}
+
+/// What an [`Endpoint`] tells its driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointEvent {
+    /// A peer set up an association; it is now the application's.
+    Accepted(Handle),
+    /// A datagram or a timer was handled for this association (accepted
+    /// and handed out, or initiated here): it may have events, or room to
+    /// send. Reported once until polled.
+    Activity(Handle),
 }
 
 #[derive(Debug)]
 struct Slot {
     assoc: Association,
-    /// The initiator's key, for the translation map.
-    first_key: u64,
+    /// The initiator's key, for the translation map (accepted only).
+    first_key: Option<u64>,
     half_open: bool,
+    /// The application knows it (initiated here, or accepted and
+    /// reported).
     handed_out: bool,
     in_ready: bool,
     touched: bool,
+    /// An [`EndpointEvent::Activity`] for it is queued.
+    active: bool,
 }
 
-/// A listening context; see the module documentation.
+/// Data packets one association may emit before the next gets a turn.
+const PER_TURN: u32 = 16;
+
+/// The association endpoint; see the module documentation.
 ///
-/// Polling order is an association's (see [`Association`]): feed
-/// [`handle_datagram`](Self::handle_datagram) and
-/// [`handle_timeout`](Self::handle_timeout), drain
-/// [`poll_transmit`](Self::poll_transmit), take new associations from
-/// [`accept`](Self::accept) and events from each association (reached with
-/// [`association`](Self::association)), transmit again, and sleep until
-/// [`poll_timeout`](Self::poll_timeout).
+/// Polling order, on every wake-up of the driver:
+/// 1. feed every datagram received to
+///    [`handle_datagram`](Self::handle_datagram), and call
+///    [`handle_timeout`](Self::handle_timeout) if the deadline passed;
+/// 2. drain [`poll_event`](Self::poll_event): take
+///    [`Accepted`](EndpointEvent::Accepted) associations, and drain the
+///    events of each [`Activity`](EndpointEvent::Activity) one (reached with
+///    [`association`](Self::association)), sending on them as the
+///    application asks;
+/// 3. drain [`poll_transmit`](Self::poll_transmit) until `None` (it also
+///    forgets associations that finished and whose events were read);
+/// 4. sleep until [`poll_timeout`](Self::poll_timeout), a datagram or the
+///    application's next call.
 #[derive(Debug)]
-pub struct Listener {
-    config: ListenerConfig,
+pub struct Endpoint {
+    config: EndpointConfig,
+    listening: bool,
     rng: u64,
     slots: FxHashMap<u64, Slot>,
     firsts: FxHashMap<(SocketAddr, u64), u64>,
+    /// Accepted associations held, half-open included.
+    accepted: usize,
     half_open: usize,
-    accepted: VecDeque<Handle>,
+    events: VecDeque<EndpointEvent>,
     ready: VecDeque<u64>,
+    /// Packets the association at the front of `ready` sent this turn.
+    turn: u32,
     touched: Vec<u64>,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     stats: ListenerStats,
 }
 
-impl Listener {
-    /// A listener with `config`.
-    pub fn new(config: ListenerConfig) -> Listener {
-        Listener {
+impl Endpoint {
+    /// An endpoint with `config`.
+    pub fn new(config: EndpointConfig) -> Endpoint {
+        Endpoint {
             rng: config.seed | 1,
+            listening: config.listen,
             config,
             slots: FxHashMap::default(),
             firsts: FxHashMap::default(),
+            accepted: 0,
             half_open: 0,
-            accepted: VecDeque::new(),
+            events: VecDeque::new(),
             ready: VecDeque::new(),
+            turn: 0,
             touched: Vec::new(),
             deadlines: BinaryHeap::new(),
             stats: ListenerStats::default(),
         }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.config
     }
 
     /// Counters so far.
@@ -141,7 +195,18 @@ impl Listener {
         self.stats
     }
 
-    /// Associations held, half-open ones included.
+    /// Starts or stops accepting set-ups (QMP's listening context).
+    /// Associations already set up are not affected.
+    pub fn set_listening(&mut self, listen: bool) {
+        self.listening = listen;
+    }
+
+    /// Whether set-ups are accepted.
+    pub fn is_listening(&self) -> bool {
+        self.listening
+    }
+
+    /// Associations held, initiated and accepted, half-open ones included.
     pub fn len(&self) -> usize {
         self.slots.len()
     }
@@ -151,15 +216,33 @@ impl Listener {
         self.slots.is_empty()
     }
 
-    /// Associations waiting for the initiator's confirmation.
+    /// Accepted associations waiting for the initiator's confirmation.
     pub fn half_open(&self) -> usize {
         self.half_open
     }
 
-    /// The next association that completed set-up.
-    #[must_use]
-    pub fn accept(&mut self) -> Option<Handle> {
-        self.accepted.pop_front()
+    /// Starts an association to the endpoint listening at `peer` for
+    /// `service`, with this endpoint's association configuration. Its FIRST
+    /// goes out with the next [`poll_transmit`](Self::poll_transmit); it
+    /// reports [`Event::Connected`](super::Event::Connected) (or fails) like
+    /// any association.
+    pub fn connect(&mut self, now: Instant, peer: SocketAddr, service: u32) -> Handle {
+        let key = self.new_key();
+        let assoc = Association::connect(now, self.config.association.clone(), peer, service, key);
+        self.slots.insert(
+            key,
+            Slot {
+                assoc,
+                first_key: None,
+                half_open: false,
+                handed_out: true,
+                in_ready: false,
+                touched: false,
+                active: false,
+            },
+        );
+        self.touch(key);
+        Handle(key)
     }
 
     /// An association by handle, to send on, close or poll for events.
@@ -173,6 +256,26 @@ impl Listener {
     /// transmission).
     pub fn get(&self, h: Handle) -> Option<&Association> {
         self.slots.get(&h.0).map(|s| &s.assoc)
+    }
+
+    /// Forgets an association at once, whatever its state (an abandoned
+    /// set-up): nothing more is sent for it, and its packets are dropped
+    /// as unknown. Returns it, for its counters.
+    pub fn remove(&mut self, h: Handle) -> Option<Association> {
+        let s = self.slots.remove(&h.0)?;
+        self.forget(&s);
+        Some(s.assoc)
+    }
+
+    fn forget(&mut self, s: &Slot) {
+        if let Some(k) = s.first_key {
+            self.firsts.remove(&(s.assoc.peer(), k));
+            self.accepted -= 1;
+        }
+        if s.half_open {
+            self.half_open -= 1;
+        }
+        self.stats.removed += 1;
     }
 
     fn touch(&mut self, key: u64) {
@@ -189,7 +292,9 @@ impl Listener {
         }
     }
 
-    /// Takes one datagram from `from`.
+    /// Takes one datagram from `from` (an association packet: frame kind
+    /// [`KIND`](super::KIND)) and hands it to its association, accepting
+    /// a new one for a FIRST.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
         let p = match Packet::decode(&bytes) {
             Ok(p) => p,
@@ -211,7 +316,11 @@ impl Listener {
             return;
         };
         if slot.assoc.peer() != from {
-            self.stats.wrong_source += 1;
+            if slot.first_key.is_some() {
+                self.stats.wrong_source += 1;
+            } else {
+                slot.assoc.count_wrong_source();
+            }
             return;
         }
         slot.assoc.handle_packet(now, p);
@@ -220,6 +329,10 @@ impl Listener {
 
     fn handle_first(&mut self, now: Instant, from: SocketAddr, p: Packet) {
         let first = p.first.expect("checked by caller");
+        if !self.listening {
+            self.stats.first_not_listening += 1;
+            return;
+        }
         if first.service != self.config.service {
             self.stats.first_wrong_service += 1;
             return;
@@ -232,7 +345,7 @@ impl Listener {
             self.after(key);
             return;
         }
-        if self.slots.len() >= self.config.max_associations {
+        if self.accepted >= self.config.max_associations {
             self.stats.first_rejected_full += 1;
             return;
         }
@@ -246,14 +359,16 @@ impl Listener {
             key,
             Slot {
                 assoc,
-                first_key: p.key,
+                first_key: Some(p.key),
                 half_open: true,
                 handed_out: false,
                 in_ready: false,
                 touched: false,
+                active: false,
             },
         );
         self.firsts.insert((from, p.key), key);
+        self.accepted += 1;
         self.half_open += 1;
         self.stats.first_accepted += 1;
         self.after(key);
@@ -273,7 +388,7 @@ impl Listener {
     }
 
     /// Bookkeeping after an association was driven: half-open accounting,
-    /// hand-out on set-up, removal when drained.
+    /// hand-out on set-up, activity for the driver.
     fn after(&mut self, key: u64) {
         let Some(s) = self.slots.get_mut(&key) else {
             return;
@@ -287,8 +402,12 @@ impl Listener {
             } else {
                 self.stats.established += 1;
                 s.handed_out = true;
-                self.accepted.push_back(Handle(key));
+                self.events.push_back(EndpointEvent::Accepted(Handle(key)));
             }
+        }
+        if s.handed_out && !s.active {
+            s.active = true;
+            self.events.push_back(EndpointEvent::Activity(Handle(key)));
         }
         self.touch(key);
     }
@@ -303,8 +422,7 @@ impl Listener {
             return;
         }
         let s = self.slots.remove(&key).expect("present");
-        self.firsts.remove(&(s.assoc.peer(), s.first_key));
-        self.stats.removed += 1;
+        self.forget(&s);
     }
 
     /// Acts on every association's expired timers.
@@ -352,6 +470,19 @@ impl Listener {
         None
     }
 
+    /// The next thing the driver should act on: an association accepted,
+    /// or one with new input.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<EndpointEvent> {
+        let e = self.events.pop_front()?;
+        if let EndpointEvent::Activity(h) = e {
+            if let Some(s) = self.slots.get_mut(&h.0) {
+                s.active = false;
+            }
+        }
+        Some(e)
+    }
+
     /// Writes the next datagram any association has to send into `buf`
     /// (cleared first), taking associations in turn.
     #[must_use]
@@ -365,18 +496,28 @@ impl Listener {
     /// as it was when `None` is returned.
     #[must_use]
     pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
-        while let Some(key) = self.ready.pop_front() {
+        while let Some(&key) = self.ready.front() {
             let Some(s) = self.slots.get_mut(&key) else {
+                self.ready.pop_front();
+                self.turn = 0;
                 continue;
             };
             if let Some(t) = s.assoc.poll_transmit_append(now, buf) {
-                self.ready.push_back(key);
                 if !s.touched {
                     s.touched = true;
                     self.touched.push(key);
                 }
+                self.turn += 1;
+                if self.turn >= PER_TURN {
+                    // Its turn is over: to the back of the line.
+                    self.turn = 0;
+                    self.ready.pop_front();
+                    self.ready.push_back(key);
+                }
                 return Some(t);
             }
+            self.ready.pop_front();
+            self.turn = 0;
             s.in_ready = false;
             self.remove_if_drained(key);
         }
