@@ -3,7 +3,8 @@
 //! QMP association between the two nodes, carried in the mesh's datagrams
 //! (kind 9, [`skiff_proto::mesh::MeshEvent::Assoc`]).
 //!
-//! - **Associations**: each node has one [`Listener`] for its peers and
+//! - **Associations**: each node has one association [`Endpoint`] for its
+//!   peers (it accepts theirs, routes packets and keeps the timers) and
 //!   opens one association to a peer on first use. A node sends its frames
 //!   only on the association it opened and reads frames from both, so each
 //!   direction is one reliable, ordered stream and no set-up races. Timers
@@ -46,7 +47,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use skiff_proto::association::{
-    frame::MIN_MTU, Association, AssociationConfig, Event, Handle, Listener, ListenerConfig,
+    frame::MIN_MTU, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
     SendError,
 };
 use skiff_proto::mesh::packet::{Reader, ENVELOPE};
@@ -214,7 +215,7 @@ struct End {
 /// The association this node opened to one peer, and what waits for it.
 #[derive(Debug)]
 struct Out {
-    assoc: Association,
+    assoc: Handle,
     backlog: VecDeque<Bytes>,
     backlog_bytes: usize,
 }
@@ -233,13 +234,11 @@ pub(crate) struct Lost {
 /// transmits through the mesh core.
 #[derive(Debug)]
 pub(crate) struct Tunnels {
-    config: AssociationConfig,
-    listener: Listener,
+    assocs: Endpoint,
     out: FxHashMap<SocketAddr, Out>,
     /// Accepted associations: peer, and whether still the current one.
     accepted: FxHashMap<Handle, (SocketAddr, bool)>,
     ends: FxHashMap<u64, End>,
-    rng: u64,
     max_backlog: usize,
     max_payload: usize,
     buf: Vec<u8>,
@@ -265,18 +264,17 @@ impl Tunnels {
             ..AssociationConfig::default()
         };
         Tunnels {
-            listener: Listener::new(ListenerConfig {
+            assocs: Endpoint::new(EndpointConfig {
                 service: SERVICE,
+                listen: true,
                 max_associations: 4096,
                 max_half_open: 256,
                 seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
-                association: config.clone(),
+                association: config,
             }),
-            config,
             out: FxHashMap::default(),
             accepted: FxHashMap::default(),
             ends: FxHashMap::default(),
-            rng: seed | 1,
             max_backlog,
             max_payload,
             buf: Vec::with_capacity(65_536),
@@ -292,20 +290,12 @@ impl Tunnels {
         }
     }
 
-    fn new_key(&mut self) -> u64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d).max(1)
-    }
-
     /// Queues `frame` for `peer` on this node's association to it (opened
     /// now if there is none). Data beyond the backlog bound is dropped.
     fn send(&mut self, now: Instant, peer: SocketAddr, frame: &TunFrame) {
         let bytes = frame.encode();
         if !self.out.contains_key(&peer) {
-            let key = self.new_key();
-            let assoc = Association::connect(now, self.config.clone(), peer, SERVICE, key);
+            let assoc = self.assocs.connect(now, peer, SERVICE);
             self.out.insert(
                 peer,
                 Out {
@@ -318,7 +308,11 @@ impl Tunnels {
         let o = self.out.get_mut(&peer).expect("inserted");
         let data = matches!(frame, TunFrame::Data { .. });
         if o.backlog.is_empty() {
-            match o.assoc.send(bytes.clone()) {
+            let sent = match self.assocs.association(o.assoc) {
+                Some(a) => a.send(bytes.clone()),
+                None => Err(SendError::Closed),
+            };
+            match sent {
                 Ok(()) => {
                     self.stats.frames_sent += 1;
                     return;
@@ -430,7 +424,9 @@ impl Tunnels {
 
     /// The mesh says `peer` is down: its associations and tunnels go.
     fn peer_down(&mut self, now: Instant, peer: SocketAddr) -> Vec<Lost> {
-        self.out.remove(&peer);
+        if let Some(o) = self.out.remove(&peer) {
+            self.assocs.remove(o.assoc);
+        }
         for (p, live) in self.accepted.values_mut() {
             if *p == peer {
                 *live = false;
@@ -441,42 +437,27 @@ impl Tunnels {
 
     /// An association packet from an up member.
     pub(crate) fn handle_packet(&mut self, now: Instant, from: SocketAddr, packet: Bytes) {
-        let key = skiff_proto::association::peek_key(&packet);
-        let mine = self
-            .out
-            .get_mut(&from)
-            .filter(|o| key.is_some_and(|k| k >> 63 == 1 && k & !(1 << 63) == o.assoc.local_key()));
-        match mine {
-            Some(o) => o.assoc.handle_datagram(now, from, packet),
-            // Set-ups, packets for accepted associations, and anything
-            // else (the listener drops and counts what is not its own).
-            None => self.listener.handle_datagram(now, from, packet),
-        }
+        // The endpoint routes it (set-ups, either side's associations) and
+        // drops and counts what is not its own.
+        self.assocs.handle_datagram(now, from, packet);
     }
 
     fn poll_timeout(&mut self) -> Option<Instant> {
-        let mut t = self.listener.poll_timeout();
-        for o in self.out.values() {
-            if let Some(x) = o.assoc.poll_timeout() {
-                t = Some(t.map_or(x, |t| t.min(x)));
-            }
-        }
-        t
+        self.assocs.poll_timeout()
     }
 
     /// Timers, new associations, events and backlogs.
     fn step(&mut self, now: Instant) -> Step {
         let mut s = Step::default();
         if self.poll_timeout().is_some_and(|t| t <= now) {
-            self.listener.handle_timeout(now);
-            for o in self.out.values_mut() {
-                if o.assoc.poll_timeout().is_some_and(|t| t <= now) {
-                    o.assoc.handle_timeout(now);
-                }
-            }
+            self.assocs.handle_timeout(now);
         }
-        while let Some(h) = self.listener.accept() {
-            let Some(peer) = self.listener.get(h).map(|a| a.peer()) else {
+        while let Some(ev) = self.assocs.poll_event() {
+            // Every association's events are read below.
+            let EndpointEvent::Accepted(h) = ev else {
+                continue;
+            };
+            let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
                 continue;
             };
             // The peer replaced its association (it failed there, and the
@@ -491,7 +472,7 @@ impl Tunnels {
         let handles: Vec<Handle> = self.accepted.keys().copied().collect();
         for h in handles {
             let (peer, live) = self.accepted[&h];
-            let Some(a) = self.listener.association(h) else {
+            let Some(a) = self.assocs.association(h) else {
                 self.accepted.remove(&h);
                 continue;
             };
@@ -515,7 +496,11 @@ impl Tunnels {
         }
         let mut dead = Vec::new();
         for (&peer, o) in self.out.iter_mut() {
-            while let Some(e) = o.assoc.poll_event() {
+            let Some(a) = self.assocs.association(o.assoc) else {
+                dead.push(peer);
+                continue;
+            };
+            while let Some(e) = a.poll_event() {
                 match e {
                     Event::Message(m) => s.frames.push((peer, m)),
                     Event::Closed(_) | Event::Failed(_) => dead.push(peer),
@@ -525,6 +510,7 @@ impl Tunnels {
         }
         self.drain_backlogs();
         for peer in dead {
+            // The endpoint forgets the association once it drained.
             self.out.remove(&peer);
             s.failed.push(peer);
         }
@@ -536,8 +522,11 @@ impl Tunnels {
     /// Moves waiting frames into associations with room.
     fn drain_backlogs(&mut self) {
         for o in self.out.values_mut() {
+            let Some(a) = self.assocs.association(o.assoc) else {
+                continue;
+            };
             while let Some(b) = o.backlog.front() {
-                match o.assoc.send(b.clone()) {
+                match a.send(b.clone()) {
                     Ok(()) => {
                         o.backlog_bytes -= b.len();
                         o.backlog.pop_front();
@@ -552,14 +541,7 @@ impl Tunnels {
     /// Hands every packet the associations have to the mesh core.
     fn transmit(&mut self, now: Instant, core: &mut Mesh) {
         let mut buf = std::mem::take(&mut self.buf);
-        for o in self.out.values_mut() {
-            while let Some(t) = o.assoc.poll_transmit(now, &mut buf) {
-                if core.send_assoc(now, t.destination, &buf[..t.size]).is_err() {
-                    self.stats.send_refused += 1;
-                }
-            }
-        }
-        while let Some(t) = self.listener.poll_transmit(now, &mut buf) {
+        while let Some(t) = self.assocs.poll_transmit(now, &mut buf) {
             if core.send_assoc(now, t.destination, &buf[..t.size]).is_err() {
                 self.stats.send_refused += 1;
             }
@@ -863,9 +845,9 @@ mod tests {
         let mut forged = vec![b'S', b'K', 1, 2, 0];
         forged.extend_from_slice(&(5u64 | 1 << 63).to_le_bytes());
         t.handle_packet(now, from, Bytes::from(forged));
-        let s = t.listener.stats();
+        let s = t.assocs.stats();
         assert_eq!((s.malformed, s.unknown_key), (1, 1), "{s:?}");
-        assert!(t.listener.is_empty());
+        assert!(t.assocs.is_empty());
     }
 
     #[test]

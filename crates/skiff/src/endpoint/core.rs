@@ -1,6 +1,7 @@
-//! The endpoint's state under its lock: the listener, the associations
-//! this side initiated, each tunnel's receive queue and wakers, the
-//! best-effort batcher and inbox, and the routing of datagrams between
+//! The endpoint's state under its lock: the sans-I/O association endpoint
+//! ([`association::Endpoint`]: every association, initiated or accepted,
+//! its demultiplexing and timers), each tunnel's receive queue and wakers,
+//! the best-effort batcher and inbox, and the routing of datagrams between
 //! them. No I/O here: the driver (`driver.rs`) moves the bytes.
 
 use std::collections::VecDeque;
@@ -10,10 +11,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
-use skiff_proto::association::frame::RTN;
 use skiff_proto::association::{
-    self, Association, AssociationConfig, AssociationStats, CloseReason, Event, FailReason, Handle,
-    Listener, SendError, State,
+    self, Association, AssociationStats, CloseReason, EndpointEvent, Event, FailReason, Handle,
+    SendError, State,
 };
 use skiff_proto::error::Reason;
 use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireError};
@@ -52,9 +52,6 @@ impl End {
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
-    /// Initiated here (the association is in `Core::outgoing`) rather than
-    /// accepted (it is in the listener).
-    pub(super) outgoing: bool,
     /// Carries a reliable queue's messages (see `reliable.rs`) rather than
     /// a `Tunnel`'s.
     pub(super) queue: bool,
@@ -74,10 +71,9 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(peer: SocketAddr, outgoing: bool) -> Conn {
+    pub(super) fn new(peer: SocketAddr) -> Conn {
         Conn {
             peer,
-            outgoing,
             queue: false,
             delivered: 0,
             inbox: VecDeque::new(),
@@ -100,10 +96,10 @@ type Frame = (SocketAddr, usize, usize);
 /// Everything the driver and the handles share, under one lock.
 #[derive(Debug)]
 pub(crate) struct Core {
-    pub(crate) listener: Listener,
-    pub(crate) listening: bool,
+    /// Every association, initiated or accepted; a tunnel's key is its
+    /// handle.
+    pub(crate) assocs: association::Endpoint,
     pub(crate) stopped: bool,
-    pub(super) outgoing: FxHashMap<u64, Association>,
     pub(crate) conns: FxHashMap<u64, Conn>,
     /// The reliable queue this endpoint serves, if it is one's.
     pub(crate) queue: Option<super::reliable::QueueState>,
@@ -116,9 +112,6 @@ pub(crate) struct Core {
     pub(crate) pop_wakers: Vec<Waker>,
     pub(crate) stats: EndpointStats,
     pub(super) finished: AssociationStats,
-    /// Outgoing associations whose connection ended, was folded into
-    /// `finished` and forgotten before the association itself was dropped.
-    folded_gone: rustc_hash::FxHashSet<u64>,
     touched: Vec<u64>,
     next_deadline: Option<Instant>,
     /// When the driver's timer is armed to fire (`None`: disarmed).
@@ -131,9 +124,6 @@ pub(crate) struct Core {
     frames: Vec<Frame>,
     tmp: Vec<u8>,
 }
-
-/// Data packets one association may emit before the next gets a turn.
-const PER_TURN: usize = 16;
 
 fn add_frame(fbuf: &mut Vec<u8>, frames: &mut Vec<Frame>, dest: SocketAddr, bytes: &[u8]) {
     let start = fbuf.len();
@@ -181,16 +171,14 @@ fn emit(
 
 impl Core {
     pub(crate) fn new(
-        listener: Listener,
+        assocs: association::Endpoint,
         batcher: Batcher,
         loss: LossDetector,
         max_inbox: usize,
     ) -> Core {
         Core {
-            listener,
-            listening: false,
+            assocs,
             stopped: false,
-            outgoing: FxHashMap::default(),
             conns: FxHashMap::default(),
             queue: None,
             accepted: VecDeque::new(),
@@ -202,7 +190,6 @@ impl Core {
             pop_wakers: Vec::new(),
             stats: EndpointStats::default(),
             finished: AssociationStats::default(),
-            folded_gone: Default::default(),
             touched: Vec::new(),
             next_deadline: None,
             timer_armed: None,
@@ -217,29 +204,13 @@ impl Core {
 
     /// The association behind tunnel `key`.
     pub(crate) fn assoc(&mut self, key: u64) -> Option<&mut Association> {
-        if let Some(a) = self.outgoing.get_mut(&key) {
-            return Some(a);
-        }
-        self.listener.association(Handle(key))
+        self.assocs.association(Handle(key))
     }
 
     /// Creates an outgoing association; returns its key.
-    pub(crate) fn connect(
-        &mut self,
-        now: Instant,
-        config: &AssociationConfig,
-        peer: SocketAddr,
-        service: u32,
-    ) -> u64 {
-        let key = loop {
-            let k = rand::random::<u64>() & !RTN;
-            if k != 0 && !self.outgoing.contains_key(&k) && self.listener.get(Handle(k)).is_none() {
-                break k;
-            }
-        };
-        let a = Association::connect(now, config.clone(), peer, service, key);
-        self.outgoing.insert(key, a);
-        self.conns.insert(key, Conn::new(peer, true));
+    pub(crate) fn connect(&mut self, now: Instant, peer: SocketAddr, service: u32) -> u64 {
+        let key = self.assocs.connect(now, peer, service).0;
+        self.conns.insert(key, Conn::new(peer));
         key
     }
 
@@ -316,8 +287,7 @@ impl Core {
             return self.pump_queue(key);
         }
         let Core {
-            listener,
-            outgoing,
+            assocs,
             conns,
             stats,
             finished,
@@ -326,12 +296,7 @@ impl Core {
         let Some(c) = conns.get_mut(&key) else {
             return false;
         };
-        let a = if c.outgoing {
-            outgoing.get_mut(&key)
-        } else {
-            listener.association(Handle(key))
-        };
-        let Some(a) = a else {
+        let Some(a) = assocs.association(Handle(key)) else {
             if c.end.is_none() {
                 c.end = Some(End::Gone);
                 wake_all(&mut c.readers);
@@ -406,12 +371,15 @@ impl Core {
 
     /// Forgets a set-up that timed out.
     pub(crate) fn abort(&mut self, key: u64) {
-        if let Some(a) = self.outgoing.remove(&key) {
-            add_stats(&mut self.finished, &a.stats());
-        }
+        let a = self.assocs.remove(Handle(key));
         if let Some(c) = self.conns.get_mut(&key) {
             c.end
                 .get_or_insert(End::Failed(FailReason::HandshakeTimeout));
+            if let Some(a) = a.filter(|_| !c.folded) {
+                c.folded = true;
+                c.final_stats = a.stats();
+                add_stats(&mut self.finished, &c.final_stats);
+            }
         }
     }
 
@@ -433,7 +401,8 @@ impl Core {
     /// Counters, live associations included.
     pub(crate) fn stats(&self) -> EndpointStats {
         let mut s = self.stats.clone();
-        s.listener = self.listener.stats();
+        s.listener = self.assocs.stats();
+        s.first_not_listening = s.listener.first_not_listening;
         s.associations = self.finished;
         let mut open = 0;
         for (k, c) in &self.conns {
@@ -441,11 +410,7 @@ impl Core {
                 continue;
             }
             open += 1;
-            let a = match self.outgoing.get(k) {
-                Some(a) => Some(a),
-                None => self.listener.get(Handle(*k)),
-            };
-            if let Some(a) = a {
+            if let Some(a) = self.assocs.get(Handle(*k)) {
                 add_stats(&mut s.associations, &a.stats());
             }
         }
@@ -490,34 +455,9 @@ impl Core {
 
     fn handle_frame(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
         match f[3] {
-            association::KIND => self.handle_association(now, from, f),
+            association::KIND => self.assocs.handle_datagram(now, from, f),
             1 => self.handle_batch(from, f),
             _ => self.stats.dropped_kind += 1,
-        }
-    }
-
-    fn handle_association(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
-        let Some(k) = association::peek_key(&f) else {
-            // Too short to hold a key: the listener counts it malformed.
-            self.listener.handle_datagram(now, from, f);
-            return;
-        };
-        if k & RTN != 0 {
-            if let Some(a) = self.outgoing.get_mut(&(k & !RTN)) {
-                a.handle_datagram(now, from, f);
-                self.touched.push(k & !RTN);
-                return;
-            }
-        }
-        // Byte 4 is the flags; 0x01 is FIRST (see association::frame).
-        let first = k & RTN == 0 && f[4] & 0x01 != 0;
-        if first && !self.listening {
-            self.stats.first_not_listening += 1;
-            return;
-        }
-        self.listener.handle_datagram(now, from, f);
-        if !first {
-            self.touched.push(k & !RTN);
         }
     }
 
@@ -564,19 +504,21 @@ impl Core {
     pub(crate) fn after_input(&mut self, now: Instant, limit: usize) {
         let fired = self.next_deadline.is_some_and(|t| now >= t);
         if fired {
-            self.listener.handle_timeout(now);
-            for a in self.outgoing.values_mut() {
-                if a.poll_timeout().is_some_and(|t| now >= t) {
-                    a.handle_timeout(now);
-                }
-            }
+            self.assocs.handle_timeout(now);
             self.batcher.handle_timeout(now);
         }
-        while let Some(h) = self.listener.accept() {
-            let Some(peer) = self.listener.get(h).map(|a| a.peer()) else {
+        while let Some(ev) = self.assocs.poll_event() {
+            let h = match ev {
+                EndpointEvent::Activity(h) => {
+                    self.touched.push(h.0);
+                    continue;
+                }
+                EndpointEvent::Accepted(h) => h,
+            };
+            let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
                 continue;
             };
-            let mut c = Conn::new(peer, false);
+            let mut c = Conn::new(peer);
             if let Some(q) = &mut self.queue {
                 // A reliable queue accepts every association itself.
                 c.queue = true;
@@ -590,9 +532,6 @@ impl Core {
             wake_all(&mut self.accept_wakers);
         }
         let mut keys = std::mem::take(&mut self.touched);
-        if fired {
-            keys.extend(self.conns.keys().copied());
-        }
         keys.sort_unstable();
         keys.dedup();
         for &k in &keys {
@@ -604,13 +543,8 @@ impl Core {
                 .get(&k)
                 .is_some_and(|c| (c.dropped || c.queue) && c.end.is_some())
             {
-                let c = self.conns.remove(&k);
-                // Its stats were folded into `finished` when it ended; the
-                // outgoing association, dropped later, must not add them
-                // again.
-                if c.is_some_and(|c| c.folded) && self.outgoing.contains_key(&k) {
-                    self.folded_gone.insert(k);
-                }
+                // Its stats were folded into `finished` when it ended.
+                self.conns.remove(&k);
             }
         }
         self.touched = keys;
@@ -639,56 +573,19 @@ impl Core {
         // copy of the payload in user space, where the kernel's send takes
         // it from); only frames small enough to share a compound datagram
         // move to `fbuf` for packing.
-        let mut more = false;
         let mut bytes = 0;
-        loop {
-            let mut progressed = false;
-            for a in self.outgoing.values_mut() {
-                for _ in 0..PER_TURN {
-                    let Some(n) = emit(out, &mut self.fbuf, &mut self.frames, max_datagram, |b| {
-                        a.poll_transmit_append(now, b)
-                    }) else {
-                        break;
-                    };
-                    progressed = true;
-                    bytes += n;
-                }
-            }
-            if !progressed {
-                break;
-            }
-            if bytes >= max_bytes {
-                more = true;
-                break;
-            }
-        }
+        let assocs = &mut self.assocs;
         while bytes < max_bytes {
-            let listener = &mut self.listener;
             let Some(n) = emit(out, &mut self.fbuf, &mut self.frames, max_datagram, |b| {
-                listener.poll_transmit_append(now, b)
+                assocs.poll_transmit_append(now, b)
             }) else {
                 break;
             };
             bytes += n;
         }
-        if bytes >= max_bytes {
-            more = true;
-        }
-        // Finished associations whose tunnel is gone or has seen the end.
-        let conns = &self.conns;
-        let finished = &mut self.finished;
-        let folded_gone = &mut self.folded_gone;
-        self.outgoing.retain(|k, a| {
-            let keep =
-                !a.is_drained() || a.has_events() || conns.get(k).is_some_and(|c| c.end.is_none());
-            if !keep && !folded_gone.remove(k) && conns.get(k).is_none() {
-                add_stats(finished, &a.stats());
-            }
-            keep
-        });
         self.pack(out, max_datagram);
         self.next_deadline = self.poll_timeout();
-        more
+        bytes >= max_bytes
     }
 
     fn add_frame(&mut self, dest: SocketAddr, bytes: &[u8]) {
@@ -743,12 +640,7 @@ impl Core {
 
     /// The earliest timer of any state machine.
     pub(crate) fn poll_timeout(&mut self) -> Option<Instant> {
-        let mut t = self.listener.poll_timeout();
-        for a in self.outgoing.values() {
-            if let Some(x) = a.poll_timeout() {
-                t = Some(t.map_or(x, |t| t.min(x)));
-            }
-        }
+        let mut t = self.assocs.poll_timeout();
         if let Some(x) = self.batcher.poll_timeout() {
             t = Some(t.map_or(x, |t| t.min(x)));
         }

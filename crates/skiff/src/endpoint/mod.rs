@@ -2,9 +2,11 @@
 //! [`Tunnel`]s (QMP associations) and best-effort messages to the same
 //! hosts, sharing datagrams.
 //!
-//! An [`Endpoint`] owns a [`UdpSocket`], a QMP [`Listener`] for the
-//! tunnels it accepts, the associations it initiated, and a [`Batcher`]
-//! for best-effort [`Endpoint::push`]es. One driver thread runs them all:
+//! An [`Endpoint`] owns a [`UdpSocket`], a sans-I/O association endpoint
+//! ([`association::Endpoint`]: every tunnel's association, initiated or
+//! accepted, with their demultiplexing, set-up and timers) and a
+//! [`Batcher`] for best-effort [`Endpoint::push`]es. One driver thread
+//! runs them all, for tunnels and reliable queues alike:
 //! it sleeps until the socket is readable, the application asks for
 //! something, or the earliest timer of any state machine is due; each
 //! wake-up receives everything waiting (`recvmmsg`, GRO), runs the timers,
@@ -43,9 +45,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
-use skiff_proto::association::{
-    AssociationConfig, AssociationStats, Listener, ListenerConfig, ListenerStats,
-};
+use skiff_proto::association::{self, AssociationConfig, AssociationStats, ListenerStats};
 use skiff_proto::{Batcher, BatcherConfig, Dest, LossDetector, Message};
 use tokio::sync::Notify;
 
@@ -312,8 +312,9 @@ impl Endpoint {
         let local = socket
             .local_addr()
             .map_err(Error::io("read local address"))?;
-        let listener = Listener::new(ListenerConfig {
+        let assocs = association::Endpoint::new(association::EndpointConfig {
             service: config.service,
+            listen: false,
             max_associations: config.max_associations,
             max_half_open: config.max_half_open,
             seed: rand::random(),
@@ -326,7 +327,7 @@ impl Endpoint {
             max_destinations: 1 << 16,
             source: rand::random(),
         });
-        let core = Core::new(listener, batcher, LossDetector::new(4096), config.max_inbox);
+        let core = Core::new(assocs, batcher, LossDetector::new(4096), config.max_inbox);
         let timer = crate::sys::timerfd().map_err(Error::io("create the endpoint's timer"))?;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -362,7 +363,7 @@ impl Endpoint {
     /// Starts accepting tunnels (QMP's listening context); before this,
     /// set-ups are dropped and counted (`first_not_listening`).
     pub fn listen(&self) {
-        self.shared.core.lock().listening = true;
+        self.shared.core.lock().assocs.set_listening(true);
     }
 
     /// The next tunnel a peer set up. Fails with
@@ -377,7 +378,7 @@ impl Endpoint {
         if core.stopped {
             return Poll::Ready(Err(TunnelError::EndpointGone));
         }
-        if !core.listening {
+        if !core.assocs.is_listening() {
             return Poll::Ready(Err(TunnelError::NotListening));
         }
         if let Some((key, peer)) = core.accepted.pop_front() {
@@ -403,12 +404,7 @@ impl Endpoint {
             if core.stopped {
                 return Err(TunnelError::EndpointGone);
             }
-            let key = core.connect(
-                Instant::now(),
-                &self.shared.config.association,
-                peer,
-                self.shared.config.service,
-            );
+            let key = core.connect(Instant::now(), peer, self.shared.config.service);
             self.shared.wake.notify_one();
             key
         };

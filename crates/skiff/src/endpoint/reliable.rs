@@ -183,8 +183,7 @@ impl Core {
     /// shared inbox, the destination's backlog into the association.
     pub(super) fn pump_queue(&mut self, key: u64) -> bool {
         let Core {
-            listener,
-            outgoing,
+            assocs,
             conns,
             finished,
             queue,
@@ -196,12 +195,7 @@ impl Core {
         let Some(c) = conns.get_mut(&key) else {
             return false;
         };
-        let a = if c.outgoing {
-            outgoing.get_mut(&key)
-        } else {
-            listener.association(Handle(key))
-        };
-        let Some(a) = a else {
+        let Some(a) = assocs.association(Handle(key)) else {
             if c.end.is_none() {
                 c.end = Some(End::Gone);
                 q.ended(key, c.peer, End::Gone, 0);
@@ -291,7 +285,7 @@ impl Endpoint {
             self.shared.config.tunnel_buffer,
             self.shared.config.association.max_message,
         ));
-        core.listening = true;
+        core.assocs.set_listening(true);
     }
 
     /// Pushes `msg` to the reliable queue at `dest` (service `service`);
@@ -336,11 +330,7 @@ impl Endpoint {
                 d.backlog.push_back(bytes);
                 return Ok(());
             }
-            let a = match core.outgoing.get_mut(&key) {
-                Some(a) => Some(a),
-                None => core.listener.association(Handle(key)),
-            };
-            let Some(a) = a else {
+            let Some(a) = core.assocs.association(Handle(key)) else {
                 // Gone under us: forget it and connect anew.
                 q.dests.remove(&dest);
                 continue;
@@ -381,12 +371,7 @@ impl Endpoint {
             }
             q.dests.remove(&dest);
         }
-        let key = core.connect(
-            Instant::now(),
-            &self.shared.config.association,
-            dest,
-            service,
-        );
+        let key = core.connect(Instant::now(), dest, service);
         if let Some(c) = core.conns.get_mut(&key) {
             c.queue = true;
         }
@@ -496,10 +481,7 @@ impl Endpoint {
                     pending = true;
                     break;
                 }
-                let a = match core.outgoing.get(&d.key) {
-                    Some(a) => Some(a),
-                    None => core.listener.get(Handle(d.key)),
-                };
+                let a = core.assocs.get(Handle(d.key));
                 if a.is_some_and(|a| a.buffered() > 0 && !a.is_drained()) {
                     pending = true;
                     break;
