@@ -70,15 +70,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-pub mod frame;
 pub mod endpoint;
+pub mod frame;
 mod recv;
 mod send;
 #[cfg(test)]
 mod tests;
 
-pub use frame::{is_association, peek_key, KIND};
 pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats};
+pub use frame::{is_association, peek_key, KIND};
 
 use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
 use recv::{DataOutcome, RecvState};

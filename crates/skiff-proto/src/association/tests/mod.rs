@@ -1,8 +1,10 @@
 //! Tests of the association: a two-endpoint harness with a simulated clock
 //! and network ([`harness`]), script-like scenarios ([`scripts`]), property
-//! tests over random operations and faults ([`props`]) and malformed input
-//! for the codec ([`malformed`]).
+//! tests over random operations and faults ([`props`]), malformed input
+//! for the codec ([`malformed`]), and the association endpoint between two
+//! hosts that both initiate and accept ([`endpoint`]).
 
+mod endpoint;
 mod harness;
 mod malformed;
 mod props;

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::harness::{accept, msg, test_config, Dir, Net, Pair};
 use crate::association::frame::{Chunk, Encoder, Packet, Status, RTN};
 use crate::association::{
-    AssociationConfig, CloseReason, Event, FailReason, Endpoint, EndpointConfig, SendError, State,
+    AssociationConfig, CloseReason, Endpoint, EndpointConfig, Event, FailReason, SendError, State,
 };
 
 fn lossless() -> Pair {
