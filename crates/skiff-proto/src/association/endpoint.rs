@@ -126,6 +126,9 @@ struct Slot {
     touched: bool,
     /// An [`EndpointEvent::Activity`] for it is queued.
     active: bool,
+    /// The deadline last pushed on the heap for it, while that entry is
+    /// there (so an unchanged deadline is not pushed again).
+    queued: Option<Instant>,
 }
 
 /// Data packets one association may emit before the next gets a turn.
@@ -239,6 +242,7 @@ impl Endpoint {
                 in_ready: false,
                 touched: false,
                 active: false,
+                queued: None,
             },
         );
         self.touch(key);
@@ -248,8 +252,16 @@ impl Endpoint {
     /// An association by handle, to send on, close or poll for events.
     /// Transmit afterwards.
     pub fn association(&mut self, h: Handle) -> Option<&mut Association> {
-        self.touch(h.0);
-        self.slots.get_mut(&h.0).map(|s| &mut s.assoc)
+        let s = self.slots.get_mut(&h.0)?;
+        if !s.in_ready {
+            s.in_ready = true;
+            self.ready.push_back(h.0);
+        }
+        if !s.touched {
+            s.touched = true;
+            self.touched.push(h.0);
+        }
+        Some(&mut s.assoc)
     }
 
     /// An association by handle, read-only (does not schedule it for
@@ -365,6 +377,7 @@ impl Endpoint {
                 in_ready: false,
                 touched: false,
                 active: false,
+                queued: None,
             },
         );
         self.firsts.insert((from, p.key), key);
@@ -436,6 +449,9 @@ impl Endpoint {
             let Some(s) = self.slots.get_mut(&key) else {
                 continue;
             };
+            if s.queued == Some(t) {
+                s.queued = None;
+            }
             if s.assoc.poll_timeout() != Some(t) {
                 continue;
             }
@@ -451,8 +467,10 @@ impl Endpoint {
                 continue;
             };
             s.touched = false;
-            if let Some(t) = s.assoc.poll_timeout() {
+            let t = s.assoc.poll_timeout();
+            if let Some(t) = t.filter(|&t| s.queued != Some(t)) {
                 self.deadlines.push(Reverse((t, key)));
+                s.queued = Some(t);
             }
         }
     }
@@ -462,8 +480,17 @@ impl Endpoint {
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         self.refresh();
         while let Some(&Reverse((t, key))) = self.deadlines.peek() {
-            if self.slots.get(&key).and_then(|s| s.assoc.poll_timeout()) == Some(t) {
+            let Some(s) = self.slots.get_mut(&key) else {
+                self.deadlines.pop();
+                continue;
+            };
+            if s.assoc.poll_timeout() == Some(t) {
                 return Some(t);
+            }
+            // Stale: the association's deadline moved (its current one,
+            // if any, has an entry of its own since `refresh`).
+            if s.queued == Some(t) {
+                s.queued = None;
             }
             self.deadlines.pop();
         }
