@@ -1,11 +1,12 @@
 //! An association after a valid handshake, fed arbitrary datagrams:
-//! `Listener::handle_datagram` and `Association::handle_datagram` never
+//! `Endpoint::handle_datagram` and `Association::handle_datagram` never
 //! panic, never hold more than the window, and the session goes on (real
 //! packets between the two ends are exchanged after every input, timers
 //! run as simulated time advances).
 //!
 //! Input: a list of operations, each `op: u8, len: u8, bytes[len]`. `op`
-//! bit 0 picks the receiver (client association or listener), bit 1 sends
+//! bit 0 picks the receiver (client association or the listening
+//! endpoint), bit 1 sends
 //! from a stranger's address instead of the peer's, bit 2 patches the
 //! skiff header and the receiver's current key into the bytes (so the
 //! fuzzer reaches past the key check), bits 3-5 advance time by that many
@@ -19,14 +20,14 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use skiff_proto::association::frame::{KIND, RTN};
 use skiff_proto::association::{
-    Association, AssociationConfig, Event, Handle, Listener, ListenerConfig,
+    Association, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
 };
 use skiff_proto::wire::{MAGIC, VERSION};
 
 struct Session {
     now: Instant,
     client: Association,
-    listener: Listener,
+    listener: Endpoint,
     server: Option<Handle>,
     client_addr: SocketAddr,
     server_addr: SocketAddr,
@@ -54,12 +55,13 @@ impl Session {
         };
         let server_addr: SocketAddr = "10.0.0.2:4747".parse().unwrap();
         let client = Association::connect(now, config.clone(), server_addr, 7, 0x1234_5678_9abc);
-        let listener = Listener::new(ListenerConfig {
+        let listener = Endpoint::new(EndpointConfig {
             service: 7,
             max_associations: 4,
             max_half_open: 2,
             seed: 0x5eed,
             association: config,
+            ..EndpointConfig::default()
         });
         let mut s = Session {
             now,
@@ -95,9 +97,11 @@ impl Session {
                 }
                 any = true;
             }
-            if let Some(h) = self.listener.accept() {
-                self.server.get_or_insert(h);
-                any = true;
+            while let Some(ev) = self.listener.poll_event() {
+                if let EndpointEvent::Accepted(h) = ev {
+                    self.server.get_or_insert(h);
+                    any = true;
+                }
             }
             while let Some(e) = self.client.poll_event() {
                 any |= !matches!(e, Event::Closed(_) | Event::Failed(_));
