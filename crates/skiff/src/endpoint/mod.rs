@@ -677,8 +677,8 @@ impl Shared {
     }
 
     pub(crate) fn tunnel_stats(&self, key: u64) -> AssociationStats {
-        let mut core = self.core.lock();
-        match core.assoc(key) {
+        let core = self.core.lock();
+        match core.assocs.get(association::Handle(key)) {
             Some(a) => a.stats(),
             None => core
                 .conns
@@ -689,7 +689,10 @@ impl Shared {
     }
 
     pub(crate) fn tunnel_rtt(&self, key: u64) -> Option<Duration> {
-        self.core.lock().assoc(key).and_then(|a| a.rtt())
+        let core = self.core.lock();
+        core.assocs
+            .get(association::Handle(key))
+            .and_then(|a| a.rtt())
     }
 
     pub(crate) fn drop_tunnel(&self, key: u64) {
