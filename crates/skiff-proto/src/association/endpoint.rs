@@ -18,9 +18,11 @@
 //! from forged addresses costs a bounded amount of memory and reflects
 //! nothing. Half-open associations expire after the handshake timeout.
 //!
-//! Keys (this host's half of every association) come from a generator
-//! seeded by the caller ([`EndpointConfig::seed`]), unique within the
-//! endpoint.
+//! Keys (this host's half of every association) come from a
+//! cryptographically strong generator (ChaCha, `rand`'s `StdRng`) seeded
+//! by the caller ([`EndpointConfig::seed`]), unique within the endpoint:
+//! a peer that sees the key of its own association learns nothing of the
+//! others'.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -28,6 +30,8 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
+use rand010::rngs::StdRng;
+use rand010::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
 use super::frame::{Packet, RTN};
@@ -153,7 +157,7 @@ const PER_TURN: u32 = 16;
 pub struct Endpoint {
     config: EndpointConfig,
     listening: bool,
-    rng: u64,
+    rng: StdRng,
     slots: FxHashMap<u64, Slot>,
     firsts: FxHashMap<(SocketAddr, u64), u64>,
     /// Accepted associations held, half-open included.
@@ -172,7 +176,7 @@ impl Endpoint {
     /// An endpoint with `config`.
     pub fn new(config: EndpointConfig) -> Endpoint {
         Endpoint {
-            rng: config.seed | 1,
+            rng: StdRng::seed_from_u64(config.seed),
             listening: config.listen,
             config,
             slots: FxHashMap::default(),
@@ -387,13 +391,10 @@ impl Endpoint {
         self.after(key);
     }
 
-    /// A fresh key: nonzero, RTN clear, unused here (xorshift64*).
+    /// A fresh key: nonzero, RTN clear, unused here.
     fn new_key(&mut self) -> u64 {
         loop {
-            self.rng ^= self.rng >> 12;
-            self.rng ^= self.rng << 25;
-            self.rng ^= self.rng >> 27;
-            let k = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) & !RTN;
+            let k = self.rng.next_u64() & !RTN;
             if k != 0 && !self.slots.contains_key(&k) {
                 return k;
             }
