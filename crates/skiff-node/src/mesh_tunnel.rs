@@ -452,60 +452,62 @@ impl Tunnels {
         if self.poll_timeout().is_some_and(|t| t <= now) {
             self.assocs.handle_timeout(now);
         }
+        let mut dead = Vec::new();
+        // Only associations the endpoint reports active have new events.
         while let Some(ev) = self.assocs.poll_event() {
-            // Every association's events are read below.
-            let EndpointEvent::Accepted(h) = ev else {
-                continue;
-            };
-            let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
-                continue;
-            };
-            // The peer replaced its association (it failed there, and the
-            // peer said so with close frames on the new one).
-            for (p, live) in self.accepted.values_mut() {
-                if *p == peer {
-                    *live = false;
+            let h = match ev {
+                EndpointEvent::Activity(h) => h,
+                EndpointEvent::Accepted(h) => {
+                    let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
+                        continue;
+                    };
+                    // The peer replaced its association (it failed there,
+                    // and the peer said so with close frames on the new
+                    // one).
+                    for (p, live) in self.accepted.values_mut() {
+                        if *p == peer {
+                            *live = false;
+                        }
+                    }
+                    self.accepted.insert(h, (peer, true));
+                    h
                 }
-            }
-            self.accepted.insert(h, (peer, true));
-        }
-        let handles: Vec<Handle> = self.accepted.keys().copied().collect();
-        for h in handles {
-            let (peer, live) = self.accepted[&h];
+            };
             let Some(a) = self.assocs.association(h) else {
                 self.accepted.remove(&h);
                 continue;
             };
-            let mut gone = false;
-            while let Some(e) = a.poll_event() {
-                match e {
-                    Event::Message(m) if live => s.frames.push((peer, m)),
-                    Event::Message(_) => self.stats.stray_frames += 1,
-                    Event::Closed(_) | Event::Failed(_) => {
-                        gone = true;
-                        if live {
-                            s.failed.push(peer);
+            let peer = a.peer();
+            if let Some(&(_, live)) = self.accepted.get(&h) {
+                let mut gone = false;
+                while let Some(e) = a.poll_event() {
+                    match e {
+                        Event::Message(m) if live => s.frames.push((peer, m)),
+                        Event::Message(_) => self.stats.stray_frames += 1,
+                        Event::Closed(_) | Event::Failed(_) => {
+                            gone = true;
+                            if live {
+                                s.failed.push(peer);
+                            }
                         }
+                        Event::Connected | Event::Writable => {}
                     }
-                    Event::Connected | Event::Writable => {}
                 }
-            }
-            if gone {
-                self.accepted.remove(&h);
-            }
-        }
-        let mut dead = Vec::new();
-        for (&peer, o) in self.out.iter_mut() {
-            let Some(a) = self.assocs.association(o.assoc) else {
-                dead.push(peer);
-                continue;
-            };
-            while let Some(e) = a.poll_event() {
-                match e {
-                    Event::Message(m) => s.frames.push((peer, m)),
-                    Event::Closed(_) | Event::Failed(_) => dead.push(peer),
-                    Event::Connected | Event::Writable => {}
+                if gone {
+                    self.accepted.remove(&h);
                 }
+            } else if self.out.get(&peer).is_some_and(|o| o.assoc == h) {
+                while let Some(e) = a.poll_event() {
+                    match e {
+                        Event::Message(m) => s.frames.push((peer, m)),
+                        Event::Closed(_) | Event::Failed(_) => dead.push(peer),
+                        Event::Connected | Event::Writable => {}
+                    }
+                }
+            } else {
+                // An association this node gave up (its peer went down):
+                // its events are read so that the endpoint forgets it.
+                while a.poll_event().is_some() {}
             }
         }
         self.drain_backlogs();
