@@ -27,8 +27,8 @@
 //! What the endpoint guarantees is the association's (see
 //! [`crate::tunnel`]) for tunnels and the queue's for pushes: best effort,
 //! at most once, loss counted. Everything it drops is counted in
-//! [`EndpointStats`], with the listener's and the associations' own
-//! rejection counters.
+//! [`EndpointStats`], with the association endpoint's and the
+//! associations' own rejection counters.
 //!
 //! Dropping the endpoint stops the driver at once: its tunnels fail
 //! ([`TunnelError::EndpointGone`]) and their peers see them go silent (they
@@ -238,9 +238,9 @@ pub struct EndpointStats {
     pub inbox_full: u64,
     /// Tunnels open (handed out and not yet finished).
     pub tunnels_open: u64,
-    /// The listener's counters: FIRSTs accepted and rejected (full,
-    /// half-open limit, wrong service, duplicates), unknown keys, wrong
-    /// sources, malformed packets.
+    /// The association endpoint's counters: FIRSTs accepted and rejected
+    /// (full, half-open limit, wrong service, not listening, duplicates),
+    /// unknown keys, wrong sources, malformed packets.
     pub listener: ListenerStats,
     /// The associations' counters, summed over live and finished ones:
     /// retransmissions, duplicates, out-of-window, acks of unsent data,
