@@ -1,0 +1,297 @@
+//! Receiving: whatever is waiting in one `recvmmsg(2)` into a
+//! [`RecvBatch`], whose datagrams come out as zero-copy [`Bytes`] slices
+//! of one arena, with coalesced runs (`UDP_GRO`) and the kernel's drop
+//! counter (`SO_RXQ_OVFL`); or, waiting, one plain `recvfrom(2)`.
+
+use std::io;
+use std::mem;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::UdpSocket;
+use crate::sys;
+
+/// Earlier receive arenas kept for reuse while the application still holds
+/// slices of them.
+const KEPT_ARENAS: usize = 4;
+/// Most slots of a [`RecvBatch`] (`UIO_MAXIOV`).
+const MAX_SLOTS: usize = 1024;
+/// Largest useful slot: no UDP datagram or GRO run is longer.
+const MAX_SLOT: usize = 65_536;
+
+impl UdpSocket {
+    /// Receives what is ready now, in one system call, into `batch` (what it
+    /// held before is gone); returns how many buffers arrived (a GRO buffer
+    /// counts once). `WouldBlock` if nothing was waiting.
+    pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        self.recv_inner(batch, false)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for a datagram inside
+    /// the receive system call itself (one `recvfrom` taking one datagram;
+    /// what else arrived is left for the next `recv`): one system call
+    /// where `wait_readable` + `recv` take two, which is what a
+    /// request/reply exchange pays per message. `WouldBlock` on timeout,
+    /// `Interrupted` if a signal cut the wait short.
+    ///
+    /// `recvfrom` carries no control messages, which is why it is cheaper
+    /// than `recvmsg`, so this receive reports no drop counter (read
+    /// [`UdpSocket::kernel_drops`]) and no GRO segment size: with GRO on,
+    /// its buffer may be a run of datagrams the kernel coalesced, marked
+    /// [`Received::maybe_run`], which only a caller that can tell where its
+    /// own datagrams end can split.
+    pub fn recv_wait(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
+        let micros = timeout.map_or(u64::MAX, |d| d.as_micros().min(u64::MAX as u128 - 1) as u64);
+        // A plain load first: the common wait repeats the last timeout.
+        if self.recv_timeout.load(Ordering::Relaxed) != micros {
+            self.recv_timeout.store(micros, Ordering::Relaxed);
+            sys::set_recv_timeout(self.socket.as_fd(), timeout)?;
+        }
+        self.recv_inner(batch, true)
+    }
+
+    fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
+        batch.count = 0;
+        let mut arena = batch.take_arena();
+        let r = sys::recvmmsg(
+            self.socket.as_fd(),
+            &mut batch.bufs,
+            &mut arena,
+            batch.slot_size,
+            &mut batch.meta,
+            wait,
+        );
+        match r {
+            Ok(n) if n > 0 => {
+                let RecvBatch {
+                    meta,
+                    drops,
+                    last_ovfl,
+                    ..
+                } = batch;
+                for v in meta[..n].iter().filter_map(|m| m.rxq_ovfl) {
+                    fold_drops(drops, last_ovfl, v);
+                }
+                // A waiting receive reads no GRO segment size.
+                meta[0].maybe_run = wait && self.gro;
+                batch.filled = arena.freeze();
+                batch.count = n;
+                Ok(n)
+            }
+            other => {
+                batch.arena = Some(arena);
+                other
+            }
+        }
+    }
+}
+
+/// Reusable receive buffers for [`UdpSocket::recv`]; received datagrams
+/// come out as zero-copy [`Bytes`] slices of one arena.
+///
+/// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
+/// datagram. The arena is reused once every slice handed out from it is
+/// dropped (a few earlier arenas wait for that); otherwise a new one is
+/// allocated, so holding on to a payload is safe, only costlier: a slice
+/// keeps its whole arena alive, so copy what must live long
+/// (`Bytes::copy_from_slice`). New arenas are zeroed (`calloc`), the only
+/// per-`recv` cost besides one small reference-count block. Use one batch
+/// per socket: the drop counter follows one socket's count.
+#[derive(Debug)]
+pub struct RecvBatch {
+    slot_size: usize,
+    bufs: sys::RecvBufs,
+    meta: Vec<sys::RecvMeta>,
+    /// An arena ready for the next `recv`.
+    arena: Option<BytesMut>,
+    /// The arena the last `recv` filled.
+    filled: Bytes,
+    /// Datagrams in `filled` not yet drained.
+    count: usize,
+    /// Earlier arenas, reused once the application drops their slices.
+    kept: Vec<Bytes>,
+    drops: u64,
+    last_ovfl: u32,
+}
+
+impl RecvBatch {
+    /// Buffers for up to `slots` datagrams per `recv` (1 to 1024; 32 is a
+    /// good start) of up to `slot_size` bytes each (1 to 65,536). Use 65,536
+    /// so nothing is ever truncated, and with GRO, whose runs are up to
+    /// 64 KiB.
+    pub fn new(slots: usize, slot_size: usize) -> Self {
+        let slots = slots.clamp(1, MAX_SLOTS);
+        RecvBatch {
+            slot_size: slot_size.clamp(1, MAX_SLOT),
+            bufs: sys::RecvBufs::new(slots),
+            meta: vec![sys::RecvMeta::default(); slots],
+            arena: None,
+            filled: Bytes::new(),
+            count: 0,
+            kept: Vec::new(),
+            drops: 0,
+            last_ovfl: 0,
+        }
+    }
+
+    /// Takes out what the last `recv` filled, in arrival order. Items not
+    /// taken when the iterator is dropped are discarded.
+    pub fn drain(&mut self) -> impl Iterator<Item = Received> + '_ {
+        let n = mem::take(&mut self.count);
+        let (filled, slot) = (&self.filled, self.slot_size);
+        self.meta[..n].iter().enumerate().map(move |(i, m)| {
+            let at = i * slot;
+            Received {
+                from: m.from,
+                data: filled.slice(at..at + m.len),
+                segment_size: m.gro_segment,
+                maybe_run: m.maybe_run,
+                truncated: m.truncated,
+            }
+        })
+    }
+
+    /// Cumulative kernel drops on the socket, as reported by `SO_RXQ_OVFL`
+    /// (0 where unsupported). The kernel reports them on the next datagram
+    /// it queues, and only to [`UdpSocket::recv`] (a waiting receive reads
+    /// no control messages), so drops show up late here; they show up at
+    /// once through [`UdpSocket::kernel_drops`].
+    ///
+    /// The kernel counts dropped *buffers*: with GRO on, one dropped buffer
+    /// may have held a run of up to 64 datagrams. So this is exact without
+    /// GRO and a lower bound with it; it says that loss happened, and a
+    /// sequence-number loss count says how much.
+    pub fn kernel_drops(&self) -> u64 {
+        self.drops
+    }
+
+    /// An initialized arena of `slots × slot_size` bytes: the spare one, an
+    /// earlier one nobody holds any more, or a new zeroed one. (Zeroed, not
+    /// just reserved: the slots the kernel does not fill would otherwise be
+    /// uninitialized bytes between the slices we hand out.)
+    fn take_arena(&mut self) -> BytesMut {
+        if let Some(a) = self.arena.take() {
+            return a;
+        }
+        let total = self.meta.len() * self.slot_size;
+        let last = mem::take(&mut self.filled);
+        if !last.is_empty() {
+            // The common case first: the application holds nothing of the
+            // last arena any more.
+            match last.try_into_mut() {
+                Ok(m) if m.len() == total => return m,
+                Ok(_) => {}
+                Err(b) => self.kept.push(b),
+            }
+        }
+        while let Some(p) = self.kept.iter().position(Bytes::is_unique) {
+            match self.kept.swap_remove(p).try_into_mut() {
+                Ok(m) if m.len() == total => return m,
+                Ok(_) => {}
+                Err(b) => drop(b),
+            }
+        }
+        if self.kept.len() > KEPT_ARENAS {
+            // Forget the oldest: its memory goes when its last slice does.
+            self.kept.remove(0);
+        }
+        let mut arena = BytesMut::zeroed(total);
+        // Make the arena reference-counted now (splitting off an empty
+        // handle does that), so that it keeps one count block for life:
+        // `freeze` and `try_into_mut` then just hand that block over,
+        // where a plain vector would allocate one at the first slice of
+        // every receive and free it at every reuse.
+        drop(arena.split_to(0));
+        arena
+    }
+}
+
+/// Folds a reading `v` of the kernel's 32-bit drop counter into the 64-bit
+/// total `drops`, whose last reading was `last`.
+pub(super) fn fold_drops(drops: &mut u64, last: &mut u32, v: u32) {
+    let d = v.wrapping_sub(*last);
+    // Readings only grow; a "decrease" is an older reading, not a wrap.
+    if d < 1 << 31 {
+        *drops += u64::from(d);
+        *last = v;
+    }
+}
+
+/// One received buffer: a datagram, or with `segment_size` a run of
+/// datagrams the kernel coalesced (GRO).
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The sender.
+    pub from: SocketAddr,
+    /// The bytes, a slice of the batch's arena (no copy).
+    pub data: Bytes,
+    /// GRO: `data` holds datagrams of this many bytes each, the last
+    /// possibly shorter; see [`Received::datagrams`].
+    pub segment_size: Option<usize>,
+    /// Received by [`UdpSocket::recv_wait`] on a socket with GRO on, which
+    /// reports no segment size: `data` may be a run of datagrams all of one
+    /// length but the last, which [`Received::datagrams`] yields as one.
+    /// A caller whose datagrams say where they end finds the length and
+    /// sets `segment_size`.
+    pub maybe_run: bool,
+    /// The datagram was longer than the slot and was cut (`MSG_TRUNC`):
+    /// `data` is only its beginning.
+    pub truncated: bool,
+}
+
+impl Received {
+    /// The datagrams in `data`: one, or each of a GRO run (zero-copy).
+    pub fn datagrams(&self) -> Datagrams {
+        self.clone().into_datagrams()
+    }
+
+    /// As [`Received::datagrams`], consuming the buffer (one reference
+    /// count change fewer per datagram).
+    pub fn into_datagrams(self) -> Datagrams {
+        Datagrams {
+            rest: self.data,
+            stride: self.segment_size.unwrap_or(0),
+            done: false,
+        }
+    }
+}
+
+/// Iterator over the datagrams of a [`Received`]; see
+/// [`Received::datagrams`].
+#[derive(Debug, Clone)]
+pub struct Datagrams {
+    rest: Bytes,
+    /// 0: `rest` is one datagram.
+    stride: usize,
+    done: bool,
+}
+
+impl Iterator for Datagrams {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        if self.stride == 0 || self.rest.len() <= self.stride {
+            self.done = true;
+            return Some(mem::take(&mut self.rest));
+        }
+        Some(self.rest.split_to(self.stride))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = match (self.done, self.stride) {
+            (true, _) => 0,
+            (false, 0) => 1,
+            (false, s) => self.rest.len().div_ceil(s).max(1),
+        };
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Datagrams {}
