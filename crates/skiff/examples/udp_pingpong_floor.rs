@@ -16,8 +16,8 @@
 //!   one `io_uring_enter` per side and round trip instead of two system
 //!   calls), with default ring flags and with `SINGLE_ISSUER |
 //!   DEFER_TASKRUN | COOP_TASKRUN`: whether fewer system calls beat plain
-//!   ones for one datagram at a time (on the development VM they do not:
-//!   4.9–5.3 µs against 4.0 µs).
+//!   ones for one datagram at a time (`bench/RESULTS.md` has the answer
+//!   measured so far).
 //!
 //! Both threads run on one CPU (the one this starts on), as in `skiff bench
 //! queue`, so a wake-up is a context switch, not a cross-CPU interrupt.

@@ -255,7 +255,8 @@ impl UdpSocket {
 /// # async fn demo(peers: &[std::net::SocketAddr]) -> std::io::Result<()> {
 /// use skiff::udp::{AsyncUdpSocket, RecvBatch, SendBatch, UdpConfig};
 ///
-/// let socket = AsyncUdpSocket::bind("0.0.0.0:4747".parse().unwrap(), &UdpConfig::default())?;
+/// let addr = "0.0.0.0:4747".parse().unwrap();
+/// let socket = AsyncUdpSocket::bind(addr, &UdpConfig::default())?;
 /// let mut out = SendBatch::new();
 /// for p in peers {
 ///     out.push(*p, b"hello");
