@@ -34,6 +34,14 @@
 //! batched send (`sendmmsg`, GSO), `recv` the batched receive (`recvmmsg`,
 //! GRO, the drop counter), `batch` the [`SendBatch`] and tokio API on top.
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use bytes::{Bytes, BytesMut};
+use socket2::Socket;
+
+use crate::sys;
+
 mod batch;
 mod recv;
 mod send;
@@ -42,6 +50,58 @@ mod socket;
 mod tests;
 
 pub use batch::{AsyncUdpSocket, SendBatch, Sent};
-pub use recv::{Datagrams, Received, RecvBatch};
+pub use recv::{Datagrams, Received};
 pub use send::Outgoing;
-pub use socket::{MulticastInterface, UdpConfig, UdpSocket};
+pub use socket::{MulticastInterface, UdpConfig};
+
+// The two types below are declared here, their methods in the files above:
+// rustc puts a method in the codegen unit of its type's module, so the
+// receive path (`recv_inner` and the `RecvBatch` methods it calls) stays in
+// one unit, where its small helpers inline, as when this was one file.
+
+/// A non-blocking UDP socket that sends and receives in batches.
+///
+/// All methods take `&self`; one thread may send while another receives.
+#[derive(Debug)]
+pub struct UdpSocket {
+    socket: Socket,
+    v6: bool,
+    /// Whether segmented sends go to the kernel whole; cleared when the
+    /// kernel refuses one that it then takes segment by segment.
+    gso: AtomicBool,
+    /// The `SO_RCVTIMEO` last set, in µs (`u64::MAX`: none), so that
+    /// `recv_wait` sets it only when it changes.
+    recv_timeout: AtomicU64,
+    /// The peer of a connected socket (see [`UdpSocket::connect`]).
+    peer: std::sync::OnceLock<SocketAddr>,
+    /// `UDP_GRO` is on: a buffer may be a coalesced run.
+    gro: bool,
+}
+
+/// Reusable receive buffers for [`UdpSocket::recv`]; received datagrams
+/// come out as zero-copy [`Bytes`](bytes::Bytes) slices of one arena.
+///
+/// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
+/// datagram. The arena is reused once every slice handed out from it is
+/// dropped (a few earlier arenas wait for that); otherwise a new one is
+/// allocated, so holding on to a payload is safe, only costlier: a slice
+/// keeps its whole arena alive, so copy what must live long
+/// (`Bytes::copy_from_slice`). New arenas are zeroed (`calloc`), the only
+/// per-`recv` cost besides one small reference-count block. Use one batch
+/// per socket: the drop counter follows one socket's count.
+#[derive(Debug)]
+pub struct RecvBatch {
+    slot_size: usize,
+    bufs: sys::RecvBufs,
+    meta: Vec<sys::RecvMeta>,
+    /// An arena ready for the next `recv`.
+    arena: Option<BytesMut>,
+    /// The arena the last `recv` filled.
+    filled: Bytes,
+    /// Datagrams in `filled` not yet drained.
+    count: usize,
+    /// Earlier arenas, reused once the application drops their slices.
+    kept: Vec<Bytes>,
+    drops: u64,
+    last_ovfl: u32,
+}

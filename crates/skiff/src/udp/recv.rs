@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::UdpSocket;
+use super::{RecvBatch, UdpSocket};
 use crate::sys;
 
 /// Earlier receive arenas kept for reuse while the application still holds
@@ -88,34 +88,6 @@ impl UdpSocket {
             }
         }
     }
-}
-
-/// Reusable receive buffers for [`UdpSocket::recv`]; received datagrams
-/// come out as zero-copy [`Bytes`] slices of one arena.
-///
-/// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
-/// datagram. The arena is reused once every slice handed out from it is
-/// dropped (a few earlier arenas wait for that); otherwise a new one is
-/// allocated, so holding on to a payload is safe, only costlier: a slice
-/// keeps its whole arena alive, so copy what must live long
-/// (`Bytes::copy_from_slice`). New arenas are zeroed (`calloc`), the only
-/// per-`recv` cost besides one small reference-count block. Use one batch
-/// per socket: the drop counter follows one socket's count.
-#[derive(Debug)]
-pub struct RecvBatch {
-    slot_size: usize,
-    bufs: sys::RecvBufs,
-    meta: Vec<sys::RecvMeta>,
-    /// An arena ready for the next `recv`.
-    arena: Option<BytesMut>,
-    /// The arena the last `recv` filled.
-    filled: Bytes,
-    /// Datagrams in `filled` not yet drained.
-    count: usize,
-    /// Earlier arenas, reused once the application drops their slices.
-    kept: Vec<Bytes>,
-    drops: u64,
-    last_ovfl: u32,
 }
 
 impl RecvBatch {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use socket2::{Domain, InterfaceIndexOrAddress, Protocol, Socket, Type};
 
+use super::UdpSocket;
 use crate::sys;
 
 /// Options a locator can set on a UDP socket.
@@ -73,25 +74,6 @@ impl From<u32> for MulticastInterface {
     fn from(index: u32) -> Self {
         MulticastInterface::Index(index)
     }
-}
-
-/// A non-blocking UDP socket that sends and receives in batches.
-///
-/// All methods take `&self`; one thread may send while another receives.
-#[derive(Debug)]
-pub struct UdpSocket {
-    pub(super) socket: Socket,
-    pub(super) v6: bool,
-    /// Whether segmented sends go to the kernel whole; cleared when the
-    /// kernel refuses one that it then takes segment by segment.
-    pub(super) gso: AtomicBool,
-    /// The `SO_RCVTIMEO` last set, in µs (`u64::MAX`: none), so that
-    /// `recv_wait` sets it only when it changes.
-    pub(super) recv_timeout: AtomicU64,
-    /// The peer of a connected socket (see [`UdpSocket::connect`]).
-    pub(super) peer: std::sync::OnceLock<SocketAddr>,
-    /// `UDP_GRO` is on: a buffer may be a coalesced run.
-    pub(super) gro: bool,
 }
 
 impl UdpSocket {
