@@ -211,6 +211,7 @@ impl UdpSocket {
     /// again (once the socket is writable) sends the rest. A datagram the
     /// kernel refuses is dropped and counted in [`Sent::refused`]; the
     /// others still go.
+    #[must_use = "datagrams the kernel refused are reported only here"]
     pub fn try_send_batch(&self, batch: &mut SendBatch) -> Sent {
         let mut sent = Sent::default();
         let segments = self.max_segments();
@@ -225,6 +226,7 @@ impl UdpSocket {
             let n = batch.plan(segments, &mut out, &mut counts);
             sent.calls += 1;
             match self.send(&out[..n]) {
+                Ok(0) => break,
                 Ok(k) => {
                     let d: usize = counts[..k.min(n)].iter().sum();
                     batch.next += d;
@@ -303,7 +305,14 @@ impl AsyncUdpSocket {
     /// waiting for room in the socket's send buffer when it is full;
     /// returns the sum of what the sends did. The batch is then empty.
     /// Errors only if the reactor fails; datagrams the kernel refuses are
-    /// counted in [`Sent::refused`].
+    /// counted in [`Sent::refused`]. Cancel safe: what was sent has left
+    /// the batch, the rest is still in it.
+    ///
+    /// One wait happens on the thread rather than the reactor: if the
+    /// device refuses a GSO run, [`UdpSocket::send`] sends it segment by
+    /// segment and, once it has begun, waits (about a second at most) for
+    /// room to finish it. The socket then stops using GSO (see
+    /// [`UdpSocket::send`]), so this is rare.
     pub async fn send_batch(&self, batch: &mut SendBatch) -> io::Result<Sent> {
         let mut sent = Sent::default();
         if batch.is_empty() {
@@ -325,7 +334,7 @@ impl AsyncUdpSocket {
 
     /// Waits until datagrams arrive and receives them, as many as `batch`
     /// has slots, in one system call ([`UdpSocket::recv`]); returns how
-    /// many buffers arrived (a GRO run counts once).
+    /// many buffers arrived (a GRO run counts once). Cancel safe.
     pub async fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         self.io
             .async_io(Interest::READABLE, |_| self.socket.recv(batch))
