@@ -6,9 +6,8 @@
 //! `sendto(2)`, which costs less), and cuts large batches into segments
 //! in the kernel (`UDP_SEGMENT`, GSO) where it can; [`UdpSocket::recv`]
 //! takes whatever is waiting with one `recvmmsg(2)` into a [`RecvBatch`],
-//! whose datagrams come out as zero-copy [`Bytes`](bytes::Bytes) slices of
-//! one arena, with
-//! coalesced runs (`UDP_GRO`) and the kernel's receive-drop counter
+//! whose datagrams come out as zero-copy [`Bytes`] slices of one arena,
+//! with coalesced runs (`UDP_GRO`) and the kernel's receive-drop counter
 //! (`SO_RXQ_OVFL`). [`UdpSocket::recv_wait`], the blocking receive of a
 //! request/reply exchange, is instead one plain `recvfrom(2)`, the cheapest
 //! receive the kernel has, which reports neither (see there). It promises
@@ -79,7 +78,7 @@ pub struct UdpSocket {
 }
 
 /// Reusable receive buffers for [`UdpSocket::recv`]; received datagrams
-/// come out as zero-copy [`Bytes`](bytes::Bytes) slices of one arena.
+/// come out as zero-copy [`Bytes`] slices of one arena.
 ///
 /// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
 /// datagram. The arena is reused once every slice handed out from it is
