@@ -1,8 +1,8 @@
 //! skiff-node: the skiff node (the daemon, one per host, as Iris and the
 //! cMsg server have) as a library.
 //!
-//! Clients attach over TCP or a Unix socket ([`Node::start`]), or in the
-//! same process ([`Node::embedded`], [`MemLink`]: what `mem://` uses). The
+//! Clients attach over TCP, a Unix socket or shared memory (every listener
+//! [`Node::start`] starts from its [`Config`]), or in the same process ([`Node::embedded`], [`MemLink`]: what `mem://` uses). The
 //! node routes by name:
 //! - **publish/subscribe**: subject patterns with `*` (one token) and `>`
 //!   (one or more remaining tokens, so `a.>` does not match `a`), types
@@ -16,31 +16,39 @@
 //!   member, tunnels (ordered, credit flow-controlled streams relayed over
 //!   the clients' connections).
 //!
-//! Layout: [`frame`] is the client↔node protocol (no I/O); [`broker`] the
-//! shared state and what each frame does (no I/O, no clock: it queues
-//! frames into each client's [`outbox`]); [`server`] owns the sockets and
-//! tasks (tokio). Routing itself is `skiff_proto::router`, whose subscriber
-//! handle can later also be another node of a mesh.
+//! Layout: [`frame`] is the client↔node protocol (no I/O, in
+//! `skiff_proto`); [`session`] one client's sans-I/O session, into which
+//! every front end feeds what it reads (frame bounds, runs of publishes,
+//! order, accounting); [`broker`] the shared state and what each frame does
+//! (no I/O, no clock: it queues frames into each client's [`outbox`]);
+//! [`listen`] the front ends (TCP and Unix sockets, shared memory,
+//! in-process), each a thin driver of a session; [`node`] starts them and
+//! the [`mesh`] from the configuration. Routing itself is
+//! `skiff_proto::router`.
 //!
 //! The client side (`Client::connect("skiff://…")`, `mem://`) is in the
-//! `skiff` crate, which depends on this one.
+//! `skiff` crate, which this one depends on; [`embed::install`] plugs this
+//! node in behind `mem://`.
 
 pub mod broker;
 pub mod config;
 pub mod embed;
+pub mod listen;
 pub mod mesh;
 pub mod mesh_tunnel;
+pub mod node;
 pub mod outbox;
-pub mod server;
-pub mod shm_listener;
+pub mod session;
 pub mod wake;
 
 pub use broker::{Broker, Fatal};
 pub use config::{Config, ConfigError, Limits};
+pub use listen::mem::MemLink;
+pub use listen::shm::{ShmListener, ShmStats};
 pub use mesh::{MeshLink, MeshSettings};
+pub use node::Node;
 pub use outbox::ClientOut;
-pub use server::{MemLink, Node};
-pub use shm_listener::{ShmListener, ShmStats};
+pub use session::Session;
 pub use skiff_proto::client_frame::{
     self as frame, ClientFrame, Code, Policy, ServerFrame, ASYNC_ERROR,
 };

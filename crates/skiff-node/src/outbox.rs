@@ -558,7 +558,7 @@ impl ClientOut {
         self.closed_notify.notify_waiters();
     }
 
-    /// Whether [`ClientOut::close`] was called.
+    /// Whether the node closed this client (`ClientOut::close`).
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }

@@ -91,6 +91,13 @@ async fn a_bad_rendezvous_is_refused_and_the_node_goes_on() {
     line.clear();
     s.read_line(&mut line).await.unwrap();
     assert!(line.starts_with("ERR "), "{line}");
+    // Counted just after the error line is written.
+    for _ in 0..200 {
+        if shm.stats().refused > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert_eq!(shm.stats().refused, 1);
     // Nothing left behind but the socket.
     let left: Vec<_> = std::fs::read_dir(shm.dir()).unwrap().collect();

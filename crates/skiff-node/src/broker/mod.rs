@@ -1,8 +1,9 @@
 //! The node's state and what it does with each client frame: the router
 //! (subject trie), clusters, requests in flight and tunnels. It owns no
-//! sockets: connection tasks ([`crate::server`]) and in-process clients
-//! ([`crate::MemLink`]) hand it decoded [`ClientFrame`]s, and it answers by
-//! queueing [`ServerFrame`]s in the clients' [`ClientOut`]s.
+//! sockets: the front ends ([`crate::listen`], through each client's
+//! [`crate::session::Session`]) hand it decoded [`ClientFrame`]s and runs
+//! of publishes, and it answers by queueing [`ServerFrame`]s in the
+//! clients' [`ClientOut`]s.
 //!
 //! One lock guards the routing state; each client's outbox has its own, and
 //! is only ever taken after the routing lock or alone, never before it. A

@@ -6,10 +6,11 @@
 //! Per client, two threads and a task:
 //! - the **reader** waits on the client→node ring's futex, takes each
 //!   segment as a `bytes::Bytes` that points into the mapping (its owner
-//!   holds the mapping and a place in an in-order release queue), splits
-//!   it into frames with the bounded `Decoder::split` and hands them to the
-//!   broker exactly as the socket listener does: runs of publishes as
-//!   `Published { raw, .. }` whose `raw` is that slice of the ring. The
+//!   holds the mapping and a place in an in-order release queue), and
+//!   feeds it to the client's [`Session`] as the socket listener feeds its
+//!   read buffer: frames split with the bounded `Decoder::split`, runs of
+//!   publishes as `Published { raw, .. }` whose `raw` is that slice of the
+//!   ring. The
 //!   broker fans the same bytes out by reference count. When the last
 //!   `Bytes` of a segment and of every segment before it is dropped, the
 //!   reader returns the space with `consume` (a dropping thread wakes it
@@ -44,11 +45,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use skiff::shm::host::{self, HostReader, HostSocket, HostWriter, Rendezvous};
 use skiff::shm::BufferError;
-use skiff_proto::client_frame::{is_pub, ClientFrame, Code, Decoder, FRAME_OVERHEAD};
+use skiff_proto::client_frame::{Code, FRAME_OVERHEAD};
 use tokio::runtime::Handle;
 
-use crate::broker::{Broker, Published};
+use crate::broker::Broker;
 use crate::outbox::ClientOut;
+use crate::session::Session;
 
 /// Counters of an [`ShmListener`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,7 +80,7 @@ struct Counters {
     refused: AtomicU64,
     detached: AtomicU64,
     segments: AtomicU64,
-    frames: AtomicU64,
+    frames: Arc<AtomicU64>,
     in_place: AtomicU64,
     copied: AtomicU64,
     protocol_errors: AtomicU64,
@@ -243,8 +245,8 @@ async fn attach_one(r: Rendezvous, broker: Arc<Broker>, spin: Duration, shared: 
     }
 }
 
-/// The reader thread: segments in, frames to the broker, space back in
-/// order; detaches the client at the end.
+/// The reader thread: segments in, through the client's session to the
+/// broker, space back in order; detaches the client at the end.
 fn read_up(
     mut up: HostReader,
     broker: Arc<Broker>,
@@ -253,11 +255,10 @@ fn read_up(
     shared: Arc<Shared>,
     spin: Duration,
 ) {
-    let max_payload = broker.limits().max_payload;
-    let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
-    let mut pubs: Vec<Published> = Vec::new();
+    let mut session =
+        Session::new(broker.limits(), "client").count_frames_into(shared.c.frames.clone());
     let c = &shared.c;
-    let error: Option<(Code, String)> = 'read: loop {
+    let error: Option<(Code, String)> = loop {
         let seg = match up.next(spin, &|| out.is_closed()) {
             Ok(Some(seg)) => seg,
             Ok(None) => break None,
@@ -268,66 +269,29 @@ fn read_up(
                 | BufferError::PeerDead { .. }
                 | BufferError::PeerLost { .. },
             ) => break None,
-            Err(e) => break Some(protocol(&broker, c, e.to_string())),
+            Err(e) => {
+                broker.protocol_error();
+                c.protocol_errors.fetch_add(1, Relaxed);
+                break Some((
+                    Code::Protocol,
+                    format!("protocol error, closing this client: {e}"),
+                ));
+            }
         };
         c.segments.fetch_add(1, Relaxed);
         c.in_place.fetch_add(u64::from(seg.in_place), Relaxed);
         c.copied.fetch_add(u64::from(!seg.in_place), Relaxed);
         let mut rest = seg.bytes;
-        loop {
-            let body = match dec.split(&mut rest) {
-                Ok(Some(b)) => b,
-                Ok(None) => break,
-                Err(e) => {
-                    handle.block_on(broker.publish_batch(&out, &mut pubs));
-                    break 'read Some(protocol(&broker, c, e.to_string()));
-                }
-            };
-            c.frames.fetch_add(1, Relaxed);
-            if is_pub(&body) {
-                match Published::from_frame(body, max_payload) {
-                    Ok(p) => pubs.push(p),
-                    Err(e) => {
-                        handle.block_on(broker.publish_batch(&out, &mut pubs));
-                        break 'read Some(protocol(&broker, c, e.to_string()));
-                    }
-                }
-                continue;
-            }
-            let frame = match ClientFrame::decode(body, max_payload) {
-                Ok(f) => f,
-                Err(e) => {
-                    handle.block_on(broker.publish_batch(&out, &mut pubs));
-                    break 'read Some(protocol(&broker, c, e.to_string()));
-                }
-            };
-            let r = handle.block_on(async {
-                broker.publish_batch(&out, &mut pubs).await;
-                broker.handle(&out, frame).await
-            });
-            if let Err(f) = r {
-                broker.protocol_error();
-                c.protocol_errors.fetch_add(1, Relaxed);
-                break 'read Some((f.code, f.text));
-            }
-        }
-        if !pubs.is_empty() {
-            handle.block_on(broker.publish_batch(&out, &mut pubs));
+        // One entry into the runtime per segment, for all its frames.
+        if let Err(e) = handle.block_on(super::feed(&broker, &out, &mut session, &mut rest)) {
+            c.protocol_errors.fetch_add(1, Relaxed);
+            break Some(e);
         }
     };
     broker.detach(out.id, error);
     shared.c.detached.fetch_add(1, Relaxed);
     shared.rings.lock().retain(|(id, _)| *id != out.id);
     up.finish();
-}
-
-fn protocol(broker: &Broker, c: &Counters, why: String) -> (Code, String) {
-    broker.protocol_error();
-    c.protocol_errors.fetch_add(1, Relaxed);
-    (
-        Code::Protocol,
-        format!("protocol error, closing this client: {why}"),
-    )
 }
 
 /// The writer thread: what the broker queued for the client, copied into

@@ -1,0 +1,63 @@
+//! The node's front ends: each turns what its clients send into the one
+//! client [`Session`] and hands what the session yields to the broker by
+//! `feed`, the one processing path (nats-server's habit: a new protocol
+//! adds a parser, not a broker path).
+//!
+//! - `stream`: TCP and Unix sockets (a read buffer per connection);
+//! - [`shm`]: shared-memory rings (segments read in place, no copy);
+//! - [`mem`]: in-process clients (`mem://`), whose frames are already
+//!   values: they skip the decoding and go straight to `apply`.
+//!
+//! The mesh ([`crate::mesh`]) is not a client front end: other nodes'
+//! publishes reach the broker through `Broker::publish_remote`.
+
+pub mod mem;
+pub mod shm;
+pub(crate) mod stream;
+
+use std::sync::Arc;
+
+use skiff_proto::client_frame::Code;
+
+use crate::broker::Broker;
+use crate::outbox::ClientOut;
+use crate::session::{Event, Input, Session};
+
+/// Hands everything whole in `input` to the broker through `session`, in
+/// order. `Err`: close the client with this error (counted as a protocol
+/// error); nothing more is read.
+pub(crate) async fn feed<I: Input + ?Sized>(
+    broker: &Broker,
+    out: &Arc<ClientOut>,
+    session: &mut Session,
+    input: &mut I,
+) -> Result<(), (Code, String)> {
+    while let Some(e) = session.poll_event(input) {
+        match e {
+            Event::Publish => broker.publish_batch(out, session.run()).await,
+            e => apply(broker, out, e).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Does what one event asks of the broker for client `out` (a run of
+/// publishes is [`feed`]'s, as it lives in the session). `Err`: close the
+/// client with this error (counted as a protocol error).
+pub(crate) async fn apply(
+    broker: &Broker,
+    out: &Arc<ClientOut>,
+    e: Event,
+) -> Result<(), (Code, String)> {
+    match e {
+        Event::Publish => Ok(()),
+        Event::Frame(f) => broker.handle(out, f).await.map_err(|f| {
+            broker.protocol_error();
+            (f.code, f.text)
+        }),
+        Event::Close(code, text) => {
+            broker.protocol_error();
+            Err((code, text))
+        }
+    }
+}

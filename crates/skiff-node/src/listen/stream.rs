@@ -1,0 +1,152 @@
+//! The TCP and Unix-socket front ends: an accept loop per listener, and
+//! per connection a reader task and a writer task.
+//!
+//! The reader reads into one buffer and drives the connection's
+//! [`Session`] ([`crate::listen::feed`]): every whole frame read goes to
+//! the broker in order, runs of publishes as one batch. The writer takes
+//! every ready frame from the client's outbox in one batch and writes them
+//! with one system call. A frame that does not decode closes that client
+//! with an error frame; the node goes on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::broker::Broker;
+use crate::outbox::ClientOut;
+use crate::session::Session;
+use skiff::spin::Spin;
+use skiff_proto::client_frame::ServerFrame;
+
+pub(crate) async fn accept_tcp(
+    l: TcpListener,
+    broker: Arc<Broker>,
+    mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, peer)) => {
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.into_split();
+                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), stop.clone(), spin.clone()));
+                }
+                // Out of descriptors or similar: back off, keep serving.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+pub(crate) async fn accept_unix(
+    l: UnixListener,
+    broker: Arc<Broker>,
+    mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) {
+    let mut conns = JoinSet::new();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, _)) => {
+                    n += 1;
+                    let (r, w) = s.into_split();
+                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), stop.clone(), spin.clone()));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+/// Serves one connection until either side closes it.
+async fn serve<R, W>(
+    broker: Arc<Broker>,
+    mut r: R,
+    mut w: W,
+    peer: String,
+    mut stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let out = match broker.attach(peer) {
+        Ok(out) => out,
+        Err(f) => {
+            let mut buf = Vec::new();
+            ServerFrame::Error {
+                corr: 0,
+                code: f.code,
+                text: f.text,
+            }
+            .encode(&mut buf);
+            let _ = w.write_all(&buf).await;
+            let _ = w.shutdown().await;
+            return;
+        }
+    };
+    let writer = tokio::spawn(write_loop(out.clone(), w));
+    let mut session = Session::new(broker.limits(), "connection");
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut error = None;
+    loop {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        tokio::select! {
+            n = r.read_buf(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Some(s) = &spin {
+                        s.touch();
+                    }
+                }
+            },
+            _ = out.closed() => break,
+            _ = stop.changed() => break,
+        }
+        // Every whole frame read, in order; runs of publishes as one batch.
+        if let Err(e) = super::feed(&broker, &out, &mut session, &mut buf).await {
+            error = Some(e);
+            break;
+        }
+    }
+    if *stop.borrow() && error.is_none() {
+        // Shutting down: the node drains, then closes every client.
+        let _ = writer.await;
+        return;
+    }
+    broker.detach(out.id, error);
+    let _ = writer.await;
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(out: Arc<ClientOut>, mut w: W) {
+    let mut buf = Vec::with_capacity(64 * 1024);
+    while out.next_encoded(&mut buf).await {
+        if !buf.is_empty() {
+            if w.write_all(&buf).await.is_err() {
+                return;
+            }
+            buf.clear();
+        }
+        if buf.capacity() > 4 << 20 {
+            buf = Vec::with_capacity(64 * 1024);
+        }
+    }
+    let _ = w.shutdown().await;
+}

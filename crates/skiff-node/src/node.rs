@@ -1,0 +1,194 @@
+//! A running node: its state ([`Broker`]) and its front ends, each
+//! started from the [`Config`] by [`Node::start`]: TCP and Unix-socket
+//! listeners (`listen::stream`), the shared-memory listener
+//! ([`crate::listen::shm`]), the mesh ([`crate::mesh`]), and in-process
+//! clients ([`crate::listen::mem`], what `mem://` uses); then graceful
+//! shutdown.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::broker::{Broker, Fatal};
+use crate::config::Config;
+use crate::listen::mem::{refusal, MemLink};
+use crate::listen::shm::ShmListener;
+use crate::listen::stream;
+use skiff::client::embed::{LocalLink, LocalNode, Refusal};
+use skiff::spin::Spin;
+use skiff_proto::client_frame::Code;
+
+/// A running node: its listeners and connections run as tokio tasks on the
+/// runtime that started it.
+#[derive(Debug)]
+pub struct Node {
+    broker: Arc<Broker>,
+    tcp: Option<SocketAddr>,
+    unix: Option<PathBuf>,
+    shm: Option<ShmListener>,
+    stop: watch::Sender<bool>,
+    tasks: Option<tokio::task::JoinHandle<()>>,
+    /// The wake-up latency request held while the node lives.
+    wake: Option<crate::wake::WakeLatency>,
+    /// Polls after traffic (setting `spin_us`).
+    spin: Option<Arc<Spin>>,
+}
+
+impl Node {
+    /// A node with no listeners, for in-process clients only (`mem://`).
+    /// Needs no runtime until a client uses it.
+    pub fn embedded(config: &Config) -> Node {
+        let (stop, _) = watch::channel(false);
+        Node {
+            broker: Arc::new(Broker::new(config.limits.clone())),
+            tcp: None,
+            unix: None,
+            shm: None,
+            stop,
+            tasks: None,
+            wake: None,
+            spin: None,
+        }
+    }
+
+    /// Binds the listeners named in `config` and starts serving on the
+    /// current tokio runtime. A TCP port of 0 picks a free port (see
+    /// [`Node::tcp_addr`]). With `wake_latency_us` set, fails if the
+    /// request cannot be held (it needs root): a setting asked for is not
+    /// silently dropped.
+    pub async fn start(config: &Config) -> io::Result<Node> {
+        let mut node = Node::embedded(config);
+        if let Some(us) = config.wake_latency_us {
+            node.wake = Some(crate::wake::WakeLatency::request(us).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("wake_latency_us={us}: {e} (needs root; unset the setting to run without it)"),
+                )
+            })?);
+        }
+        let mut set = JoinSet::new();
+        let spin = Spin::start(Duration::from_micros(config.spin_us));
+        node.spin = spin.clone();
+        if let Some(addr) = config.tcp {
+            let l = TcpListener::bind(addr).await?;
+            node.tcp = Some(l.local_addr()?);
+            set.spawn(stream::accept_tcp(
+                l,
+                node.broker.clone(),
+                node.stop.subscribe(),
+                spin.clone(),
+            ));
+        }
+        if let Some(path) = &config.unix {
+            // A stale socket file from a previous run would make bind fail.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            }) {
+                let _ = std::fs::remove_file(path);
+            }
+            let l = UnixListener::bind(path)?;
+            node.unix = Some(path.clone());
+            set.spawn(stream::accept_unix(
+                l,
+                node.broker.clone(),
+                node.stop.subscribe(),
+                spin.clone(),
+            ));
+        }
+        if let Some(loc) = &config.shm {
+            let l = ShmListener::start(node.broker.clone(), loc)
+                .map_err(|e| io::Error::other(format!("shm {loc}: {e}")))?;
+            node.shm = Some(l);
+        }
+        if let Some(m) = &config.mesh {
+            let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
+            set.spawn(async move {
+                let _ = task.await;
+            });
+        }
+        node.tasks = Some(tokio::spawn(async move {
+            while set.join_next().await.is_some() {}
+        }));
+        Ok(node)
+    }
+
+    /// The wake-up latency the node holds (see [`crate::wake`]), in µs.
+    pub fn wake_latency_us(&self) -> Option<u32> {
+        self.wake.as_ref().map(crate::wake::WakeLatency::micros)
+    }
+
+    /// The TCP address the node listens on.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The node's mesh address, when it is part of a mesh.
+    pub fn mesh_addr(&self) -> Option<SocketAddr> {
+        self.broker.mesh().map(|m| m.id().addr)
+    }
+
+    /// The Unix socket path the node listens on.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        self.unix.as_deref()
+    }
+
+    /// The node's shared-memory listener, when it has one.
+    pub fn shm(&self) -> Option<&ShmListener> {
+        self.shm.as_ref()
+    }
+
+    /// The node's state (for stats and tests).
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Attaches an in-process client.
+    pub fn attach_mem(&self) -> Result<MemLink, Fatal> {
+        MemLink::attach(self.broker.clone())
+    }
+
+    /// Graceful shutdown: stops accepting clients and reading from them,
+    /// waits (up to the configured drain timeout) until everything queued
+    /// for them has been handed to their connections, then closes every
+    /// client with a `shutdown` error frame.
+    pub async fn shutdown(mut self) {
+        self.broker.begin_shutdown();
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + self.broker.limits().drain_timeout();
+        while !self.broker.drained() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.broker
+            .close_all(Code::Shutdown, "the node is shutting down");
+        if let Some(t) = self.tasks.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        if let Some(p) = &self.unix {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(s) = &self.spin {
+            s.close();
+        }
+        let _ = self.stop.send(true);
+        self.broker
+            .close_all(Code::Shutdown, "the node was dropped");
+    }
+}
+
+impl LocalNode for Node {
+    fn attach(&self) -> Result<Box<dyn LocalLink>, Refusal> {
+        Ok(Box::new(self.attach_mem().map_err(refusal)?))
+    }
+}
