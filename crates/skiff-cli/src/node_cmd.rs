@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use skiff::client::{Client, ClientEvent, Incoming, Policy, SubOptions, Target};
 use skiff::Message;
-use skiff_node::{Config, Node};
+use skiff_node::Config;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -87,8 +87,8 @@ pub(crate) struct NodeArgs {
     #[arg(long, conflicts_with_all = ["mesh", "net", "seeds", "seeds_dns"])]
     no_mesh: bool,
     /// While the node runs, keep idle CPUs able to wake within this many
-    /// µs (Linux PM QoS, needs root; 0: idle CPUs poll, which on a VM cuts
-    /// each cross-CPU hop from tens of µs to a few, at the price of idle
+    /// µs (Linux PM QoS, needs root; 0: idle CPUs poll, which shortens each
+    /// hop between CPUs, most on a virtual machine, at the price of idle
     /// CPU time). Off by default.
     #[arg(long, value_name = "MICROS")]
     wake_latency_us: Option<String>,
@@ -155,38 +155,32 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(s) = &a.shm {
         cfg.set("shm", s)?;
     }
-    runtime_with(cfg.workers())?.block_on(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        // Handlers first: a signal right after the "listening" line must
-        // shut down gracefully, not kill the process.
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let node = Node::start(&cfg).await?;
-        if let Some(a) = node.tcp_addr() {
-            eprintln!("skiff node listening on tcp {a}");
-        }
-        eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
-        if let Some(us) = node.wake_latency_us() {
-            eprintln!("skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)");
-        }
-        if let Some(p) = node.unix_path() {
-            eprintln!("skiff node listening on unix {}", p.display());
-        }
-        if let (Some(loc), Some(l)) = (&cfg.shm, node.shm()) {
-            eprintln!("skiff node listening on {loc} ({})", l.dir().display());
-        }
-        if let Some(m) = node.broker().mesh() {
-            let v = m.view();
-            eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
-        }
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!("skiff node: shutting down (draining queues)");
-        node.shutdown().await;
-        Ok(())
-    })
+    skiff_node::node::run_until_signal(
+        &cfg,
+        |node| {
+            if let Some(a) = node.tcp_addr() {
+                eprintln!("skiff node listening on tcp {a}");
+            }
+            eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
+            if let Some(us) = node.wake_latency_us() {
+                eprintln!(
+                    "skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)"
+                );
+            }
+            if let Some(p) = node.unix_path() {
+                eprintln!("skiff node listening on unix {}", p.display());
+            }
+            if let (Some(loc), Some(l)) = (&cfg.shm, node.shm()) {
+                eprintln!("skiff node listening on {loc} ({})", l.dir().display());
+            }
+            if let Some(m) = node.broker().mesh() {
+                let v = m.view();
+                eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+            }
+        },
+        || eprintln!("skiff node: shutting down (draining queues)"),
+    )?;
+    Ok(())
 }
 
 /// `skiff pub`

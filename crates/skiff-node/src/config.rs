@@ -205,14 +205,10 @@ impl Config {
     ///
     /// Why not one per CPU: a node serves the applications of its own host
     /// (over loopback, a Unix socket or shared memory), and they need CPU
-    /// too. Measured on a 2-CPU VM with the node's clients on the same
-    /// host (`skiff bench request`, 8–11 runs each), one worker against
-    /// two: 16 concurrent requesters 94–197 k/s (median 134 k) against
-    /// 98–118 k/s (median 113 k), one requester's p50 75–115 µs against
-    /// 86–90 µs, publish/subscribe within 10 %. Two workers there add
-    /// hand-offs between node threads, and each hand-off that wakes the
-    /// other CPU costs a hypervisor wake-up; with one, the rate depends
-    /// more on where the scheduler puts the three processes.
+    /// too. On a small host, more workers add hand-offs between node
+    /// threads, and each hand-off that wakes another CPU costs a wake-up
+    /// (on a virtual machine, a trip through the hypervisor) without
+    /// making the node faster (`bench/RESULTS.md` has the runs).
     pub fn workers(&self) -> usize {
         self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()

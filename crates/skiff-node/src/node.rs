@@ -176,6 +176,37 @@ impl Node {
     }
 }
 
+/// Runs a node from `config` as the host's daemon: on a tokio runtime of
+/// [`Config::workers`] threads, until SIGINT or SIGTERM, then shuts it
+/// down gracefully ([`Node::shutdown`]). `ready` is called once the node
+/// serves (to say where), `stopping` when a signal arrives.
+pub fn run_until_signal(
+    config: &Config,
+    ready: impl FnOnce(&Node),
+    stopping: impl FnOnce(),
+) -> io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.workers())
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            // Handlers first: a signal right after `ready` must shut down
+            // gracefully, not kill the process.
+            let mut term = signal(SignalKind::terminate())?;
+            let mut int = signal(SignalKind::interrupt())?;
+            let node = Node::start(config).await?;
+            ready(&node);
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            stopping();
+            node.shutdown().await;
+            Ok(())
+        })
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         if let Some(s) = &self.spin {

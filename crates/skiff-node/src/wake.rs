@@ -3,10 +3,10 @@
 //!
 //! Why: an idle CPU sleeps in the deepest idle state its governor allows.
 //! On a virtual machine that state is a halted vCPU, and waking one costs
-//! a trip through the hypervisor: on the 2-vCPU VM skiff is developed on,
-//! a TCP ping-pong between two CPUs takes 75–90 µs that way and 13 µs when
-//! idle CPUs poll instead. Every hop of a request through the node (client
-//! → node → replier → node → client) pays one such wake-up. Asking for a
+//! a trip through the hypervisor, several times a round trip between two
+//! polling CPUs (`bench/RESULTS.md` has the runs). Every hop of a request
+//! through the node (client → node → replier → node → client) pays one
+//! such wake-up. Asking for a
 //! wake-up latency of 0 keeps idle CPUs polling, as tuned's
 //! `latency-performance` profile does; the price is CPU time burnt while
 //! idle, which is why it is a setting and off by default.
