@@ -4,14 +4,17 @@
 use std::future::poll_fn;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use parking_lot::Mutex;
-use skiff_proto::client_frame::ClientFrame;
+use skiff_proto::client_frame::{ClientFrame, Code};
+use skiff_proto::router::Subject;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 
 use super::inbox::{self, Shared};
-use super::Inner;
+use super::{Answer, Client, Inner, MemberEntry};
 use crate::Error;
 
 /// Messages a tunnel's sender may have in flight.
@@ -312,6 +315,100 @@ impl Drop for Tunnel {
             let _ = self
                 .inner
                 .send_now(ClientFrame::TunClose { tunnel: self.id });
+        }
+    }
+}
+
+/// Joining clusters, broadcasting to them, and opening tunnels.
+impl Client {
+    /// Joins `cluster` with `capacity` (its share of requests; 0: only
+    /// broadcasts). Requests, broadcasts and tunnels for this member arrive
+    /// on the returned [`Member`].
+    pub async fn join(&self, cluster: &str, capacity: u32) -> Result<Member, Error> {
+        Subject::new(cluster)?;
+        let corr = self.inner.next_id();
+        let (inbox, rx) = {
+            let mut st = self.inner.state.lock();
+            let inbox = st
+                .members
+                .entry(cluster.to_owned())
+                .or_insert_with(|| MemberEntry {
+                    inbox: inbox::shared(),
+                    capacity: None,
+                })
+                .inbox
+                .clone();
+            st.joins.insert(corr, (cluster.to_owned(), capacity));
+            (inbox, self.inner.waiter(&mut st, corr))
+        };
+        let r = self
+            .inner
+            .call(
+                rx,
+                ClientFrame::Join {
+                    corr,
+                    cluster: cluster.into(),
+                    capacity,
+                },
+            )
+            .await;
+        if let Err(e) = r {
+            let mut st = self.inner.state.lock();
+            st.joins.remove(&corr);
+            if st
+                .members
+                .get(cluster)
+                .is_some_and(|m| m.capacity.is_none())
+            {
+                st.members.remove(cluster);
+            }
+            return Err(e);
+        }
+        Ok(Member::new(self.inner.clone(), cluster.into(), inbox))
+    }
+
+    /// Sends `msg` to every member of `cluster`, at most once each.
+    pub async fn broadcast(&self, cluster: &str, msg: Message) -> Result<(), Error> {
+        self.check(&msg)?;
+        self.inner
+            .send(ClientFrame::Bcast {
+                cluster: cluster.into(),
+                msg,
+            })
+            .await
+    }
+
+    /// Opens a tunnel to one member of `cluster` (chosen like a request's;
+    /// `key` for affinity), waiting at most `timeout`.
+    pub async fn tunnel(
+        &self,
+        cluster: impl Into<Target>,
+        timeout: Duration,
+    ) -> Result<Tunnel, Error> {
+        let (name, key) = match cluster.into() {
+            Target::Subject(s) => (s, Bytes::new()),
+            Target::Cluster { name, key } => (name, key.unwrap_or_default()),
+        };
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        let frame = ClientFrame::TunOpen {
+            corr,
+            cluster: name.clone(),
+            key,
+            window: TUNNEL_WINDOW,
+        };
+        match tokio::time::timeout(timeout, self.inner.call(rx, frame)).await {
+            Ok(Ok(Answer::Tunnel(t))) => Ok(t),
+            Ok(Ok(_)) => Err(Error::Codec("unexpected answer to a tunnel".into())),
+            Ok(Err(Error::Refused {
+                code: Code::NoResponders,
+                ..
+            })) => Err(Error::NoResponders { target: name }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                self.inner.state.lock().waiters.remove(&corr);
+                Err(Error::Timeout)
+            }
         }
     }
 }

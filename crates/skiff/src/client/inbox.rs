@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
-use super::failover::Gap;
+use super::status::Gap;
 
 #[derive(Debug)]
 pub(crate) struct Inbox<T> {

@@ -81,41 +81,57 @@
 //! Calls in flight on a lost node fail with [`Error::NodeLost`]; see the
 //! [`ClientEvent`] and [`Gap`] documentation for the rest.
 
+//! Layout (each module uses only those listed after it, and this one):
+//! `failover` (the stream link's driver: reconnect, restore, events) ·
+//! `link` (the transport seam: in process, stream, shared memory) ·
+//! `stream`, `shm_link` (the transports) · `dispatch` (the node's frames
+//! to the calls, subscriptions, members and tunnels waiting for them) ·
+//! `request`, `file`, `sub`, `cluster` (the calls and handles of each
+//! pattern) · `events` · `inbox` · `embed` (the in-process node's seam),
+//! `status`, `target` (plain values).
+
 mod cluster;
+mod dispatch;
 pub mod embed;
+mod events;
 mod failover;
 mod file;
 mod inbox;
 mod link;
+mod request;
 // Not in the loom build, which leaves out the shm transport.
 #[cfg(not(skiff_loom))]
 mod shm_link;
+mod status;
+mod stream;
 mod sub;
+mod target;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use skiff_proto::client_frame::{req_flags, ClientFrame, ServerFrame, ASYNC_ERROR};
-use skiff_proto::router::{KindPattern, Pattern, Subject};
-use skiff_proto::{Message, WireError};
+use skiff_proto::client_frame::{ClientFrame, ServerFrame};
+use skiff_proto::router::Subject;
+use skiff_proto::Message;
 use tokio::sync::{mpsc, oneshot};
 
 pub use cluster::{Incoming, Member, Request, Target, Tunnel};
 pub use embed::{LocalLink, LocalNode, LocalOutbox, Refusal};
-pub use failover::{ClientEvent, Events, Gap, LinkStats};
+pub use events::Events;
 pub use file::FileLog;
 pub use skiff_proto::client_frame::{Code, Policy};
 pub use skiff_proto::stats::NodeStats;
+pub use status::{ClientEvent, Gap, LinkStats};
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
 
 use crate::Error;
-use failover::Listeners;
+use events::Listeners;
 use inbox::Shared;
-use link::{Link, StreamTx};
+use link::Link;
+use request::ReqEvent;
+use stream::StreamTx;
 
 /// Node names kept per link session, to name the node in errors about
 /// stale replies.
@@ -127,15 +143,6 @@ enum Answer {
     Ack,
     Tunnel(Tunnel),
     Stats(String),
-}
-
-/// What a request hears.
-#[derive(Debug)]
-enum ReqEvent {
-    Reply(Message),
-    Done(Code),
-    /// The node it was sent to was lost.
-    Lost(String),
 }
 
 /// A subscription as the client registered it (to restore it elsewhere).
@@ -235,10 +242,10 @@ impl Client {
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
             "skiff" | "tcp" | "unix" => {
-                let target = failover::parse_target(locator)?;
+                let target = target::parse_target(locator)?;
                 let mut last = None;
                 for (at, addr) in target.addrs.iter().enumerate() {
-                    match link::open(addr, at, target.opts.connect_timeout).await {
+                    match stream::open(addr, at, target.opts.connect_timeout).await {
                         Ok(s) => return Ok(Client::over_stream(s, target)),
                         Err(e) => last = Some(e),
                     }
@@ -246,7 +253,19 @@ impl Client {
                 Err(last.unwrap_or(Error::Closed))
             }
             #[cfg(not(skiff_loom))]
-            "shm" => shm_link::connect(locator).await,
+            "shm" => {
+                let a = shm_link::attach(locator).await?;
+                let link = Link::Shm(a.tx());
+                let inner = Inner::new(
+                    Some(link),
+                    Backend::Node,
+                    a.max_payload() as usize,
+                    a.client(),
+                );
+                inner.connected_to(locator.to_owned());
+                a.start(&inner)?;
+                Ok(Client { inner })
+            }
             "file" => Ok(Client {
                 inner: Inner::new(None, Backend::File(FileLog::open(rest)?), usize::MAX, 0),
             }),
@@ -286,7 +305,7 @@ impl Client {
         Ok(Client { inner })
     }
 
-    fn over_stream(s: link::Session, target: failover::NodeTarget) -> Client {
+    fn over_stream(s: stream::Session, target: target::NodeTarget) -> Client {
         let tx = Arc::new(StreamTx::new(target.opts.reconnect_buffer));
         let inner = Inner::new(
             Some(Link::Stream(tx.clone())),
@@ -294,13 +313,8 @@ impl Client {
             s.max_payload as usize,
             s.client,
         );
-        {
-            let node = target.addrs[s.at].to_string();
-            let mut st = inner.state.lock();
-            st.nodes.push((0, node.clone()));
-            st.node = Some(node);
-        }
-        link::spawn_stream(&inner, tx, target, s);
+        inner.connected_to(target.addrs[s.at].to_string());
+        failover::spawn_stream(&inner, tx, target, s);
         Client { inner }
     }
 
@@ -355,301 +369,6 @@ impl Client {
         self.inner.send(ClientFrame::Pub(msg)).await
     }
 
-    /// Subscribes to subjects matching `pattern` with types matching
-    /// `kind` (`*` for any), with the default [`SubOptions`].
-    pub async fn subscribe(&self, pattern: &str, kind: &str) -> Result<Subscription, Error> {
-        self.subscribe_with(pattern, kind, SubOptions::default())
-            .await
-    }
-
-    /// Subscribes with options (queue bound, policy, window). Returns once
-    /// the node holds the interest.
-    pub async fn subscribe_with(
-        &self,
-        pattern: &str,
-        kind: &str,
-        opts: SubOptions,
-    ) -> Result<Subscription, Error> {
-        Pattern::new(pattern)?;
-        KindPattern::new(kind)?;
-        if let Backend::File(f) = &self.inner.backend {
-            return f.subscribe(self.inner.clone(), pattern, kind);
-        }
-        let sid = self.inner.next_id();
-        let inbox = inbox::shared();
-        let rx = {
-            let mut st = self.inner.state.lock();
-            if let Some(e) = &st.fatal {
-                return Err(Error::Refused {
-                    code: Code::Shutdown,
-                    reason: e.clone(),
-                });
-            }
-            st.subs.insert(
-                sid,
-                SubEntry {
-                    inbox: inbox.clone(),
-                    pattern: pattern.into(),
-                    kind: kind.into(),
-                    opts,
-                    live: false,
-                },
-            );
-            self.inner.waiter(&mut st, sid)
-        };
-        let window = opts.window.max(1);
-        let r = self
-            .inner
-            .call(
-                rx,
-                ClientFrame::Sub {
-                    sid,
-                    pattern: pattern.into(),
-                    kind: kind.into(),
-                    policy: opts.policy,
-                    queue: opts.queue.max(1),
-                    credit: window,
-                },
-            )
-            .await;
-        if let Err(e) = r {
-            self.inner.state.lock().subs.remove(&sid);
-            return Err(e);
-        }
-        Ok(Subscription::new(self.inner.clone(), sid, inbox, window))
-    }
-
-    /// Subscribes and calls `f` for each message on a task of its own (the
-    /// callback form); the handle pauses, resumes and ends it.
-    pub async fn subscribe_fn<F>(
-        &self,
-        pattern: &str,
-        kind: &str,
-        opts: SubOptions,
-        f: F,
-    ) -> Result<SubscriptionHandle, Error>
-    where
-        F: FnMut(Delivery) + Send + 'static,
-    {
-        let sub = self.subscribe_with(pattern, kind, opts).await?;
-        Ok(SubscriptionHandle::spawn(sub, f))
-    }
-
-    /// Answers a request received on a subscription (a [`Delivery`] with
-    /// [`Delivery::is_request`]). A reply to a request that is no longer
-    /// waited for is dropped by the node.
-    pub async fn reply(&self, to: &Delivery, msg: Message) -> Result<(), Error> {
-        let token = to.token.ok_or(Error::Refused {
-            code: Code::Invalid,
-            reason: "this message is not a request; there is nobody to reply to".into(),
-        })?;
-        self.inner.reply(token, to.epoch, msg).await
-    }
-
-    /// Sends a request and waits for the first reply: to every subscription
-    /// matching a subject (`"svc.echo"`), or to one member of a cluster
-    /// ([`Target::cluster`]). [`Error::NoResponders`] comes at once when
-    /// nobody could answer; [`Error::Timeout`] after `timeout`;
-    /// [`Error::NodeLost`] at once if the node is lost meanwhile (the
-    /// request may or may not have been handled).
-    pub async fn request(
-        &self,
-        target: impl Into<Target>,
-        msg: Message,
-        timeout: Duration,
-    ) -> Result<Message, Error> {
-        let mut v = self.request_inner(target.into(), msg, timeout, 1).await?;
-        v.pop().ok_or(Error::Timeout)
-    }
-
-    /// Scatter-gather: sends to every matching subscription (or every
-    /// member of a cluster) and collects replies until `max` arrived, every
-    /// responder answered, or `timeout` passed. An empty result means
-    /// nobody answered in time; [`Error::NoResponders`] means nobody could.
-    pub async fn request_many(
-        &self,
-        target: impl Into<Target>,
-        msg: Message,
-        timeout: Duration,
-        max: usize,
-    ) -> Result<Vec<Message>, Error> {
-        let max = max.clamp(1, u32::MAX as usize) as u32;
-        self.request_inner(target.into(), msg, timeout, max).await
-    }
-
-    async fn request_inner(
-        &self,
-        target: Target,
-        msg: Message,
-        timeout: Duration,
-        max: u32,
-    ) -> Result<Vec<Message>, Error> {
-        self.check(&msg)?;
-        let (name, key, mut flags) = match &target {
-            Target::Subject(s) => {
-                Subject::new(s)?;
-                (s.clone(), Bytes::new(), 0)
-            }
-            Target::Cluster { name, key } => (
-                name.clone(),
-                key.clone().unwrap_or_default(),
-                req_flags::CLUSTER,
-            ),
-        };
-        if max > 1 {
-            flags |= req_flags::MANY;
-        }
-        let rid = self.inner.next_id();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        self.inner.state.lock().requests.insert(rid, tx);
-        let sent = self
-            .inner
-            .send(ClientFrame::Req {
-                rid,
-                flags,
-                max,
-                target: name.clone(),
-                key,
-                msg,
-            })
-            .await;
-        if let Err(e) = sent {
-            self.inner.state.lock().requests.remove(&rid);
-            return Err(e);
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut replies = Vec::new();
-        let mut finished = false;
-        let outcome = loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(ReqEvent::Reply(m))) => {
-                    replies.push(m);
-                    if replies.len() >= max as usize {
-                        finished = true;
-                        break Ok(());
-                    }
-                }
-                Ok(Some(ReqEvent::Done(Code::NoResponders))) if replies.is_empty() => {
-                    finished = true;
-                    break Err(Error::NoResponders { target: name });
-                }
-                Ok(Some(ReqEvent::Done(_))) => {
-                    finished = true;
-                    break Ok(());
-                }
-                Ok(Some(ReqEvent::Lost(node))) => {
-                    finished = true;
-                    break Err(Error::NodeLost { node });
-                }
-                Ok(None) => {
-                    finished = true;
-                    break Err(self.inner.closed_error());
-                }
-                Err(_) => break Ok(()),
-            }
-        };
-        self.inner.state.lock().requests.remove(&rid);
-        if !finished {
-            let _ = self.inner.send_now(ClientFrame::Cancel { rid });
-        }
-        outcome?;
-        if replies.is_empty() && max == 1 {
-            return Err(Error::Timeout);
-        }
-        Ok(replies)
-    }
-
-    /// Joins `cluster` with `capacity` (its share of requests; 0: only
-    /// broadcasts). Requests, broadcasts and tunnels for this member arrive
-    /// on the returned [`Member`].
-    pub async fn join(&self, cluster: &str, capacity: u32) -> Result<Member, Error> {
-        Subject::new(cluster)?;
-        let corr = self.inner.next_id();
-        let (inbox, rx) = {
-            let mut st = self.inner.state.lock();
-            let inbox = st
-                .members
-                .entry(cluster.to_owned())
-                .or_insert_with(|| MemberEntry {
-                    inbox: inbox::shared(),
-                    capacity: None,
-                })
-                .inbox
-                .clone();
-            st.joins.insert(corr, (cluster.to_owned(), capacity));
-            (inbox, self.inner.waiter(&mut st, corr))
-        };
-        let r = self
-            .inner
-            .call(
-                rx,
-                ClientFrame::Join {
-                    corr,
-                    cluster: cluster.into(),
-                    capacity,
-                },
-            )
-            .await;
-        if let Err(e) = r {
-            let mut st = self.inner.state.lock();
-            st.joins.remove(&corr);
-            if st
-                .members
-                .get(cluster)
-                .is_some_and(|m| m.capacity.is_none())
-            {
-                st.members.remove(cluster);
-            }
-            return Err(e);
-        }
-        Ok(Member::new(self.inner.clone(), cluster.into(), inbox))
-    }
-
-    /// Sends `msg` to every member of `cluster`, at most once each.
-    pub async fn broadcast(&self, cluster: &str, msg: Message) -> Result<(), Error> {
-        self.check(&msg)?;
-        self.inner
-            .send(ClientFrame::Bcast {
-                cluster: cluster.into(),
-                msg,
-            })
-            .await
-    }
-
-    /// Opens a tunnel to one member of `cluster` (chosen like a request's;
-    /// `key` for affinity), waiting at most `timeout`.
-    pub async fn tunnel(
-        &self,
-        cluster: impl Into<Target>,
-        timeout: Duration,
-    ) -> Result<Tunnel, Error> {
-        let (name, key) = match cluster.into() {
-            Target::Subject(s) => (s, Bytes::new()),
-            Target::Cluster { name, key } => (name, key.unwrap_or_default()),
-        };
-        let corr = self.inner.next_id();
-        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
-        let frame = ClientFrame::TunOpen {
-            corr,
-            cluster: name.clone(),
-            key,
-            window: cluster::TUNNEL_WINDOW,
-        };
-        match tokio::time::timeout(timeout, self.inner.call(rx, frame)).await {
-            Ok(Ok(Answer::Tunnel(t))) => Ok(t),
-            Ok(Ok(_)) => Err(Error::Codec("unexpected answer to a tunnel".into())),
-            Ok(Err(Error::Refused {
-                code: Code::NoResponders,
-                ..
-            })) => Err(Error::NoResponders { target: name }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                self.inner.state.lock().waiters.remove(&corr);
-                Err(Error::Timeout)
-            }
-        }
-    }
-
     /// The node's counters: per node, client and subscription.
     pub async fn stats(&self) -> Result<NodeStats, Error> {
         let json = self.stats_json().await?;
@@ -699,6 +418,14 @@ impl Inner {
             id: AtomicU64::new(id),
             epoch: AtomicU32::new(0),
         })
+    }
+
+    /// The first node this client is connected to (link session 0), as
+    /// in its locator.
+    fn connected_to(&self, node: String) {
+        let mut st = self.state.lock();
+        st.nodes.push((0, node.clone()));
+        st.node = Some(node);
     }
 
     fn next_id(&self) -> u64 {
@@ -837,234 +564,6 @@ impl Inner {
         });
     }
 
-    /// Routes frames from the node to the calls and handles waiting for
-    /// them. Returns the node's error if it closed this client (the caller
-    /// fails the client or, for a shutdown, fails over).
-    ///
-    /// (Batched: see `flush_run`.)
-    #[must_use]
-    pub(crate) fn dispatch(
-        self: &Arc<Self>,
-        frames: impl IntoIterator<Item = ServerFrame>,
-    ) -> Option<(Code, String)> {
-        let mut bad = None;
-        let fatal = self.dispatch_inbound(frames, &mut bad);
-        debug_assert!(bad.is_none(), "decoded frames cannot be malformed");
-        fatal
-    }
-
-    /// [`Inner::dispatch`] for frames still to be decoded (see
-    /// [`Inbound`]): a message is decoded straight into its
-    /// subscription's queue. Stops at the first frame that does not
-    /// decode and leaves its error in `bad`; nothing after it is
-    /// delivered.
-    #[must_use]
-    pub(crate) fn dispatch_inbound<I: Inbound>(
-        self: &Arc<Self>,
-        frames: impl IntoIterator<Item = I>,
-        bad: &mut Option<WireError>,
-    ) -> Option<(Code, String)> {
-        let mut fatal = None;
-        let epoch = self.epoch();
-        {
-            let mut st = self.state.lock();
-            let st = &mut *st;
-            // Consecutive messages for one subscription go straight into
-            // its inbox under one lock, with one wake-up.
-            let mut run: Option<Run> = None;
-            for item in frames {
-                if let Some((sid, token)) = item.msg() {
-                    if run.as_ref().map(|r| r.sid) != Some(sid) {
-                        end_run(run.take());
-                        run = Some(Run {
-                            sid,
-                            inbox: st.subs.get(&sid).map(|s| s.inbox.lock_arc()),
-                            pushed: false,
-                        });
-                    }
-                    let r = run.as_mut().expect("set");
-                    let token = (token != 0).then_some(token);
-                    let filled = match &mut r.inbox {
-                        Some(i) => {
-                            // Decoded in place: the 200-byte delivery is
-                            // not moved from frame to queue.
-                            i.q.push_back(Delivery::new(Message::default(), token, epoch));
-                            let i = &mut **i;
-                            let d = i.q.back_mut().expect("just pushed");
-                            match item.fill(&mut d.msg) {
-                                Ok(()) => {
-                                    d.gap = i.pending_gap.take();
-                                    r.pushed = true;
-                                    Ok(())
-                                }
-                                Err(e) => {
-                                    i.q.pop_back();
-                                    Err(e)
-                                }
-                            }
-                        }
-                        // Checked all the same: a bad frame is bad for
-                        // a subscription that has ended too.
-                        None => item.fill(&mut Message::default()),
-                    };
-                    if let Err(e) = filled {
-                        *bad = Some(e);
-                        break;
-                    }
-                    continue;
-                }
-                end_run(run.take());
-                let f = match item.frame() {
-                    Ok(f) => f,
-                    Err(e) => {
-                        *bad = Some(e);
-                        break;
-                    }
-                };
-                match f {
-                    // Taken above (`item.msg()`): a frame that decodes to a
-                    // message here cannot occur, and is ignored, not a panic.
-                    ServerFrame::Msg { .. } => {}
-                    ServerFrame::Dropped { sid, total } => {
-                        if let Some(s) = st.subs.get(&sid) {
-                            let mut i = s.inbox.lock();
-                            i.dropped = i.dropped_base + total;
-                        }
-                    }
-                    ServerFrame::Ack { corr } => {
-                        if let Some(s) = st.subs.get_mut(&corr) {
-                            s.live = true;
-                        }
-                        if let Some((cluster, capacity)) = st.joins.remove(&corr) {
-                            if let Some(m) = st.members.get_mut(&cluster) {
-                                m.capacity = Some(capacity);
-                            }
-                        }
-                        if let Some(w) = st.waiters.remove(&corr) {
-                            let _ = w.send(Ok(Answer::Ack));
-                        }
-                    }
-                    ServerFrame::Pong { corr } => {
-                        if let Some(w) = st.waiters.remove(&corr) {
-                            let _ = w.send(Ok(Answer::Ack));
-                        } else if st.restoring.as_ref().is_some_and(|(c, _)| *c == corr) {
-                            // The new node holds everything restored.
-                            let (_, gap) = st.restoring.take().expect("checked");
-                            st.failovers += 1;
-                            st.listeners.emit(ClientEvent::Reconnected(gap));
-                        }
-                    }
-                    ServerFrame::Error {
-                        corr: 0,
-                        code,
-                        text,
-                    } => fatal = Some((code, text)),
-                    ServerFrame::Error {
-                        corr: ASYNC_ERROR,
-                        text,
-                        ..
-                    } => {
-                        st.async_errors += 1;
-                        st.last_async_error = Some(text);
-                    }
-                    ServerFrame::Error { corr, code, text } => {
-                        let join = st.joins.remove(&corr);
-                        if let Some(w) = st.waiters.remove(&corr) {
-                            let _ = w.send(Err(Error::Refused { code, reason: text }));
-                        } else if let Some(s) = st.subs.remove(&corr) {
-                            // A subscription restored after a failover.
-                            s.inbox.lock().close(Some(format!(
-                                "the node refused to restore this subscription after a failover: {text}"
-                            )));
-                        } else if let Some(m) = join.and_then(|(c, _)| st.members.remove(&c)) {
-                            m.inbox.lock().close(Some(format!(
-                                "the node refused to restore this membership after a failover: {text}"
-                            )));
-                        }
-                    }
-                    ServerFrame::Reply { rid, msg } => {
-                        if let Some(r) = st.requests.get(&rid) {
-                            let _ = r.send(ReqEvent::Reply(msg));
-                        }
-                    }
-                    ServerFrame::ReqDone { rid, code } => {
-                        if let Some(r) = st.requests.get(&rid) {
-                            let _ = r.send(ReqEvent::Done(code));
-                        }
-                    }
-                    ServerFrame::Request {
-                        token,
-                        cluster,
-                        msg,
-                    } => {
-                        if let Some(m) = st.members.get(&cluster) {
-                            m.inbox.lock().push(Incoming::Request(Request::new(
-                                self.clone(),
-                                token,
-                                epoch,
-                                msg,
-                            )));
-                        }
-                    }
-                    ServerFrame::Bcast { cluster, msg } => {
-                        if let Some(m) = st.members.get(&cluster) {
-                            m.inbox.lock().push(Incoming::Broadcast(msg));
-                        }
-                    }
-                    ServerFrame::TunIncoming {
-                        tunnel,
-                        cluster,
-                        window,
-                    } => {
-                        let (t, shared) = Tunnel::new(self.clone(), tunnel, epoch, window);
-                        st.tunnels.insert(tunnel, shared);
-                        match st.members.get(&cluster) {
-                            Some(m) => m.inbox.lock().push(Incoming::Tunnel(t)),
-                            None => drop(t),
-                        }
-                    }
-                    ServerFrame::TunOpened {
-                        corr,
-                        tunnel,
-                        window,
-                    } => {
-                        let (t, shared) = Tunnel::new(self.clone(), tunnel, epoch, window);
-                        st.tunnels.insert(tunnel, shared);
-                        match st.waiters.remove(&corr) {
-                            Some(w) => {
-                                let _ = w.send(Ok(Answer::Tunnel(t)));
-                            }
-                            None => drop(t),
-                        }
-                    }
-                    ServerFrame::TunData { tunnel, msg } => {
-                        if let Some(t) = st.tunnels.get(&tunnel) {
-                            t.data(msg);
-                        }
-                    }
-                    ServerFrame::TunCredit { tunnel, n } => {
-                        if let Some(t) = st.tunnels.get(&tunnel) {
-                            t.credit(n);
-                        }
-                    }
-                    ServerFrame::TunClose { tunnel } => {
-                        if let Some(t) = st.tunnels.remove(&tunnel) {
-                            t.close_local();
-                        }
-                    }
-                    ServerFrame::Stats { corr, json } => {
-                        if let Some(w) = st.waiters.remove(&corr) {
-                            let _ = w.send(Ok(Answer::Stats(json)));
-                        }
-                    }
-                    ServerFrame::Welcome { .. } => {}
-                }
-            }
-            end_run(run);
-        }
-        fatal
-    }
-
     pub(crate) fn forget_sub(&self, sid: u64) {
         self.state.lock().subs.remove(&sid);
     }
@@ -1075,89 +574,5 @@ impl Inner {
 
     pub(crate) fn forget_member(&self, cluster: &str) {
         self.state.lock().members.remove(cluster);
-    }
-}
-
-/// A frame from the node as the client receives it: decoded already (an
-/// in-process or shared-memory node hands over [`ServerFrame`]s), or still
-/// bytes ([`RawFrame`], from a socket), whose message is then decoded
-/// straight into the subscription's queue.
-pub(crate) trait Inbound {
-    /// A message frame's subscription and reply token (0: none).
-    fn msg(&self) -> Option<(u64, u64)>;
-    /// Puts a message frame's message into `out`.
-    fn fill(self, out: &mut Message) -> Result<(), WireError>;
-    /// Any other frame, decoded.
-    fn frame(self) -> Result<ServerFrame, WireError>;
-}
-
-impl Inbound for ServerFrame {
-    fn msg(&self) -> Option<(u64, u64)> {
-        match self {
-            ServerFrame::Msg { sid, token, .. } => Some((*sid, *token)),
-            _ => None,
-        }
-    }
-    fn fill(self, out: &mut Message) -> Result<(), WireError> {
-        if let ServerFrame::Msg { msg, .. } = self {
-            *out = msg;
-        }
-        Ok(())
-    }
-    fn frame(self) -> Result<ServerFrame, WireError> {
-        Ok(self)
-    }
-}
-
-/// A frame body read from a socket, not decoded yet.
-pub(crate) struct RawFrame {
-    body: Bytes,
-    max_payload: usize,
-    /// A message frame's subscription, token and where its message starts.
-    msg: Option<(u64, u64, usize)>,
-}
-
-impl RawFrame {
-    /// Reads what kind of frame `body` is (for a message frame, its
-    /// subscription and token; the message itself waits for `fill`).
-    pub(crate) fn new(body: Bytes, max_payload: usize) -> Result<RawFrame, WireError> {
-        Ok(RawFrame {
-            msg: ServerFrame::msg_header(&body)?,
-            body,
-            max_payload,
-        })
-    }
-}
-
-impl Inbound for RawFrame {
-    fn msg(&self) -> Option<(u64, u64)> {
-        self.msg.map(|(sid, token, _)| (sid, token))
-    }
-    fn fill(self, out: &mut Message) -> Result<(), WireError> {
-        let at = self.msg.map_or(0, |(_, _, at)| at);
-        skiff_proto::wire::decode_message_into(&self.body, at, self.max_payload, out)
-    }
-    fn frame(self) -> Result<ServerFrame, WireError> {
-        ServerFrame::decode(self.body, self.max_payload)
-    }
-}
-
-/// Messages for one subscription being put into its inbox: its lock is
-/// held for the run.
-struct Run {
-    sid: u64,
-    inbox: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, inbox::Inbox<Delivery>>>,
-    pushed: bool,
-}
-
-/// Ends a run: wakes the subscription once, and releases its inbox.
-fn end_run(run: Option<Run>) {
-    if let Some(Run {
-        inbox: Some(mut i),
-        pushed: true,
-        ..
-    }) = run
-    {
-        i.wake();
     }
 }

@@ -1,6 +1,6 @@
 //! A client attached to a node on its host over shared memory
-//! (`shm://name`): see `shm/attach.rs` for the rendezvous and `shm/node.rs`
-//! for the node's side.
+//! (`shm://name`): see `shm/attach.rs` for the rendezvous, and the node's
+//! shm listener (skiff-node's `listen/shm.rs`) for the node's side.
 //!
 //! Senders queue frames as values in [`ShmTx`] (bounded: a publisher waits
 //! once about 1 MiB of publishes is queued); one writer thread takes them
@@ -149,8 +149,17 @@ impl ShmTx {
     }
 }
 
+/// A client attached to a node over shared memory, not started yet: the
+/// caller makes the client's state over [`Attached::tx`], then
+/// [`Attached::start`]s the threads that move its frames.
+#[derive(Debug)]
+pub(crate) struct Attached {
+    rings: ClientRings,
+    tx: Arc<ShmTx>,
+}
+
 /// Attaches to the node at `locator` (`shm://name?dir=…`).
-pub(crate) async fn connect(locator: &str) -> Result<super::Client, Error> {
+pub(crate) async fn attach(locator: &str) -> Result<Attached, Error> {
     let place = crate::shm::attach::parse(locator)?;
     let rings = crate::shm::attach::client_rendezvous(&place)
         .await
@@ -158,73 +167,86 @@ pub(crate) async fn connect(locator: &str) -> Result<super::Client, Error> {
             code: Code::Shutdown,
             reason,
         })?;
-    let ClientRings {
-        socket,
-        up,
-        down,
-        down_lost,
-        client,
-        max_payload,
-    } = rings;
     let tx = Arc::new(ShmTx {
         node: locator.to_owned(),
         ..ShmTx::default()
     });
-    let inner = Inner::new(
-        Some(super::link::Link::Shm(tx.clone())),
-        super::Backend::Node,
-        max_payload as usize,
-        client,
-    );
-    {
-        let mut st = inner.state.lock();
-        st.nodes.push((0, locator.to_owned()));
-        st.node = Some(locator.to_owned());
+    Ok(Attached { rings, tx })
+}
+
+impl Attached {
+    /// The write side, for the client's link.
+    pub(crate) fn tx(&self) -> Arc<ShmTx> {
+        self.tx.clone()
     }
-    let handle = tokio::runtime::Handle::current();
-    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
-    {
-        let tx = tx.clone();
-        std::thread::Builder::new()
-            .name(format!("skiff-shm-up-{client}"))
-            .spawn(move || {
-                write_up(up, &tx);
-                let _ = done_tx.send(());
-            })
-            .map_err(Error::io("start the shm writer thread"))?;
+
+    /// The node's id for this client.
+    pub(crate) fn client(&self) -> u64 {
+        self.rings.client
     }
-    {
-        let (tx, weak) = (tx.clone(), Arc::downgrade(&inner));
-        let max = max_payload as usize;
-        std::thread::Builder::new()
-            .name(format!("skiff-shm-down-{client}"))
-            .spawn(move || {
-                let _g = handle.enter();
-                read_down(down, weak, &tx, max);
-            })
-            .map_err(Error::io("start the shm reader thread"))?;
+
+    /// The node's payload limit.
+    pub(crate) fn max_payload(&self) -> u64 {
+        self.rings.max_payload
     }
-    // The socket: its end is the node's end; it is closed once the writer
-    // is done (the node then knows this client is gone).
-    let watch = tx.clone();
-    tokio::spawn(async move {
-        let mut socket = socket;
-        let mut b = [0u8; 64];
-        loop {
-            tokio::select! {
-                r = socket.read(&mut b) => match r {
-                    Ok(0) | Err(_) => {
-                        watch.lose("the node closed its shm socket");
-                        down_lost.mark_lost();
-                        return;
-                    }
-                    Ok(_) => {}
-                },
-                _ = &mut done_rx => return,
-            }
+
+    /// Starts the writer and reader threads and the task that watches the
+    /// rendezvous socket, for the client `inner`.
+    pub(crate) fn start(self, inner: &Arc<Inner>) -> Result<(), Error> {
+        let Attached { rings, tx } = self;
+        let ClientRings {
+            socket,
+            up,
+            down,
+            down_lost,
+            client,
+            max_payload,
+        } = rings;
+        let handle = tokio::runtime::Handle::current();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+        {
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("skiff-shm-up-{client}"))
+                .spawn(move || {
+                    write_up(up, &tx);
+                    let _ = done_tx.send(());
+                })
+                .map_err(Error::io("start the shm writer thread"))?;
         }
-    });
-    Ok(super::Client { inner })
+        {
+            let (tx, weak) = (tx.clone(), Arc::downgrade(inner));
+            let max = max_payload as usize;
+            std::thread::Builder::new()
+                .name(format!("skiff-shm-down-{client}"))
+                .spawn(move || {
+                    let _g = handle.enter();
+                    read_down(down, weak, &tx, max);
+                })
+                .map_err(Error::io("start the shm reader thread"))?;
+        }
+        // The socket: its end is the node's end; it is closed once the
+        // writer is done (the node then knows this client is gone).
+        let watch = tx;
+        tokio::spawn(async move {
+            let mut socket = socket;
+            let mut b = [0u8; 64];
+            loop {
+                tokio::select! {
+                    r = socket.read(&mut b) => match r {
+                        Ok(0) | Err(_) => {
+                            watch.lose("the node closed its shm socket");
+                            down_lost.mark_lost();
+                            return;
+                        }
+                        Ok(_) => {}
+                    },
+                    _ = &mut done_rx => return,
+                }
+            }
+        });
+        Ok(())
+    }
 }
 
 /// An item of a batch: a publish written in place, or frame bytes

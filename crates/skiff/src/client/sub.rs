@@ -13,12 +13,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use skiff_proto::client_frame::{ClientFrame, Policy};
+use skiff_proto::client_frame::{ClientFrame, Code, Policy};
+use skiff_proto::router::{KindPattern, Pattern};
 use skiff_proto::Message;
 
-use super::failover::Gap;
-use super::inbox::Shared;
-use super::Inner;
+use super::inbox::{self, Shared};
+use super::status::Gap;
+use super::{Backend, Client, Inner, SubEntry};
+use crate::Error;
 
 /// Options of one subscription.
 #[derive(Debug, Clone, Copy)]
@@ -313,5 +315,88 @@ impl SubscriptionHandle {
 impl Drop for SubscriptionHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Subscribing.
+impl Client {
+    /// Subscribes to subjects matching `pattern` with types matching
+    /// `kind` (`*` for any), with the default [`SubOptions`].
+    pub async fn subscribe(&self, pattern: &str, kind: &str) -> Result<Subscription, Error> {
+        self.subscribe_with(pattern, kind, SubOptions::default())
+            .await
+    }
+
+    /// Subscribes with options (queue bound, policy, window). Returns once
+    /// the node holds the interest.
+    pub async fn subscribe_with(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+    ) -> Result<Subscription, Error> {
+        Pattern::new(pattern)?;
+        KindPattern::new(kind)?;
+        if let Backend::File(f) = &self.inner.backend {
+            return f.subscribe(self.inner.clone(), pattern, kind);
+        }
+        let sid = self.inner.next_id();
+        let inbox = inbox::shared();
+        let rx = {
+            let mut st = self.inner.state.lock();
+            if let Some(e) = &st.fatal {
+                return Err(Error::Refused {
+                    code: Code::Shutdown,
+                    reason: e.clone(),
+                });
+            }
+            st.subs.insert(
+                sid,
+                SubEntry {
+                    inbox: inbox.clone(),
+                    pattern: pattern.into(),
+                    kind: kind.into(),
+                    opts,
+                    live: false,
+                },
+            );
+            self.inner.waiter(&mut st, sid)
+        };
+        let window = opts.window.max(1);
+        let r = self
+            .inner
+            .call(
+                rx,
+                ClientFrame::Sub {
+                    sid,
+                    pattern: pattern.into(),
+                    kind: kind.into(),
+                    policy: opts.policy,
+                    queue: opts.queue.max(1),
+                    credit: window,
+                },
+            )
+            .await;
+        if let Err(e) = r {
+            self.inner.state.lock().subs.remove(&sid);
+            return Err(e);
+        }
+        Ok(Subscription::new(self.inner.clone(), sid, inbox, window))
+    }
+
+    /// Subscribes and calls `f` for each message on a task of its own (the
+    /// callback form); the handle pauses, resumes and ends it.
+    pub async fn subscribe_fn<F>(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        f: F,
+    ) -> Result<SubscriptionHandle, Error>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let sub = self.subscribe_with(pattern, kind, opts).await?;
+        Ok(SubscriptionHandle::spawn(sub, f))
     }
 }

@@ -1,0 +1,547 @@
+//! A client's link to its node over a byte stream (TCP or a Unix socket):
+//! the write buffer ([`StreamTx`]) that every sender encodes frames into
+//! and one writer task flushes with one system call per batch, connecting
+//! and the welcome, and the reader that decodes what the node sends and
+//! hands it to the client's dispatcher, pinging a silent node.
+//!
+//! The write buffer outlives connections; while no node is reachable it
+//! holds publishes only, up to a bound (the failover driver,
+//! [`super::failover`], replaces the connection).
+
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use skiff_proto::client_frame::{ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{tcp, unix, TcpStream, UnixStream};
+use tokio::sync::{oneshot, Notify};
+
+use super::dispatch::RawFrame;
+use super::target::{LinkOptions, NodeAddr};
+use super::Inner;
+use crate::spin::Spin;
+use crate::Error;
+
+/// Bytes buffered for the socket before a publisher waits.
+const HIGH_WATER: usize = 1 << 20;
+
+/// `corr` of keepalive pings (never a waiter's: ids start at 1).
+const KEEPALIVE: u64 = 0;
+
+#[derive(Debug, Default)]
+struct TxBuf {
+    /// Encoded frames for the writer.
+    out: Vec<u8>,
+    /// The node lost, while failing over: only publishes and broadcasts
+    /// are taken then, up to `hold_max` bytes.
+    down: Option<String>,
+    hold_max: usize,
+    /// Publishes held while down, and refused.
+    held: u64,
+    refused: u64,
+}
+
+/// The write side of a stream link, shared by every sender and the writer
+/// task of the current connection.
+#[derive(Debug, Default)]
+pub(crate) struct StreamTx {
+    buf: Mutex<TxBuf>,
+    wake_writer: Notify,
+    drained: Notify,
+    /// Wakes the driver when the application closes the client.
+    closing: Notify,
+    closed: AtomicBool,
+}
+
+impl StreamTx {
+    /// A write buffer that holds up to `hold_max` bytes of publishes while
+    /// failing over.
+    pub(crate) fn new(hold_max: usize) -> StreamTx {
+        StreamTx {
+            buf: Mutex::new(TxBuf {
+                hold_max,
+                ..TxBuf::default()
+            }),
+            ..StreamTx::default()
+        }
+    }
+
+    /// Appends a frame (`encode` writes it) to the write buffer, waiting
+    /// while the buffer is over its high-water mark. Wakes the writer only
+    /// when the buffer becomes non-empty: the writer takes all of it at
+    /// once, so one wake-up and one write carry every frame queued since.
+    /// `hold`: a publish, which may wait in the buffer while failing over.
+    pub(crate) async fn send_with(
+        &self,
+        hold: bool,
+        mut encode: impl FnMut(&mut Vec<u8>),
+    ) -> Result<(), Error> {
+        loop {
+            if self.try_send_with(hold, &mut encode)? {
+                return Ok(());
+            }
+            let n = self.drained.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.try_send_with(hold, &mut encode)? {
+                return Ok(());
+            }
+            n.await;
+        }
+    }
+
+    pub(crate) fn try_send_with(
+        &self,
+        hold: bool,
+        encode: &mut impl FnMut(&mut Vec<u8>),
+    ) -> Result<bool, Error> {
+        let mut b = self.buf.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if let Some(node) = &b.down {
+            let node = node.clone();
+            return if hold {
+                b.hold(encode, node)
+            } else {
+                Err(Error::NodeLost { node })
+            };
+        }
+        if b.out.len() >= HIGH_WATER {
+            return Ok(false);
+        }
+        let wake = b.out.is_empty();
+        encode(&mut b.out);
+        drop(b);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Ok(true)
+    }
+
+    /// Queues a frame that never waits; refused while failing over.
+    pub(crate) fn send_now(&self, f: &ClientFrame) -> Result<(), Error> {
+        let mut b = self.buf.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if let Some(node) = &b.down {
+            return Err(Error::NodeLost { node: node.clone() });
+        }
+        let wake = b.out.is_empty();
+        f.encode(&mut b.out);
+        drop(b);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake_writer.notify_one();
+        self.drained.notify_waiters();
+        self.closing.notify_one();
+    }
+
+    /// Fires when the application closes the client.
+    pub(crate) fn closing(&self) -> tokio::sync::futures::Notified<'_> {
+        self.closing.notified()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The link to `node` is lost: what was queued for it is dropped, and
+    /// from now on only publishes are taken (held).
+    pub(crate) fn go_down(&self, node: &str) {
+        let mut b = self.buf.lock();
+        b.out.clear();
+        b.down = Some(node.into());
+        drop(b);
+        // Publishers waiting for room: there is room now, or a refusal.
+        self.drained.notify_waiters();
+    }
+
+    /// A new node welcomed the client: `first` (the restore) goes out
+    /// before the publishes held meanwhile.
+    pub(crate) fn go_up(&self, mut first: Vec<u8>) {
+        let mut b = self.buf.lock();
+        first.append(&mut b.out);
+        b.out = first;
+        b.down = None;
+        drop(b);
+        self.wake_writer.notify_one();
+    }
+
+    /// Publishes held and refused while failing over, so far.
+    pub(crate) fn held_refused(&self) -> (u64, u64) {
+        let b = self.buf.lock();
+        (b.held, b.refused)
+    }
+}
+
+impl TxBuf {
+    /// Holds a publish while failing over, if it fits.
+    fn hold(&mut self, encode: &mut impl FnMut(&mut Vec<u8>), node: String) -> Result<bool, Error> {
+        let before = self.out.len();
+        encode(&mut self.out);
+        if self.out.len() > self.hold_max {
+            self.out.truncate(before);
+            self.refused += 1;
+            return Err(Error::NodeLost { node });
+        }
+        self.held += 1;
+        Ok(true)
+    }
+}
+
+pub(crate) fn refused(code: Code, text: String) -> Error {
+    Error::Refused { code, reason: text }
+}
+
+/// Whether `f` may wait in the buffer while failing over (publishes and
+/// broadcasts).
+pub(crate) fn holds(f: &ClientFrame) -> bool {
+    matches!(f, ClientFrame::Pub(_) | ClientFrame::Bcast { .. })
+}
+
+/// The read half of a node connection.
+#[derive(Debug)]
+pub(crate) enum ReadHalf {
+    Tcp(tcp::OwnedReadHalf),
+    Unix(unix::OwnedReadHalf),
+}
+
+/// The write half of a node connection.
+#[derive(Debug)]
+pub(crate) enum WriteHalf {
+    Tcp(tcp::OwnedWriteHalf),
+    Unix(unix::OwnedWriteHalf),
+}
+
+impl AsyncRead for ReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
+            ReadHalf::Unix(r) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Unix(w) => Pin::new(w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => Pin::new(w).poll_flush(cx),
+            WriteHalf::Unix(w) => Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Unix(w) => Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection whose node has welcomed this client.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) r: ReadHalf,
+    pub(crate) w: WriteHalf,
+    pub(crate) buf: BytesMut,
+    /// The node's id for this client.
+    pub(crate) client: u64,
+    /// The node's payload limit.
+    pub(crate) max_payload: u64,
+    /// The address's index in the list.
+    pub(crate) at: usize,
+}
+
+/// Connects to `addr` and reads the node's welcome, within `timeout`.
+/// When a TCP connect has not completed after this long, another attempt
+/// starts beside it (and again, doubling, up to `SYN_ATTEMPTS`): a lost
+/// SYN or SYN-ACK otherwise costs TCP's initial retransmission timeout of
+/// 1 s, which a client failing over to its next node would spend without
+/// one. A connect on a working network takes one round trip.
+const SYN_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Connect attempts that may be in flight at once (see `SYN_RETRY`).
+const SYN_ATTEMPTS: u32 = 3;
+
+/// Connects to `addr`, racing a fresh attempt against one whose handshake
+/// is slow (see `SYN_RETRY`); the first to connect wins and the others are
+/// dropped. An attempt that fails (refused, unreachable) fails the
+/// connect: a second SYN would be answered the same way.
+async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut started = 0u32;
+    let mut wait = SYN_RETRY;
+    loop {
+        if started < SYN_ATTEMPTS {
+            let addr = addr.to_string();
+            attempts.spawn(async move { TcpStream::connect(addr).await });
+            started += 1;
+        }
+        let more = started < SYN_ATTEMPTS;
+        let done = tokio::select! {
+            r = attempts.join_next() => r,
+            _ = tokio::time::sleep(wait), if more => None,
+        };
+        match done {
+            Some(Ok(r)) => return r,
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            None if !more => {
+                return Err(io::Error::other("no connect attempt left"));
+            }
+            None => wait *= 2,
+        }
+    }
+}
+
+pub(crate) async fn open(
+    addr: &NodeAddr,
+    at: usize,
+    timeout: std::time::Duration,
+) -> Result<Session, Error> {
+    let open = async {
+        let (mut r, w) = match addr {
+            NodeAddr::Tcp(a) => {
+                let s = connect_tcp(a.as_str())
+                    .await
+                    .map_err(Error::io("connect to node"))?;
+                let _ = s.set_nodelay(true);
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            NodeAddr::Unix(p) => {
+                let s = UnixStream::connect(PathBuf::from(p))
+                    .await
+                    .map_err(Error::io("connect to node socket"))?;
+                let (r, w) = s.into_split();
+                (ReadHalf::Unix(r), WriteHalf::Unix(w))
+            }
+        };
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let (client, max_payload) = read_welcome(&mut r, &mut buf).await?;
+        Ok(Session {
+            r,
+            w,
+            buf,
+            client,
+            max_payload,
+            at,
+        })
+    };
+    tokio::time::timeout(timeout, open)
+        .await
+        .unwrap_or(Err(Error::Timeout))
+}
+
+/// Reads frames until the Welcome: (client id, max payload).
+pub(crate) async fn read_welcome<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+) -> Result<(u64, u64), Error> {
+    let dec = Decoder::new(64 * 1024);
+    loop {
+        if let Some(body) = dec.next(buf).map_err(|e| Error::Codec(e.to_string()))? {
+            return match ServerFrame::decode(body, 0).map_err(|e| Error::Codec(e.to_string()))? {
+                ServerFrame::Welcome {
+                    client,
+                    max_payload,
+                } => Ok((client, max_payload)),
+                ServerFrame::Error { code, text, .. } => Err(refused(code, text)),
+                other => Err(Error::Codec(format!(
+                    "the node's first frame was {other:?}, not a welcome"
+                ))),
+            };
+        }
+        if r.read_buf(buf).await.map_err(Error::io("read from node"))? == 0 {
+            return Err(Error::Closed);
+        }
+    }
+}
+
+/// How a connection ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The application closed the client (or dropped it).
+    Closed,
+    /// The node closed this client with an error: no failover.
+    Fatal(String),
+    /// The connection or the node is gone.
+    Lost(String),
+}
+
+/// What a session's reader needs besides the connection.
+pub(crate) struct Reading<'a> {
+    pub(crate) max_payload: usize,
+    pub(crate) opts: &'a LinkOptions,
+    /// Told of every read (see [`crate::spin`]).
+    pub(crate) spin: Option<&'a Spin>,
+}
+
+/// Reads and dispatches one connection's frames until it ends; pings the
+/// node when it is silent for `opts.ping`, and gives it up when it stays
+/// silent for `opts.ping_timeout`.
+pub(crate) async fn read_session(
+    weak: &Weak<Inner>,
+    tx: &StreamTx,
+    r: &mut ReadHalf,
+    buf: &mut BytesMut,
+    how: Reading<'_>,
+    writer_done: &mut oneshot::Receiver<()>,
+) -> End {
+    let Reading {
+        max_payload,
+        opts,
+        spin,
+    } = how;
+    let dec = Decoder::new(max_payload + FRAME_OVERHEAD);
+    let keepalive = !opts.ping.is_zero();
+    let mut heard = tokio::time::Instant::now();
+    let mut pinged = false;
+    // Armed for when the silence would call for a ping (or for giving up);
+    // re-armed only when it fires, not on every read.
+    let timer = tokio::time::sleep(opts.ping);
+    tokio::pin!(timer);
+    loop {
+        // Every whole frame read goes to the client as it is decoded (no
+        // list of frames between them).
+        if !buf.is_empty() {
+            let Some(inner) = weak.upgrade() else {
+                return End::Closed;
+            };
+            let mut bad = None;
+            let mut bad_msg = None;
+            let frames = std::iter::from_fn(|| match dec.next(buf) {
+                Ok(Some(body)) => match RawFrame::new(body, max_payload) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        bad = Some(e);
+                        None
+                    }
+                },
+                Ok(None) => None,
+                Err(e) => {
+                    bad = Some(e);
+                    None
+                }
+            });
+            match inner.dispatch_inbound(frames, &mut bad_msg) {
+                None => {}
+                // The node is going away: that is a lost node.
+                Some((Code::Shutdown, why)) => return End::Lost(why),
+                Some((_, why)) => return End::Fatal(why),
+            }
+            if let Some(e) = bad.or(bad_msg) {
+                return End::Lost(format!("bad frame from the node: {e}"));
+            }
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        tokio::select! {
+            biased;
+            _ = tx.closing.notified() => return End::Closed,
+            n = r.read_buf(buf) => match n {
+                Ok(0) => return End::Lost("the node closed the connection".into()),
+                Err(e) => return End::Lost(format!("reading from the node failed: {e}")),
+                Ok(_) => {
+                    if let Some(s) = spin {
+                        s.touch();
+                    }
+                    if keepalive {
+                        heard = tokio::time::Instant::now();
+                        pinged = false;
+                    }
+                }
+            },
+            _ = &mut *writer_done => {
+                return if tx.is_closed() {
+                    End::Closed
+                } else {
+                    End::Lost("writing to the node failed".into())
+                };
+            }
+            () = &mut timer, if keepalive => {
+                let silent = heard.elapsed();
+                if pinged && silent >= opts.ping_timeout {
+                    return End::Lost(format!(
+                        "the node did not answer for {:?} (ping_timeout)",
+                        opts.ping_timeout
+                    ));
+                }
+                if !pinged && silent >= opts.ping {
+                    pinged = true;
+                    let _ = tx.send_now(&ClientFrame::Ping { corr: KEEPALIVE });
+                }
+                let next = if pinged { opts.ping_timeout } else { opts.ping };
+                timer.as_mut().reset(heard + next);
+            }
+        }
+    }
+}
+
+/// Writes what senders queue until the client closes or a write fails;
+/// `done` fires when it stops.
+pub(crate) async fn write_loop(tx: Arc<StreamTx>, mut w: WriteHalf, done: oneshot::Sender<()>) {
+    let mut out = Vec::with_capacity(64 * 1024);
+    loop {
+        let n = tx.wake_writer.notified();
+        // Let every task that is ready now queue its frames first. A task
+        // that wakes this one puts it in tokio's LIFO slot, so without the
+        // yield it runs next and writes one frame: 16 requesters answered
+        // by one read made 16 writes. Yielding defers it until the worker
+        // has run the others and polled its sockets, so one write carries
+        // their frames (`bench/RESULTS.md` has the runs).
+        tokio::task::yield_now().await;
+        {
+            let mut b = tx.buf.lock();
+            std::mem::swap(&mut b.out, &mut out);
+        }
+        if out.is_empty() {
+            if tx.is_closed() {
+                break;
+            }
+            n.await;
+            continue;
+        }
+        tx.drained.notify_waiters();
+        if w.write_all(&out).await.is_err() {
+            tx.drained.notify_waiters();
+            let _ = done.send(());
+            return;
+        }
+        out.clear();
+        if out.capacity() > 4 << 20 {
+            out = Vec::with_capacity(64 * 1024);
+        }
+    }
+    let _ = w.shutdown().await;
+    let _ = done.send(());
+}

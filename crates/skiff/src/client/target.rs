@@ -1,0 +1,299 @@
+//! A node locator as a client reads it: the addresses of its node list
+//! (`skiff://h:p[,h:p…]`, `tcp://…`, `unix:///path[,/path…]`) and the
+//! options that say how the link watches and replaces its connection.
+
+use std::fmt;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::locator::{parse_bool, parse_bytes, parse_duration, Locator, DEFAULT_PORT};
+use crate::LocatorError;
+
+/// One address of a node list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NodeAddr {
+    /// `host:port` (a name is resolved at each connection attempt).
+    Tcp(String),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeAddr::Tcp(a) => write!(f, "skiff://{a}"),
+            NodeAddr::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+/// How a node link watches and replaces its connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LinkOptions {
+    /// Silence after which the client pings; zero: never (EOF and errors
+    /// only).
+    pub(crate) ping: Duration,
+    /// Silence after which the node counts as dead.
+    pub(crate) ping_timeout: Duration,
+    /// Whether a lost link is replaced (on by default with two or more
+    /// addresses).
+    pub(crate) reconnect: bool,
+    /// Most bytes of publishes held while no node is reachable.
+    pub(crate) reconnect_buffer: usize,
+    /// Longest wait for one address to connect and welcome the client.
+    pub(crate) connect_timeout: Duration,
+    /// Polling after a read before the runtime sleeps (see
+    /// [`crate::spin`]); zero: off.
+    pub(crate) spin: Duration,
+}
+
+/// A parsed node locator: the addresses and the link options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeTarget {
+    pub(crate) addrs: Vec<NodeAddr>,
+    pub(crate) opts: LinkOptions,
+}
+
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us";
+
+/// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
+/// the link options `reconnect`, `ping`, `ping_timeout`,
+/// `reconnect_buffer`, `connect_timeout` and `spin_us`.
+pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
+    let l: Locator = locator.parse()?;
+    l.expect_scheme("skiff, tcp, unix")?;
+    let mut addrs = Vec::new();
+    for a in l.address.split(',') {
+        let a = a.trim();
+        if a.is_empty() {
+            return Err(LocatorError::Address {
+                addr: l.address.clone(),
+                why: "an address in the list is empty (a doubled, leading or trailing comma?)"
+                    .into(),
+            });
+        }
+        addrs.push(if l.scheme == "unix" {
+            NodeAddr::Unix(a.into())
+        } else {
+            NodeAddr::Tcp(host_port(a)?)
+        });
+    }
+    let mut reconnect = None;
+    let mut ping = None;
+    let mut ping_timeout = None;
+    let mut reconnect_buffer = 1 << 20;
+    let mut connect_timeout = Duration::from_millis(1500);
+    let mut spin_us = crate::spin::DEFAULT_SPIN_US;
+    l.options(OPTIONS, |k, v| {
+        match k {
+            "reconnect" => reconnect = Some(parse_bool(k, v)?),
+            "ping" => ping = Some(parse_duration(k, v)?),
+            "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
+            "reconnect_buffer" => reconnect_buffer = parse_bytes(k, v)?,
+            "connect_timeout" => connect_timeout = parse_duration(k, v)?,
+            "spin_us" => {
+                spin_us = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 1_000_000)
+                    .ok_or_else(|| LocatorError::BadValue {
+                        name: k.into(),
+                        value: v.into(),
+                        expected: "a whole number of µs from 0 (off) to 1000000",
+                    })?
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    })?;
+    let reconnect = reconnect.unwrap_or(addrs.len() > 1);
+    // Keepalive is on by default only where a lost node is replaced: a
+    // lone client keeps the old behaviour (EOF and errors only).
+    let ping = ping.unwrap_or(if reconnect {
+        Duration::from_millis(150)
+    } else {
+        Duration::ZERO
+    });
+    let ping_timeout = ping_timeout.unwrap_or((ping * 4).max(Duration::from_millis(600)));
+    if !ping.is_zero() && ping_timeout <= ping {
+        return Err(LocatorError::BadValue {
+            name: "ping_timeout".into(),
+            value: format!("{ping_timeout:?}"),
+            expected: "a duration longer than ping (the node needs time to answer)",
+        });
+    }
+    if connect_timeout.is_zero() {
+        return Err(LocatorError::BadValue {
+            name: "connect_timeout".into(),
+            value: "0".into(),
+            expected: "a duration above zero, such as 1s",
+        });
+    }
+    Ok(NodeTarget {
+        addrs,
+        opts: LinkOptions {
+            ping,
+            ping_timeout,
+            reconnect,
+            reconnect_buffer,
+            connect_timeout,
+            spin: Duration::from_micros(spin_us),
+        },
+    })
+}
+
+/// Checks `host:port`, `host` (default port), `[v6]:port`, `[v6]` or a
+/// bare IPv6 address, without resolving; returns it with its port.
+fn host_port(a: &str) -> Result<String, LocatorError> {
+    let bad = |why: &str| LocatorError::Address {
+        addr: a.into(),
+        why: why.into(),
+    };
+    if let Ok(s) = a.parse::<SocketAddr>() {
+        if s.port() == 0 {
+            return Err(bad("port 0 cannot be connected to"));
+        }
+        return Ok(a.into());
+    }
+    if let Ok(ip) = a.parse::<Ipv6Addr>() {
+        return Ok(format!("[{ip}]:{DEFAULT_PORT}"));
+    }
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let (ip, after) = rest
+            .split_once(']')
+            .ok_or_else(|| bad("an IPv6 address opened with [ is not closed with ]"))?;
+        ip.parse::<Ipv6Addr>()
+            .map_err(|_| bad("the part in brackets is not an IPv6 address"))?;
+        match after {
+            "" => (format!("[{ip}]"), None),
+            p => (
+                format!("[{ip}]"),
+                Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("expected :port after ]"))?,
+                ),
+            ),
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (a.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/' || c == ':') {
+        return Err(bad("the host name is empty or has a space, / or :"));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) => return Err(bad("port 0 cannot be connected to")),
+            Ok(p) => p,
+            Err(_) => return Err(bad("the port is not a number from 1 to 65535")),
+        },
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_address_lists_and_options() {
+        let t = parse_target("skiff://a:4747,b.example:4800,10.0.0.1,[::1]:9,::1").unwrap();
+        assert_eq!(
+            t.addrs,
+            vec![
+                NodeAddr::Tcp("a:4747".into()),
+                NodeAddr::Tcp("b.example:4800".into()),
+                NodeAddr::Tcp("10.0.0.1:4747".into()),
+                NodeAddr::Tcp("[::1]:9".into()),
+                NodeAddr::Tcp("[::1]:4747".into()),
+            ]
+        );
+        assert!(t.opts.reconnect, "a list fails over by default");
+        assert_eq!(t.opts.ping, Duration::from_millis(150));
+        assert_eq!(t.opts.ping_timeout, Duration::from_millis(600));
+        assert_eq!(t.opts.reconnect_buffer, 1 << 20);
+
+        let one = parse_target("tcp://127.0.0.1:1").unwrap();
+        assert!(!one.opts.reconnect && one.opts.ping.is_zero());
+        let one = parse_target("skiff://h?reconnect&ping=50ms&reconnect_buffer=0").unwrap();
+        assert!(one.opts.reconnect);
+        assert_eq!(one.opts.ping, Duration::from_millis(50));
+        assert_eq!(one.opts.ping_timeout, Duration::from_millis(600));
+        assert_eq!(one.opts.reconnect_buffer, 0);
+        let off = parse_target("skiff://a,b?reconnect=false").unwrap();
+        assert!(!off.opts.reconnect && off.opts.ping.is_zero());
+        assert_eq!(
+            off.opts.spin,
+            Duration::from_micros(crate::spin::DEFAULT_SPIN_US)
+        );
+        assert!(parse_target("skiff://h?spin_us=0")
+            .unwrap()
+            .opts
+            .spin
+            .is_zero());
+        assert_eq!(
+            parse_target("skiff://h?spin_us=20").unwrap().opts.spin,
+            Duration::from_micros(20)
+        );
+        for bad in ["-5", "fast", "2000000"] {
+            let e = parse_target(&format!("skiff://h?spin_us={bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("spin_us") && e.contains("µs"), "{e}");
+        }
+
+        let u = parse_target("unix:///run/a.sock,/run/b.sock").unwrap();
+        assert_eq!(
+            u.addrs,
+            vec![
+                NodeAddr::Unix("/run/a.sock".into()),
+                NodeAddr::Unix("/run/b.sock".into())
+            ]
+        );
+        assert_eq!(u.addrs[1].to_string(), "unix:///run/b.sock");
+        assert_eq!(t.addrs[0].to_string(), "skiff://a:4747");
+    }
+
+    #[test]
+    fn bad_address_lists_name_the_bad_part() {
+        for (loc, says) in [
+            ("skiff://", "empty"),
+            ("skiff://a:1,,b:2", "empty"),
+            ("skiff://a:1,", "trailing comma"),
+            ("skiff://,a:1", "empty"),
+            ("skiff://a:99999", "port"),
+            ("skiff://a:x", "port"),
+            ("skiff://a:0", "port 0"),
+            ("skiff://:4747", "host"),
+            ("skiff://a b:1", "host"),
+            ("skiff://[::1:4747", "not closed"),
+            ("skiff://[zz]:1", "IPv6"),
+            ("skiff://[::1]x", ":port"),
+            ("unix:///a.sock,,/b.sock", "empty"),
+        ] {
+            let e = parse_target(loc).unwrap_err();
+            assert!(matches!(e, LocatorError::Address { .. }), "{loc}: {e}");
+            assert!(e.to_string().contains(says), "{loc}: {e}");
+        }
+        let e = parse_target("skiff://a,b?pong=1s").unwrap_err().to_string();
+        assert!(e.contains("pong") && e.contains("ping_timeout"), "{e}");
+        let e = parse_target("skiff://a,b?ping=fast")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ping") && e.contains("duration"), "{e}");
+        let e = parse_target("skiff://a,b?ping=1s&ping_timeout=500ms")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than ping"), "{e}");
+        let e = parse_target("skiff://a?reconnect=maybe")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("true or false"), "{e}");
+        let e = parse_target("udp://a:1").unwrap_err().to_string();
+        assert!(e.contains("skiff, tcp, unix"), "{e}");
+    }
+}
