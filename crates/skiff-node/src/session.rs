@@ -23,6 +23,11 @@
 //! Any run read before a frame or an error is handed out first, so the
 //! broker sees the client's frames in the order they were sent.
 //!
+//! In-process clients (`mem://`) hand decoded frames one at a time, from
+//! many tasks at once: they have no bytes to bound and no run to gather,
+//! so they enter the same processing path (`listen::handle`) without a
+//! session of their own, which would cost a lock per frame.
+//!
 //! A front end with a protocol of its own (the NATS listener to come)
 //! parses into the same session with [`Session::handle_publish`],
 //! [`Session::handle_frame`] and [`Session::handle_error`]: a new front end

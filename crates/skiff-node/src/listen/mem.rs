@@ -1,7 +1,7 @@
 //! The in-process front end (`mem://`): a client in the node's process
 //! hands frames to the broker as values (no encoding, no copy) and takes
 //! its outbox's frames the same way. Its frames need no decoding, so they
-//! enter the one processing path at `listen::apply`, as a decoded frame
+//! enter the one processing path at `listen::handle`, as a decoded frame
 //! from any other front end does. This is the node's side of the seam
 //! `skiff::client::embed` defines.
 
@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use crate::broker::{Broker, Fatal};
 use crate::outbox::ClientOut;
-use crate::session::Event;
 use skiff::client::embed::{LocalFuture, LocalLink, LocalOutbox, Refusal};
 use skiff_proto::client_frame::{ClientFrame, Code, ServerFrame};
 
@@ -37,7 +36,7 @@ impl MemLink {
                 text: "closed".into(),
             });
         }
-        match super::apply(&self.broker, &self.out, Event::Frame(frame)).await {
+        match super::handle(&self.broker, &self.out, frame).await {
             Ok(()) => Ok(()),
             Err((code, text)) => {
                 self.broker.detach(self.out.id, Some((code, text.clone())));

@@ -6,7 +6,7 @@
 //! - `stream`: TCP and Unix sockets (a read buffer per connection);
 //! - [`shm`]: shared-memory rings (segments read in place, no copy);
 //! - [`mem`]: in-process clients (`mem://`), whose frames are already
-//!   values: they skip the decoding and go straight to `apply`.
+//!   values: they skip the decoding and go straight to `handle`.
 //!
 //! The mesh ([`crate::mesh`]) is not a client front end: other nodes'
 //! publishes reach the broker through `Broker::publish_remote`.
@@ -17,7 +17,7 @@ pub(crate) mod stream;
 
 use std::sync::Arc;
 
-use skiff_proto::client_frame::Code;
+use skiff_proto::client_frame::{ClientFrame, Code};
 
 use crate::broker::Broker;
 use crate::outbox::ClientOut;
@@ -35,29 +35,25 @@ pub(crate) async fn feed<I: Input + ?Sized>(
     while let Some(e) = session.poll_event(input) {
         match e {
             Event::Publish => broker.publish_batch(out, session.run()).await,
-            e => apply(broker, out, e).await?,
+            Event::Frame(f) => handle(broker, out, f).await?,
+            Event::Close(code, text) => {
+                broker.protocol_error();
+                return Err((code, text));
+            }
         }
     }
     Ok(())
 }
 
-/// Does what one event asks of the broker for client `out` (a run of
-/// publishes is [`feed`]'s, as it lives in the session). `Err`: close the
-/// client with this error (counted as a protocol error).
-pub(crate) async fn apply(
+/// One decoded frame from client `out`, from any front end, to the broker.
+/// `Err`: close the client with this error (counted as a protocol error).
+pub(crate) async fn handle(
     broker: &Broker,
     out: &Arc<ClientOut>,
-    e: Event,
+    f: ClientFrame,
 ) -> Result<(), (Code, String)> {
-    match e {
-        Event::Publish => Ok(()),
-        Event::Frame(f) => broker.handle(out, f).await.map_err(|f| {
-            broker.protocol_error();
-            (f.code, f.text)
-        }),
-        Event::Close(code, text) => {
-            broker.protocol_error();
-            Err((code, text))
-        }
-    }
+    broker.handle(out, f).await.map_err(|f| {
+        broker.protocol_error();
+        (f.code, f.text)
+    })
 }
