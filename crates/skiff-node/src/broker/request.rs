@@ -92,9 +92,8 @@ impl Broker {
             let mut st = self.state.lock();
             let (token, mut p) = match self.admit(&mut st, Origin::Client(me, rid), &req) {
                 Ok(t) => t,
-                Err(Refused::Gone) => return,
                 Err(Refused::Limit(code, text)) => return refuse(code, text),
-                Err(Refused::Busy) => return,
+                Err(Refused::Gone | Refused::Busy) => return,
             };
             if req.to_cluster() {
                 self.reach_members(&mut st, token, &mut p, &req, false);
