@@ -16,7 +16,9 @@
 
 pub mod association;
 pub mod batcher;
+pub mod buffer;
 pub mod client_frame;
+pub mod codec;
 pub mod compound;
 pub mod credits;
 pub mod error;

@@ -2,7 +2,11 @@
 //! format: 7 bits a byte, low bits first, at most 10 bytes for a `u64`.
 //!
 //! The decoder is total: it rejects truncated input and encodings that do not
-//! fit in 64 bits, and never reads past the slice it is given.
+//! fit in 64 bits, and never reads past the slice it is given. This is the
+//! one varint of every skiff wire format; [`crate::codec::Reader::varint`]
+//! reads it with the one-byte form inline.
+
+use bytes::BufMut;
 
 use crate::error::WireError;
 
@@ -19,12 +23,19 @@ pub fn len(v: u64) -> usize {
 
 /// Appends `v` to `out`.
 #[inline]
-pub fn put(out: &mut Vec<u8>, mut v: u64) {
+pub fn put(out: &mut Vec<u8>, v: u64) {
+    put_buf(out, v)
+}
+
+/// Appends `v` to any buffer (what [`crate::codec::Writer::put_varint`]
+/// and every encoder use).
+#[inline]
+pub fn put_buf<B: BufMut + ?Sized>(out: &mut B, mut v: u64) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.put_u8((v as u8) | 0x80);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.put_u8(v as u8);
 }
 
 /// Reads a varint from the front of `buf`, returning the value and the number

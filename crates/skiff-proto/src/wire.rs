@@ -32,6 +32,7 @@ use bytestring::ByteString;
 
 use crate::error::{UsageError, WireError};
 use crate::message::{Field, Message, Meta, Value};
+use crate::codec::Reader;
 use crate::varint;
 
 /// The two bytes every skiff datagram starts with: `SK`.
@@ -215,12 +216,9 @@ pub fn encode_message_into(out: &mut [u8], msg: &Message, repeat: bool) -> bool 
     true
 }
 
-fn put_varint<B: BufMut>(out: &mut B, mut v: u64) {
-    while v >= 0x80 {
-        out.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.put_u8(v as u8);
+#[inline(always)]
+fn put_varint<B: BufMut>(out: &mut B, v: u64) {
+    varint::put_buf(out, v)
 }
 
 fn encode_to<B: BufMut>(out: &mut B, msg: &Message, repeat: bool) {
@@ -308,66 +306,16 @@ pub fn encode_datagram(
     Ok(out)
 }
 
-/// A cursor over a datagram that hands out zero-copy slices of it.
-struct Reader<'a> {
-    buf: &'a Bytes,
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
-        let b = *self
-            .buf
-            .get(self.pos)
-            .ok_or(WireError::Truncated { what })?;
-        self.pos += 1;
-        Ok(b)
-    }
-
-    #[inline]
-    fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
-        // One byte, the common case (a length below 128), inline.
-        if let Some(&b) = self.buf.get(self.pos) {
-            if b < 0x80 {
-                self.pos += 1;
-                return Ok(u64::from(b));
-            }
-        }
-        self.varint_long(what)
-    }
-
-    #[inline(never)]
-    fn varint_long(&mut self, what: &'static str) -> Result<u64, WireError> {
-        let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
-            WireError::Truncated { .. } => WireError::Truncated { what },
-            e => e,
-        })?;
-        self.pos += n;
-        Ok(v)
-    }
-
-    /// `len` bytes as a slice of the datagram, checked against `max` and
-    /// against what remains.
-    fn bytes(&mut self, len: u64, max: usize, what: &'static str) -> Result<Bytes, WireError> {
-        if len > max as u64 {
-            return Err(WireError::TooLong { what, len, max });
-        }
-        let len = len as usize;
-        if self.buf.len() - self.pos < len {
-            return Err(WireError::Truncated { what });
-        }
-        let b = self.buf.slice(self.pos..self.pos + len);
-        self.pos += len;
-        Ok(b)
-    }
-
+/// The message decoders, on the codec's cursor over a datagram (strings
+/// and payloads come out as zero-copy slices of it).
+impl Reader<'_, Bytes> {
     fn string(
         &mut self,
         len: u64,
         max: usize,
         what: &'static str,
     ) -> Result<ByteString, WireError> {
-        let b = self.bytes(len, max, what)?;
+        let b = self.shared_len(len, max, what)?;
         ByteString::try_from(b).map_err(|_| WireError::Utf8(what))
     }
 
@@ -440,7 +388,7 @@ impl Reader<'_> {
             }
             // Each field takes at least 3 bytes, so a claimed count cannot
             // make us allocate more than the datagram could hold.
-            fields.reserve((n as usize).min((self.buf.len() - self.pos) / 3));
+            fields.reserve((n as usize).min(self.remaining() / 3));
             for _ in 0..n {
                 let klen = self.u8("field key length")?;
                 let key = self.string(u64::from(klen), MAX_FIELD_KEY, "field key")?;
@@ -452,7 +400,7 @@ impl Reader<'_> {
                     },
                     TAG_INT => Value::Int(varint::unzigzag(self.varint("int")?)),
                     TAG_FLOAT => {
-                        let b = self.bytes(8, 8, "float")?;
+                        let b = self.shared_len(8, 8, "float")?;
                         Value::Float(f64::from_le_bytes(b[..].try_into().expect("8 bytes")))
                     }
                     TAG_STR => {
@@ -461,7 +409,7 @@ impl Reader<'_> {
                     }
                     TAG_BYTES => {
                         let n = self.varint("bytes length")?;
-                        Value::Bytes(self.bytes(n, MAX_DATAGRAM, "bytes field")?)
+                        Value::Bytes(self.shared_len(n, MAX_DATAGRAM, "bytes field")?)
                     }
                     _ => return Err(WireError::Malformed("unknown field tag")),
                 };
@@ -469,25 +417,17 @@ impl Reader<'_> {
             }
         }
         let n = self.varint("payload length")?;
-        let payload = self.bytes(n, max_payload, "payload")?;
+        let payload = self.shared_len(n, max_payload, "payload")?;
         Ok((subject, kind, fields, payload))
     }
 }
 
-impl Reader<'_> {
-    /// Skips `len` bytes, checked as [`Reader::bytes`] does, returning them
-    /// as a plain slice (no reference count taken).
+impl Reader<'_, Bytes> {
+    /// Skips `len` bytes, checked as [`Reader::shared_len`] does, returning
+    /// them as a plain slice (no reference count taken).
+    #[inline]
     fn skip(&mut self, len: u64, max: usize, what: &'static str) -> Result<&[u8], WireError> {
-        if len > max as u64 {
-            return Err(WireError::TooLong { what, len, max });
-        }
-        let len = len as usize;
-        if self.buf.len() - self.pos < len {
-            return Err(WireError::Truncated { what });
-        }
-        let b = &self.buf[self.pos..self.pos + len];
-        self.pos += len;
-        Ok(b)
+        self.take_len(len, max, what)
     }
 
     fn skip_str(&mut self, len: u64, max: usize, what: &'static str) -> Result<(), WireError> {
@@ -628,12 +568,9 @@ impl Batch {
         if h.count != 1 || buf.len() > MAX_DATAGRAM {
             return None;
         }
-        let mut r = Reader {
-            buf,
-            pos: HEADER_LEN,
-        };
+        let mut r = Reader::at(buf, HEADER_LEN);
         let (subject, kind, fields, payload) = r.parts(None, MAX_DATAGRAM).ok()?;
-        if buf[r.pos..].iter().any(|&b| b != 0) {
+        if buf[r.pos()..].iter().any(|&b| b != 0) {
             return None;
         }
         *out = Some(Message {
@@ -688,10 +625,7 @@ impl Batch {
         if self.index == self.header.count {
             return None;
         }
-        let mut r = Reader {
-            buf: &self.buf,
-            pos: self.pos,
-        };
+        let mut r = Reader::resume(&self.buf, self.pos);
         let prev = (self.index > 0).then_some(&self.prev);
         // Validated in `new`, so this cannot fail; if it ever did, the
         // batch ends rather than yield garbage.
@@ -700,7 +634,7 @@ impl Batch {
             return None;
         };
         let seq = self.header.base_seq.wrapping_add(u64::from(self.index));
-        self.pos = r.pos;
+        self.pos = r.pos();
         self.index += 1;
         remember(&mut self.prev, &subject);
         Some(Message {
@@ -728,10 +662,7 @@ impl Batch {
     ) -> usize {
         let n = self.remaining().min(max);
         out.reserve(n);
-        let mut r = Reader {
-            buf: &self.buf,
-            pos: self.pos,
-        };
+        let mut r = Reader::resume(&self.buf, self.pos);
         for done in 0..n {
             let prev = (self.index > 0).then_some(&self.prev);
             // Validated in `new`, so this cannot fail; if it ever did, the
@@ -755,7 +686,7 @@ impl Batch {
                 },
             });
         }
-        self.pos = r.pos;
+        self.pos = r.pos();
         n
     }
 }
@@ -789,15 +720,12 @@ pub fn validate(buf: &Bytes) -> Result<Header, WireError> {
     if usize::from(h.count) > (buf.len() - HEADER_LEN) / 2 {
         return Err(WireError::Truncated { what: "batch" });
     }
-    let mut r = Reader {
-        buf,
-        pos: HEADER_LEN,
-    };
+    let mut r = Reader::at(buf, HEADER_LEN);
     let mut prev_nonempty = false;
     for _ in 0..h.count {
         prev_nonempty = r.skip_message(prev_nonempty)?;
     }
-    if buf[r.pos..].iter().any(|&b| b != 0) {
+    if buf[r.pos()..].iter().any(|&b| b != 0) {
         return Err(WireError::Malformed(
             "trailing bytes after the last message",
         ));
@@ -818,15 +746,12 @@ pub fn run_stride(buf: &Bytes) -> Option<usize> {
     if h.count == 0 {
         return None;
     }
-    let mut r = Reader {
-        buf,
-        pos: HEADER_LEN,
-    };
+    let mut r = Reader::at(buf, HEADER_LEN);
     let mut prev_nonempty = false;
     for _ in 0..h.count {
         prev_nonempty = r.skip_message(prev_nonempty).ok()?;
     }
-    let next = r.pos + buf[r.pos..].iter().position(|&b| b != 0)?;
+    let next = r.pos() + buf[r.pos()..].iter().position(|&b| b != 0)?;
     (next <= MAX_DATAGRAM && buf[next..].starts_with(&MAGIC)).then_some(next)
 }
 
@@ -859,10 +784,7 @@ fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), Wi
         return Err(WireError::Truncated { what: "batch" });
     }
     out.reserve(usize::from(h.count));
-    let mut r = Reader {
-        buf,
-        pos: HEADER_LEN,
-    };
+    let mut r = Reader::at(buf, HEADER_LEN);
     let mut prev: Option<ByteString> = None;
     for i in 0..u64::from(h.count) {
         let mut m = r.message(prev.as_ref())?;
@@ -874,7 +796,7 @@ fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), Wi
         prev = Some(m.subject.clone());
         out.push(m);
     }
-    if buf[r.pos..].iter().any(|&b| b != 0) {
+    if buf[r.pos()..].iter().any(|&b| b != 0) {
         return Err(WireError::Malformed(
             "trailing bytes after the last message",
         ));
@@ -888,9 +810,9 @@ fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), Wi
 /// message has one encoding everywhere. Strings and payload are zero-copy
 /// slices of `buf`. Total and bounded like [`decode_into`].
 pub fn decode_message(buf: &Bytes, max_payload: usize) -> Result<Message, WireError> {
-    let mut r = Reader { buf, pos: 0 };
+    let mut r = Reader::new(buf);
     let m = r.message_max(None, max_payload)?;
-    if r.pos != buf.len() {
+    if r.pos() != buf.len() {
         return Err(WireError::Malformed("trailing bytes after the message"));
     }
     Ok(m)
@@ -910,9 +832,9 @@ pub fn decode_message_into(
     if start > buf.len() {
         return Err(WireError::Truncated { what: "message" });
     }
-    let mut r = Reader { buf, pos: start };
+    let mut r = Reader::at(buf, start);
     let (subject, kind, fields, payload) = r.parts(None, max_payload)?;
-    if r.pos != buf.len() {
+    if r.pos() != buf.len() {
         return Err(WireError::Malformed("trailing bytes after the message"));
     }
     out.subject = subject;

@@ -55,6 +55,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::error::WireError;
+use crate::codec::Reader;
 use crate::varint;
 use crate::wire::{MAGIC, MAX_DATAGRAM, VERSION};
 
@@ -277,12 +278,9 @@ impl Iterator for ChunkIter<'_> {
         if self.pos >= self.raw.len() {
             return None;
         }
-        let mut r = Reader {
-            buf: self.raw,
-            pos: self.pos,
-        };
+        let mut r = Reader::at(self.raw, self.pos);
         let c = r.chunk().ok()?;
-        self.pos = r.pos;
+        self.pos = r.pos();
         Some(c)
     }
 }
@@ -388,10 +386,7 @@ impl Packet {
         if has(F_CLOSE) && !has(F_DATA) {
             return Err(WireError::Malformed("CLOSE without DATA"));
         }
-        let mut r = Reader {
-            buf,
-            pos: HEADER_LEN,
-        };
+        let mut r = Reader::at(buf, HEADER_LEN);
         let mut p = Packet {
             key,
             sreq: has(F_SREQ),
@@ -422,8 +417,8 @@ impl Packet {
         }
         if has(F_DATA) {
             let seq = r.varint("sequence number")?;
-            let start = r.pos;
-            while r.pos < buf.len() {
+            let start = r.pos();
+            while r.pos() < buf.len() {
                 r.chunk()?;
             }
             let chunks = Chunks {
@@ -433,7 +428,7 @@ impl Packet {
                 return Err(WireError::Malformed("DATA with no chunks and no CLOSE"));
             }
             p.data = Some(Data { seq, chunks });
-        } else if r.pos != buf.len() {
+        } else if r.pos() != buf.len() {
             return Err(WireError::Malformed(
                 "trailing bytes after the last section",
             ));
@@ -567,46 +562,9 @@ fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
     out.extend_from_slice(&c.bytes);
 }
 
-struct Reader<'a> {
-    buf: &'a Bytes,
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], WireError> {
-        if self.buf.len() - self.pos < n {
-            return Err(WireError::Truncated { what });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
-        Ok(self.take(1, what)?[0])
-    }
-
-    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(
-            self.take(4, what)?.try_into().expect("4 bytes"),
-        ))
-    }
-
-    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(
-            self.take(8, what)?.try_into().expect("8 bytes"),
-        ))
-    }
-
-    fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
-        let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
-            WireError::Truncated { .. } => WireError::Truncated { what },
-            e => e,
-        })?;
-        self.pos += n;
-        Ok(v)
-    }
-
+/// The association sections, on the codec's cursor (chunks come out as
+/// zero-copy slices of the packet).
+impl Reader<'_, Bytes> {
     fn mtu(&mut self) -> Result<u32, WireError> {
         let m = self.varint("mtu")?;
         if m < MIN_MTU as u64 || m > MAX_DATAGRAM as u64 {
@@ -689,11 +647,8 @@ impl Reader<'_> {
         } else {
             0
         };
-        let len = self.varint("chunk length")?;
-        if len > (self.buf.len() - self.pos) as u64 {
-            return Err(WireError::Truncated { what: "chunk" });
-        }
-        let len = len as usize;
+        let wire_len = self.varint("chunk length")?;
+        let len = self.check_len(wire_len, usize::MAX, "chunk")?;
         if !(begin && end) && len == 0 {
             return Err(WireError::Malformed("empty fragment"));
         }
@@ -702,8 +657,7 @@ impl Reader<'_> {
                 "first fragment not shorter than its message",
             ));
         }
-        let bytes = self.buf.slice(self.pos..self.pos + len);
-        self.pos += len;
+        let bytes = self.shared_len(wire_len, usize::MAX, "chunk")?;
         Ok(Chunk {
             begin,
             end,

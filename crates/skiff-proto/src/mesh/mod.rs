@@ -891,7 +891,7 @@ impl Mesh {
     fn handle_hello(&mut self, from: SocketAddr, body: &[u8]) {
         let mut r = Reader::new(body);
         let ok = (|| {
-            let n = r.u8()? as usize;
+            let n = r.u8("hello")? as usize;
             let name = r
                 .rest()
                 .get(..n)
@@ -918,7 +918,7 @@ impl Mesh {
         let mut r = Reader::new(body);
         match kind {
             Kind::Delta => {
-                let (epoch, base) = (r.u64()?, r.u64()?);
+                let (epoch, base) = (r.u64("mesh packet")?, r.u64("mesh packet")?);
                 let ops = packet::get_ops(&mut r)?;
                 let p = self.peers.get(&from).expect("up");
                 if epoch != p.epoch || base > p.version {
@@ -933,7 +933,7 @@ impl Mesh {
                 }
             }
             Kind::Digest => {
-                let (epoch, version) = (r.u64()?, r.u64()?);
+                let (epoch, version) = (r.u64("mesh packet")?, r.u64("mesh packet")?);
                 let p = self.peers.get(&from).expect("up");
                 if epoch != p.epoch || version != p.version {
                     self.ask_sync(from);
@@ -941,7 +941,7 @@ impl Mesh {
             }
             Kind::Sync => self.send_full(from),
             Kind::Full => {
-                let (epoch, version, part, parts) = (r.u64()?, r.u64()?, r.u16()?, r.u16()?);
+                let (epoch, version, part, parts) = (r.u64("mesh packet")?, r.u64("mesh packet")?, r.u16("mesh packet")?, r.u16("mesh packet")?);
                 if part >= parts {
                     return Err(crate::WireError::Malformed("part index past its count"));
                 }
@@ -979,7 +979,7 @@ impl Mesh {
                 }
             }
             Kind::Ack => {
-                let next = r.u64()?;
+                let next = r.u64("mesh packet")?;
                 let now = self.now;
                 let p = self.peers.get_mut(&from).expect("up");
                 let next = next.min(p.tx_seq);
@@ -989,7 +989,7 @@ impl Mesh {
                 }
             }
             Kind::Data => {
-                let seq = r.u64()?;
+                let seq = r.u64("mesh packet")?;
                 let p = self.peers.get_mut(&from).expect("up");
                 p.rx_next = p.rx_next.max(seq.saturating_add(1));
                 p.ack_due = true;
@@ -1002,7 +1002,7 @@ impl Mesh {
                 let mut check = Reader::new(r.rest());
                 let mut n = 0;
                 while !check.is_empty() {
-                    check.bytes(packet::MAX_FRAME)?;
+                    check.bytes(packet::MAX_FRAME, "mesh frame")?;
                     n += 1;
                 }
                 p.stats.recv_frames += n;

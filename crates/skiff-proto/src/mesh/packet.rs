@@ -132,87 +132,12 @@ pub fn open(buf: &[u8]) -> Result<(Kind, u32, &[u8]), WireError> {
     Ok((kind, net, &buf[ENVELOPE..]))
 }
 
-/// A cursor over a body that refuses to read past its end.
-#[derive(Debug)]
-pub struct Reader<'a> {
-    buf: &'a [u8],
-}
+/// The codec's cursor, which every mesh body is read with.
+pub use crate::codec::Reader;
 
-impl<'a> Reader<'a> {
-    /// A reader over `buf`.
-    pub fn new(buf: &'a [u8]) -> Reader<'a> {
-        Reader { buf }
-    }
-
-    /// Bytes left.
-    pub fn rest(&self) -> &'a [u8] {
-        self.buf
-    }
-
-    /// Whether everything was read.
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if self.buf.len() < n {
-            return Err(WireError::Truncated {
-                what: "mesh packet",
-            });
-        }
-        let (a, b) = self.buf.split_at(n);
-        self.buf = b;
-        Ok(a)
-    }
-
-    /// A little-endian u64.
-    pub fn u64(&mut self) -> Result<u64, WireError> {
-        let b = self.take(8)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-
-    /// A little-endian u32.
-    pub fn u32(&mut self) -> Result<u32, WireError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    }
-
-    /// A little-endian u16.
-    pub fn u16(&mut self) -> Result<u16, WireError> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-
-    /// A byte.
-    pub fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.take(1)?[0])
-    }
-
-    /// A varint.
-    pub fn varint(&mut self) -> Result<u64, WireError> {
-        let (v, n) = varint::get(self.buf)?;
-        self.buf = &self.buf[n..];
-        Ok(v)
-    }
-
-    /// Varint-length-prefixed bytes, at most `max` long.
-    pub fn bytes(&mut self, max: usize) -> Result<&'a [u8], WireError> {
-        let n = self.varint()?;
-        if n > max as u64 {
-            return Err(WireError::TooLong {
-                what: "mesh field",
-                len: n,
-                max,
-            });
-        }
-        self.take(n as usize)
-    }
-
-    /// A varint-length-prefixed UTF-8 name of at most [`MAX_NAME`] bytes.
-    pub fn name(&mut self) -> Result<&'a str, WireError> {
-        let b = self.bytes(MAX_NAME)?;
-        std::str::from_utf8(b).map_err(|_| WireError::Utf8("mesh name"))
-    }
+/// Reads a varint-length-prefixed UTF-8 name of at most [`MAX_NAME`] bytes.
+pub fn name<'a>(r: &mut Reader<'a>) -> Result<&'a str, WireError> {
+    r.str(MAX_NAME, "mesh name")
 }
 
 fn put_name(out: &mut Vec<u8>, s: &str) {
@@ -250,7 +175,7 @@ pub fn put_ops<'a>(out: &mut Vec<u8>, ops: impl ExactSizeIterator<Item = &'a Op>
 
 /// Reads a count-prefixed list of ops (at most [`MAX_OPS`]).
 pub fn get_ops(r: &mut Reader<'_>) -> Result<Vec<Op>, WireError> {
-    let n = r.varint()?;
+    let n = r.varint("interest op count")?;
     if n > MAX_OPS as u64 {
         return Err(WireError::TooLong {
             what: "interest op count",
@@ -259,14 +184,14 @@ pub fn get_ops(r: &mut Reader<'_>) -> Result<Vec<Op>, WireError> {
         });
     }
     // Each op takes at least 3 bytes: no allocation beyond what is there.
-    let mut ops = Vec::with_capacity((n as usize).min(r.rest().len() / 3));
+    let mut ops = Vec::with_capacity((n as usize).min(r.remaining() / 3));
     for _ in 0..n {
-        let op = match r.u8()? {
-            1 => Op::Sub(r.name()?.to_owned(), r.name()?.to_owned()),
-            2 => Op::Unsub(r.name()?.to_owned(), r.name()?.to_owned()),
+        let op = match r.u8("mesh packet")? {
+            1 => Op::Sub(name(r)?.to_owned(), name(r)?.to_owned()),
+            2 => Op::Unsub(name(r)?.to_owned(), name(r)?.to_owned()),
             3 => {
-                let c = r.name()?.to_owned();
-                Op::Cluster(c, r.u32()?)
+                let c = name(r)?.to_owned();
+                Op::Cluster(c, r.u32("mesh packet")?)
             }
             _ => return Err(WireError::Malformed("unknown interest op")),
         };
@@ -353,18 +278,18 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
         }
         Kind::Assoc => Body::Assoc(body.to_vec()),
         Kind::Delta => Body::Delta {
-            epoch: r.u64()?,
-            from: r.u64()?,
+            epoch: r.u64("mesh packet")?,
+            from: r.u64("mesh packet")?,
             ops: get_ops(&mut r)?,
         },
         Kind::Digest => Body::Digest {
-            epoch: r.u64()?,
-            version: r.u64()?,
+            epoch: r.u64("mesh packet")?,
+            version: r.u64("mesh packet")?,
         },
         Kind::Sync => Body::Sync,
-        Kind::Ack => Body::Ack { next: r.u64()? },
+        Kind::Ack => Body::Ack { next: r.u64("mesh packet")? },
         Kind::Full => {
-            let (epoch, version, part, parts) = (r.u64()?, r.u64()?, r.u16()?, r.u16()?);
+            let (epoch, version, part, parts) = (r.u64("mesh packet")?, r.u64("mesh packet")?, r.u16("mesh packet")?, r.u16("mesh packet")?);
             if part >= parts {
                 return Err(WireError::Malformed("full-sync part index past its count"));
             }
@@ -381,21 +306,21 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
             }
         }
         Kind::Data => {
-            let seq = r.u64()?;
+            let seq = r.u64("mesh packet")?;
             let mut frames = Vec::new();
             while !r.is_empty() {
-                frames.push(r.bytes(MAX_FRAME)?.to_vec());
+                frames.push(r.bytes(MAX_FRAME, "mesh frame")?.to_vec());
             }
             Body::Data { seq, frames }
         }
         Kind::Hello => {
-            let n = r.u8()? as usize;
-            let name = std::str::from_utf8(r.take(n)?)
+            let n = r.u8("mesh packet")? as usize;
+            let name = std::str::from_utf8(r.take(n, "network name")?)
                 .map_err(|_| WireError::Utf8("network name"))?
                 .to_owned();
             Body::Hello {
                 net: name,
-                gen: r.u64()?,
+                gen: r.u64("mesh packet")?,
             }
         }
     };
