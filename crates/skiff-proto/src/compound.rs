@@ -25,6 +25,7 @@
 use bytes::Bytes;
 
 use crate::error::WireError;
+use crate::codec::Reader;
 use crate::varint;
 use crate::wire::{MAGIC, MAX_DATAGRAM, VERSION};
 
@@ -147,24 +148,13 @@ pub fn decode(buf: &Bytes, out: &mut Vec<Bytes>) -> Result<(), WireError> {
 
 fn frames(buf: &Bytes, count: usize, out: &mut Vec<Bytes>) -> Result<(), WireError> {
     out.reserve(count);
-    let mut pos = HEADER_LEN;
+    let mut r = Reader::at(buf, HEADER_LEN);
     for _ in 0..count {
-        let (len, n) = varint::get(&buf[pos..]).map_err(|e| match e {
-            WireError::Truncated { .. } => WireError::Truncated {
-                what: "frame length",
-            },
-            e => e,
-        })?;
-        pos += n;
-        let rest = buf.len() - pos;
-        if len > rest as u64 {
-            return Err(WireError::Truncated { what: "frame" });
-        }
-        let len = len as usize;
-        if len < MIN_FRAME {
+        let len = r.varint("frame length")?;
+        let f = r.shared_len(len, usize::MAX, "frame")?;
+        if f.len() < MIN_FRAME {
             return Err(WireError::Malformed("compound frame shorter than 4 bytes"));
         }
-        let f = &buf[pos..pos + len];
         if f[0..2] != MAGIC || f[2] != VERSION {
             return Err(WireError::Malformed("compound frame is not a skiff frame"));
         }
@@ -173,10 +163,9 @@ fn frames(buf: &Bytes, count: usize, out: &mut Vec<Bytes>) -> Result<(), WireErr
                 "compound frame of a kind other than batch or association",
             ));
         }
-        out.push(buf.slice(pos..pos + len));
-        pos += len;
+        out.push(f);
     }
-    if pos != buf.len() {
+    if !r.is_empty() {
         return Err(WireError::Malformed("trailing bytes after the last frame"));
     }
     Ok(())

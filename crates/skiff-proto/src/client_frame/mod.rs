@@ -36,6 +36,7 @@
 //! limit before it reserves anything, and any input yields a frame, a need
 //! for more bytes, or an error.
 
+use crate::codec;
 use crate::varint;
 use crate::wire::{self, MAX_SUBJECT};
 use crate::{Message, WireError};
@@ -571,7 +572,7 @@ impl ClientFrame {
 
     /// Decodes one frame body (after the length prefix).
     pub fn decode(body: Bytes, max_payload: usize) -> Result<ClientFrame, WireError> {
-        let mut r = Reader::new(body, max_payload)?;
+        let mut r = Reader::new(&body, max_payload)?;
         use ClientFrame as F;
         let f = match r.op {
             op::PUB => F::Pub(r.msg()?),
@@ -790,23 +791,15 @@ impl ServerFrame {
         if body.first() != Some(&op::MSG) {
             return Ok(None);
         }
-        let mut at = 1;
-        let mut v = |what| -> Result<u64, WireError> {
-            let (v, n) = varint::get(&body[at..]).map_err(|e| match e {
-                WireError::Truncated { .. } => WireError::Truncated { what },
-                e => e,
-            })?;
-            at += n;
-            Ok(v)
-        };
-        let sid = v("sid")?;
-        let token = v("token")?;
-        Ok(Some((sid, token, at)))
+        let mut r = codec::Reader::at(body, 1);
+        let sid = r.varint("sid")?;
+        let token = r.varint("token")?;
+        Ok(Some((sid, token, r.pos())))
     }
 
     /// Decodes one frame body (after the length prefix).
     pub fn decode(body: Bytes, max_payload: usize) -> Result<ServerFrame, WireError> {
-        let mut r = Reader::new(body, max_payload)?;
+        let mut r = Reader::new(&body, max_payload)?;
         use ServerFrame as F;
         let f = match r.op {
             op::WELCOME => F::Welcome {
@@ -878,81 +871,51 @@ impl ServerFrame {
     }
 }
 
-/// A cursor over one frame body.
-struct Reader {
-    buf: Bytes,
-    pos: usize,
+/// A cursor over one frame body: the codec's reader and the frame's op.
+struct Reader<'a> {
+    r: codec::Reader<'a, Bytes>,
     op: u8,
     max_payload: usize,
     /// A message was decoded: it ran to the end.
     done: bool,
 }
 
-impl Reader {
-    fn new(buf: Bytes, max_payload: usize) -> Result<Reader, WireError> {
-        let op = *buf
-            .first()
-            .ok_or(WireError::Truncated { what: "frame op" })?;
+impl<'a> Reader<'a> {
+    fn new(buf: &'a Bytes, max_payload: usize) -> Result<Reader<'a>, WireError> {
+        let mut r = codec::Reader::new(buf);
+        let op = r.u8("frame op")?;
         Ok(Reader {
-            buf,
-            pos: 1,
+            r,
             op,
             max_payload,
             done: false,
         })
     }
     fn v(&mut self, what: &'static str) -> Result<u64, WireError> {
-        let (v, n) = varint::get(&self.buf[self.pos..]).map_err(|e| match e {
-            WireError::Truncated { .. } => WireError::Truncated { what },
-            e => e,
-        })?;
-        self.pos += n;
-        Ok(v)
+        self.r.varint(what)
     }
     fn v32(&mut self, what: &'static str) -> Result<u32, WireError> {
-        let v = self.v(what)?;
-        u32::try_from(v).map_err(|_| WireError::TooLong {
-            what,
-            len: v,
-            max: u32::MAX as usize,
-        })
+        self.r.varint_u32(what)
     }
     fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
-        let b = *self
-            .buf
-            .get(self.pos)
-            .ok_or(WireError::Truncated { what })?;
-        self.pos += 1;
-        Ok(b)
+        self.r.u8(what)
     }
     fn bytes(&mut self, what: &'static str, max: usize) -> Result<Bytes, WireError> {
-        let n = self.v(what)?;
-        if n > max as u64 {
-            return Err(WireError::TooLong { what, len: n, max });
-        }
-        let n = n as usize;
-        if self.buf.len() - self.pos < n {
-            return Err(WireError::Truncated { what });
-        }
-        let b = self.buf.slice(self.pos..self.pos + n);
-        self.pos += n;
-        Ok(b)
+        self.r.shared(max, what)
     }
     fn string(&mut self, what: &'static str, max: usize) -> Result<String, WireError> {
-        let b = self.bytes(what, max)?;
-        String::from_utf8(b.to_vec()).map_err(|_| WireError::Utf8(what))
+        Ok(self.r.str(max, what)?.to_owned())
     }
     fn msg(&mut self) -> Result<Message, WireError> {
-        let rest = self.buf.slice(self.pos..);
-        self.pos = self.buf.len();
+        let rest = self.r.shared_rest();
         self.done = true;
         wire::decode_message(&rest, self.max_payload)
     }
     fn finish(&self) -> Result<(), WireError> {
-        if !self.done && self.pos != self.buf.len() {
-            return Err(WireError::Malformed("trailing bytes after the frame"));
+        if self.done {
+            return Ok(());
         }
-        Ok(())
+        self.r.finish()
     }
 }
 
