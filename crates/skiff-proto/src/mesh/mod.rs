@@ -38,7 +38,9 @@
 //!
 //! Datagram layouts are in [`packet`].
 
+pub mod node_frame;
 pub mod packet;
+pub mod tunnel_frame;
 #[cfg(test)]
 mod tests;
 
