@@ -16,7 +16,8 @@
 //! | 4 | done | origin token u64, responders reached u32 |
 //! | 5 | broadcast | cluster, message |
 //!
-//! Names and keys are varint-length-prefixed; integers little-endian.
+//! Names and keys are varint-length-prefixed; integers little-endian. The
+//! codec and its byte diagrams are [`skiff_proto::mesh::node_frame`].
 //! Frames that do not decode are dropped and counted (`bad_frames`).
 //!
 //! Tunnels to members on other nodes travel over associations between the
@@ -34,10 +35,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::Deserialize;
-use skiff_proto::mesh::packet::Reader;
+use skiff_proto::mesh::node_frame::{self, op, NodeFrame};
 use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
 use skiff_proto::stats::MeshView;
-use skiff_proto::{varint, Message};
+use skiff_proto::Message;
 use tokio::net::UdpSocket;
 use tokio::sync::{watch, Notify};
 
@@ -91,14 +92,6 @@ impl Default for MeshSettings {
 }
 
 /// Frame kinds between nodes.
-mod op {
-    pub(super) const PUB: u8 = 1;
-    pub(super) const REQ: u8 = 2;
-    pub(super) const REPLY: u8 = 3;
-    pub(super) const DONE: u8 = 4;
-    pub(super) const BCAST: u8 = 5;
-}
-
 /// Counters of the node's mesh driver.
 #[derive(Debug, Default)]
 struct Counters {
@@ -229,34 +222,26 @@ impl MeshLink {
         key: &[u8],
         msg: &Message,
     ) -> bool {
-        let mut f = vec![op::REQ];
-        f.extend_from_slice(&token.to_le_bytes());
-        f.push(flags);
-        f.extend_from_slice(&max.to_le_bytes());
-        put(&mut f, target.as_bytes());
-        put(&mut f, key);
-        skiff_proto::wire::encode_message(&mut f, msg, false);
+        let mut f = Vec::new();
+        node_frame::encode_request(&mut f, token, flags, max, target, key, msg);
         self.send(peer, &f)
     }
 
     pub(crate) fn reply(&self, peer: SocketAddr, token: u64, msg: &Message) -> bool {
-        let mut f = vec![op::REPLY];
-        f.extend_from_slice(&token.to_le_bytes());
-        skiff_proto::wire::encode_message(&mut f, msg, false);
+        let mut f = Vec::new();
+        node_frame::encode_reply(&mut f, token, msg);
         self.send(peer, &f)
     }
 
     pub(crate) fn done(&self, peer: SocketAddr, token: u64, reached: u32) -> bool {
-        let mut f = vec![op::DONE];
-        f.extend_from_slice(&token.to_le_bytes());
-        f.extend_from_slice(&reached.to_le_bytes());
+        let mut f = Vec::new();
+        node_frame::encode_done(&mut f, token, reached);
         self.send(peer, &f)
     }
 
     pub(crate) fn broadcast(&self, peer: SocketAddr, cluster: &str, msg: &Message) -> bool {
-        let mut f = vec![op::BCAST];
-        put(&mut f, cluster.as_bytes());
-        skiff_proto::wire::encode_message(&mut f, msg, false);
+        let mut f = Vec::new();
+        node_frame::encode_broadcast(&mut f, cluster, msg);
         self.send(peer, &f)
     }
 
@@ -278,56 +263,26 @@ impl MeshLink {
     }
 
     fn try_frame(&self, broker: &Broker, from: SocketAddr, frame: &Bytes) -> Result<(), ()> {
-        let mut r = Reader::new(frame);
-        let kind = r.u8().map_err(drop)?;
-        let msg_at = |r: &Reader<'_>| frame.slice(frame.len() - r.rest().len()..);
-        let decode =
-            |raw: &Bytes| skiff_proto::wire::decode_message(raw, self.max_payload).map_err(drop);
-        match kind {
-            op::PUB => {
+        match NodeFrame::decode(frame, self.max_payload).map_err(drop)? {
+            NodeFrame::Pub { msg } => {
                 // Normally batched by the task (see `published`); a lone
-                // one here.
-                let raw = msg_at(&r);
-                let msg = decode(&raw)?;
-                broker.deliver_remote(&msg, &raw);
+                // one here. Its encoding follows the op byte.
+                broker.deliver_remote(&msg, &frame.slice(1..));
             }
-            op::REQ => {
-                let token = r.u64().map_err(drop)?;
-                let flags = r.u8().map_err(drop)?;
-                let max = r.u32().map_err(drop)?;
-                let target = std::str::from_utf8(r.bytes(1024).map_err(drop)?)
-                    .map_err(drop)?
-                    .to_owned();
-                let key = Bytes::copy_from_slice(r.bytes(1024).map_err(drop)?);
-                let msg = decode(&msg_at(&r))?;
-                broker.remote_request(from, token, flags, max, target, key, msg);
-            }
-            op::REPLY => {
-                let token = r.u64().map_err(drop)?;
-                let msg = decode(&msg_at(&r))?;
-                broker.remote_reply(token, msg);
-            }
-            op::DONE => {
-                let token = r.u64().map_err(drop)?;
-                let reached = r.u32().map_err(drop)?;
-                broker.remote_done(token, reached);
-            }
-            op::BCAST => {
-                let cluster = std::str::from_utf8(r.bytes(1024).map_err(drop)?)
-                    .map_err(drop)?
-                    .to_owned();
-                let msg = decode(&msg_at(&r))?;
-                broker.deliver_broadcast(&cluster, msg);
-            }
-            _ => return Err(()),
+            NodeFrame::Req {
+                token,
+                flags,
+                max,
+                target,
+                key,
+                msg,
+            } => broker.remote_request(from, token, flags, max, target, key, msg),
+            NodeFrame::Reply { token, msg } => broker.remote_reply(token, msg),
+            NodeFrame::Done { token, reached } => broker.remote_done(token, reached),
+            NodeFrame::Bcast { cluster, msg } => broker.deliver_broadcast(&cluster, msg),
         }
         Ok(())
     }
-}
-
-fn put(out: &mut Vec<u8>, b: &[u8]) {
-    varint::put(out, b.len() as u64);
-    out.extend_from_slice(b);
 }
 
 /// The address peers reach this node at: the bound one, or for a wildcard

@@ -23,7 +23,8 @@
 //! | 6 | close | tunnel u64 |
 //!
 //!   Cluster and key are varint-length-prefixed (at most 1,024 bytes);
-//!   integers little-endian.
+//!   integers little-endian. The codec and its byte diagrams are
+//!   [`skiff_proto::mesh::tunnel_frame`].
 //! - **Failure**: a peer going down, or an association to or from it
 //!   failing, ends every tunnel with that peer: the local end gets an error
 //!   and `TunClose` (a pending open gets `NoResponders`), and on a failed
@@ -50,10 +51,10 @@ use skiff_proto::association::{
     frame::MIN_MTU, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
     SendError,
 };
-use skiff_proto::mesh::packet::{Reader, ENVELOPE};
+use skiff_proto::mesh::packet::ENVELOPE;
+use skiff_proto::mesh::tunnel_frame::TunnelFrame as TunFrame;
 use skiff_proto::mesh::Mesh;
 use skiff_proto::stats::TunnelStats;
-use skiff_proto::{varint, Message};
 
 use crate::broker::Broker;
 use crate::mesh::MeshLink;
@@ -64,142 +65,6 @@ use skiff_proto::client_frame::{Code, ServerFrame};
 const SERVICE: u32 = 0x5455_4e31;
 /// Most tunnels with a remote end on one node.
 pub(crate) const MAX_TUNNELS: usize = 65_536;
-/// Longest cluster name or key in an `open` frame.
-const MAX_NAME: usize = 1024;
-
-mod op {
-    pub(super) const OPEN: u8 = 1;
-    pub(super) const OPENED: u8 = 2;
-    pub(super) const REFUSED: u8 = 3;
-    pub(super) const DATA: u8 = 4;
-    pub(super) const CREDIT: u8 = 5;
-    pub(super) const CLOSE: u8 = 6;
-}
-
-/// A frame between nodes about a tunnel (see the module documentation).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TunFrame {
-    Open {
-        tunnel: u64,
-        window: u32,
-        cluster: String,
-        key: Bytes,
-    },
-    Opened {
-        tunnel: u64,
-        peer_tunnel: u64,
-    },
-    Refused {
-        tunnel: u64,
-    },
-    Data {
-        tunnel: u64,
-        msg: Message,
-    },
-    Credit {
-        tunnel: u64,
-        n: u32,
-    },
-    Close {
-        tunnel: u64,
-    },
-}
-
-fn put(out: &mut Vec<u8>, b: &[u8]) {
-    varint::put(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
-
-impl TunFrame {
-    pub(crate) fn encode(&self) -> Bytes {
-        let mut f = Vec::new();
-        match self {
-            TunFrame::Open {
-                tunnel,
-                window,
-                cluster,
-                key,
-            } => {
-                f.push(op::OPEN);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-                f.extend_from_slice(&window.to_le_bytes());
-                put(&mut f, cluster.as_bytes());
-                put(&mut f, key);
-            }
-            TunFrame::Opened {
-                tunnel,
-                peer_tunnel,
-            } => {
-                f.push(op::OPENED);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-                f.extend_from_slice(&peer_tunnel.to_le_bytes());
-            }
-            TunFrame::Refused { tunnel } => {
-                f.push(op::REFUSED);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-            }
-            TunFrame::Data { tunnel, msg } => {
-                f.reserve(9 + msg.payload.len() + msg.subject.len() + 16);
-                f.push(op::DATA);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-                skiff_proto::wire::encode_message(&mut f, msg, false);
-            }
-            TunFrame::Credit { tunnel, n } => {
-                f.push(op::CREDIT);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-                f.extend_from_slice(&n.to_le_bytes());
-            }
-            TunFrame::Close { tunnel } => {
-                f.push(op::CLOSE);
-                f.extend_from_slice(&tunnel.to_le_bytes());
-            }
-        }
-        f.into()
-    }
-
-    /// Decodes a frame; total: any input gives a frame or `Err`.
-    pub(crate) fn decode(b: &Bytes, max_payload: usize) -> Result<TunFrame, ()> {
-        let mut r = Reader::new(b);
-        let kind = r.u8().map_err(drop)?;
-        let tunnel = r.u64().map_err(drop)?;
-        let f = match kind {
-            op::OPEN => {
-                let window = r.u32().map_err(drop)?;
-                let cluster = std::str::from_utf8(r.bytes(MAX_NAME).map_err(drop)?)
-                    .map_err(drop)?
-                    .to_owned();
-                let key = Bytes::copy_from_slice(r.bytes(MAX_NAME).map_err(drop)?);
-                TunFrame::Open {
-                    tunnel,
-                    window,
-                    cluster,
-                    key,
-                }
-            }
-            op::OPENED => TunFrame::Opened {
-                tunnel,
-                peer_tunnel: r.u64().map_err(drop)?,
-            },
-            op::REFUSED => TunFrame::Refused { tunnel },
-            op::DATA => {
-                let raw = b.slice(b.len() - r.rest().len()..);
-                let msg = skiff_proto::wire::decode_message(&raw, max_payload).map_err(drop)?;
-                return Ok(TunFrame::Data { tunnel, msg });
-            }
-            op::CREDIT => TunFrame::Credit {
-                tunnel,
-                n: r.u32().map_err(drop)?,
-            },
-            op::CLOSE => TunFrame::Close { tunnel },
-            _ => return Err(()),
-        };
-        if !r.is_empty() {
-            return Err(());
-        }
-        Ok(f)
-    }
-}
-
 /// This node's end of a tunnel whose other end is on `peer`.
 #[derive(Debug)]
 struct End {
@@ -777,66 +642,6 @@ fn act(l: &MeshLink, broker: &Broker, from: SocketAddr, raw: Bytes) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn samples() -> Vec<TunFrame> {
-        vec![
-            TunFrame::Open {
-                tunnel: 7,
-                window: 256,
-                cluster: "tun".into(),
-                key: Bytes::from_static(b"k"),
-            },
-            TunFrame::Opened {
-                tunnel: 7,
-                peer_tunnel: u64::MAX,
-            },
-            TunFrame::Refused { tunnel: 1 },
-            TunFrame::Data {
-                tunnel: 3,
-                msg: Message::new("a.b", vec![9u8; 1000]),
-            },
-            TunFrame::Credit { tunnel: 3, n: 128 },
-            TunFrame::Close { tunnel: 3 },
-        ]
-    }
-
-    #[test]
-    fn frames_round_trip_and_every_prefix_is_refused() {
-        for f in samples() {
-            let b = f.encode();
-            assert_eq!(TunFrame::decode(&b, 1 << 20), Ok(f.clone()));
-            for n in 0..b.len() {
-                assert!(
-                    TunFrame::decode(&b.slice(..n), 1 << 20).is_err(),
-                    "{f:?} prefix {n}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn bad_frames_are_refused() {
-        let mut long = vec![op::OPEN];
-        long.extend_from_slice(&1u64.to_le_bytes());
-        long.extend_from_slice(&1u32.to_le_bytes());
-        varint::put(&mut long, u64::MAX >> 1);
-        let mut trailing = TunFrame::Close { tunnel: 1 }.encode().to_vec();
-        trailing.push(0);
-        let big = TunFrame::Data {
-            tunnel: 1,
-            msg: Message::new("a", vec![0u8; 2000]),
-        }
-        .encode();
-        for b in [
-            Bytes::from_static(&[]),
-            Bytes::from_static(&[99, 0, 0, 0, 0, 0, 0, 0, 0]),
-            Bytes::from(long),
-            Bytes::from(trailing),
-        ] {
-            assert!(TunFrame::decode(&b, 1 << 20).is_err(), "{b:?}");
-        }
-        assert!(TunFrame::decode(&big, 1000).is_err(), "over max_payload");
-    }
 
     #[test]
     fn packets_for_unknown_associations_are_dropped_and_counted() {

@@ -80,23 +80,6 @@ pub use buffer::{InSegment, InStats, Input, OutStats, Output, SegmentMut};
 #[cfg(not(skiff_loom))]
 pub use msgs::MsgWriter;
 
-/// Entry points for `cargo fuzz` (feature `fuzzing`; not an API): the
-/// decoders of the buffer transports' wire frames.
-#[cfg(all(feature = "fuzzing", not(skiff_loom)))]
-#[doc(hidden)]
-pub mod fuzzing {
-    /// Decodes `b` as a reliable-udp buffer frame both ways; panics if a
-    /// decoded frame does not encode back to `b`.
-    pub fn assoc_frame(b: &[u8]) {
-        super::assoc::fuzz(b);
-    }
-
-    /// Decodes `b` as a tcp buffer header (both directions) and close
-    /// reason; panics if a reason does not encode back to its byte.
-    pub fn tcp_header(b: &[u8]) {
-        super::tcp::fuzz(b);
-    }
-}
 #[cfg(skiff_loom)]
 use region::Region;
 #[cfg(not(skiff_loom))]

@@ -38,7 +38,8 @@
 //!   producer waiting for them goes on.
 //!
 //! **Hostile input**: headers are decoded by total functions
-//! ([`decode_up`], [`decode_down`]). A stream cannot be resynchronised after
+//! ([`decode_up`], [`decode_down`], in `skiff_proto::buffer::tcp`, which
+//! also holds the header layouts). A stream cannot be resynchronised after
 //! a header it does not understand, so an unknown marker, a subscribe of
 //! size 0 or an unknown close reason is counted (`frames_malformed`) and
 //! ends the connection (an output then counts that connection's
@@ -75,6 +76,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use skiff_proto::buffer::tcp::{close_frame, decode_down, decode_up, Down, Up};
+use skiff_proto::buffer::{header, CloseReason as Reason, CLOSE, SUBSCRIBED};
 use skiff_proto::credits::{Delivered, Flow};
 
 use super::layout::{CLOSED, CORRUPT, LOST, OPEN};
@@ -85,144 +88,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Largest buffer or segment size a header carries; larger size fields are
-/// control markers.
-pub(crate) const MAX_LEN: u32 = 0xffff_ff00;
-/// The size field of a subscribed acknowledgement.
-const SUBSCRIBED: u32 = 0xffff_ffff;
-/// The size field of a close frame (both directions).
-const CLOSE: u32 = 0xffff_fffd;
+pub(crate) use skiff_proto::buffer::MAX_LEN;
 
 /// How long a closing side waits to write its close frames.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// A header from a subscriber, decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Up {
-    /// Subscribe with a ring of this many bytes.
-    Subscribe(u32),
-    /// Unsubscribe cleanly.
-    Close,
-}
-
-/// Why a buffer's stream ended (the reason byte of a close frame).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reason {
-    /// The producer closed it after its last segment.
-    Producer,
-    /// The output's ring broke.
-    Corrupt,
-    /// The buffer's own source was lost (a spliced input whose peer died).
-    Lost,
-}
-
-impl Reason {
-    fn code(self) -> u8 {
-        match self {
-            Reason::Producer => 0,
-            Reason::Corrupt => 1,
-            Reason::Lost => 2,
-        }
-    }
-
-    /// The reason of a close byte; `None` for an unknown one.
-    pub(crate) fn decode(b: u8) -> Option<Reason> {
-        match b {
-            0 => Some(Reason::Producer),
-            1 => Some(Reason::Corrupt),
-            2 => Some(Reason::Lost),
-            _ => None,
-        }
-    }
-
-    /// The reason a ring consumer's error ends a buffer with.
-    fn of(e: &BufferError) -> Reason {
-        match e {
-            BufferError::Closed { .. } => Reason::Producer,
-            e if e.is_peer_gone() => Reason::Lost,
-            _ => Reason::Corrupt,
-        }
-    }
-
-    /// The state the subscriber's ring closes with.
-    fn state(self) -> u32 {
-        match self {
-            Reason::Producer => CLOSED,
-            Reason::Corrupt => CORRUPT,
-            Reason::Lost => LOST,
-        }
+/// The reason a ring consumer's error ends a buffer with.
+fn reason_of(e: &BufferError) -> Reason {
+    match e {
+        BufferError::Closed { .. } => Reason::Producer,
+        e if e.is_peer_gone() => Reason::Lost,
+        _ => Reason::Corrupt,
     }
 }
 
-/// A header from an output, decoded (a close frame's reason byte follows
-/// its header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Down {
-    Subscribed,
-    Segment(u32),
-    Close,
-}
-
-/// A header that does not decode: what was wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Malformed(pub(crate) &'static str);
-
-fn split(h: &[u8; 8]) -> (BufferId, u32) {
-    (
-        u32::from_le_bytes([h[0], h[1], h[2], h[3]]),
-        u32::from_le_bytes([h[4], h[5], h[6], h[7]]),
-    )
-}
-
-fn header(id: BufferId, size: u32) -> [u8; 8] {
-    let mut h = [0u8; 8];
-    h[..4].copy_from_slice(&id.to_le_bytes());
-    h[4..].copy_from_slice(&size.to_le_bytes());
-    h
-}
-
-/// Decodes a header a subscriber sent.
-pub(crate) fn decode_up(h: &[u8; 8]) -> Result<(BufferId, Up), Malformed> {
-    match split(h) {
-        (id, CLOSE) => Ok((id, Up::Close)),
-        (_, 0) => Err(Malformed("subscribe with size 0")),
-        (_, s) if s > MAX_LEN => Err(Malformed("unknown control marker from a subscriber")),
-        (id, s) => Ok((id, Up::Subscribe(s))),
+/// The state the subscriber's ring closes with.
+fn ring_state(r: Reason) -> u32 {
+    match r {
+        Reason::Producer => CLOSED,
+        Reason::Corrupt => CORRUPT,
+        Reason::Lost => LOST,
     }
-}
-
-/// Decodes a header an output sent.
-pub(crate) fn decode_down(h: &[u8; 8]) -> Result<(BufferId, Down), Malformed> {
-    match split(h) {
-        (id, SUBSCRIBED) => Ok((id, Down::Subscribed)),
-        (id, CLOSE) => Ok((id, Down::Close)),
-        (_, l) if l > MAX_LEN => Err(Malformed("unknown control marker from an output")),
-        (id, l) => Ok((id, Down::Segment(l))),
-    }
-}
-
-/// For `cargo fuzz` (feature `fuzzing`): decodes the first 8 bytes of `b`
-/// as a header from a subscriber and from an output, and the next byte as
-/// a close reason; a reason that decodes encodes back to its byte.
-#[cfg(feature = "fuzzing")]
-pub(crate) fn fuzz(b: &[u8]) {
-    if let Some(h) = b.first_chunk::<8>() {
-        let _ = decode_up(h);
-        let _ = decode_down(h);
-    }
-    if let Some(&r) = b.get(8) {
-        if let Some(reason) = Reason::decode(r) {
-            assert_eq!(reason.code(), r);
-        }
-    }
-}
-
-/// A close frame from an output.
-fn close_frame(id: BufferId, reason: Reason) -> [u8; 9] {
-    let mut f = [0u8; 9];
-    f[..8].copy_from_slice(&header(id, CLOSE));
-    f[8] = reason.code();
-    f
 }
 
 /// What the output's threads share.
@@ -559,7 +445,7 @@ impl Conn {
     /// Ends buffer `id` with the close frame `e` calls for.
     fn end_buffer(&mut self, id: BufferId, e: &BufferError) -> Result<(), Dead> {
         self.stream
-            .write_all(&close_frame(id, Reason::of(e)))
+            .write_all(&close_frame(id, reason_of(e)))
             .map_err(|_| Dead)
     }
 
@@ -719,7 +605,7 @@ fn receiver(mut rd: TcpStream, sh: &ClientShared) {
                     Some(p) => {
                         let p = lock(&p);
                         if p.ring.state() == OPEN {
-                            p.ring.close(reason.state());
+                            p.ring.close(ring_state(reason));
                         }
                     }
                     None => Counters::bump(&sh.stats.unknown),
@@ -796,65 +682,4 @@ fn discard(rd: &mut TcpStream, mut len: u64, sink: &mut [u8]) -> io::Result<()> 
         len -= n as u64;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_header_round_trips() {
-        assert_eq!(decode_up(&header(7, 4096)), Ok((7, Up::Subscribe(4096))));
-        assert_eq!(
-            decode_up(&header(7, MAX_LEN)),
-            Ok((7, Up::Subscribe(MAX_LEN)))
-        );
-        assert_eq!(decode_up(&header(7, CLOSE)), Ok((7, Up::Close)));
-        assert_eq!(
-            decode_down(&header(1, SUBSCRIBED)),
-            Ok((1, Down::Subscribed))
-        );
-        assert_eq!(decode_down(&header(1, 0)), Ok((1, Down::Segment(0))));
-        assert_eq!(
-            decode_down(&header(1, MAX_LEN)),
-            Ok((1, Down::Segment(MAX_LEN)))
-        );
-        for r in [Reason::Producer, Reason::Corrupt, Reason::Lost] {
-            let f = close_frame(3, r);
-            let h: [u8; 8] = f[..8].try_into().unwrap();
-            assert_eq!(decode_down(&h), Ok((3, Down::Close)));
-            assert_eq!(Reason::decode(f[8]), Some(r));
-        }
-    }
-
-    #[test]
-    fn unknown_markers_and_reasons_are_refused() {
-        for m in MAX_LEN + 1..=u32::MAX {
-            let h = header(1, m);
-            if m != CLOSE {
-                assert!(decode_up(&h).is_err(), "{m:#x} from a subscriber");
-            }
-            if m != CLOSE && m != SUBSCRIBED {
-                assert!(decode_down(&h).is_err(), "{m:#x} from an output");
-            }
-        }
-        assert!(decode_up(&header(1, 0)).is_err(), "subscribe of size 0");
-        for b in 3..=u8::MAX {
-            assert_eq!(Reason::decode(b), None);
-        }
-    }
-
-    #[test]
-    fn random_headers_never_panic() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let h = x.to_le_bytes();
-            let _ = decode_up(&h);
-            let _ = decode_down(&h);
-            let _ = Reason::decode(h[0]);
-        }
-    }
 }

@@ -50,8 +50,6 @@
 
 mod client;
 mod frame;
-#[cfg(feature = "fuzzing")]
-pub(crate) use frame::fuzz;
 mod server;
 
 use std::future::Future;

@@ -291,7 +291,7 @@ fn step(
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Sent::Idle),
             Err(e) => {
-                let reason = CloseReason::of(&e);
+                let reason = frame::close_reason(&e);
                 send_msg(c, waker, &frame::encode(&Frame::Close { id: s.id, reason }))?;
                 return Ok(Sent::Ended);
             }
