@@ -1,0 +1,52 @@
+//! The client↔node protocol (`skiff_proto::client_frame`) on arbitrary
+//! bytes: the stream `Decoder`
+//! (`next` over a read buffer, `split` over a shared-memory segment),
+//! both frame decoders and the publish reader never panic, a decoded
+//! publish's encoding lies within what was read, and the client's in-place
+//! decoding of a message frame (header, then the message into a slot)
+//! agrees with decoding the whole frame.
+#![no_main]
+
+use bytes::{Bytes, BytesMut};
+use libfuzzer_sys::fuzz_target;
+use skiff_node::broker::Published;
+use skiff_proto::client_frame::{simple_message, ClientFrame, Decoder, ServerFrame};
+use skiff_proto::wire::decode_message_into;
+use skiff_proto::Message;
+
+const MAX_PAYLOAD: usize = 60_000;
+
+fn bodies(body: Bytes) {
+    let _ = ClientFrame::decode(body.clone(), MAX_PAYLOAD);
+    let whole = ServerFrame::decode(body.clone(), MAX_PAYLOAD);
+    if let Ok(Some((sid, token, at))) = ServerFrame::msg_header(&body) {
+        let mut slot = Message::default();
+        let r = decode_message_into(&body, at, MAX_PAYLOAD, &mut slot);
+        match whole {
+            Ok(ServerFrame::Msg { sid: s, token: t, msg }) => {
+                assert_eq!((r, s, t), (Ok(()), sid, token));
+                assert_eq!(slot, msg);
+            }
+            _ => assert!(r.is_err(), "in place accepted what the frame decoder refused"),
+        }
+    }
+    let _ = simple_message(&body, MAX_PAYLOAD);
+    let len = body.len();
+    if let Ok(p) = Published::from_frame(body, MAX_PAYLOAD) {
+        assert!(p.raw.len() < len.max(1));
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let dec = Decoder::new(MAX_PAYLOAD + 64);
+    let mut buf = BytesMut::from(data);
+    while let Ok(Some(body)) = dec.next(&mut buf) {
+        bodies(body);
+    }
+    let mut seg = Bytes::copy_from_slice(data);
+    while let Ok(Some(body)) = dec.split(&mut seg) {
+        bodies(body);
+    }
+    // A body on its own, as an in-process frame or a mesh frame is.
+    bodies(Bytes::copy_from_slice(data));
+});
