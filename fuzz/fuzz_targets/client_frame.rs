@@ -23,11 +23,18 @@ fn bodies(body: Bytes) {
         let mut slot = Message::default();
         let r = decode_message_into(&body, at, MAX_PAYLOAD, &mut slot);
         match whole {
-            Ok(ServerFrame::Msg { sid: s, token: t, msg }) => {
+            Ok(ServerFrame::Msg {
+                sid: s,
+                token: t,
+                msg,
+            }) => {
                 assert_eq!((r, s, t), (Ok(()), sid, token));
                 assert_eq!(slot, msg);
             }
-            _ => assert!(r.is_err(), "in place accepted what the frame decoder refused"),
+            _ => assert!(
+                r.is_err(),
+                "in place accepted what the frame decoder refused"
+            ),
         }
     }
     let _ = simple_message(&body, MAX_PAYLOAD);

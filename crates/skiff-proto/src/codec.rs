@@ -228,7 +228,12 @@ impl Reader<'_, Bytes> {
     /// `len` bytes (a length already read), checked as
     /// [`Reader::check_len`] does, as a zero-copy slice of the buffer.
     #[inline]
-    pub fn shared_len(&mut self, len: u64, max: usize, what: &'static str) -> Result<Bytes, WireError> {
+    pub fn shared_len(
+        &mut self,
+        len: u64,
+        max: usize,
+        what: &'static str,
+    ) -> Result<Bytes, WireError> {
         let n = self.check_len(len, max, what)?;
         let b = self.buf.slice(self.pos..self.pos + n);
         self.pos += n;

@@ -24,8 +24,8 @@
 
 use bytes::Bytes;
 
-use crate::error::WireError;
 use crate::codec::Reader;
+use crate::error::WireError;
 use crate::varint;
 use crate::wire::{MAGIC, MAX_DATAGRAM, VERSION};
 

@@ -30,9 +30,9 @@
 use bytes::{BufMut, Bytes};
 use bytestring::ByteString;
 
+use crate::codec::Reader;
 use crate::error::{UsageError, WireError};
 use crate::message::{Field, Message, Meta, Value};
-use crate::codec::Reader;
 use crate::varint;
 
 /// The two bytes every skiff datagram starts with: `SK`.

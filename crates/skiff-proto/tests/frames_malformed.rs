@@ -32,7 +32,12 @@ fn msg_bytes(m: &Message) -> Vec<u8> {
 
 #[test]
 fn node_empty_and_unknown_op() {
-    assert_eq!(node(vec![]), Err(WireError::Truncated { what: "node frame op" }));
+    assert_eq!(
+        node(vec![]),
+        Err(WireError::Truncated {
+            what: "node frame op"
+        })
+    );
     assert_eq!(node(vec![0]), Err(WireError::Kind(0)));
     assert_eq!(node(vec![6, 1, 2]), Err(WireError::Kind(6)));
 }
@@ -100,7 +105,10 @@ fn node_payload_over_max_payload() {
 fn tunnel_unknown_op_short_id_and_long_names() {
     assert!(tun(vec![]).is_err());
     assert!(tun(vec![tunnel_frame::op::CLOSE, 1, 2, 3]).is_err());
-    assert_eq!(tun(vec![99, 0, 0, 0, 0, 0, 0, 0, 0]), Err(WireError::Kind(99)));
+    assert_eq!(
+        tun(vec![99, 0, 0, 0, 0, 0, 0, 0, 0]),
+        Err(WireError::Kind(99))
+    );
     let mut long = vec![tunnel_frame::op::OPEN];
     long.put_u64_le(1);
     long.put_u32_le(1);
@@ -201,7 +209,10 @@ fn tcp_unknown_markers_and_reasons_are_refused() {
             assert!(tcp::decode_down(&h).is_err(), "{m:#x} from an output");
         }
     }
-    assert!(tcp::decode_up(&buffer::header(1, 0)).is_err(), "subscribe of size 0");
+    assert!(
+        tcp::decode_up(&buffer::header(1, 0)).is_err(),
+        "subscribe of size 0"
+    );
     for b in 3..=u8::MAX {
         assert_eq!(CloseReason::decode(b), None);
     }

@@ -43,18 +43,25 @@ fn key() -> impl Strategy<Value = Bytes> {
 fn node_frame() -> impl Strategy<Value = NodeFrame> {
     prop_oneof![
         message().prop_map(|msg| NodeFrame::Pub { msg }),
-        (any::<u64>(), any::<u8>(), any::<u32>(), name(), key(), message()).prop_map(
-            |(token, flags, max, target, key, msg)| NodeFrame::Req {
+        (
+            any::<u64>(),
+            any::<u8>(),
+            any::<u32>(),
+            name(),
+            key(),
+            message()
+        )
+            .prop_map(|(token, flags, max, target, key, msg)| NodeFrame::Req {
                 token,
                 flags,
                 max,
                 target,
                 key,
                 msg
-            }
-        ),
+            }),
         (any::<u64>(), message()).prop_map(|(token, msg)| NodeFrame::Reply { token, msg }),
-        (any::<u64>(), any::<u32>()).prop_map(|(token, reached)| NodeFrame::Done { token, reached }),
+        (any::<u64>(), any::<u32>())
+            .prop_map(|(token, reached)| NodeFrame::Done { token, reached }),
         (name(), message()).prop_map(|(cluster, msg)| NodeFrame::Bcast { cluster, msg }),
     ]
 }
@@ -101,7 +108,9 @@ enum AssocFrame {
 impl AssocFrame {
     fn frame(&self) -> assoc::Frame<'_> {
         match *self {
-            AssocFrame::Subscribe(id, size, records) => assoc::Frame::Subscribe { id, size, records },
+            AssocFrame::Subscribe(id, size, records) => {
+                assoc::Frame::Subscribe { id, size, records }
+            }
             AssocFrame::Credit(id, consumed, read) => assoc::Frame::Credit { id, consumed, read },
             AssocFrame::Subscribed(id, flow) => assoc::Frame::Subscribed { id, flow },
             AssocFrame::Segment(id, ref data) => assoc::Frame::Segment { id, data },
@@ -118,8 +127,12 @@ fn assoc_frame() -> impl Strategy<Value = AssocFrame> {
     prop_oneof![
         (any::<u32>(), 1..=buffer::MAX_LEN, 1..=u32::MAX)
             .prop_map(|(i, s, r)| AssocFrame::Subscribe(i, s, r)),
-        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(i, c, r)| AssocFrame::Credit(i, c, r)),
-        (any::<u32>(), prop_oneof![Just(Flow::Credits), Just(Flow::Overwrite)])
+        (any::<u32>(), any::<u64>(), any::<u64>())
+            .prop_map(|(i, c, r)| AssocFrame::Credit(i, c, r)),
+        (
+            any::<u32>(),
+            prop_oneof![Just(Flow::Credits), Just(Flow::Overwrite)]
+        )
             .prop_map(|(i, f)| AssocFrame::Subscribed(i, f)),
         (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..200))
             .prop_map(|(i, d)| AssocFrame::Segment(i, d)),

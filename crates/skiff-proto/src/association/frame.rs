@@ -54,8 +54,8 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::error::WireError;
 use crate::codec::Reader;
+use crate::error::WireError;
 use crate::varint;
 use crate::wire::{MAGIC, MAX_DATAGRAM, VERSION};
 

@@ -40,9 +40,9 @@
 
 pub mod node_frame;
 pub mod packet;
-pub mod tunnel_frame;
 #[cfg(test)]
 mod tests;
+pub mod tunnel_frame;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -943,7 +943,12 @@ impl Mesh {
             }
             Kind::Sync => self.send_full(from),
             Kind::Full => {
-                let (epoch, version, part, parts) = (r.u64("mesh packet")?, r.u64("mesh packet")?, r.u16("mesh packet")?, r.u16("mesh packet")?);
+                let (epoch, version, part, parts) = (
+                    r.u64("mesh packet")?,
+                    r.u64("mesh packet")?,
+                    r.u16("mesh packet")?,
+                    r.u16("mesh packet")?,
+                );
                 if part >= parts {
                     return Err(crate::WireError::Malformed("part index past its count"));
                 }

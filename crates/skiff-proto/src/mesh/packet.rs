@@ -287,9 +287,16 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
             version: r.u64("mesh packet")?,
         },
         Kind::Sync => Body::Sync,
-        Kind::Ack => Body::Ack { next: r.u64("mesh packet")? },
+        Kind::Ack => Body::Ack {
+            next: r.u64("mesh packet")?,
+        },
         Kind::Full => {
-            let (epoch, version, part, parts) = (r.u64("mesh packet")?, r.u64("mesh packet")?, r.u16("mesh packet")?, r.u16("mesh packet")?);
+            let (epoch, version, part, parts) = (
+                r.u64("mesh packet")?,
+                r.u64("mesh packet")?,
+                r.u16("mesh packet")?,
+                r.u16("mesh packet")?,
+            );
             if part >= parts {
                 return Err(WireError::Malformed("full-sync part index past its count"));
             }

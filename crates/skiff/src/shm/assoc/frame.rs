@@ -3,7 +3,9 @@
 //! `skiff_proto::buffer::assoc`; this module adds what ties them to this
 //! crate's rings.
 
-pub(crate) use skiff_proto::buffer::assoc::{decode_down, decode_up, encode, segment_header, Frame};
+pub(crate) use skiff_proto::buffer::assoc::{
+    decode_down, decode_up, encode, segment_header, Frame,
+};
 pub(crate) use skiff_proto::buffer::{CloseReason, MAX_LEN};
 
 /// The reason a ring consumer's error ends a buffer with.
