@@ -568,7 +568,7 @@ impl Batch {
         if h.count != 1 || buf.len() > MAX_DATAGRAM {
             return None;
         }
-        let mut r = Reader::at(buf, HEADER_LEN);
+        let mut r = Reader::resume(buf, HEADER_LEN); // Header::read checked the length
         let (subject, kind, fields, payload) = r.parts(None, MAX_DATAGRAM).ok()?;
         if buf[r.pos()..].iter().any(|&b| b != 0) {
             return None;
@@ -720,7 +720,7 @@ pub fn validate(buf: &Bytes) -> Result<Header, WireError> {
     if usize::from(h.count) > (buf.len() - HEADER_LEN) / 2 {
         return Err(WireError::Truncated { what: "batch" });
     }
-    let mut r = Reader::at(buf, HEADER_LEN);
+    let mut r = Reader::resume(buf, HEADER_LEN); // Header::read checked the length
     let mut prev_nonempty = false;
     for _ in 0..h.count {
         prev_nonempty = r.skip_message(prev_nonempty)?;
@@ -746,7 +746,7 @@ pub fn run_stride(buf: &Bytes) -> Option<usize> {
     if h.count == 0 {
         return None;
     }
-    let mut r = Reader::at(buf, HEADER_LEN);
+    let mut r = Reader::resume(buf, HEADER_LEN); // Header::read checked the length
     let mut prev_nonempty = false;
     for _ in 0..h.count {
         prev_nonempty = r.skip_message(prev_nonempty).ok()?;
@@ -784,7 +784,7 @@ fn decode_body(buf: &Bytes, h: &Header, out: &mut Vec<Message>) -> Result<(), Wi
         return Err(WireError::Truncated { what: "batch" });
     }
     out.reserve(usize::from(h.count));
-    let mut r = Reader::at(buf, HEADER_LEN);
+    let mut r = Reader::resume(buf, HEADER_LEN); // Header::read checked the length
     let mut prev: Option<ByteString> = None;
     for i in 0..u64::from(h.count) {
         let mut m = r.message(prev.as_ref())?;
@@ -832,7 +832,7 @@ pub fn decode_message_into(
     if start > buf.len() {
         return Err(WireError::Truncated { what: "message" });
     }
-    let mut r = Reader::at(buf, start);
+    let mut r = Reader::resume(buf, start); // start <= buf.len(), checked above
     let (subject, kind, fields, payload) = r.parts(None, max_payload)?;
     if r.pos() != buf.len() {
         return Err(WireError::Malformed("trailing bytes after the message"));
