@@ -6,8 +6,15 @@
 //! and `rustls`. The I/O drivers that run these machines live in the `skiff`
 //! crate.
 //!
+//! - [`codec`]: the one `Reader`/`Writer` (on the one [`varint`]) that
+//!   every wire format below is decoded and encoded with.
 //! - [`wire`]: the versioned datagram format (a header and a batch of
 //!   [`Message`]s). Decoders are total and bounded.
+//! - Frame formats, one module each: [`association::frame`] (QMP packets),
+//!   [`client_frame`] (client↔node), [`mesh::packet`] (node↔node
+//!   datagrams), [`mesh::node_frame`] and [`mesh::tunnel_frame`] (frames
+//!   between nodes), [`buffer`] (the buffer transports' frames),
+//!   [`msgframe`] and [`compound`].
 //! - [`batcher`]: CMQ's per-destination batching (flush on `qthresh` bytes, on
 //!   a timeout, or when the next message would overflow the datagram).
 //! - [`loss`]: per-source sequence tracking on the receiving side: gaps are

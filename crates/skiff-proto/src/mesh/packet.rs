@@ -18,7 +18,7 @@
 //! | 3 digest   | epoch u64, version u64 |
 //! | 4 sync     | (empty): "send me your full interest" |
 //! | 5 full     | epoch u64, version u64, part u16, parts u16, ops (adds only) |
-//! | 6 data     | seq u64, then frames: varint length + bytes, repeated |
+//! | 6 data     | seq u64, then frames: varint length + bytes, repeated ([`super::node_frame`]) |
 //! | 7 hello    | net name (len u8 + bytes), gen u64: multicast scouting |
 //! | 8 ack      | next data sequence number expected, u64: flow control |
 //! | 9 assoc    | one association packet (`crate::association::frame`), whole |
