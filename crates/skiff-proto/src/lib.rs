@@ -14,7 +14,7 @@
 //!   [`client_frame`] (client↔node), [`mesh::packet`] (node↔node
 //!   datagrams), [`mesh::node_frame`] and [`mesh::tunnel_frame`] (frames
 //!   between nodes), [`buffer`] (the buffer transports' frames),
-//!   [`msgframe`] and [`compound`].
+//!   [`msgframe`], [`compound`] and [`record`] (the `file://` log).
 //! - [`batcher`]: CMQ's per-destination batching (flush on `qthresh` bytes, on
 //!   a timeout, or when the next message would overflow the datagram).
 //! - [`loss`]: per-source sequence tracking on the receiving side: gaps are
@@ -33,6 +33,7 @@ pub mod loss;
 pub mod mesh;
 pub mod message;
 pub mod msgframe;
+pub mod record;
 pub mod router;
 pub mod stats;
 pub mod varint;

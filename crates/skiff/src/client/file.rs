@@ -1,6 +1,6 @@
 //! `file:///path`: cMsg's file domain. Publishing appends each message to
 //! a log file (a 4-byte little-endian length, then the message in skiff's
-//! wire encoding); subscribing reads the log from its start, filters by
+//! wire encoding: `skiff_proto::record`); subscribing reads the log from its start, filters by
 //! subject and type pattern, and follows it as it grows.
 
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff_proto::router::{KindPattern, Pattern, Subject};
-use skiff_proto::{wire, Message};
+use skiff_proto::{record, wire, Message, WireError};
 
 use super::inbox;
 use super::sub::{Delivery, Subscription};
@@ -46,10 +46,8 @@ impl FileLog {
     /// Appends one message.
     pub fn append(&self, msg: &Message) -> Result<(), Error> {
         wire::check(msg)?;
-        let mut rec = vec![0u8; 4];
-        wire::encode_message(&mut rec, msg, false);
-        let len = (rec.len() - 4) as u32;
-        rec[..4].copy_from_slice(&len.to_le_bytes());
+        let mut rec = Vec::new();
+        record::encode(&mut rec, msg);
         self.file
             .lock()
             .write_all(&rec)
@@ -68,22 +66,20 @@ impl FileLog {
         let data = Bytes::from(data);
         let mut pos = 0usize;
         let mut out = Vec::new();
-        while data.len() - pos >= 4 {
-            let len = u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4")) as usize;
-            if len > MAX_RECORD {
-                return Err(Error::Codec(format!(
-                    "log record at offset {} claims {len} bytes: the log is corrupt",
-                    offset + pos as u64
-                )));
-            }
-            if data.len() - pos - 4 < len {
-                break; // a record still being written
-            }
-            let body = data.slice(pos + 4..pos + 4 + len);
-            let m = wire::decode_message(&body, MAX_RECORD)
-                .map_err(|e| Error::Codec(format!("log record: {e}")))?;
+        // `None`: the end, or a record still being written.
+        while let Some((m, next)) = record::next(&data, pos, MAX_RECORD).map_err(|e| match e {
+            WireError::TooLong {
+                what: "log record",
+                len,
+                ..
+            } => Error::Codec(format!(
+                "log record at offset {} claims {len} bytes: the log is corrupt",
+                offset + pos as u64
+            )),
+            e => Error::Codec(format!("log record: {e}")),
+        })? {
             out.push(m);
-            pos += 4 + len;
+            pos = next;
         }
         Ok((out, offset + pos as u64))
     }
