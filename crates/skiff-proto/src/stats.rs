@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::mesh::{MeshStats, PeerStats};
 
-/// The node's counters ([`Broker::stats`], `skiff stats`).
+/// The node's counters (the node's `Broker::stats`, `skiff stats`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeStats {
     /// Seconds since the node started.

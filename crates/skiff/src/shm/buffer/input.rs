@@ -123,7 +123,7 @@ impl InSegment<'_> {
 impl Input {
     /// An input on `shm://name`, `tcp://host:port` or
     /// `udp://host:port?reliable=true` (connects, waiting up to `wait`).
-    /// Options as for [`Output::open`].
+    /// Options as for [`Output::open`](super::Output::open).
     pub fn open(locator: &str) -> Result<Input, BufferError> {
         let (kind, opts) = parse(locator)?;
         let (mut client, mut uclient) = (None, None);
