@@ -21,9 +21,11 @@ fuzz_target!(|data: &[u8]| {
         d[2] = packet::VERSION;
         d[4..8].copy_from_slice(&packet::net_hash("skiff").to_le_bytes());
     }
-    m.handle_datagram(now, "10.0.0.2:4748".parse().unwrap(), &d);
-    m.handle_datagram(now, me, &d);
+    let d = bytes::Bytes::from(d);
+    m.handle_datagram(now, "10.0.0.2:4748".parse().unwrap(), d.clone());
+    m.handle_datagram(now, me, d);
     m.handle_timeout(now);
-    while m.poll_transmit().is_some() {}
     while m.poll_event().is_some() {}
+    let mut buf = Vec::new();
+    while m.poll_transmit(now, &mut buf).is_some() {}
 });

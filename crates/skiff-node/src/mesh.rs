@@ -449,7 +449,8 @@ pub(crate) async fn start(
         loop {
             let now = Instant::now();
             if scouting && now >= next_hello {
-                let hello = l.core.lock().hello();
+                let mut hello = Vec::new();
+                l.core.lock().hello(&mut hello);
                 if sock.send_to(&hello, SCOUT_GROUP).await.is_err() {
                     l.counters.scout_errors.fetch_add(1, Relaxed);
                 }
@@ -476,7 +477,7 @@ pub(crate) async fn start(
             }
             let deadline = {
                 let m = l.core.lock();
-                let mut d = m.poll_timeout();
+                let mut d = m.poll_timeout().unwrap_or(now + Duration::from_secs(1));
                 if scouting {
                     d = d.min(next_hello);
                 }
@@ -494,12 +495,12 @@ pub(crate) async fn start(
                 } => {
                     if let Ok((n, from)) = r {
                         let mut m = l.core.lock();
-                        m.handle_datagram_bytes(Instant::now(), from, buf.split_to(n).freeze());
+                        m.handle_datagram(Instant::now(), from, buf.split_to(n).freeze());
                         // Whatever else is already queued, under the same lock.
                         for _ in 0..64 {
                             buf.reserve(65_536);
                             match sock.try_recv_buf_from(&mut buf) {
-                                Ok((n, from)) => m.handle_datagram_bytes(
+                                Ok((n, from)) => m.handle_datagram(
                                     Instant::now(),
                                     from,
                                     buf.split_to(n).freeze(),
@@ -516,7 +517,8 @@ pub(crate) async fn start(
                     }
                 } => {
                     if let Ok((n, from)) = r {
-                        l.core.lock().handle_datagram(Instant::now(), from, &sbuf[..n]);
+                        let d = Bytes::copy_from_slice(&sbuf[..n]);
+                        l.core.lock().handle_datagram(Instant::now(), from, d);
                     }
                 }
                 _ = sleep => l.core.lock().handle_timeout(Instant::now()),
@@ -607,8 +609,13 @@ fn published(l: &MeshLink, frame: Bytes) -> Option<crate::broker::Published> {
 async fn flush(l: &MeshLink, sock: &UdpSocket) {
     let out: Vec<(SocketAddr, Vec<u8>)> = {
         let mut m = l.core.lock();
-        m.flush();
-        std::iter::from_fn(|| m.poll_transmit()).collect()
+        let mut buf = Vec::new();
+        let now = Instant::now();
+        std::iter::from_fn(|| {
+            let t = m.poll_transmit(now, &mut buf)?;
+            Some((t.destination, std::mem::take(&mut buf)))
+        })
+        .collect()
     };
     for (to, d) in out {
         if sock.send_to(&d, to).await.is_err() {

@@ -4,16 +4,21 @@
 //! and heal, a bounced node, exactly-once publish, requests spread by
 //! capacity, and the bounds on hostile input.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::packet::{Kind, Op};
 use super::*;
-use crate::router::Clusters;
+use crate::router::{Clusters, Router, Subject};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -103,10 +108,11 @@ impl Sim {
             let Some(m) = self.nodes[i].as_mut() else {
                 continue;
             };
-            m.flush();
             let mut out = Vec::new();
-            while let Some(t) = m.poll_transmit() {
-                out.push(t);
+            let mut buf = Vec::new();
+            while let Some(t) = m.poll_transmit(self.now, &mut buf) {
+                assert_eq!(t.size, buf.len());
+                out.push((t.destination, std::mem::take(&mut buf)));
             }
             let mut frames = Vec::new();
             while let Some(e) = m.poll_event() {
@@ -137,7 +143,12 @@ impl Sim {
         let end = self.now + d;
         self.pump();
         loop {
-            let timer = self.nodes.iter().flatten().map(|m| m.poll_timeout()).min();
+            let timer = self
+                .nodes
+                .iter()
+                .flatten()
+                .filter_map(|m| m.poll_timeout())
+                .min();
             let wire = self.wire.peek().map(|Reverse((t, _))| *t);
             let Some(t) = timer.into_iter().chain(wire).min() else {
                 self.now = end;
@@ -156,11 +167,11 @@ impl Sim {
                 self.wire.pop();
                 let (from, to, d) = self.flying.remove(&n).expect("in flight");
                 if let Some(m) = self.nodes[Sim::index(to)].as_mut() {
-                    m.handle_datagram(now, addr(from), &d);
+                    m.handle_datagram(now, addr(from), Bytes::from(d));
                 }
             }
             for m in self.nodes.iter_mut().flatten() {
-                if m.poll_timeout() <= now {
+                if m.poll_timeout().is_some_and(|t| t <= now) {
                     m.handle_timeout(now);
                 }
             }
@@ -376,6 +387,36 @@ fn frames_to_one_peer_share_datagrams() {
     assert_eq!((q.recv_frames, q.lost), (1000, 0));
 }
 
+/// A peer's data datagrams leave back to back even when frames to two
+/// peers were queued interleaved, so a driver can send each run as one
+/// segmented send.
+#[test]
+fn datagrams_to_one_peer_leave_back_to_back() {
+    let mut s = Sim::new(3, 16);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.run(Duration::from_secs(1));
+    let now = s.now;
+    let mut buf = Vec::new();
+    while s.node(0).poll_transmit(now, &mut buf).is_some() {}
+    let frame = [1u8; 600];
+    for _ in 0..10 {
+        for to in [1, 2] {
+            s.node(0).send_frame(now, addr(to), &frame).unwrap();
+        }
+    }
+    let mut dests = Vec::new();
+    while let Some(t) = s.node(0).poll_transmit(now, &mut buf) {
+        assert_eq!((t.size, t.alone), (buf.len(), false));
+        assert_eq!(buf[3], Kind::Data as u8);
+        dests.push(Sim::index(t.destination));
+    }
+    // Two 600-byte frames per 1400-byte datagram: five datagrams each.
+    assert_eq!(dests.len(), 10, "{dests:?}");
+    let changes = dests.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(changes, 1, "{dests:?}");
+}
+
 #[test]
 fn requests_spread_by_advertised_capacity() {
     let mut s = Sim::new(4, 7);
@@ -512,15 +553,21 @@ fn another_network_is_ignored_and_counted() {
         s.now,
         1,
     );
-    let hello = other.hello();
+    let mut hello = Vec::new();
+    other.hello(&mut hello);
     let now = s.now;
-    s.node(0).handle_datagram(now, addr(5), &hello);
+    s.node(0).handle_datagram(now, addr(5), hello.into());
     let mut d = Vec::new();
     packet::envelope(&mut d, Kind::Data, packet::net_hash("other"));
-    s.node(0).handle_datagram(now, addr(5), &d);
+    s.node(0).handle_datagram(now, addr(5), d.into());
     assert_eq!(s.node(0).stats().wrong_net, 2);
     assert_eq!(s.node(0).members().count(), 0);
-    assert_eq!(s.node(0).poll_transmit(), None, "no answer to a stranger");
+    let mut buf = Vec::new();
+    assert_eq!(
+        s.node(0).poll_transmit(now, &mut buf),
+        None,
+        "no answer to a stranger"
+    );
 }
 
 #[test]
@@ -539,7 +586,7 @@ fn hostile_peers_are_bounded_and_counted() {
     let mut d = Vec::new();
     packet::envelope(&mut d, Kind::Data, net);
     d.extend_from_slice(&0u64.to_le_bytes());
-    s.node(0).handle_datagram(now, addr(9), &d);
+    s.node(0).handle_datagram(now, addr(9), d.into());
     assert_eq!(s.node(0).stats().unknown_sender, 1);
     // A member floods interest: 20 deltas of 2 patterns, at one instant.
     let epoch = s.node(1).local.epoch;
@@ -554,14 +601,15 @@ fn hostile_peers_are_bounded_and_counted() {
             Op::Sub(format!("f.{k}.b"), String::new()),
         ];
         packet::put_ops(&mut d, ops.iter());
-        s.node(0).handle_datagram(now, addr(1), &d);
+        s.node(0).handle_datagram(now, addr(1), d.into());
     }
     let st = s.node(0).stats();
     assert!(st.rate_limited >= 14, "{st:?}");
     let held = s.node(0).peer_stats()[0].patterns;
     assert!(held <= 10, "held {held}");
     // Garbage from a member: counted, nothing else.
-    s.node(0).handle_datagram(now, addr(1), b"SM\x01\x02\0\0");
+    s.node(0)
+        .handle_datagram(now, addr(1), Bytes::from_static(b"SM\x01\x02\0\0"));
     assert!(s.node(0).stats().malformed >= 1);
 }
 
@@ -631,7 +679,7 @@ fn association_packets_travel_only_between_up_members() {
     let mut d = Vec::new();
     packet::envelope(&mut d, Kind::Assoc, net);
     d.extend_from_slice(b"forged");
-    s.node(1).handle_datagram(now, addr(0), &d);
+    s.node(1).handle_datagram(now, addr(0), d.into());
     assert_eq!(s.node(1).stats().unknown_sender, 1);
     assert!(s.node(1).poll_event().is_none());
 
@@ -664,7 +712,7 @@ fn association_packets_travel_only_between_up_members() {
     let before = s.node(1).stats().malformed;
     let mut d = Vec::new();
     packet::envelope(&mut d, Kind::Assoc, net);
-    s.node(1).handle_datagram(now, addr(0), &d);
+    s.node(1).handle_datagram(now, addr(0), d.into());
     assert_eq!(s.node(1).stats().malformed, before + 1);
     let big = vec![0u8; 65_000];
     assert!(matches!(
