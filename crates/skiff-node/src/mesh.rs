@@ -29,20 +29,23 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use skiff_proto::mesh::node_frame::{self, op, NodeFrame};
-use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
+use skiff_proto::mesh::{Mesh, MeshConfig, NodeId};
 use skiff_proto::stats::MeshView;
 use skiff_proto::Message;
-use tokio::net::UdpSocket;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use crate::broker::Broker;
+
+mod driver;
+
+pub(crate) use driver::start;
 
 /// The scouting multicast group and port.
 pub const SCOUT_GROUP: SocketAddr =
@@ -285,314 +288,6 @@ impl MeshLink {
     }
 }
 
-/// The address peers reach this node at: the bound one, or for a wildcard
-/// bind the local address of the route to the first seed (or to the
-/// scouting group), else loopback.
-fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> SocketAddr {
-    if !bound.ip().is_unspecified() {
-        return bound;
-    }
-    let probe = seeds.first().copied().unwrap_or(SCOUT_GROUP);
-    let ip = std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| {
-            s.connect(probe)?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .ok()
-        .filter(|ip| !ip.is_unspecified())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    SocketAddr::new(ip, bound.port())
-}
-
-fn resolve(seeds: &[String]) -> Vec<SocketAddr> {
-    use std::net::ToSocketAddrs;
-    seeds
-        .iter()
-        .filter_map(|s| s.to_socket_addrs().ok())
-        .flatten()
-        .filter(|a| a.is_ipv4())
-        .collect()
-}
-
-/// The MTU of the route to `peer` (`IP_MTU` on a connected socket), so
-/// that data datagrams fill whole IP packets and are never fragmented.
-fn path_mtu(peer: SocketAddr) -> Option<usize> {
-    use std::os::fd::AsRawFd;
-    let s = std::net::UdpSocket::bind(if peer.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    })
-    .ok()?;
-    s.connect(peer).ok()?;
-    let (level, name) = if peer.is_ipv4() {
-        (libc::IPPROTO_IP, libc::IP_MTU)
-    } else {
-        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
-    };
-    let mut mtu: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `s` is an open socket for the whole call; `mtu` and `len`
-    // are valid, writable and sized as the option requires (an int).
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            level,
-            name,
-            (&mut mtu as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && mtu > 0).then_some(mtu as usize)
-}
-
-/// Socket buffers asked for: a flow-control window of full datagrams
-/// from several peers at once must fit (the kernel caps it at
-/// `net.core.rmem_max`; `skiff stats --mesh` shows what was granted).
-const SOCKET_BUFFER: usize = 4 << 20;
-
-fn mesh_socket(bind: SocketAddr) -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let s = Socket::new(Domain::for_address(bind), Type::DGRAM, Some(Protocol::UDP))?;
-    // Best effort: a smaller buffer still works, with more drops counted.
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
-    s.bind(&bind.into())?;
-    s.set_nonblocking(true)?;
-    UdpSocket::from_std(s.into())
-}
-
-fn scout_socket() -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.bind(&SocketAddr::from(([0, 0, 0, 0], SCOUT_GROUP.port())).into())?;
-    let IpAddr::V4(g) = SCOUT_GROUP.ip() else {
-        unreachable!()
-    };
-    s.join_multicast_v4(&g, &Ipv4Addr::UNSPECIFIED)?;
-    s.set_multicast_loop_v4(true)?;
-    s.set_nonblocking(true)?;
-    UdpSocket::from_std(s.into())
-}
-
-/// Binds the mesh socket, joins the mesh and starts the driver task on the
-/// current runtime; the task ends when `stop` turns true (after leaving
-/// the mesh gracefully).
-pub(crate) async fn start(
-    settings: &MeshSettings,
-    broker: &Arc<Broker>,
-    mut stop: watch::Receiver<bool>,
-) -> std::io::Result<(Arc<MeshLink>, tokio::task::JoinHandle<()>)> {
-    let sock = mesh_socket(settings.bind)?;
-    let seeds = resolve(&settings.seeds);
-    let me = advertise(sock.local_addr()?, &seeds);
-    let config = MeshConfig {
-        net: settings.net.clone(),
-        max_members: settings.max_members,
-        max_interest: settings.max_interest,
-        interest_rate: settings.interest_rate,
-        max_datagram: settings.max_datagram,
-        ..MeshConfig::default()
-    };
-    let now = Instant::now();
-    let gen = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_millis() as u64);
-    let seed = gen ^ ((me.port() as u64) << 48) ^ std::process::id() as u64;
-    let mut core = Mesh::new(NodeId { addr: me, gen }, config, now, seed);
-    core.set_seeds(now, &seeds);
-    let link = Arc::new(MeshLink {
-        core: Mutex::new(core),
-        wake: Notify::new(),
-        room: Notify::new(),
-        counters: Counters::default(),
-        max_payload: broker.limits().max_payload,
-        tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
-            settings.max_datagram,
-            broker.limits().max_payload,
-            broker.limits().max_pending_bytes,
-        )),
-    });
-    broker.set_mesh(link.clone());
-    let scout = if settings.scout {
-        match scout_socket() {
-            Ok(s) => Some(s),
-            Err(_) => {
-                link.counters.scout_errors.fetch_add(1, Relaxed);
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let weak = Arc::downgrade(broker);
-    let l = link.clone();
-    let static_seeds = seeds;
-    let dns = settings.seeds_dns.clone();
-    let scouting = settings.scout;
-    // The node's own client for what other nodes publish: its counters
-    // show the mesh's traffic in `skiff stats`.
-    let mesh_client = broker
-        .attach(format!("mesh:{me}"))
-        .map_err(|f| std::io::Error::other(f.text))?;
-    let task = tokio::spawn(async move {
-        let started = Instant::now();
-        let mut next_hello = Instant::now();
-        let mut next_dns = Instant::now();
-        // Datagrams are received into `buf` and handed on as frozen
-        // slices: frames reach the broker with no copy.
-        let mut buf = bytes::BytesMut::new();
-        let mut sbuf = vec![0u8; 2048];
-        loop {
-            let now = Instant::now();
-            if scouting && now >= next_hello {
-                let mut hello = Vec::new();
-                l.core.lock().hello(&mut hello);
-                if sock.send_to(&hello, SCOUT_GROUP).await.is_err() {
-                    l.counters.scout_errors.fetch_add(1, Relaxed);
-                }
-                let every = if now - started < Duration::from_secs(10) {
-                    1
-                } else {
-                    5
-                };
-                next_hello = now + Duration::from_secs(every);
-            }
-            if let Some(name) = dns.as_ref().filter(|_| now >= next_dns) {
-                next_dns = now + Duration::from_secs(5);
-                match tokio::net::lookup_host(name.as_str()).await {
-                    Ok(addrs) => {
-                        let me = l.id().addr;
-                        let mut all: Vec<SocketAddr> = static_seeds.clone();
-                        all.extend(addrs.filter(|a| a.is_ipv4() && *a != me));
-                        l.core.lock().set_seeds(Instant::now(), &all);
-                    }
-                    Err(_) => {
-                        l.counters.dns_errors.fetch_add(1, Relaxed);
-                    }
-                }
-            }
-            let deadline = {
-                let m = l.core.lock();
-                let mut d = m.poll_timeout().unwrap_or(now + Duration::from_secs(1));
-                if scouting {
-                    d = d.min(next_hello);
-                }
-                if dns.is_some() {
-                    d = d.min(next_dns);
-                }
-                d
-            };
-            let deadline = crate::mesh_tunnel::deadline(&l, deadline);
-            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
-            tokio::select! {
-                r = async {
-                    buf.reserve(65_536);
-                    sock.recv_buf_from(&mut buf).await
-                } => {
-                    if let Ok((n, from)) = r {
-                        let mut m = l.core.lock();
-                        m.handle_datagram(Instant::now(), from, buf.split_to(n).freeze());
-                        // Whatever else is already queued, under the same lock.
-                        for _ in 0..64 {
-                            buf.reserve(65_536);
-                            match sock.try_recv_buf_from(&mut buf) {
-                                Ok((n, from)) => m.handle_datagram(
-                                    Instant::now(),
-                                    from,
-                                    buf.split_to(n).freeze(),
-                                ),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                }
-                r = async {
-                    match &scout {
-                        Some(s) => s.recv_from(&mut sbuf).await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    if let Ok((n, from)) = r {
-                        let d = Bytes::copy_from_slice(&sbuf[..n]);
-                        l.core.lock().handle_datagram(Instant::now(), from, d);
-                    }
-                }
-                _ = sleep => l.core.lock().handle_timeout(Instant::now()),
-                _ = l.wake.notified() => {}
-                _ = stop.changed() => {
-                    l.core.lock().leave(Instant::now());
-                    flush(&l, &sock).await;
-                    return;
-                }
-            }
-            let Some(broker) = weak.upgrade() else { return };
-            let mut events = Vec::new();
-            {
-                let mut m = l.core.lock();
-                while let Some(e) = m.poll_event() {
-                    events.push(e);
-                }
-            }
-            // Runs of publishes go to the broker as one batch (one lock
-            // and one match per run of the same subject, as for a client).
-            let mut batch: Vec<crate::broker::Published> = Vec::new();
-            for e in events {
-                match e {
-                    MeshEvent::Frames { from, frames } => {
-                        for frame in frames {
-                            if frame.first() == Some(&op::PUB) {
-                                batch.extend(published(&l, frame));
-                                continue;
-                            }
-                            if !batch.is_empty() {
-                                broker.publish_remote(&mesh_client, &mut batch).await;
-                            }
-                            l.handle_frame(&broker, from, frame);
-                        }
-                        continue;
-                    }
-                    _ if !batch.is_empty() => {
-                        broker.publish_remote(&mesh_client, &mut batch).await;
-                    }
-                    _ => {}
-                }
-                match e {
-                    MeshEvent::Frames { .. } => {}
-                    MeshEvent::Cluster {
-                        peer,
-                        cluster,
-                        capacity,
-                    } => broker.remote_cluster(peer, &cluster, capacity),
-                    MeshEvent::Down(id) => {
-                        broker.remote_down(id.addr);
-                        crate::mesh_tunnel::peer_down(&l, &broker, id.addr);
-                    }
-                    MeshEvent::Up(id) => {
-                        if let Some(mtu) = path_mtu(id.addr) {
-                            l.core.lock().set_path_mtu(id.addr, mtu);
-                        }
-                    }
-                    MeshEvent::Assoc { from, packet } => {
-                        l.tunnels.lock().handle_packet(Instant::now(), from, packet)
-                    }
-                }
-            }
-            if !batch.is_empty() {
-                broker.publish_remote(&mesh_client, &mut batch).await;
-            }
-            crate::mesh_tunnel::drive(&l, &broker);
-            drop(broker);
-            flush(&l, &sock).await;
-            l.room.notify_waiters();
-        }
-    });
-    Ok((link, task))
-}
-
 /// A publish frame as the broker's batch takes it, or `None` (counted) if
 /// the message does not decode.
 fn published(l: &MeshLink, frame: Bytes) -> Option<crate::broker::Published> {
@@ -601,25 +296,6 @@ fn published(l: &MeshLink, frame: Bytes) -> Option<crate::broker::Published> {
         Err(_) => {
             l.counters.bad_frames.fetch_add(1, Relaxed);
             None
-        }
-    }
-}
-
-/// Seals pending frames and sends every queued datagram.
-async fn flush(l: &MeshLink, sock: &UdpSocket) {
-    let out: Vec<(SocketAddr, Vec<u8>)> = {
-        let mut m = l.core.lock();
-        let mut buf = Vec::new();
-        let now = Instant::now();
-        std::iter::from_fn(|| {
-            let t = m.poll_transmit(now, &mut buf)?;
-            Some((t.destination, std::mem::take(&mut buf)))
-        })
-        .collect()
-    };
-    for (to, d) in out {
-        if sock.send_to(&d, to).await.is_err() {
-            l.counters.send_errors.fetch_add(1, Relaxed);
         }
     }
 }

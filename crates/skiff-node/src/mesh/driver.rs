@@ -1,0 +1,432 @@
+//! The task that drives the node's [`Mesh`]: the mesh socket (skiff's UDP
+//! driver: `recvmmsg` into a [`RecvBatch`], `sendmmsg` with GSO runs from a
+//! [`SendBatch`]), the scouting socket, DNS seeds and the deadlines.
+//!
+//! One turn of the loop: wait for datagrams, a deadline, the broker's wake
+//! or the stop signal; hand every datagram that arrived to the mesh under
+//! one lock; take the mesh's events to the broker and the tunnels; then
+//! send everything the mesh has to send in one batch (each peer's data
+//! datagrams back to back, so consecutive equal-size ones go as one
+//! segmented send).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use skiff::udp::{AsyncUdpSocket, RecvBatch, SendBatch, UdpConfig};
+use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
+use tokio::net::UdpSocket as TokioUdpSocket;
+use tokio::sync::{watch, Notify};
+
+use super::{Counters, MeshLink, MeshSettings, SCOUT_GROUP};
+use crate::broker::Broker;
+use crate::outbox::ClientOut;
+
+/// Socket buffers asked for: a flow-control window of full datagrams
+/// from several peers at once must fit (the kernel caps it at
+/// `net.core.rmem_max`; `skiff stats --mesh` shows what was granted).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Buffers taken per receive call. Each holds a datagram or a GRO run;
+/// frames handed on keep the batch's arena (this many × 64 KiB) alive, so
+/// it stays small.
+const RECV_SLOTS: usize = 16;
+
+/// Receive calls per turn at most, so that sending and the broker get
+/// their turn under a flood.
+const RECV_CALLS: usize = 4;
+
+/// Binds the mesh socket, joins the mesh and starts the driver task on the
+/// current runtime; the task ends when `stop` turns true (after leaving
+/// the mesh gracefully).
+pub(crate) async fn start(
+    settings: &MeshSettings,
+    broker: &Arc<Broker>,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<(Arc<MeshLink>, tokio::task::JoinHandle<()>)> {
+    let sock = AsyncUdpSocket::bind(
+        settings.bind,
+        &UdpConfig {
+            send_buffer: Some(SOCKET_BUFFER),
+            recv_buffer: Some(SOCKET_BUFFER),
+            ..UdpConfig::default()
+        },
+    )?;
+    let seeds = resolve(&settings.seeds);
+    let me = advertise(sock.socket().local_addr()?, &seeds);
+    let config = MeshConfig {
+        net: settings.net.clone(),
+        max_members: settings.max_members,
+        max_interest: settings.max_interest,
+        interest_rate: settings.interest_rate,
+        max_datagram: settings.max_datagram,
+        ..MeshConfig::default()
+    };
+    let now = Instant::now();
+    let gen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64);
+    let seed = gen ^ ((me.port() as u64) << 48) ^ std::process::id() as u64;
+    let mut core = Mesh::new(NodeId { addr: me, gen }, config, now, seed);
+    core.set_seeds(now, &seeds);
+    let link = Arc::new(MeshLink {
+        core: Mutex::new(core),
+        wake: Notify::new(),
+        room: Notify::new(),
+        counters: Counters::default(),
+        max_payload: broker.limits().max_payload,
+        tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
+            settings.max_datagram,
+            broker.limits().max_payload,
+            broker.limits().max_pending_bytes,
+        )),
+    });
+    broker.set_mesh(link.clone());
+    let scout = if settings.scout {
+        match scout_socket() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                link.counters.scout_errors.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // The node's own client for what other nodes publish: its counters
+    // show the mesh's traffic in `skiff stats`.
+    let mesh_client = broker
+        .attach(format!("mesh:{me}"))
+        .map_err(|f| std::io::Error::other(f.text))?;
+    let now = Instant::now();
+    let driver = Driver {
+        link: link.clone(),
+        broker: Arc::downgrade(broker),
+        mesh_client,
+        sock,
+        scout,
+        scouting: settings.scout,
+        static_seeds: seeds,
+        dns: settings.seeds_dns.clone(),
+        started: now,
+        next_hello: now,
+        next_dns: now,
+        recv: RecvBatch::new(RECV_SLOTS, 65_536),
+        send: SendBatch::new(),
+        scratch: Vec::new(),
+        scout_buf: vec![0u8; 2048],
+    };
+    let task = tokio::spawn(driver.run(stop));
+    Ok((link, task))
+}
+
+/// The driver task's state.
+struct Driver {
+    link: Arc<MeshLink>,
+    broker: Weak<Broker>,
+    mesh_client: Arc<ClientOut>,
+    sock: AsyncUdpSocket,
+    scout: Option<TokioUdpSocket>,
+    scouting: bool,
+    static_seeds: Vec<SocketAddr>,
+    dns: Option<String>,
+    started: Instant,
+    next_hello: Instant,
+    next_dns: Instant,
+    /// Datagrams are received into its arena and handed on as slices of
+    /// it: frames reach the broker with no copy.
+    recv: RecvBatch,
+    send: SendBatch,
+    /// Each datagram from `poll_transmit`, on its way into `send`.
+    scratch: Vec<u8>,
+    scout_buf: Vec<u8>,
+}
+
+impl Driver {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let l = self.link.clone();
+        loop {
+            let now = Instant::now();
+            if self.scouting && now >= self.next_hello {
+                self.hello(now).await;
+            }
+            if let Some(name) = self.dns.as_ref().filter(|_| now >= self.next_dns) {
+                self.next_dns = now + Duration::from_secs(5);
+                match tokio::net::lookup_host(name.as_str()).await {
+                    Ok(addrs) => {
+                        let me = l.id().addr;
+                        let mut all: Vec<SocketAddr> = self.static_seeds.clone();
+                        all.extend(addrs.filter(|a| a.is_ipv4() && *a != me));
+                        l.core.lock().set_seeds(Instant::now(), &all);
+                    }
+                    Err(_) => {
+                        l.counters.dns_errors.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            let deadline = self.deadline(now);
+            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+            tokio::select! {
+                r = self.sock.recv(&mut self.recv) => {
+                    if r.is_ok() {
+                        self.take_received();
+                    }
+                }
+                r = async {
+                    match &self.scout {
+                        Some(s) => s.recv_from(&mut self.scout_buf).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Ok((n, from)) = r {
+                        let d = Bytes::copy_from_slice(&self.scout_buf[..n]);
+                        l.core.lock().handle_datagram(Instant::now(), from, d);
+                    }
+                }
+                _ = sleep => l.core.lock().handle_timeout(Instant::now()),
+                _ = l.wake.notified() => {}
+                _ = stop.changed() => {
+                    l.core.lock().leave(Instant::now());
+                    self.transmit().await;
+                    return;
+                }
+            }
+            let Some(broker) = self.broker.upgrade() else {
+                return;
+            };
+            self.events(&broker).await;
+            crate::mesh_tunnel::drive(&l, &broker);
+            drop(broker);
+            self.transmit().await;
+            l.room.notify_waiters();
+        }
+    }
+
+    /// The earliest of the mesh's, the tunnels', the scouting and the DNS
+    /// deadlines.
+    fn deadline(&self, now: Instant) -> Instant {
+        let mut d = self
+            .link
+            .core
+            .lock()
+            .poll_timeout()
+            .unwrap_or(now + Duration::from_secs(1));
+        if self.scouting {
+            d = d.min(self.next_hello);
+        }
+        if self.dns.is_some() {
+            d = d.min(self.next_dns);
+        }
+        crate::mesh_tunnel::deadline(&self.link, d)
+    }
+
+    /// Sends a scouting hello to the multicast group (each second for ten
+    /// seconds, then every five).
+    async fn hello(&mut self, now: Instant) {
+        self.link.core.lock().hello(&mut self.scratch);
+        let mut one = SendBatch::new();
+        one.push(SCOUT_GROUP, &self.scratch);
+        match self.sock.send_batch(&mut one).await {
+            Ok(s) if s.refused == 0 => {}
+            _ => {
+                self.link.counters.scout_errors.fetch_add(1, Relaxed);
+            }
+        }
+        let every = if now - self.started < Duration::from_secs(10) {
+            1
+        } else {
+            5
+        };
+        self.next_hello = now + Duration::from_secs(every);
+    }
+
+    /// Hands what the last receive took, and whatever else is already
+    /// queued on the socket, to the mesh under one lock.
+    fn take_received(&mut self) {
+        let mut m = self.link.core.lock();
+        let now = Instant::now();
+        for _ in 0..RECV_CALLS {
+            for r in self.recv.drain() {
+                let from = r.from;
+                for d in r.into_datagrams() {
+                    m.handle_datagram(now, from, d);
+                }
+            }
+            if self.sock.socket().recv(&mut self.recv).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Takes the mesh's events to the broker and the tunnels.
+    async fn events(&mut self, broker: &Broker) {
+        let l = &*self.link;
+        let mut events = Vec::new();
+        {
+            let mut m = l.core.lock();
+            while let Some(e) = m.poll_event() {
+                events.push(e);
+            }
+        }
+        // Runs of publishes go to the broker as one batch (one lock
+        // and one match per run of the same subject, as for a client).
+        let mut batch: Vec<crate::broker::Published> = Vec::new();
+        for e in events {
+            match e {
+                MeshEvent::Frames { from, frames } => {
+                    for frame in frames {
+                        if frame.first() == Some(&super::op::PUB) {
+                            batch.extend(super::published(l, frame));
+                            continue;
+                        }
+                        if !batch.is_empty() {
+                            broker.publish_remote(&self.mesh_client, &mut batch).await;
+                        }
+                        l.handle_frame(broker, from, frame);
+                    }
+                    continue;
+                }
+                _ if !batch.is_empty() => {
+                    broker.publish_remote(&self.mesh_client, &mut batch).await;
+                }
+                _ => {}
+            }
+            match e {
+                MeshEvent::Frames { .. } => {}
+                MeshEvent::Cluster {
+                    peer,
+                    cluster,
+                    capacity,
+                } => broker.remote_cluster(peer, &cluster, capacity),
+                MeshEvent::Down(id) => {
+                    broker.remote_down(id.addr);
+                    crate::mesh_tunnel::peer_down(l, broker, id.addr);
+                }
+                MeshEvent::Up(id) => {
+                    if let Some(mtu) = path_mtu(id.addr) {
+                        l.core.lock().set_path_mtu(id.addr, mtu);
+                    }
+                }
+                MeshEvent::Assoc { from, packet } => {
+                    l.tunnels.lock().handle_packet(Instant::now(), from, packet)
+                }
+            }
+        }
+        if !batch.is_empty() {
+            broker.publish_remote(&self.mesh_client, &mut batch).await;
+        }
+    }
+
+    /// Sends every datagram the mesh has, in as few system calls as the
+    /// socket allows.
+    async fn transmit(&mut self) {
+        {
+            let mut m = self.link.core.lock();
+            let now = Instant::now();
+            while let Some(t) = m.poll_transmit(now, &mut self.scratch) {
+                if t.alone {
+                    self.send.push_alone(t.destination, &self.scratch);
+                } else {
+                    self.send.push(t.destination, &self.scratch);
+                }
+            }
+        }
+        if self.send.is_empty() {
+            return;
+        }
+        let errors = match self.sock.send_batch(&mut self.send).await {
+            Ok(sent) => sent.refused,
+            Err(_) => {
+                let n = self.send.len();
+                self.send.clear();
+                n
+            }
+        };
+        if errors > 0 {
+            self.link
+                .counters
+                .send_errors
+                .fetch_add(errors as u64, Relaxed);
+        }
+    }
+}
+
+/// The address peers reach this node at: the bound one, or for a wildcard
+/// bind the local address of the route to the first seed (or to the
+/// scouting group), else loopback.
+fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> SocketAddr {
+    if !bound.ip().is_unspecified() {
+        return bound;
+    }
+    let probe = seeds.first().copied().unwrap_or(SCOUT_GROUP);
+    let ip = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect(probe)?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    SocketAddr::new(ip, bound.port())
+}
+
+fn resolve(seeds: &[String]) -> Vec<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    seeds
+        .iter()
+        .filter_map(|s| s.to_socket_addrs().ok())
+        .flatten()
+        .filter(|a| a.is_ipv4())
+        .collect()
+}
+
+/// The MTU of the route to `peer` (`IP_MTU` on a connected socket), so
+/// that data datagrams fill whole IP packets and are never fragmented.
+fn path_mtu(peer: SocketAddr) -> Option<usize> {
+    use std::os::fd::AsRawFd;
+    let s = std::net::UdpSocket::bind(if peer.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .ok()?;
+    s.connect(peer).ok()?;
+    let (level, name) = if peer.is_ipv4() {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    };
+    let mut mtu: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `s` is an open socket for the whole call; `mtu` and `len`
+    // are valid, writable and sized as the option requires (an int).
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&mut mtu as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && mtu > 0).then_some(mtu as usize)
+}
+
+fn scout_socket() -> std::io::Result<TokioUdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.bind(&SocketAddr::from(([0, 0, 0, 0], SCOUT_GROUP.port())).into())?;
+    let IpAddr::V4(g) = SCOUT_GROUP.ip() else {
+        unreachable!()
+    };
+    s.join_multicast_v4(&g, &Ipv4Addr::UNSPECIFIED)?;
+    s.set_multicast_loop_v4(true)?;
+    s.set_nonblocking(true)?;
+    TokioUdpSocket::from_std(s.into())
+}
