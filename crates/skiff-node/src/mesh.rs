@@ -1,5 +1,6 @@
-//! The node's side of the mesh (Iris): a UDP socket, the sans-I/O
-//! [`skiff_proto::mesh::Mesh`] behind a lock, and one task that drives it.
+//! The node's side of the mesh (Iris): a UDP socket (skiff's batched
+//! driver), the sans-I/O [`skiff_proto::mesh::Mesh`] behind a lock, and
+//! one task that drives it.
 //!
 //! - **Discovery**: multicast scouting (a hello on [`SCOUT_GROUP`] each
 //!   second for ten seconds, then every five), a seed list, and a DNS name
@@ -23,13 +24,18 @@
 //! Tunnels to members on other nodes travel over associations between the
 //! nodes instead (reliable and ordered): see [`crate::mesh_tunnel`].
 //!
+//! Calls go one way: the broker commands the mesh through [`MeshLink`]
+//! (interest, publishes, requests, replies, broadcasts), and the mesh
+//! hands what other nodes send back through [`Inbound`], which the broker
+//! implements; this module names no broker type. The driver task is in
+//! `mesh/driver.rs`.
+//!
 //! The broker calls in with its routing lock held (routing lock, then the
 //! mesh lock: never the other way round); the task takes the mesh lock
-//! alone, drains what arrived, and calls the broker with no lock held.
+//! alone, drains what arrived, and calls [`Inbound`] with no lock held.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -41,11 +47,11 @@ use skiff_proto::stats::MeshView;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 
-use crate::broker::Broker;
-
 mod driver;
+mod inbound;
 
 pub(crate) use driver::start;
+pub use inbound::Inbound;
 
 /// The scouting multicast group and port.
 pub const SCOUT_GROUP: SocketAddr =
@@ -259,13 +265,13 @@ impl MeshLink {
     }
 
     /// Decodes a frame from `from` and hands it to the broker.
-    fn handle_frame(&self, broker: &Broker, from: SocketAddr, frame: Bytes) {
+    fn handle_frame(&self, broker: &impl Inbound, from: SocketAddr, frame: Bytes) {
         if self.try_frame(broker, from, &frame).is_err() {
             self.counters.bad_frames.fetch_add(1, Relaxed);
         }
     }
 
-    fn try_frame(&self, broker: &Broker, from: SocketAddr, frame: &Bytes) -> Result<(), ()> {
+    fn try_frame(&self, broker: &impl Inbound, from: SocketAddr, frame: &Bytes) -> Result<(), ()> {
         match NodeFrame::decode(frame, self.max_payload).map_err(drop)? {
             NodeFrame::Pub { msg } => {
                 // Normally batched by the task (see `published`); a lone
@@ -287,19 +293,3 @@ impl MeshLink {
         Ok(())
     }
 }
-
-/// A publish frame as the broker's batch takes it, or `None` (counted) if
-/// the message does not decode.
-fn published(l: &MeshLink, frame: Bytes) -> Option<crate::broker::Published> {
-    match crate::broker::Published::from_frame(frame, l.max_payload) {
-        Ok(p) => Some(p),
-        Err(_) => {
-            l.counters.bad_frames.fetch_add(1, Relaxed);
-            None
-        }
-    }
-}
-
-/// A weak handle, for tests that need the broker gone.
-#[allow(dead_code)]
-pub(crate) type WeakBroker = Weak<Broker>;

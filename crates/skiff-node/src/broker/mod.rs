@@ -33,6 +33,7 @@ use crate::mesh::MeshLink;
 use crate::outbox::{cost, ClientOut};
 
 mod cluster;
+mod inbound;
 mod pubsub;
 mod request;
 mod stats;

@@ -21,8 +21,7 @@ use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
 use tokio::net::UdpSocket as TokioUdpSocket;
 use tokio::sync::{watch, Notify};
 
-use super::{Counters, MeshLink, MeshSettings, SCOUT_GROUP};
-use crate::broker::Broker;
+use super::{op, Counters, Inbound, MeshLink, MeshSettings, SCOUT_GROUP};
 use crate::outbox::ClientOut;
 
 /// Socket buffers asked for: a flow-control window of full datagrams
@@ -42,9 +41,9 @@ const RECV_CALLS: usize = 4;
 /// Binds the mesh socket, joins the mesh and starts the driver task on the
 /// current runtime; the task ends when `stop` turns true (after leaving
 /// the mesh gracefully).
-pub(crate) async fn start(
+pub(crate) async fn start<L: Inbound>(
     settings: &MeshSettings,
-    broker: &Arc<Broker>,
+    broker: &Arc<L>,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<(Arc<MeshLink>, tokio::task::JoinHandle<()>)> {
     let sock = AsyncUdpSocket::bind(
@@ -98,9 +97,7 @@ pub(crate) async fn start(
     };
     // The node's own client for what other nodes publish: its counters
     // show the mesh's traffic in `skiff stats`.
-    let mesh_client = broker
-        .attach(format!("mesh:{me}"))
-        .map_err(|f| std::io::Error::other(f.text))?;
+    let mesh_client = broker.attach_mesh_client(format!("mesh:{me}"))?;
     let now = Instant::now();
     let driver = Driver {
         link: link.clone(),
@@ -117,6 +114,8 @@ pub(crate) async fn start(
         recv: RecvBatch::new(RECV_SLOTS, 65_536),
         send: SendBatch::new(),
         scratch: Vec::new(),
+        pubs: Vec::new(),
+        events: Vec::new(),
         scout_buf: vec![0u8; 2048],
     };
     let task = tokio::spawn(driver.run(stop));
@@ -124,9 +123,9 @@ pub(crate) async fn start(
 }
 
 /// The driver task's state.
-struct Driver {
+struct Driver<L> {
     link: Arc<MeshLink>,
-    broker: Weak<Broker>,
+    broker: Weak<L>,
     mesh_client: Arc<ClientOut>,
     sock: AsyncUdpSocket,
     scout: Option<TokioUdpSocket>,
@@ -142,10 +141,14 @@ struct Driver {
     send: SendBatch,
     /// Each datagram from `poll_transmit`, on its way into `send`.
     scratch: Vec<u8>,
+    /// A run of publish frames on its way to the broker.
+    pubs: Vec<Bytes>,
+    /// The mesh's events of one turn (kept for its allocation).
+    events: Vec<MeshEvent>,
     scout_buf: Vec<u8>,
 }
 
-impl Driver {
+impl<L: Inbound> Driver<L> {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let l = self.link.clone();
         loop {
@@ -197,8 +200,8 @@ impl Driver {
             let Some(broker) = self.broker.upgrade() else {
                 return;
             };
-            self.events(&broker).await;
-            crate::mesh_tunnel::drive(&l, &broker);
+            self.events(&*broker).await;
+            broker.drive_tunnels();
             drop(broker);
             self.transmit().await;
             l.room.notify_waiters();
@@ -262,9 +265,10 @@ impl Driver {
     }
 
     /// Takes the mesh's events to the broker and the tunnels.
-    async fn events(&mut self, broker: &Broker) {
-        let l = &*self.link;
-        let mut events = Vec::new();
+    async fn events(&mut self, broker: &L) {
+        let link = self.link.clone();
+        let l = &*link;
+        let mut events = std::mem::take(&mut self.events);
         {
             let mut m = l.core.lock();
             while let Some(e) = m.poll_event() {
@@ -273,26 +277,20 @@ impl Driver {
         }
         // Runs of publishes go to the broker as one batch (one lock
         // and one match per run of the same subject, as for a client).
-        let mut batch: Vec<crate::broker::Published> = Vec::new();
-        for e in events {
+        for e in events.drain(..) {
             match e {
                 MeshEvent::Frames { from, frames } => {
                     for frame in frames {
-                        if frame.first() == Some(&super::op::PUB) {
-                            batch.extend(super::published(l, frame));
+                        if frame.first() == Some(&op::PUB) {
+                            self.pubs.push(frame);
                             continue;
                         }
-                        if !batch.is_empty() {
-                            broker.publish_remote(&self.mesh_client, &mut batch).await;
-                        }
+                        self.publish_run(broker).await;
                         l.handle_frame(broker, from, frame);
                     }
                     continue;
                 }
-                _ if !batch.is_empty() => {
-                    broker.publish_remote(&self.mesh_client, &mut batch).await;
-                }
-                _ => {}
+                _ => self.publish_run(broker).await,
             }
             match e {
                 MeshEvent::Frames { .. } => {}
@@ -301,10 +299,7 @@ impl Driver {
                     cluster,
                     capacity,
                 } => broker.remote_cluster(peer, &cluster, capacity),
-                MeshEvent::Down(id) => {
-                    broker.remote_down(id.addr);
-                    crate::mesh_tunnel::peer_down(l, broker, id.addr);
-                }
+                MeshEvent::Down(id) => broker.remote_down(id.addr),
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
                         l.core.lock().set_path_mtu(id.addr, mtu);
@@ -315,8 +310,21 @@ impl Driver {
                 }
             }
         }
-        if !batch.is_empty() {
-            broker.publish_remote(&self.mesh_client, &mut batch).await;
+        self.publish_run(broker).await;
+        self.events = events;
+    }
+
+    /// Hands the run of publishes collected so far to the broker.
+    async fn publish_run(&mut self, broker: &L) {
+        if self.pubs.is_empty() {
+            return;
+        }
+        let bad = broker
+            .publish_remote(&self.mesh_client, &mut self.pubs)
+            .await;
+        self.pubs.clear();
+        if bad > 0 {
+            self.link.counters.bad_frames.fetch_add(bad as u64, Relaxed);
         }
     }
 

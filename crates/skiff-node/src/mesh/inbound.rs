@@ -1,0 +1,79 @@
+//! The one seam through which the mesh reaches the rest of the node:
+//! [`Inbound`], what arrives from other nodes. The broker implements it;
+//! the mesh names no broker type. The other direction (the broker's
+//! commands: interest, publishes, requests, replies, broadcasts) is
+//! [`MeshLink`]'s methods, so calls go broker → mesh, and the mesh reports
+//! back only through this trait.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use skiff_proto::Message;
+
+use super::MeshLink;
+use crate::config::Limits;
+use crate::outbox::ClientOut;
+
+/// What the mesh hands to this node (implemented by the broker).
+pub trait Inbound: Send + Sync + 'static {
+    /// The node's limits (payload size, pending bytes) the mesh checks
+    /// frames and sizes tunnels by.
+    fn limits(&self) -> &Limits;
+
+    /// Takes the mesh's command side once it is up: from now on local
+    /// interest and traffic to other nodes go through `link`.
+    fn set_mesh(&self, link: Arc<MeshLink>);
+
+    /// Attaches the client that what other nodes publish is counted to
+    /// (its counters show the mesh's traffic in `skiff stats`).
+    fn attach_mesh_client(&self, name: String) -> std::io::Result<Arc<ClientOut>>;
+
+    /// A run of publish frames from other nodes (each its op byte, then
+    /// the message's encoding), in order, for local subscribers; `frames`
+    /// is left empty. Returns how many did not decode (the mesh counts
+    /// them). It may wait: a full `block` subscription holds the mesh,
+    /// which holds the publishing nodes through flow control.
+    fn publish_remote(
+        &self,
+        client: &Arc<ClientOut>,
+        frames: &mut Vec<Bytes>,
+    ) -> impl Future<Output = usize> + Send;
+
+    /// One message published on another node (`raw`: its encoding).
+    fn deliver_remote(&self, msg: &Message, raw: &Bytes);
+
+    /// A request forwarded by the node at `from` (`origin`: its token
+    /// there, for the reply and the done report).
+    #[allow(clippy::too_many_arguments)]
+    fn remote_request(
+        &self,
+        from: SocketAddr,
+        origin: u64,
+        flags: u8,
+        max: u32,
+        target: String,
+        key: Bytes,
+        msg: Message,
+    );
+
+    /// A reply to a request this node forwarded (`token`: this node's).
+    fn remote_reply(&self, token: u64, msg: Message);
+
+    /// The node a request went to reached `reached` responders.
+    fn remote_done(&self, token: u64, reached: u32);
+
+    /// A broadcast to the members of `cluster` on this node.
+    fn deliver_broadcast(&self, cluster: &str, msg: Message);
+
+    /// A peer's advertised capacity in `cluster` changed (0: none).
+    fn remote_cluster(&self, peer: SocketAddr, cluster: &str, capacity: u32);
+
+    /// A peer went down: its cluster members and tunnels are gone.
+    fn remote_down(&self, peer: SocketAddr);
+
+    /// Runs the tunnels between nodes (their timers and what arrived for
+    /// them) and hands their frames on.
+    fn drive_tunnels(&self);
+}
