@@ -251,14 +251,15 @@ impl<L: Inbound> Driver<L> {
     fn take_received(&mut self) {
         let mut m = self.link.core.lock();
         let now = Instant::now();
-        for _ in 0..RECV_CALLS {
+        for call in 1..=RECV_CALLS {
             for r in self.recv.drain() {
                 let from = r.from;
                 for d in r.into_datagrams() {
                     m.handle_datagram(now, from, d);
                 }
             }
-            if self.sock.socket().recv(&mut self.recv).is_err() {
+            // Another receive only if this turn will hand it on.
+            if call == RECV_CALLS || self.sock.socket().recv(&mut self.recv).is_err() {
                 break;
             }
         }
