@@ -174,8 +174,8 @@ impl<L: Inbound> Driver<L> {
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
             tokio::select! {
                 r = self.sock.recv(&mut self.recv) => {
-                    if r.is_ok() {
-                        self.take_received();
+                    if let Ok(n) = r {
+                        self.take_received(n);
                     }
                 }
                 r = async {
@@ -246,9 +246,9 @@ impl<L: Inbound> Driver<L> {
         self.next_hello = now + Duration::from_secs(every);
     }
 
-    /// Hands what the last receive took, and whatever else is already
-    /// queued on the socket, to the mesh under one lock.
-    fn take_received(&mut self) {
+    /// Hands what the last receive took (`n` buffers), and whatever else
+    /// is already queued on the socket, to the mesh under one lock.
+    fn take_received(&mut self, mut n: usize) {
         let mut m = self.link.core.lock();
         let now = Instant::now();
         for call in 1..=RECV_CALLS {
@@ -258,9 +258,14 @@ impl<L: Inbound> Driver<L> {
                     m.handle_datagram(now, from, d);
                 }
             }
-            // Another receive only if this turn will hand it on.
-            if call == RECV_CALLS || self.sock.socket().recv(&mut self.recv).is_err() {
+            // Another receive only if the last one filled every slot (the
+            // socket may hold more) and this turn will hand it on.
+            if n < RECV_SLOTS || call == RECV_CALLS {
                 break;
+            }
+            match self.sock.socket().recv(&mut self.recv) {
+                Ok(k) => n = k,
+                Err(_) => break,
             }
         }
     }
