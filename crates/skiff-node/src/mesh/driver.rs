@@ -29,14 +29,16 @@ use crate::outbox::ClientOut;
 /// `net.core.rmem_max`; `skiff stats --mesh` shows what was granted).
 const SOCKET_BUFFER: usize = 4 << 20;
 
-/// Buffers taken per receive call. Each holds a datagram or a GRO run;
-/// frames handed on keep the batch's arena (this many × 64 KiB) alive, so
-/// it stays small.
-const RECV_SLOTS: usize = 16;
+/// Buffers taken per receive call. Each holds a datagram or a GRO run
+/// (up to 64 KiB, the largest a loopback peer sends). Frames handed on
+/// keep their batch's arena (this many × 64 KiB) alive, and a new arena is
+/// zeroed while the broker still holds the last one, so it stays small.
+const RECV_SLOTS: usize = 8;
 
-/// Receive calls per turn at most, so that sending and the broker get
-/// their turn under a flood.
-const RECV_CALLS: usize = 4;
+/// Receive calls per turn at most (so up to 64 buffers, as many datagrams
+/// as one turn took before receives were batched), so that sending and
+/// the broker get their turn under a flood.
+const RECV_CALLS: usize = 8;
 
 /// Binds the mesh socket, joins the mesh and starts the driver task on the
 /// current runtime; the task ends when `stop` turns true (after leaving
