@@ -409,7 +409,10 @@ impl Tunnels {
     fn transmit(&mut self, now: Instant, core: &mut Mesh) {
         let mut buf = std::mem::take(&mut self.buf);
         while let Some(t) = self.assocs.poll_transmit(now, &mut buf) {
-            if core.send_assoc(now, t.destination, &buf[..t.size]).is_err() {
+            if core
+                .send_assoc(now, t.destination, &buf[..t.size], t.alone)
+                .is_err()
+            {
                 self.stats.send_refused += 1;
             }
         }

@@ -201,14 +201,17 @@ impl Mesh {
     }
 
     /// Queues one association packet for the up member at `to`, in a
-    /// datagram of its own (never in a segmented run with others: a
-    /// repeated packet must not share the fate of the first). Refuses (and
-    /// counts) a packet too large for a datagram, or a peer that is not up.
+    /// datagram of its own; with `alone` (the association's
+    /// [`Transmit::alone`](crate::association::Transmit::alone): a repeat
+    /// that must not share the fate of the first) never in a segmented run
+    /// with its neighbours. Refuses (and counts) a packet too large for a
+    /// datagram, or a peer that is not up.
     pub fn send_assoc(
         &mut self,
         now: Instant,
         to: SocketAddr,
         packet: &[u8],
+        alone: bool,
     ) -> Result<(), FrameError> {
         self.now = self.now.max(now);
         let max = MAX_DATAGRAM - packet::ENVELOPE;
@@ -227,7 +230,11 @@ impl Mesh {
         d.extend_from_slice(packet);
         p.stats.sent_datagrams += 1;
         p.stats.sent_bytes += d.len() as u64;
-        self.out.push_alone(to, d);
+        if alone {
+            self.out.push_alone(to, d);
+        } else {
+            self.out.push(to, d);
+        }
         Ok(())
     }
 

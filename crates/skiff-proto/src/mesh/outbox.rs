@@ -25,8 +25,8 @@ pub struct Transmit {
     /// Its length (the buffer's whole length).
     pub size: usize,
     /// Send it in a packet of its own, never in a segmented run with its
-    /// neighbours (an association packet, which may be the repeat of one
-    /// just before it and must not share its fate).
+    /// neighbours (an association packet that is the repeat of one just
+    /// before it and must not share its fate).
     pub alone: bool,
 }
 

@@ -673,7 +673,7 @@ fn association_packets_travel_only_between_up_members() {
     let net = packet::net_hash("skiff");
     // Before joining: nothing goes out, nothing comes in.
     assert_eq!(
-        s.node(0).send_assoc(now, addr(1), b"x"),
+        s.node(0).send_assoc(now, addr(1), b"x", false),
         Err(FrameError::NotUp(addr(1)))
     );
     let mut d = Vec::new();
@@ -689,7 +689,9 @@ fn association_packets_travel_only_between_up_members() {
     let now = s.now;
     // Many at one instant: packets are not rate-limited like interest.
     for k in 0..50u8 {
-        s.node(0).send_assoc(now, addr(1), &[k; 100]).unwrap();
+        s.node(0)
+            .send_assoc(now, addr(1), &[k; 100], k % 2 == 0)
+            .unwrap();
     }
     s.run(10 * MS);
     let got: Vec<Bytes> = s.events[1]
@@ -716,8 +718,35 @@ fn association_packets_travel_only_between_up_members() {
     assert_eq!(s.node(1).stats().malformed, before + 1);
     let big = vec![0u8; 65_000];
     assert!(matches!(
-        s.node(0).send_assoc(now, addr(1), &big),
+        s.node(0).send_assoc(now, addr(1), &big, false),
         Err(FrameError::TooLarge { .. })
     ));
     assert_eq!(s.node(0).stats().frames_too_large, 1);
+}
+
+/// An association packet the association marked `alone` (a repeat) comes
+/// out marked so, and the others not, so a driver keeps only those out
+/// of segmented runs.
+#[test]
+fn association_packets_keep_their_alone_mark() {
+    let mut s = Sim::new(2, 22);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.run(Duration::from_secs(1));
+    let now = s.now;
+    let mut buf = Vec::new();
+    while s.node(0).poll_transmit(now, &mut buf).is_some() {}
+    for k in 0..6u8 {
+        s.node(0)
+            .send_assoc(now, addr(1), &[k; 10], k >= 4)
+            .unwrap();
+    }
+    let mut marks = Vec::new();
+    while let Some(t) = s.node(0).poll_transmit(now, &mut buf) {
+        if buf[3] == Kind::Assoc as u8 {
+            marks.push((buf[packet::ENVELOPE], t.alone));
+        }
+    }
+    let want: Vec<(u8, bool)> = (0..6).map(|k| (k, k >= 4)).collect();
+    assert_eq!(marks, want);
 }
