@@ -51,7 +51,7 @@ mod driver;
 mod inbound;
 
 pub(crate) use driver::start;
-pub use inbound::Inbound;
+pub(crate) use inbound::Inbound;
 
 /// The scouting multicast group and port.
 pub const SCOUT_GROUP: SocketAddr =

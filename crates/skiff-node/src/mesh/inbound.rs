@@ -17,7 +17,7 @@ use crate::config::Limits;
 use crate::outbox::ClientOut;
 
 /// What the mesh hands to this node (implemented by the broker).
-pub trait Inbound: Send + Sync + 'static {
+pub(crate) trait Inbound: Send + Sync + 'static {
     /// The node's limits (payload size, pending bytes) the mesh checks
     /// frames and sizes tunnels by.
     fn limits(&self) -> &Limits;
