@@ -26,13 +26,13 @@
 //!
 //! Calls go one way: the broker commands the mesh through [`MeshLink`]
 //! (interest, publishes, requests, replies, broadcasts), and the mesh
-//! hands what other nodes send back through [`Inbound`], which the broker
-//! implements; this module names no broker type. The driver task is in
-//! `mesh/driver.rs`.
+//! hands what other nodes send back through the trait `Inbound`
+//! (`mesh/inbound.rs`), which the broker implements; this module names no
+//! broker type. The driver task is in `mesh/driver.rs`.
 //!
 //! The broker calls in with its routing lock held (routing lock, then the
 //! mesh lock: never the other way round); the task takes the mesh lock
-//! alone, drains what arrived, and calls [`Inbound`] with no lock held.
+//! alone, drains what arrived, and calls `Inbound` with no lock held.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
