@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff::udp::{AsyncUdpSocket, RecvBatch, SendBatch, UdpConfig};
+use skiff_proto::mesh::node_frame::op;
 use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
 use tokio::net::UdpSocket as TokioUdpSocket;
 use tokio::sync::{watch, Notify};
 
-use super::{op, Counters, Inbound, MeshLink, MeshSettings, SCOUT_GROUP};
+use super::{Counters, Inbound, MeshLink, MeshSettings, SCOUT_GROUP};
 use crate::outbox::ClientOut;
 
 /// Socket buffers asked for: a flow-control window of full datagrams
