@@ -274,8 +274,9 @@ impl MeshLink {
     fn try_frame(&self, broker: &impl Inbound, from: SocketAddr, frame: &Bytes) -> Result<(), ()> {
         match NodeFrame::decode(frame, self.max_payload).map_err(drop)? {
             NodeFrame::Pub { msg } => {
-                // Normally batched by the task (see `published`); a lone
-                // one here. Its encoding follows the op byte.
+                // Normally batched by the task (runs go to
+                // `Inbound::publish_remote`); a lone one here. Its
+                // encoding follows the op byte.
                 broker.deliver_remote(&msg, &frame.slice(1..));
             }
             NodeFrame::Req {
