@@ -8,7 +8,7 @@
 //!   opens one association to a peer on first use. A node sends its frames
 //!   only on the association it opened and reads frames from both, so each
 //!   direction is one reliable, ordered stream and no set-up races. Timers
-//!   and packets are driven by the mesh task ([`drive`]); the broker only
+//!   and packets are driven by the mesh task (`drive`); the broker only
 //!   queues frames (and wakes the task).
 //! - **Frames** are association messages, one frame each; tunnel ids are
 //!   the receiving node's unless said otherwise:
@@ -31,7 +31,7 @@
 //!   association the peer is told with `close` frames on a fresh one.
 //! - **Hostile input**: frames that do not decode, name a tunnel the peer
 //!   does not hold, or arrive on a superseded association are dropped and
-//!   counted; tunnels with remote ends are bounded ([`MAX_TUNNELS`]) and
+//!   counted; tunnels with remote ends are bounded (`MAX_TUNNELS`) and
 //!   data waiting for an association's send buffer is bounded per peer
 //!   (`max_pending_bytes`, beyond which data is dropped and counted, as for
 //!   a local tunnel end).

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use skiff_proto::batcher::BatcherStats;
 use skiff_proto::wire::{self, HEADER_LEN};
 use skiff_proto::{Batcher, BatcherConfig, Dest, Error, LimitError, Message, Transmit, UsageError};
@@ -264,16 +264,16 @@ fn per_destination_order_is_push_order() {
     let mut got: BTreeMap<Dest, Vec<Message>> = BTreeMap::new();
     let mut now = t0;
     for i in 0..3000 {
-        let d = dest(rng.gen_range(0..5));
-        let m = msg(i, rng.gen_range(0..120));
+        let d = dest(rng.random_range(0..5));
+        let m = msg(i, rng.random_range(0..120));
         b.push(now, d, &m).unwrap();
         pushed.entry(d).or_default().push(m.payload);
-        if rng.gen_ratio(1, 10) {
-            now += Duration::from_micros(rng.gen_range(0..2000));
+        if rng.random_ratio(1, 10) {
+            now += Duration::from_micros(rng.random_range(0..2000));
             b.handle_timeout(now);
         }
-        if rng.gen_ratio(1, 25) {
-            for (t, d) in drain(&mut b, rng.gen_range(1..5)) {
+        if rng.random_ratio(1, 25) {
+            for (t, d) in drain(&mut b, rng.random_range(1..5)) {
                 got.entry(t.dest)
                     .or_default()
                     .extend(d.into_iter().flatten());
@@ -461,7 +461,7 @@ fn multi_segment_transmits_have_equal_segments_but_the_last() {
     let mut rng = StdRng::seed_from_u64(11);
     let mut sent = Vec::new();
     for i in 0..500 {
-        let m = msg(i, rng.gen_range(8..60));
+        let m = msg(i, rng.random_range(8..60));
         b.push(t0, dest(1), &m).unwrap();
         b.push(t0, dest(2), &msg(i, 8)).unwrap();
         sent.push(m.payload);

@@ -30,8 +30,8 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
-use rand010::rngs::StdRng;
-use rand010::{Rng, SeedableRng};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
 use super::frame::{Packet, RTN};

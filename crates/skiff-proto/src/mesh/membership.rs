@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use foca::{
     AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification, PostcardCodec,
 };
-use rand010::rngs::SmallRng;
+use rand::rngs::SmallRng;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 

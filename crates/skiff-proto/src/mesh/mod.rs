@@ -60,8 +60,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rand010::rngs::SmallRng;
-use rand010::SeedableRng;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use rustc_hash::FxHashMap;
 
 use crate::router::Router;
@@ -228,7 +228,7 @@ impl Mesh {
     /// the same outputs.
     pub fn new(me: NodeId, config: MeshConfig, now: Instant, seed: u64) -> Mesh {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let epoch = rand010::RngExt::random::<u64>(&mut rng) | 1;
+        let epoch = rand::RngExt::random::<u64>(&mut rng) | 1;
         let mut m = Mesh {
             net: packet::net_hash(&config.net),
             membership: Membership::new(me, &config, rng),

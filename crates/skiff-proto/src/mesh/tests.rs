@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::packet::{Kind, Op};
@@ -78,7 +78,7 @@ impl Sim {
             addr: addr(i),
             gen: self.gens[i],
         };
-        let seed = self.rng.gen();
+        let seed = self.rng.random();
         Mesh::new(id, self.config.clone(), self.now, seed)
     }
 
@@ -127,10 +127,10 @@ impl Sim {
             for (to, d) in out {
                 d.hash(&mut self.trace);
                 let j = Sim::index(to);
-                if self.rng.gen_bool(self.loss) || self.cut.contains(&(i, j)) {
+                if self.rng.random_bool(self.loss) || self.cut.contains(&(i, j)) {
                     continue;
                 }
-                let at = self.now + MS / 2 + MS * self.rng.gen_range(0..2);
+                let at = self.now + MS / 2 + MS * self.rng.random_range(0..2);
                 self.wire.push(Reverse((at, self.next)));
                 self.flying.insert(self.next, (i, to, d));
                 self.next += 1;
@@ -329,7 +329,7 @@ fn a_publish_reaches_every_interested_node_once() {
     for i in 0..20 {
         let pats: Vec<&str> = ["t.*", "t.>", "t.a", "u.*"]
             .into_iter()
-            .filter(|_| rng.gen_bool(0.4))
+            .filter(|_| rng.random_bool(0.4))
             .collect();
         for p in &pats {
             s.node(i).add_interest(p, "");
@@ -340,7 +340,7 @@ fn a_publish_reaches_every_interested_node_once() {
     let subjects = ["t.a", "t.b", "t.a.b", "u.x", "v"];
     let mut want: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     for k in 0..200usize {
-        let from = rng.gen_range(0..20);
+        let from = rng.random_range(0..20);
         let subject = subjects[k % subjects.len()];
         s.publish(from, subject, &k.to_le_bytes());
         for (&node, pats) in &interested {
