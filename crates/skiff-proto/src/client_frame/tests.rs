@@ -1,6 +1,7 @@
 //! Frame codec tests: round trips (whole and byte by byte) and bad input.
 
 use super::*;
+use bytes::BytesMut;
 
 fn msg() -> Message {
     Message::new("a.b", Bytes::from_static(b"hello"))

@@ -1,0 +1,218 @@
+//! Client → node frames: [`ClientFrame`]'s encoding and decoding, and the
+//! publish frame written without building a frame.
+
+use crate::varint;
+use crate::wire::{self, MAX_SUBJECT};
+use crate::{Message, WireError};
+use bytes::Bytes;
+
+use super::body::{Enc, Reader};
+use super::*;
+
+impl ClientFrame {
+    /// Appends the frame, length prefix included, to `out`. The caller has
+    /// checked any message with [`crate::wire::check`].
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        use ClientFrame as F;
+        match self {
+            F::Pub(m) => Enc::new(out, op::PUB).msg(m).end(),
+            F::Sub {
+                sid,
+                pattern,
+                kind,
+                policy,
+                queue,
+                credit,
+            } => Enc::new(out, op::SUB)
+                .v(*sid)
+                .s(pattern.as_bytes())
+                .s(kind.as_bytes())
+                .u8(*policy as u8)
+                .v(u64::from(*queue))
+                .v(u64::from(*credit))
+                .end(),
+            F::Unsub { sid } => Enc::new(out, op::UNSUB).v(*sid).end(),
+            F::Credit { sid, n } => Enc::new(out, op::CREDIT).v(*sid).v(u64::from(*n)).end(),
+            F::Req {
+                rid,
+                flags,
+                max,
+                target,
+                key,
+                msg,
+            } => Enc::new(out, op::REQ)
+                .v(*rid)
+                .u8(*flags)
+                .v(u64::from(*max))
+                .s(target.as_bytes())
+                .s(key)
+                .msg(msg)
+                .end(),
+            F::Reply { token, msg } => Enc::new(out, op::REPLY).v(*token).msg(msg).end(),
+            F::Cancel { rid } => Enc::new(out, op::CANCEL).v(*rid).end(),
+            F::Join {
+                corr,
+                cluster,
+                capacity,
+            } => Enc::new(out, op::JOIN)
+                .v(*corr)
+                .s(cluster.as_bytes())
+                .v(u64::from(*capacity))
+                .end(),
+            F::Leave { corr, cluster } => Enc::new(out, op::LEAVE)
+                .v(*corr)
+                .s(cluster.as_bytes())
+                .end(),
+            F::Bcast { cluster, msg } => Enc::new(out, op::BCAST)
+                .s(cluster.as_bytes())
+                .msg(msg)
+                .end(),
+            F::TunOpen {
+                corr,
+                cluster,
+                key,
+                window,
+            } => Enc::new(out, op::TUN_OPEN)
+                .v(*corr)
+                .s(cluster.as_bytes())
+                .s(key)
+                .v(u64::from(*window))
+                .end(),
+            F::TunData { tunnel, msg } => Enc::new(out, op::TUN_DATA).v(*tunnel).msg(msg).end(),
+            F::TunCredit { tunnel, n } => Enc::new(out, op::TUN_CREDIT)
+                .v(*tunnel)
+                .v(u64::from(*n))
+                .end(),
+            F::TunClose { tunnel } => Enc::new(out, op::TUN_CLOSE).v(*tunnel).end(),
+            F::Stats { corr } => Enc::new(out, op::STATS).v(*corr).end(),
+            F::Ping { corr } => Enc::new(out, op::PING).v(*corr).end(),
+        }
+    }
+
+    /// Decodes one frame body (after the length prefix).
+    pub fn decode(body: Bytes, max_payload: usize) -> Result<ClientFrame, WireError> {
+        let mut r = Reader::new(&body, max_payload)?;
+        use ClientFrame as F;
+        let f = match r.op {
+            op::PUB => F::Pub(r.msg()?),
+            op::SUB => F::Sub {
+                sid: r.v("sid")?,
+                pattern: r.string("pattern", MAX_SUBJECT)?,
+                kind: r.string("type", wire::MAX_KIND)?,
+                policy: Policy::from_u8(r.u8("policy")?)
+                    .ok_or(WireError::Malformed("unknown policy"))?,
+                queue: r.v32("queue")?,
+                credit: r.v32("credit")?,
+            },
+            op::UNSUB => F::Unsub { sid: r.v("sid")? },
+            op::CREDIT => F::Credit {
+                sid: r.v("sid")?,
+                n: r.v32("credit")?,
+            },
+            op::REQ => F::Req {
+                rid: r.v("rid")?,
+                flags: r.u8("flags")?,
+                max: r.v32("max")?,
+                target: r.string("target", MAX_SUBJECT)?,
+                key: r.bytes("key", MAX_SUBJECT)?,
+                msg: r.msg()?,
+            },
+            op::REPLY => F::Reply {
+                token: r.v("token")?,
+                msg: r.msg()?,
+            },
+            op::CANCEL => F::Cancel { rid: r.v("rid")? },
+            op::JOIN => F::Join {
+                corr: r.v("corr")?,
+                cluster: r.string("cluster", MAX_SUBJECT)?,
+                capacity: r.v32("capacity")?,
+            },
+            op::LEAVE => F::Leave {
+                corr: r.v("corr")?,
+                cluster: r.string("cluster", MAX_SUBJECT)?,
+            },
+            op::BCAST => F::Bcast {
+                cluster: r.string("cluster", MAX_SUBJECT)?,
+                msg: r.msg()?,
+            },
+            op::TUN_OPEN => F::TunOpen {
+                corr: r.v("corr")?,
+                cluster: r.string("cluster", MAX_SUBJECT)?,
+                key: r.bytes("key", MAX_SUBJECT)?,
+                window: r.v32("window")?,
+            },
+            op::TUN_DATA => F::TunData {
+                tunnel: r.v("tunnel")?,
+                msg: r.msg()?,
+            },
+            op::TUN_CREDIT => F::TunCredit {
+                tunnel: r.v("tunnel")?,
+                n: r.v32("credit")?,
+            },
+            op::TUN_CLOSE => F::TunClose {
+                tunnel: r.v("tunnel")?,
+            },
+            op::STATS => F::Stats { corr: r.v("corr")? },
+            op::PING => F::Ping { corr: r.v("corr")? },
+            _ => return Err(WireError::Malformed("unknown client frame op")),
+        };
+        r.finish()?;
+        Ok(f)
+    }
+}
+
+/// The subject and payload length of an encoded message with a subject and
+/// nothing else but its payload (the common publish), read without
+/// building a [`Message`]; `None` for any other encoding, valid or not
+/// (decode those with [`crate::wire::decode_message`]). Accepts only
+/// what `decode_message(raw, max_payload)` accepts.
+pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
+    const F_SUBJECT: u8 = 1;
+    if *raw.first()? != F_SUBJECT {
+        return None;
+    }
+    let (n, a) = varint::get(&raw[1..]).ok()?;
+    if n == 0 || n > MAX_SUBJECT as u64 {
+        return None;
+    }
+    let start = 1 + a;
+    let end = start.checked_add(n as usize)?;
+    let subject = std::str::from_utf8(raw.get(start..end)?).ok()?;
+    let (len, b) = varint::get(raw.get(end..)?).ok()?;
+    if len > max_payload as u64 || (raw.len() - end - b) as u64 != len {
+        return None;
+    }
+    Some((subject, len as usize))
+}
+
+/// Appends a `Pub` frame for `msg` (what [`ClientFrame::Pub`] encodes to,
+/// without building the frame).
+pub fn encode_pub(out: &mut Vec<u8>, msg: &Message) {
+    Enc::new(out, op::PUB).msg(msg).end();
+}
+
+/// Bytes the `Pub` frame of `msg` takes, length prefix included.
+pub fn pub_frame_len(msg: &Message) -> usize {
+    LEN_PREFIX + 1 + wire::encoded_len(msg, false)
+}
+
+/// Writes the `Pub` frame of `msg` (what [`encode_pub`] appends) into
+/// `out`, which must be exactly [`pub_frame_len`] bytes: a publish written
+/// once, in place (a shared-memory ring's segment). `false`, with `out`
+/// untouched, on any other length or a body over 4 GiB.
+pub fn encode_pub_into(out: &mut [u8], msg: &Message) -> bool {
+    if out.len() != pub_frame_len(msg) || out.len() - LEN_PREFIX > u32::MAX as usize {
+        return false;
+    }
+    let body = (out.len() - LEN_PREFIX) as u32;
+    let (head, rest) = out.split_at_mut(LEN_PREFIX + 1);
+    head[..LEN_PREFIX].copy_from_slice(&body.to_le_bytes());
+    head[LEN_PREFIX] = op::PUB;
+    wire::encode_message_into(rest, msg, false)
+}
+
+/// Whether a frame body is a client's `Pub`; its encoded message is then
+/// `body[1..]`.
+pub fn is_pub(body: &[u8]) -> bool {
+    body.first() == Some(&op::PUB)
+}
