@@ -20,6 +20,7 @@ use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireE
 
 use super::{add_stats, wake_all, EndpointStats};
 use crate::tunnel::TunnelError;
+use crate::udp::SendBatch;
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,42 +132,32 @@ fn add_frame(fbuf: &mut Vec<u8>, frames: &mut Vec<Frame>, dest: SocketAddr, byte
     frames.push((dest, start, fbuf.len()));
 }
 
-/// Places a datagram an association just appended to the outbox at
-/// `start`: it stays there as a datagram of its own when it must travel
-/// alone or is too large to share a compound datagram with another frame
-/// of its size; otherwise it moves to the frames packed after collection.
-fn place(
-    out: &mut super::driver::Outbox,
-    fbuf: &mut Vec<u8>,
-    frames: &mut Vec<Frame>,
-    t: association::Transmit,
-    start: usize,
-    max_datagram: usize,
-) {
-    if t.alone {
-        out.end_alone(t.destination, start);
-    } else if 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
-        out.end(t.destination, start);
-    } else {
-        let (buf, _) = out.begin();
-        add_frame(fbuf, frames, t.destination, &buf[start..]);
-        buf.truncate(start);
-    }
-}
-
-/// Lets `poll` append one packet to the outbox and places it (see
-/// [`place`]); its size, or `None` when `poll` had nothing to send.
+/// Lets `poll` append one packet to `out` and places it: it stays there as
+/// a datagram of its own when it must travel alone or is too large to
+/// share a compound datagram with another frame of its size; otherwise it
+/// moves to the frames packed after collection. Its size, or `None` when
+/// `poll` had nothing to send.
 fn emit(
-    out: &mut super::driver::Outbox,
+    out: &mut SendBatch,
     fbuf: &mut Vec<u8>,
     frames: &mut Vec<Frame>,
     max_datagram: usize,
     poll: impl FnOnce(&mut Vec<u8>) -> Option<association::Transmit>,
 ) -> Option<usize> {
-    let (buf, start) = out.begin();
-    let t = poll(buf)?;
-    place(out, fbuf, frames, t, start, max_datagram);
-    Some(t.size)
+    let mut size = None;
+    out.push_with_alone(|buf| {
+        let start = buf.len();
+        let t = poll(buf)?;
+        size = Some(t.size);
+        if t.alone || 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
+            Some((t.destination, t.alone))
+        } else {
+            // Removed from `out` when this returns `None`.
+            add_frame(fbuf, frames, t.destination, &buf[start..]);
+            None
+        }
+    });
+    size
 }
 
 impl Core {
@@ -557,7 +548,7 @@ impl Core {
     pub(crate) fn collect(
         &mut self,
         now: Instant,
-        out: &mut super::driver::Outbox,
+        out: &mut SendBatch,
         max_datagram: usize,
         max_bytes: usize,
     ) -> bool {
@@ -594,7 +585,7 @@ impl Core {
 
     /// Writes the frames into `out`: small ones to the same host share
     /// compound datagrams, the others go alone.
-    fn pack(&mut self, out: &mut super::driver::Outbox, max_datagram: usize) {
+    fn pack(&mut self, out: &mut SendBatch, max_datagram: usize) {
         // Groups of frame indices (first member, in sending order); a group
         // of one travels as it is.
         let mut groups: Vec<(usize, usize)> = Vec::with_capacity(self.frames.len());
@@ -625,16 +616,18 @@ impl Core {
                 out.push(dest, &self.fbuf[s..e]);
                 continue;
             }
-            let (buf, start) = out.begin();
-            let mut enc = compound::Encoder::new(buf);
-            for &j in &members[m] {
-                let (_, s, e) = self.frames[j];
-                let ok = enc.push(&self.fbuf[s..e], max_datagram);
-                debug_assert!(ok, "sized above");
-            }
+            let (fbuf, frames) = (&self.fbuf, &self.frames);
+            out.push_with(|buf| {
+                let mut enc = compound::Encoder::new(buf);
+                for &j in &members[m] {
+                    let (_, s, e) = frames[j];
+                    let ok = enc.push(&fbuf[s..e], max_datagram);
+                    debug_assert!(ok, "sized above");
+                }
+                Some(dest)
+            });
             self.stats.compound_sent += 1;
             self.stats.frames_shared += members[m].len() as u64;
-            out.end(dest, start);
         }
     }
 

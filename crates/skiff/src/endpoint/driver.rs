@@ -2,7 +2,8 @@
 //! waits for the socket, the application's nudges and the earliest timer,
 //! and on each wake-up receives everything waiting, runs the state
 //! machines, and sends everything due in as few `sendmmsg` calls as it can
-//! (equal-size datagrams to one host as one GSO run).
+//! (equal-size datagrams to one host as one GSO run) through the crate's
+//! one batching path, [`SendBatch`](crate::udp::SendBatch).
 //!
 //! The timer is a `timerfd` rather than tokio's (whose wheel rounds up to
 //! a millisecond, longer than a loopback probe timeout), and the
@@ -11,7 +12,6 @@
 //! shared the same way: whoever holds it sends.
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use std::time::Instant;
 use tokio::io::Interest;
 
 use super::Shared;
-use crate::udp::{Outgoing, RecvBatch, UdpSocket};
+use crate::udp::{RecvBatch, SendBatch};
 
 /// Datagrams per `recvmmsg`.
 const RECV_SLOTS: usize = 64;
@@ -28,120 +28,6 @@ const RECV_SLOTS: usize = 64;
 const RECV_ROUNDS: usize = 8;
 /// Bytes collected for sending per wake-up, about.
 pub(crate) const SEND_BYTES: usize = 2 << 20;
-/// Datagrams in one GSO run at most.
-const GSO_SEGMENTS: usize = 64;
-
-/// Datagrams ready to send, back to back in one buffer.
-#[derive(Debug, Default)]
-pub(crate) struct Outbox {
-    buf: Vec<u8>,
-    /// Destination, start, end, and whether it must travel alone (not in
-    /// a GSO run: a super-packet shares one fate on the path).
-    dgrams: Vec<(SocketAddr, usize, usize, bool)>,
-    next: usize,
-}
-
-impl Outbox {
-    pub(crate) fn push(&mut self, dest: SocketAddr, bytes: &[u8]) {
-        let s = self.buf.len();
-        self.buf.extend_from_slice(bytes);
-        self.dgrams.push((dest, s, self.buf.len(), false));
-    }
-
-    /// Starts a datagram written directly into the buffer.
-    pub(crate) fn begin(&mut self) -> (&mut Vec<u8>, usize) {
-        let s = self.buf.len();
-        (&mut self.buf, s)
-    }
-
-    /// Ends the datagram started at `start`.
-    pub(crate) fn end(&mut self, dest: SocketAddr, start: usize) {
-        self.dgrams.push((dest, start, self.buf.len(), false));
-    }
-
-    /// Ends the datagram started at `start`, to travel alone: not in a GSO
-    /// run with others (the copy of a packet must not share the
-    /// original's fate).
-    pub(crate) fn end_alone(&mut self, dest: SocketAddr, start: usize) {
-        self.dgrams.push((dest, start, self.buf.len(), true));
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.next >= self.dgrams.len()
-    }
-
-    fn clear(&mut self) {
-        self.buf.clear();
-        self.dgrams.clear();
-        self.next = 0;
-    }
-
-    /// Sends what is left; `Ok(true)` when everything went, `Ok(false)`
-    /// when the socket buffer is full. Returns datagrams sent and calls
-    /// made through the counters.
-    pub(crate) fn send(
-        &mut self,
-        socket: &UdpSocket,
-        sent: &mut u64,
-        calls: &mut u64,
-        errors: &mut u64,
-    ) -> bool {
-        let gso = socket.max_segments() > 1;
-        while !self.is_empty() {
-            // Group equal-size runs to one host (the last may be shorter).
-            let mut out: Vec<Outgoing<'_>> = Vec::new();
-            let mut counts: Vec<usize> = Vec::new();
-            let mut i = self.next;
-            while i < self.dgrams.len() && out.len() < 64 {
-                let (dest, s, e, alone) = self.dgrams[i];
-                let len = e - s;
-                let mut j = i + 1;
-                let mut end = e;
-                if gso && !alone {
-                    while j < self.dgrams.len() && j - i < GSO_SEGMENTS {
-                        let (d, s2, e2, alone2) = self.dgrams[j];
-                        if d != dest || s2 != end || e2 - s2 > len || alone2 {
-                            break;
-                        }
-                        end = e2;
-                        j += 1;
-                        if e2 - s2 < len {
-                            break;
-                        }
-                    }
-                }
-                out.push(Outgoing {
-                    dest,
-                    data: &self.buf[s..end],
-                    segment_size: (j - i > 1).then_some(len),
-                });
-                counts.push(j - i);
-                i = j;
-            }
-            *calls += 1;
-            match socket.send(&out) {
-                Ok(k) => {
-                    let n: usize = counts[..k.min(counts.len())].iter().sum();
-                    self.next += n;
-                    *sent += n as u64;
-                    if k == 0 {
-                        return false;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(_) => {
-                    // The first datagram was refused (unreachable, too
-                    // big): the association retransmits; move on.
-                    self.next += counts[0];
-                    *errors += 1;
-                }
-            }
-        }
-        self.clear();
-        true
-    }
-}
-
 /// The driver thread's body.
 pub(crate) fn run(shared: Arc<Shared>) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -226,12 +112,8 @@ async fn drive(shared: &Shared) -> io::Result<()> {
             if out.is_empty() {
                 false
             } else {
-                let (mut sent, mut calls, mut errors) = (0, 0, 0);
-                let blocked = !out.send(&shared.socket, &mut sent, &mut calls, &mut errors);
-                let mut core = shared.core.lock();
-                core.stats.datagrams_sent += sent;
-                core.stats.send_calls += calls;
-                core.stats.send_errors += errors;
+                let blocked = !send(shared, &mut out);
+                drop(out);
                 blocked
             }
         };
@@ -259,4 +141,17 @@ async fn drive(shared: &Shared) -> io::Result<()> {
             }
         }
     }
+}
+
+/// Sends what `out` holds until it is empty (`true`) or the socket's
+/// buffer is full (`false`), and counts it. A datagram the kernel refuses
+/// is dropped: the association retransmits. Call with `out` locked and the
+/// core not.
+pub(crate) fn send(shared: &Shared, out: &mut SendBatch) -> bool {
+    let sent = shared.socket.try_send_batch(out);
+    let mut core = shared.core.lock();
+    core.stats.datagrams_sent += sent.datagrams as u64;
+    core.stats.send_calls += sent.calls as u64;
+    core.stats.send_errors += sent.refused as u64;
+    out.is_empty()
 }

@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 use crate::error::{Error, LocatorError};
 use crate::locator::{self, Locator};
 use crate::tunnel::{Tunnel, TunnelError};
-use crate::udp::{UdpConfig, UdpSocket};
+use crate::udp::{SendBatch, UdpConfig, UdpSocket};
 
 mod core;
 mod driver;
@@ -280,7 +280,7 @@ pub(crate) struct Shared {
     /// Datagrams collected and not yet sent. Whoever holds it sends (the
     /// driver, or an application thread finding the path idle); lock it
     /// before `core`.
-    pub(crate) out: Mutex<driver::Outbox>,
+    pub(crate) out: Mutex<SendBatch>,
     /// The driver's timer (a `timerfd`): armed for the earliest deadline
     /// of any state machine (`Core::timer_armed`).
     pub(crate) timer: OwnedFd,
@@ -331,7 +331,7 @@ impl Endpoint {
         let timer = crate::sys::timerfd().map_err(Error::io("create the endpoint's timer"))?;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
-            out: Mutex::new(driver::Outbox::default()),
+            out: Mutex::new(SendBatch::new()),
             timer,
             socket,
             config,
@@ -566,14 +566,8 @@ impl Shared {
         if out.is_empty() {
             return;
         }
-        let (mut sent, mut calls, mut errors) = (0, 0, 0);
-        let all = out.send(&self.socket, &mut sent, &mut calls, &mut errors);
+        let all = driver::send(self, &mut out);
         drop(out);
-        let mut core = self.core.lock();
-        core.stats.datagrams_sent += sent;
-        core.stats.send_calls += calls;
-        core.stats.send_errors += errors;
-        drop(core);
         if !all || more {
             self.nudge();
         }

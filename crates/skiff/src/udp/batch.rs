@@ -94,15 +94,28 @@ impl SendBatch {
     /// before it: append only) and returns the destination, or `None` to
     /// add nothing (what it appended is then removed). Fits a sans-I/O
     /// `poll_transmit(now, buf)`. Returns whether a datagram was added.
+    #[inline]
     pub fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>) -> Option<SocketAddr>) -> bool {
+        self.push_with_alone(|buf| write(buf).map(|dest| (dest, false)))
+    }
+
+    /// Adds a datagram written in place, as [`SendBatch::push_with`] does,
+    /// where `write` also says whether it travels alone (`true`: never in
+    /// a GSO run, as with [`SendBatch::push_alone`]). Fits a sans-I/O
+    /// transmit that carries such a mark.
+    #[inline]
+    pub fn push_with_alone(
+        &mut self,
+        write: impl FnOnce(&mut Vec<u8>) -> Option<(SocketAddr, bool)>,
+    ) -> bool {
         let start = self.buf.len();
         match write(&mut self.buf) {
-            Some(dest) if self.buf.len() >= start => {
+            Some((dest, alone)) if self.buf.len() >= start => {
                 self.entries.push(Entry {
                     dest,
                     start,
                     end: self.buf.len(),
-                    alone: false,
+                    alone,
                 });
                 true
             }
