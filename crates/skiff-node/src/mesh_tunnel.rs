@@ -9,7 +9,9 @@
 //!   only on the association it opened and reads frames from both, so each
 //!   direction is one reliable, ordered stream and no set-up races. Timers
 //!   and packets are driven by the mesh task (`drive`); the broker only
-//!   queues frames (and wakes the task).
+//!   queues frames (and wakes the task). What arrives for local tunnel
+//!   ends goes to the broker through the mesh's `Inbound`, as the rest of
+//!   the mesh's traffic does.
 //! - **Frames** are association messages, one frame each; tunnel ids are
 //!   the receiving node's unless said otherwise:
 //!
@@ -56,8 +58,7 @@ use skiff_proto::mesh::tunnel_frame::TunnelFrame as TunFrame;
 use skiff_proto::mesh::Mesh;
 use skiff_proto::stats::TunnelStats;
 
-use crate::broker::Broker;
-use crate::mesh::MeshLink;
+use crate::mesh::{Inbound, MeshLink};
 use crate::ASYNC_ERROR;
 use skiff_proto::client_frame::{Code, ServerFrame};
 
@@ -515,14 +516,14 @@ pub(crate) fn deadline(l: &MeshLink, d: Instant) -> Instant {
 }
 
 /// The mesh declared `peer` down: its tunnels end with an error.
-pub(crate) fn peer_down(l: &MeshLink, broker: &Broker, peer: SocketAddr) {
+pub(crate) fn peer_down(l: &MeshLink, broker: &impl Inbound, peer: SocketAddr) {
     let lost = l.tunnels.lock().peer_down(Instant::now(), peer);
     tell_lost(broker, lost, &format!("node {peer} went down"));
 }
 
 /// Drives the associations: timers, events, frames to the broker, and
 /// packets to the mesh core (sent at the task's flush).
-pub(crate) fn drive(l: &MeshLink, broker: &Broker) {
+pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) {
     let now = Instant::now();
     let step = l.tunnels.lock().step(now);
     for (from, frame) in step.frames {
@@ -542,7 +543,7 @@ pub(crate) fn drive(l: &MeshLink, broker: &Broker) {
     t.transmit(now, &mut l.core.lock());
 }
 
-fn tell_lost(broker: &Broker, lost: Vec<Lost>, why: &str) {
+fn tell_lost(broker: &impl Inbound, lost: Vec<Lost>, why: &str) {
     for e in lost {
         let frames = match e.pending {
             Some(corr) => vec![ServerFrame::Error {
@@ -564,7 +565,7 @@ fn tell_lost(broker: &Broker, lost: Vec<Lost>, why: &str) {
 }
 
 /// Acts on one frame from `from`.
-fn act(l: &MeshLink, broker: &Broker, from: SocketAddr, raw: Bytes) {
+fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
     let now = Instant::now();
     let max_payload = l.tunnels.lock().max_payload;
     let Ok(f) = TunFrame::decode(&raw, max_payload) else {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use skiff_proto::client_frame::ServerFrame;
 use skiff_proto::Message;
 
 use super::{Broker, Published};
@@ -76,15 +77,21 @@ impl mesh::Inbound for Broker {
     }
 
     fn remote_down(&self, peer: SocketAddr) {
-        Broker::remote_down(self, peer);
-        if let Some(l) = self.mesh() {
-            crate::mesh_tunnel::peer_down(l, self, peer);
-        }
+        Broker::remote_down(self, peer)
     }
 
-    fn drive_tunnels(&self) {
-        if let Some(l) = self.mesh() {
-            crate::mesh_tunnel::drive(l, self);
-        }
+    fn tunnel_deliver(&self, client: u64, tunnel: u64, frames: Vec<ServerFrame>, ended: bool) {
+        Broker::tunnel_deliver(self, client, tunnel, frames, ended)
+    }
+
+    fn tunnel_incoming(
+        &self,
+        from: SocketAddr,
+        theirs: u64,
+        cluster: String,
+        key: Bytes,
+        window: u32,
+    ) {
+        Broker::tunnel_incoming(self, from, theirs, cluster, key, window)
     }
 }

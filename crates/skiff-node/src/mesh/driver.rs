@@ -204,7 +204,7 @@ impl<L: Inbound> Driver<L> {
                 return;
             };
             self.events(&*broker).await;
-            broker.drive_tunnels();
+            crate::mesh_tunnel::drive(&l, &*broker);
             drop(broker);
             self.transmit().await;
             l.room.notify_waiters();
@@ -308,7 +308,10 @@ impl<L: Inbound> Driver<L> {
                     cluster,
                     capacity,
                 } => broker.remote_cluster(peer, &cluster, capacity),
-                MeshEvent::Down(id) => broker.remote_down(id.addr),
+                MeshEvent::Down(id) => {
+                    broker.remote_down(id.addr);
+                    crate::mesh_tunnel::peer_down(l, broker, id.addr);
+                }
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
                         l.core.lock().set_path_mtu(id.addr, mtu);

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use skiff_proto::client_frame::ServerFrame;
 use skiff_proto::Message;
 
 use super::MeshLink;
@@ -70,10 +71,23 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     /// A peer's advertised capacity in `cluster` changed (0: none).
     fn remote_cluster(&self, peer: SocketAddr, cluster: &str, capacity: u32);
 
-    /// A peer went down: its cluster members and tunnels are gone.
+    /// A peer went down: its cluster members are gone (the mesh ends its
+    /// tunnels through [`Inbound::tunnel_deliver`]).
     fn remote_down(&self, peer: SocketAddr);
 
-    /// Runs the tunnels between nodes (their timers and what arrived for
-    /// them) and hands their frames on.
-    fn drive_tunnels(&self);
+    /// Frames for the local end (`client`) of a tunnel whose other end is
+    /// on another node; `ended`: the tunnel is gone.
+    fn tunnel_deliver(&self, client: u64, tunnel: u64, frames: Vec<ServerFrame>, ended: bool);
+
+    /// The node at `from` opens a tunnel (its id `theirs`) to a member of
+    /// `cluster` here: pick a local member and answer through
+    /// `MeshLink::tunnel_accept`.
+    fn tunnel_incoming(
+        &self,
+        from: SocketAddr,
+        theirs: u64,
+        cluster: String,
+        key: Bytes,
+        window: u32,
+    );
 }
