@@ -547,6 +547,27 @@ mod tests {
         assert_eq!(batch.buf, b"in place");
         batch.clear();
         assert!(batch.is_empty());
+
+        // With the alone mark: a marked datagram never joins a run.
+        for alone in [false, true, false] {
+            assert!(batch.push_with_alone(|buf| {
+                buf.extend_from_slice(&[7; 100]);
+                Some((dest, alone))
+            }));
+        }
+        assert!(!batch.push_with_alone(|buf| {
+            buf.extend_from_slice(b"taken back");
+            None
+        }));
+        let empty = Outgoing {
+            dest,
+            data: &[],
+            segment_size: None,
+        };
+        let (mut out, mut counts) = ([empty; 4], [0; 4]);
+        assert_eq!(batch.plan(64, &mut out, &mut counts), 3);
+        assert_eq!(&counts[..3], &[1, 1, 1]);
+        assert_eq!(batch.buf.len(), 300);
     }
 
     #[test]
