@@ -49,9 +49,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
+use skiff::endpoint::{Outlet, Pump};
 use skiff_proto::association::{
     frame::MIN_MTU, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
-    SendError,
+    SendError, Transmit,
 };
 use skiff_proto::mesh::packet::ENVELOPE;
 use skiff_proto::mesh::tunnel_frame::TunnelFrame as TunFrame;
@@ -101,6 +102,9 @@ pub(crate) struct Lost {
 #[derive(Debug)]
 pub(crate) struct Tunnels {
     assocs: Endpoint,
+    /// Drives `assocs` (skiff's one association driver): packets in,
+    /// timers, events, packets out into the mesh's envelope.
+    io: Pump,
     out: FxHashMap<SocketAddr, Out>,
     /// Accepted associations: peer, and whether still the current one.
     accepted: FxHashMap<Handle, (SocketAddr, bool)>,
@@ -138,6 +142,7 @@ impl Tunnels {
                 seed: seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15,
                 association: config,
             }),
+            io: Pump::new(usize::MAX),
             out: FxHashMap::default(),
             accepted: FxHashMap::default(),
             ends: FxHashMap::default(),
@@ -305,7 +310,7 @@ impl Tunnels {
     pub(crate) fn handle_packet(&mut self, now: Instant, from: SocketAddr, packet: Bytes) {
         // The endpoint routes it (set-ups, either side's associations) and
         // drops and counts what is not its own.
-        self.assocs.handle_datagram(now, from, packet);
+        self.io.input(&mut self.assocs, now, from, packet);
     }
 
     fn poll_timeout(&mut self) -> Option<Instant> {
@@ -315,41 +320,47 @@ impl Tunnels {
     /// Timers, new associations, events and backlogs.
     fn step(&mut self, now: Instant) -> Step {
         let mut s = Step::default();
-        if self.poll_timeout().is_some_and(|t| t <= now) {
-            self.assocs.handle_timeout(now);
-        }
+        self.io.timers(&mut self.assocs, now);
         let mut dead = Vec::new();
+        let Tunnels {
+            assocs,
+            io,
+            out,
+            accepted,
+            stats,
+            ..
+        } = self;
         // Only associations the endpoint reports active have new events.
-        while let Some(ev) = self.assocs.poll_event() {
+        io.events(assocs, |assocs, ev| {
             let h = match ev {
                 EndpointEvent::Activity(h) => h,
                 EndpointEvent::Accepted(h) => {
-                    let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
-                        continue;
+                    let Some(peer) = assocs.get(h).map(|a| a.peer()) else {
+                        return;
                     };
                     // The peer replaced its association (it failed there,
                     // and the peer said so with close frames on the new
                     // one).
-                    for (p, live) in self.accepted.values_mut() {
+                    for (p, live) in accepted.values_mut() {
                         if *p == peer {
                             *live = false;
                         }
                     }
-                    self.accepted.insert(h, (peer, true));
+                    accepted.insert(h, (peer, true));
                     h
                 }
             };
-            let Some(a) = self.assocs.association(h) else {
-                self.accepted.remove(&h);
-                continue;
+            let Some(a) = assocs.association(h) else {
+                accepted.remove(&h);
+                return;
             };
             let peer = a.peer();
-            if let Some(&(_, live)) = self.accepted.get(&h) {
+            if let Some(&(_, live)) = accepted.get(&h) {
                 let mut gone = false;
                 while let Some(e) = a.poll_event() {
                     match e {
                         Event::Message(m) if live => s.frames.push((peer, m)),
-                        Event::Message(_) => self.stats.stray_frames += 1,
+                        Event::Message(_) => stats.stray_frames += 1,
                         Event::Closed(_) | Event::Failed(_) => {
                             gone = true;
                             if live {
@@ -360,9 +371,9 @@ impl Tunnels {
                     }
                 }
                 if gone {
-                    self.accepted.remove(&h);
+                    accepted.remove(&h);
                 }
-            } else if self.out.get(&peer).is_some_and(|o| o.assoc == h) {
+            } else if out.get(&peer).is_some_and(|o| o.assoc == h) {
                 while let Some(e) = a.poll_event() {
                     match e {
                         Event::Message(m) => s.frames.push((peer, m)),
@@ -375,7 +386,7 @@ impl Tunnels {
                 // its events are read so that the endpoint forgets it.
                 while a.poll_event().is_some() {}
             }
-        }
+        });
         self.drain_backlogs();
         for peer in dead {
             // The endpoint forgets the association once it drained.
@@ -408,16 +419,41 @@ impl Tunnels {
 
     /// Hands every packet the associations have to the mesh core.
     fn transmit(&mut self, now: Instant, core: &mut Mesh) {
-        let mut buf = std::mem::take(&mut self.buf);
-        while let Some(t) = self.assocs.poll_transmit(now, &mut buf) {
-            if core
-                .send_assoc(now, t.destination, &buf[..t.size], t.alone)
-                .is_err()
-            {
-                self.stats.send_refused += 1;
-            }
+        let mut out = Envelope {
+            buf: &mut self.buf,
+            core,
+            refused: &mut self.stats.send_refused,
+        };
+        self.io.transmit(&mut self.assocs, now, &mut out);
+    }
+}
+
+/// The mesh's [`Outlet`]: each association packet goes into a mesh
+/// datagram (kind 9) to an up member, keeping its `alone` mark.
+struct Envelope<'a> {
+    buf: &'a mut Vec<u8>,
+    core: &'a mut Mesh,
+    /// Packets the mesh refused (no such member).
+    refused: &'a mut u64,
+}
+
+impl Outlet for Envelope<'_> {
+    fn take(
+        &mut self,
+        now: Instant,
+        poll: impl FnOnce(&mut Vec<u8>) -> Option<Transmit>,
+    ) -> Option<usize> {
+        self.buf.clear();
+        let t = poll(self.buf)?;
+        let packet = &self.buf[..t.size];
+        if self
+            .core
+            .send_assoc(now, t.destination, packet, t.alone)
+            .is_err()
+        {
+            *self.refused += 1;
         }
-        self.buf = buf;
+        Some(t.size)
     }
 }
 

@@ -18,6 +18,7 @@ use skiff_proto::association::{
 use skiff_proto::error::Reason;
 use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireError};
 
+use super::pump::{Outlet, Pump};
 use super::{add_stats, wake_all, EndpointStats};
 use crate::tunnel::TunnelError;
 use crate::udp::SendBatch;
@@ -100,6 +101,8 @@ pub(crate) struct Core {
     /// Every association, initiated or accepted; a tunnel's key is its
     /// handle.
     pub(crate) assocs: association::Endpoint,
+    /// Drives `assocs`: its input, timers, events and packets.
+    assoc_io: Pump,
     pub(crate) stopped: bool,
     pub(crate) conns: FxHashMap<u64, Conn>,
     /// The reliable queue this endpoint serves, if it is one's.
@@ -132,32 +135,41 @@ fn add_frame(fbuf: &mut Vec<u8>, frames: &mut Vec<Frame>, dest: SocketAddr, byte
     frames.push((dest, start, fbuf.len()));
 }
 
-/// Lets `poll` append one packet to `out` and places it: it stays there as
-/// a datagram of its own when it must travel alone or is too large to
-/// share a compound datagram with another frame of its size; otherwise it
-/// moves to the frames packed after collection. Its size, or `None` when
-/// `poll` had nothing to send.
-fn emit(
-    out: &mut SendBatch,
-    fbuf: &mut Vec<u8>,
-    frames: &mut Vec<Frame>,
+/// The endpoint thread's [`Outlet`]: each packet is written straight into
+/// the send batch and stays there as a datagram of its own when it must
+/// travel alone or is too large to share a compound datagram with another
+/// frame of its size; otherwise it moves to the frames packed after
+/// collection.
+struct BatchOutlet<'a> {
+    out: &'a mut SendBatch,
+    fbuf: &'a mut Vec<u8>,
+    frames: &'a mut Vec<Frame>,
     max_datagram: usize,
-    poll: impl FnOnce(&mut Vec<u8>) -> Option<association::Transmit>,
-) -> Option<usize> {
-    let mut size = None;
-    out.push_with_alone(|buf| {
-        let start = buf.len();
-        let t = poll(buf)?;
-        size = Some(t.size);
-        if t.alone || 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
-            Some((t.destination, t.alone))
-        } else {
-            // Removed from `out` when this returns `None`.
-            add_frame(fbuf, frames, t.destination, &buf[start..]);
-            None
-        }
-    });
-    size
+}
+
+impl Outlet for BatchOutlet<'_> {
+    #[inline]
+    fn take(
+        &mut self,
+        _now: Instant,
+        poll: impl FnOnce(&mut Vec<u8>) -> Option<association::Transmit>,
+    ) -> Option<usize> {
+        let mut size = None;
+        let (fbuf, frames, max_datagram) = (&mut *self.fbuf, &mut *self.frames, self.max_datagram);
+        self.out.push_with_alone(|buf| {
+            let start = buf.len();
+            let t = poll(buf)?;
+            size = Some(t.size);
+            if t.alone || 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
+                Some((t.destination, t.alone))
+            } else {
+                // Removed from the batch when this returns `None`.
+                add_frame(fbuf, frames, t.destination, &buf[start..]);
+                None
+            }
+        });
+        size
+    }
 }
 
 impl Core {
@@ -169,6 +181,7 @@ impl Core {
     ) -> Core {
         Core {
             assocs,
+            assoc_io: Pump::new(super::driver::SEND_BYTES),
             stopped: false,
             conns: FxHashMap::default(),
             queue: None,
@@ -446,7 +459,7 @@ impl Core {
 
     fn handle_frame(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
         match f[3] {
-            association::KIND => self.assocs.handle_datagram(now, from, f),
+            association::KIND => self.assoc_io.input(&mut self.assocs, now, from, f),
             1 => self.handle_batch(from, f),
             _ => self.stats.dropped_kind += 1,
         }
@@ -495,33 +508,43 @@ impl Core {
     pub(crate) fn after_input(&mut self, now: Instant, limit: usize) {
         let fired = self.next_deadline.is_some_and(|t| now >= t);
         if fired {
-            self.assocs.handle_timeout(now);
+            self.assoc_io.timers(&mut self.assocs, now);
             self.batcher.handle_timeout(now);
         }
-        while let Some(ev) = self.assocs.poll_event() {
+        let Core {
+            assoc_io,
+            assocs,
+            touched,
+            queue,
+            conns,
+            accepted,
+            accept_wakers,
+            ..
+        } = self;
+        assoc_io.events(assocs, |assocs, ev| {
             let h = match ev {
                 EndpointEvent::Activity(h) => {
-                    self.touched.push(h.0);
-                    continue;
+                    touched.push(h.0);
+                    return;
                 }
                 EndpointEvent::Accepted(h) => h,
             };
-            let Some(peer) = self.assocs.get(h).map(|a| a.peer()) else {
-                continue;
+            let Some(peer) = assocs.get(h).map(|a| a.peer()) else {
+                return;
             };
             let mut c = Conn::new(peer);
-            if let Some(q) = &mut self.queue {
+            if let Some(q) = queue {
                 // A reliable queue accepts every association itself.
                 c.queue = true;
                 q.adopt(peer, h.0);
-                self.touched.push(h.0);
-                self.conns.insert(h.0, c);
-                continue;
+                touched.push(h.0);
+                conns.insert(h.0, c);
+                return;
             }
-            self.conns.insert(h.0, c);
-            self.accepted.push_back((h.0, peer));
-            wake_all(&mut self.accept_wakers);
-        }
+            conns.insert(h.0, c);
+            accepted.push_back((h.0, peer));
+            wake_all(accept_wakers);
+        });
         let mut keys = std::mem::take(&mut self.touched);
         keys.sort_unstable();
         keys.dedup();
@@ -542,15 +565,14 @@ impl Core {
     }
 
     /// Collects what every state machine has to send, at most about
-    /// `max_bytes`, into `out` (datagrams, small frames to one host packed
-    /// into compound datagrams of at most `max_datagram` bytes). Returns
-    /// whether more may be waiting.
+    /// [`SEND_BYTES`](super::driver::SEND_BYTES), into `out` (datagrams,
+    /// small frames to one host packed into compound datagrams of at most
+    /// `max_datagram` bytes). Returns whether more may be waiting.
     pub(crate) fn collect(
         &mut self,
         now: Instant,
         out: &mut SendBatch,
         max_datagram: usize,
-        max_bytes: usize,
     ) -> bool {
         self.fbuf.clear();
         self.frames.clear();
@@ -560,23 +582,23 @@ impl Core {
             self.add_frame(t.dest.addr, &tmp);
         }
         self.tmp = tmp;
-        // Association packets are encoded straight into the outbox (one
-        // copy of the payload in user space, where the kernel's send takes
-        // it from); only frames small enough to share a compound datagram
-        // move to `fbuf` for packing.
-        let mut bytes = 0;
-        let assocs = &mut self.assocs;
-        while bytes < max_bytes {
-            let Some(n) = emit(out, &mut self.fbuf, &mut self.frames, max_datagram, |b| {
-                assocs.poll_transmit_append(now, b)
-            }) else {
-                break;
-            };
-            bytes += n;
-        }
+        // Association packets are encoded straight into the send batch
+        // (one copy of the payload in user space, where the kernel's send
+        // takes it from); only frames small enough to share a compound
+        // datagram move to `fbuf` for packing.
+        let more = self.assoc_io.transmit(
+            &mut self.assocs,
+            now,
+            &mut BatchOutlet {
+                out,
+                fbuf: &mut self.fbuf,
+                frames: &mut self.frames,
+                max_datagram,
+            },
+        );
         self.pack(out, max_datagram);
         self.next_deadline = self.poll_timeout();
-        bytes >= max_bytes
+        more
     }
 
     fn add_frame(&mut self, dest: SocketAddr, bytes: &[u8]) {

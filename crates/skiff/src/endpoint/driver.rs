@@ -104,7 +104,7 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                 core.stats.wakeups += 1;
                 core.after_input(now, limit);
                 if out.is_empty() {
-                    more |= core.collect(now, &mut out, max_datagram, SEND_BYTES);
+                    more |= core.collect(now, &mut out, max_datagram);
                 }
                 let deadline = core.poll_timeout();
                 shared.arm_timer(&mut core, deadline, false);

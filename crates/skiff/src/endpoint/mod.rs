@@ -30,6 +30,9 @@
 //! [`EndpointStats`], with the association endpoint's and the
 //! associations' own rejection counters.
 //!
+//! The endpoint thread runs the association endpoint through [`Pump`], the
+//! one thin driver that the node's mesh uses for its tunnels too.
+//!
 //! Dropping the endpoint stops the driver at once: its tunnels fail
 //! ([`TunnelError::EndpointGone`]) and their peers see them go silent (they
 //! detect a dead peer after `idle_timeout`). Close tunnels first to end
@@ -56,9 +59,11 @@ use crate::udp::{SendBatch, UdpConfig, UdpSocket};
 
 mod core;
 mod driver;
+mod pump;
 pub(crate) mod reliable;
 
 use self::core::{Conn, Core};
+pub use self::pump::{Outlet, Pump};
 
 /// Options of an endpoint locator (`udp://0.0.0.0:4711?…`), with their
 /// defaults.
@@ -554,12 +559,7 @@ impl Shared {
             return;
         }
         let now = Instant::now();
-        let more = core.collect(
-            now,
-            &mut out,
-            self.config.datagram_limit(),
-            driver::SEND_BYTES,
-        );
+        let more = core.collect(now, &mut out, self.config.datagram_limit());
         let deadline = core.poll_timeout();
         self.arm_timer(&mut core, deadline, true);
         drop(core);
