@@ -29,10 +29,9 @@ pub trait Outlet {
     ) -> Option<usize>;
 }
 
-/// Drives one association endpoint: see the module documentation. Polling
-/// order per round: input (the caller's `handle_datagram`s), then
-/// [`Pump::timers`], [`Pump::events`], the caller's own sends, and last
-/// [`Pump::transmit`].
+/// Drives one association endpoint: see the module documentation. Order
+/// per round: [`Pump::input`] for what arrived, then [`Pump::timers`],
+/// [`Pump::events`], the caller's own sends, and last [`Pump::transmit`].
 #[derive(Debug, Clone, Copy)]
 pub struct Pump {
     /// Bytes moved to the outlet per [`Pump::transmit`], about.
