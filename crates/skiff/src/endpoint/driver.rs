@@ -3,7 +3,7 @@
 //! and on each wake-up receives everything waiting, runs the state
 //! machines, and sends everything due in as few `sendmmsg` calls as it can
 //! (equal-size datagrams to one host as one GSO run) through the crate's
-//! one batching path, [`SendBatch`](crate::udp::SendBatch).
+//! one batching path, [`SendBatch`].
 //!
 //! The timer is a `timerfd` rather than tokio's (whose wheel rounds up to
 //! a millisecond, longer than a loopback probe timeout), and the
