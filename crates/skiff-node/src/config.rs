@@ -17,6 +17,7 @@
 //! max_connections = 65536
 //! max_requests = 65536          # requests in flight per client
 //! drain_timeout_ms = 2000       # graceful shutdown
+//! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
 //! ```
 
 use std::net::SocketAddr;
@@ -44,13 +45,24 @@ pub struct Limits {
     /// 16 MiB: it bounds the node's memory per slow client, and a larger
     /// queue does not move more (`bench/RESULTS.md` has the runs).
     pub max_pending_bytes: usize,
-    /// Most clients at once (TCP, Unix and in-process together).
+    /// Most clients at once (TCP, Unix and in-process together). A node
+    /// with listeners lowers it below its file-descriptor limit at start,
+    /// so that a client past it is refused with an error, not left waiting.
     pub max_connections: usize,
     /// Most requests one client may have awaiting replies.
     pub max_requests: usize,
     /// How long a graceful shutdown waits for queues to drain, in ms.
     pub drain_timeout_ms: u64,
+    /// Least time, in ms, a stream client has to send the rest of a frame
+    /// it has begun; a large frame gets more, at [`MIN_READ_RATE`]. Past
+    /// it the client is closed with an error naming it: a sender that
+    /// stops mid-frame holds no buffer for long.
+    pub read_timeout_ms: u64,
 }
+
+/// The slowest rate, in bytes per second, a client may send a frame at
+/// (above the `read_timeout_ms` floor).
+pub const MIN_READ_RATE: u64 = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -62,6 +74,7 @@ impl Default for Limits {
             max_connections: 65_536,
             max_requests: 65_536,
             drain_timeout_ms: 2_000,
+            read_timeout_ms: 10_000,
         }
     }
 }
@@ -70,6 +83,13 @@ impl Limits {
     /// How long a graceful shutdown waits for queues to drain.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// How long a frame of `len` bytes, once begun, may take to arrive:
+    /// `read_timeout_ms`, plus the time to send `len` at [`MIN_READ_RATE`].
+    pub fn frame_deadline(&self, len: usize) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+            + Duration::from_millis(len as u64 * 1000 / MIN_READ_RATE)
     }
 }
 
@@ -367,7 +387,8 @@ impl Config {
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+            "read_timeout_ms" => l.read_timeout_ms = num()?,
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms")),
         }
         Ok(())
     }
@@ -379,7 +400,7 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 21] = [
+        const NAMES: [&str; 22] = [
             "tcp",
             "unix",
             "shm",
@@ -401,6 +422,7 @@ impl Config {
             "max_connections",
             "max_requests",
             "drain_timeout_ms",
+            "read_timeout_ms",
         ];
         for (k, v) in vars {
             let Some(rest) = k.strip_prefix("SKIFF_") else {
