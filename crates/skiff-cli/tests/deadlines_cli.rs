@@ -146,7 +146,7 @@ fn clients_past_the_descriptor_limit_are_refused_with_an_error() {
     // 64 descriptors, hard limit too: max_connections (65,536 by default)
     // is lowered to 64 - 32 at start.
     let node = start_node("ulimit -n 64 &&", &[]);
-    let mut conns: Vec<TcpStream> = (0..40)
+    let mut conns: Vec<TcpStream> = (0..70)
         .map(|_| TcpStream::connect(&node.addr).unwrap())
         .collect();
     let mut refused = 0;
@@ -159,7 +159,7 @@ fn clients_past_the_descriptor_limit_are_refused_with_an_error() {
             refused += 1;
         }
     }
-    assert_eq!(refused, 40 - 32);
+    assert_eq!(refused, 70 - 32);
     // The CLI says why, promptly.
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_skiff"))
