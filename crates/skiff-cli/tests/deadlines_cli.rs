@@ -172,3 +172,40 @@ fn clients_past_the_descriptor_limit_are_refused_with_an_error() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     drop(conns);
 }
+
+#[test]
+fn silent_connections_are_closed_after_the_keepalive_and_clients_answer_it() {
+    let node = start_node("", &["ping_interval_ms=200", "max_pings_out=2"]);
+    let url = format!("skiff://{}", node.addr);
+    // A lone client has no keepalive of its own: only answering the
+    // node's pings keeps it.
+    let mut sub = Command::new(env!("CARGO_BIN_EXE_skiff"))
+        .args(["sub", "-n", &url, "ka.x", "--count", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while stats(&node.addr)["subscriptions"].as_u64() != Some(1) {
+        assert!(t.elapsed() < Duration::from_secs(10), "no subscriber");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A peer that reads but never sends: pinged, then closed with why.
+    let mut dead = TcpStream::connect(&node.addr).unwrap();
+    let got = read_to_close(&mut dead, Duration::from_secs(10));
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.contains("stale connection") && text.contains("max_pings_out"),
+        "closed without the reason: {text:?}"
+    );
+    // The subscriber was as silent for longer, and is still served.
+    let out = Command::new(env!("CARGO_BIN_EXE_skiff"))
+        .args(["pub", "-n", &url, "ka.x", "hi"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut got = String::new();
+    sub.stdout.take().unwrap().read_to_string(&mut got).unwrap();
+    assert!(sub.wait().unwrap().success());
+    assert_eq!(got, "ka.x hi\n");
+    assert!(stats(&node.addr)["limit_hits"].as_u64().unwrap() >= 1);
+}

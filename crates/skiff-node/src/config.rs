@@ -18,6 +18,8 @@
 //! max_requests = 65536          # requests in flight per client
 //! drain_timeout_ms = 2000       # graceful shutdown
 //! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
+//! ping_interval_ms = 120000     # ping a client silent this long (0: never)
+//! max_pings_out = 2             # close it after this many unanswered
 //! ```
 
 use std::net::SocketAddr;
@@ -58,6 +60,12 @@ pub struct Limits {
     /// it the client is closed with an error naming it: a sender that
     /// stops mid-frame holds no buffer for long.
     pub read_timeout_ms: u64,
+    /// A stream client the node has read nothing from for this long, in
+    /// ms, is sent a `Ping` (any frame answers it); 0: never.
+    pub ping_interval_ms: u64,
+    /// Pings left unanswered after which the client is closed with an
+    /// error naming these settings (nats-server's `max_pings_out`).
+    pub max_pings_out: u32,
 }
 
 /// The slowest rate, in bytes per second, a client may send a frame at
@@ -75,6 +83,8 @@ impl Default for Limits {
             max_requests: 65_536,
             drain_timeout_ms: 2_000,
             read_timeout_ms: 10_000,
+            ping_interval_ms: 120_000,
+            max_pings_out: 2,
         }
     }
 }
@@ -388,7 +398,11 @@ impl Config {
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
             "read_timeout_ms" => l.read_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms")),
+            "ping_interval_ms" => l.ping_interval_ms = num()?,
+            "max_pings_out" => {
+                l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
+            }
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
         }
         Ok(())
     }
@@ -400,7 +414,7 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 22] = [
+        const NAMES: [&str; 24] = [
             "tcp",
             "unix",
             "shm",
@@ -423,6 +437,8 @@ impl Config {
             "max_requests",
             "drain_timeout_ms",
             "read_timeout_ms",
+            "ping_interval_ms",
+            "max_pings_out",
         ];
         for (k, v) in vars {
             let Some(rest) = k.strip_prefix("SKIFF_") else {

@@ -14,6 +14,10 @@
 //! does not hold its buffer for long. The buffer grows with what was read
 //! (the decoder reserves at most as much again), not with the length a
 //! frame header claims.
+//!
+//! Keepalive, as nats-server's: a client the node has read nothing from
+//! for `ping_interval_ms` is sent a `Ping`, which any frame answers; after
+//! `max_pings_out` unanswered it is closed with an error naming them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +122,14 @@ async fn serve<R, W>(
     let mut partial: Option<(u64, Option<usize>, Instant)> = None;
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
+    // Keepalive: whether anything was read since the last tick, and the
+    // pings sent since something was.
+    let limits = broker.limits();
+    let keepalive = limits.ping_interval_ms > 0;
+    let every = Duration::from_millis(limits.ping_interval_ms.max(1));
+    let mut ping = tokio::time::interval_at(Instant::now() + every, every);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut heard, mut pings_out) = (false, 0u32);
     loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -126,6 +138,7 @@ async fn serve<R, W>(
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    heard = true;
                     if let Some(s) = &spin {
                         s.touch();
                     }
@@ -142,6 +155,21 @@ async fn serve<R, W>(
                     begun.elapsed().as_secs_f64(),
                 )));
                 break;
+            }
+            _ = ping.tick(), if keepalive => {
+                if std::mem::take(&mut heard) {
+                    pings_out = 0;
+                } else if pings_out >= limits.max_pings_out {
+                    broker.limit_hit();
+                    error = Some((Code::Limit, format!(
+                        "stale connection, closing it: {pings_out} pings unanswered (ping_interval_ms, max_pings_out)"
+                    )));
+                    break;
+                } else {
+                    pings_out += 1;
+                    out.control(ServerFrame::Ping);
+                }
+                continue;
             }
         }
         // Every whole frame read, in order; runs of publishes as one batch.

@@ -120,6 +120,7 @@ fn server_frames() -> Vec<ServerFrame> {
             json: "{}".into(),
         },
         F::Pong { corr: 1 },
+        F::Ping,
     ]
 }
 
