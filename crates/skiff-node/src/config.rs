@@ -541,6 +541,31 @@ mod tests {
     }
 
     #[test]
+    fn deadlines_from_toml_env_and_flags() {
+        let mut c = Config::from_toml(
+            "[limits]\nread_timeout_ms = 500\nping_interval_ms = 1000\n",
+            std::path::Path::new("d.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.limits.read_timeout_ms, c.limits.ping_interval_ms),
+            (500, 1000)
+        );
+        c.apply_env([("SKIFF_MAX_PINGS_OUT".into(), "5".into())])
+            .unwrap();
+        assert_eq!(c.limits.max_pings_out, 5);
+        c.set("ping_interval_ms", "0").unwrap();
+        assert_eq!(c.limits.ping_interval_ms, 0);
+        assert!(c.set("max_pings_out", "5000000000").is_err());
+        // A frame's deadline: the floor, plus its size at MIN_READ_RATE.
+        assert_eq!(c.limits.frame_deadline(0), Duration::from_millis(500));
+        assert_eq!(
+            c.limits.frame_deadline(MIN_READ_RATE as usize),
+            Duration::from_millis(1500)
+        );
+    }
+
+    #[test]
     fn workers_default_leaves_a_cpu_to_the_clients() {
         let mut c = Config::default();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

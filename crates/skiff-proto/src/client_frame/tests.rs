@@ -155,6 +155,19 @@ fn frames_round_trip_whole_and_byte_by_byte() {
 }
 
 #[test]
+fn a_partial_frame_gets_room_for_what_was_read_not_what_it_claims() {
+    let dec = Decoder::new(8 << 20);
+    let mut buf = BytesMut::from(&(8u32 << 20).to_le_bytes()[..]);
+    buf.extend_from_slice(&[1; 100]);
+    assert!(dec.next(&mut buf).unwrap().is_none());
+    assert!(buf.capacity() <= 256 << 10, "{}", buf.capacity());
+    // Past 64 KiB, at most as much again as it holds.
+    buf.extend_from_slice(&vec![1; 1 << 20]);
+    assert!(dec.next(&mut buf).unwrap().is_none());
+    assert!(buf.capacity() <= 4 << 20, "{}", buf.capacity());
+}
+
+#[test]
 fn bad_input_is_an_error_not_a_panic() {
     let dec = Decoder::new(1000);
     let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0x7f, 1][..]);
