@@ -51,6 +51,8 @@ fn raise_nofile_limit() -> Option<u64> {
             }
         }
     }
+    // `rlim_t` is u64 on Linux, not on every Unix.
+    #[allow(clippy::useless_conversion)]
     Some(u64::try_from(r.rlim_cur).unwrap_or(u64::MAX))
 }
 
