@@ -162,6 +162,12 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
                 eprintln!("skiff node listening on tcp {a}");
             }
             eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
+            let max = node.broker().limits().max_connections;
+            if max < cfg.limits.max_connections {
+                eprintln!(
+                    "skiff node: max_connections lowered to {max}, below the open-file limit"
+                );
+            }
             if let Some(us) = node.wake_latency_us() {
                 eprintln!(
                     "skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)"

@@ -17,6 +17,9 @@
 //! max_connections = 65536
 //! max_requests = 65536          # requests in flight per client
 //! drain_timeout_ms = 2000       # graceful shutdown
+//! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
+//! ping_interval_ms = 120000     # ping a client silent this long (0: never)
+//! max_pings_out = 2             # close it after this many unanswered
 //! ```
 
 use std::net::SocketAddr;
@@ -44,13 +47,30 @@ pub struct Limits {
     /// 16 MiB: it bounds the node's memory per slow client, and a larger
     /// queue does not move more (`bench/RESULTS.md` has the runs).
     pub max_pending_bytes: usize,
-    /// Most clients at once (TCP, Unix and in-process together).
+    /// Most clients at once (TCP, Unix and in-process together). A node
+    /// with listeners lowers it below its file-descriptor limit at start,
+    /// so that a client past it is refused with an error, not left waiting.
     pub max_connections: usize,
     /// Most requests one client may have awaiting replies.
     pub max_requests: usize,
     /// How long a graceful shutdown waits for queues to drain, in ms.
     pub drain_timeout_ms: u64,
+    /// Least time, in ms, a stream client has to send the rest of a frame
+    /// it has begun; a large frame gets more, at [`MIN_READ_RATE`]. Past
+    /// it the client is closed with an error naming it: a sender that
+    /// stops mid-frame holds no buffer for long.
+    pub read_timeout_ms: u64,
+    /// A stream client the node has read nothing from for this long, in
+    /// ms, is sent a `Ping` (any frame answers it); 0: never.
+    pub ping_interval_ms: u64,
+    /// Pings left unanswered after which the client is closed with an
+    /// error naming these settings (nats-server's `max_pings_out`).
+    pub max_pings_out: u32,
 }
+
+/// The slowest rate, in bytes per second, a client may send a frame at
+/// (above the `read_timeout_ms` floor).
+pub const MIN_READ_RATE: u64 = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -62,6 +82,9 @@ impl Default for Limits {
             max_connections: 65_536,
             max_requests: 65_536,
             drain_timeout_ms: 2_000,
+            read_timeout_ms: 10_000,
+            ping_interval_ms: 120_000,
+            max_pings_out: 2,
         }
     }
 }
@@ -70,6 +93,13 @@ impl Limits {
     /// How long a graceful shutdown waits for queues to drain.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// How long a frame of `len` bytes, once begun, may take to arrive:
+    /// `read_timeout_ms`, plus the time to send `len` at [`MIN_READ_RATE`].
+    pub fn frame_deadline(&self, len: usize) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+            + Duration::from_millis(len as u64 * 1000 / MIN_READ_RATE)
     }
 }
 
@@ -367,7 +397,12 @@ impl Config {
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms")),
+            "read_timeout_ms" => l.read_timeout_ms = num()?,
+            "ping_interval_ms" => l.ping_interval_ms = num()?,
+            "max_pings_out" => {
+                l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
+            }
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
         }
         Ok(())
     }
@@ -379,7 +414,7 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 21] = [
+        const NAMES: [&str; 24] = [
             "tcp",
             "unix",
             "shm",
@@ -401,6 +436,9 @@ impl Config {
             "max_connections",
             "max_requests",
             "drain_timeout_ms",
+            "read_timeout_ms",
+            "ping_interval_ms",
+            "max_pings_out",
         ];
         for (k, v) in vars {
             let Some(rest) = k.strip_prefix("SKIFF_") else {
@@ -500,6 +538,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("spin_us"), "{e}");
+    }
+
+    #[test]
+    fn deadlines_from_toml_env_and_flags() {
+        let mut c = Config::from_toml(
+            "[limits]\nread_timeout_ms = 500\nping_interval_ms = 1000\n",
+            std::path::Path::new("d.toml"),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.limits.read_timeout_ms, c.limits.ping_interval_ms),
+            (500, 1000)
+        );
+        c.apply_env([("SKIFF_MAX_PINGS_OUT".into(), "5".into())])
+            .unwrap();
+        assert_eq!(c.limits.max_pings_out, 5);
+        c.set("ping_interval_ms", "0").unwrap();
+        assert_eq!(c.limits.ping_interval_ms, 0);
+        assert!(c.set("max_pings_out", "5000000000").is_err());
+        // A frame's deadline: the floor, plus its size at MIN_READ_RATE.
+        assert_eq!(c.limits.frame_deadline(0), Duration::from_millis(500));
+        assert_eq!(
+            c.limits.frame_deadline(MIN_READ_RATE as usize),
+            Duration::from_millis(1500)
+        );
     }
 
     #[test]

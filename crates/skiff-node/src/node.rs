@@ -24,6 +24,38 @@ use skiff::client::embed::{LocalLink, LocalNode, Refusal};
 use skiff::spin::Spin;
 use skiff_proto::client_frame::Code;
 
+/// Descriptors a node keeps for other than its clients (listeners, the
+/// mesh, shared memory, the runtime, files).
+pub const FD_RESERVE: u64 = 32;
+
+/// Raises this process's soft limit on open files to its hard limit;
+/// returns the soft limit then in force, `None` if it cannot be read.
+fn raise_nofile_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the `rlimit`
+    // passed, a valid local that outlives the calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return None;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let up = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &up) == 0 {
+                r = up;
+            }
+        }
+    }
+    // `rlim_t` is u64 on Linux, not on every Unix.
+    #[allow(clippy::useless_conversion)]
+    Some(u64::try_from(r.rlim_cur).unwrap_or(u64::MAX))
+}
+
 /// A running node: its listeners and connections run as tokio tasks on the
 /// runtime that started it.
 #[derive(Debug)]
@@ -62,7 +94,23 @@ impl Node {
     /// [`Node::tcp_addr`]). With `wake_latency_us` set, fails if the
     /// request cannot be held (it needs root): a setting asked for is not
     /// silently dropped.
+    ///
+    /// Raises the soft limit on open files to the hard one, and lowers
+    /// `max_connections` below what the limit leaves ([`FD_RESERVE`] kept
+    /// for listeners, the mesh and files): a client past it is then
+    /// refused with an error, where a node out of descriptors could not
+    /// even accept it.
     pub async fn start(config: &Config) -> io::Result<Node> {
+        let mut capped;
+        let mut config = config;
+        if let Some(fds) = raise_nofile_limit() {
+            let room = (fds.saturating_sub(FD_RESERVE) as usize).max(1);
+            if config.limits.max_connections > room {
+                capped = config.clone();
+                capped.limits.max_connections = room;
+                config = &capped;
+            }
+        }
         let mut node = Node::embedded(config);
         if let Some(us) = config.wake_latency_us {
             node.wake = Some(crate::wake::WakeLatency::request(us).map_err(|e| {

@@ -67,4 +67,10 @@ impl Broker {
     pub fn protocol_error(&self) {
         self.counters.protocol_errors.fetch_add(1, Relaxed);
     }
+
+    /// Counts a limit reached by a front end (the caller closes the
+    /// client with an error naming it), e.g. a read deadline.
+    pub fn limit_hit(&self) {
+        self.counters.limit_hits.fetch_add(1, Relaxed);
+    }
 }

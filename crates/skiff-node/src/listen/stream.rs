@@ -7,9 +7,22 @@
 //! every ready frame from the client's outbox in one batch and writes them
 //! with one system call. A frame that does not decode closes that client
 //! with an error frame; the node goes on.
+//!
+//! A frame begun must be whole within its deadline
+//! ([`crate::config::Limits::frame_deadline`]), or the client is closed
+//! with an error naming `read_timeout_ms`: a sender that stops mid-frame
+//! does not hold its buffer for long. The buffer grows with what was read
+//! (the decoder reserves at most as much again), not with the length a
+//! frame header claims.
+//!
+//! Keepalive, as nats-server's: a client the node has read nothing from
+//! for `ping_interval_ms` is sent a `Ping`, which any frame answers; after
+//! `max_pings_out` unanswered it is closed with an error naming them.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -21,7 +34,7 @@ use crate::broker::Broker;
 use crate::outbox::ClientOut;
 use crate::session::Session;
 use skiff::spin::Spin;
-use skiff_proto::client_frame::ServerFrame;
+use skiff_proto::client_frame::{Code, ServerFrame, LEN_PREFIX};
 
 pub(crate) async fn accept_tcp(
     l: TcpListener,
@@ -104,6 +117,19 @@ async fn serve<R, W>(
     let mut session = Session::new(broker.limits(), "connection");
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error = None;
+    // The frame left partly read in `buf`, if any: (frames read before it,
+    // its length once known, when it began); `timer` fires at its deadline.
+    let mut partial: Option<(u64, Option<usize>, Instant)> = None;
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    // Keepalive: whether anything was read since the last tick, and the
+    // pings sent since something was.
+    let limits = broker.limits();
+    let keepalive = limits.ping_interval_ms > 0;
+    let every = Duration::from_millis(limits.ping_interval_ms.max(1));
+    let mut ping = tokio::time::interval_at(Instant::now() + every, every);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut heard, mut pings_out) = (false, 0u32);
     loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -112,6 +138,7 @@ async fn serve<R, W>(
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    heard = true;
                     if let Some(s) = &spin {
                         s.touch();
                     }
@@ -119,12 +146,38 @@ async fn serve<R, W>(
             },
             _ = out.closed() => break,
             _ = stop.changed() => break,
+            _ = &mut timer, if partial.is_some() => {
+                let (_, len, begun) = partial.expect("armed");
+                broker.limit_hit();
+                error = Some((Code::Limit, format!(
+                    "read timeout, closing this connection: a frame of {} bytes begun {:.1} s ago is not whole (read_timeout_ms)",
+                    len.map_or("unknown".into(), |l| l.to_string()),
+                    begun.elapsed().as_secs_f64(),
+                )));
+                break;
+            }
+            _ = ping.tick(), if keepalive => {
+                if std::mem::take(&mut heard) {
+                    pings_out = 0;
+                } else if pings_out >= limits.max_pings_out {
+                    broker.limit_hit();
+                    error = Some((Code::Limit, format!(
+                        "stale connection, closing it: {pings_out} pings unanswered (ping_interval_ms, max_pings_out)"
+                    )));
+                    break;
+                } else {
+                    pings_out += 1;
+                    out.control(ServerFrame::Ping);
+                }
+                continue;
+            }
         }
         // Every whole frame read, in order; runs of publishes as one batch.
         if let Err(e) = super::feed(&broker, &out, &mut session, &mut buf).await {
             error = Some(e);
             break;
         }
+        arm_deadline(&mut partial, timer.as_mut(), &buf, &session, &broker);
     }
     if *stop.borrow() && error.is_none() {
         // Shutting down: the node drains, then closes every client.
@@ -133,6 +186,39 @@ async fn serve<R, W>(
     }
     broker.detach(out.id, error);
     let _ = writer.await;
+}
+
+/// Keeps `partial` and `timer` up to date with what is left in `buf` once
+/// every whole frame was taken: no deadline when it is empty; a new one
+/// when a new frame has begun; a later one once that frame's header tells
+/// its length. Reads no clock unless a read ends mid-frame.
+fn arm_deadline(
+    partial: &mut Option<(u64, Option<usize>, Instant)>,
+    timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    buf: &BytesMut,
+    session: &Session,
+    broker: &Broker,
+) {
+    if buf.is_empty() {
+        *partial = None;
+        return;
+    }
+    let len = (buf.len() >= LEN_PREFIX).then(|| {
+        let mut l = [0; LEN_PREFIX];
+        l.copy_from_slice(&buf[..LEN_PREFIX]);
+        LEN_PREFIX + u32::from_le_bytes(l) as usize
+    });
+    let begun = match *partial {
+        Some((frames, known, begun)) if frames == session.frames() => {
+            if known == len {
+                return;
+            }
+            begun
+        }
+        _ => Instant::now(),
+    };
+    *partial = Some((session.frames(), len, begun));
+    timer.reset(begun + broker.limits().frame_deadline(len.unwrap_or(0)));
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(out: Arc<ClientOut>, mut w: W) {

@@ -93,6 +93,9 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Least room [`Decoder::next`] gives a partly read frame at a time.
+const GROW_MIN: usize = 64 * 1024;
+
 /// Splits a byte stream into frame bodies. Total and bounded: a length
 /// above `max_frame` is an error before any byte of the body is reserved.
 #[derive(Debug)]
@@ -124,15 +127,19 @@ impl Decoder {
     }
 
     /// The next frame body in `buf`, removed from it; `Ok(None)` when more
-    /// bytes are needed. On `Ok(None)`, `buf` has been given room for the
-    /// rest of the frame (never more than `max_frame`).
+    /// bytes are needed. On `Ok(None)`, `buf` has been given room for more
+    /// of the frame: at most as much again as it holds (at least
+    /// 64 KiB), never past the frame's end, so what a sender that
+    /// stops mid-frame makes the reader hold grows with what it sent, not
+    /// with the length it claimed.
     pub fn next(&self, buf: &mut BytesMut) -> Result<Option<Bytes>, WireError> {
         if buf.len() < LEN_PREFIX {
             return Ok(None);
         }
         let len = self.body_len(&buf[..LEN_PREFIX])?;
         if buf.len() < LEN_PREFIX + len {
-            buf.reserve(LEN_PREFIX + len - buf.len());
+            let rest = LEN_PREFIX + len - buf.len();
+            buf.reserve(rest.min(buf.len().max(GROW_MIN)));
             return Ok(None);
         }
         buf.advance(LEN_PREFIX);

@@ -30,7 +30,7 @@
 //! s:cluster [msg]`, `Reply v:rid [msg]`, `ReqDone v:rid v:code`,
 //! `TunIncoming v:tunnel s:cluster v:window`, `TunOpened v:corr v:tunnel
 //! v:window`, `TunData`, `TunCredit`, `TunClose` as above, `Stats v:corr
-//! s:json`, `Pong v:corr`.
+//! s:json`, `Pong v:corr`, `Ping`.
 //!
 //! [`Decoder`] is total and bounded: it checks the body length against its
 //! limit before it reserves anything, and any input yields a frame, a need
@@ -413,6 +413,10 @@ pub enum ServerFrame {
         /// From `Ping`.
         corr: u64,
     },
+    /// The node's keepalive: it has read nothing from this client for
+    /// `ping_interval_ms`; the client answers with any frame (a `Ping`),
+    /// or is closed after `max_pings_out` unanswered.
+    Ping,
 }
 
 mod op {
@@ -449,6 +453,7 @@ mod op {
     pub(super) const S_TUN_CLOSE: u8 = 77;
     pub(super) const S_STATS: u8 = 78;
     pub(super) const PONG: u8 = 79;
+    pub(super) const S_PING: u8 = 80;
 }
 
 mod body;

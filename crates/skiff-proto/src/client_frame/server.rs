@@ -91,6 +91,7 @@ impl ServerFrame {
             F::TunClose { tunnel } => Enc::new(out, op::S_TUN_CLOSE).v(*tunnel).end(),
             F::Stats { corr, json } => Enc::new(out, op::S_STATS).v(*corr).s(json.as_bytes()).end(),
             F::Pong { corr } => Enc::new(out, op::PONG).v(*corr).end(),
+            F::Ping => Enc::new(out, op::S_PING).end(),
         }
     }
 
@@ -176,6 +177,7 @@ impl ServerFrame {
                 json: r.string("stats", 16 << 20)?,
             },
             op::PONG => F::Pong { corr: r.v("corr")? },
+            op::S_PING => F::Ping,
             _ => return Err(WireError::Malformed("unknown server frame op")),
         };
         r.finish()?;

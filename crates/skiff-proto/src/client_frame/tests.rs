@@ -120,6 +120,7 @@ fn server_frames() -> Vec<ServerFrame> {
             json: "{}".into(),
         },
         F::Pong { corr: 1 },
+        F::Ping,
     ]
 }
 
@@ -151,6 +152,19 @@ fn frames_round_trip_whole_and_byte_by_byte() {
         got.push(ServerFrame::decode(body, 1 << 20).unwrap());
     }
     assert_eq!(got, server_frames());
+}
+
+#[test]
+fn a_partial_frame_gets_room_for_what_was_read_not_what_it_claims() {
+    let dec = Decoder::new(8 << 20);
+    let mut buf = BytesMut::from(&(8u32 << 20).to_le_bytes()[..]);
+    buf.extend_from_slice(&[1; 100]);
+    assert!(dec.next(&mut buf).unwrap().is_none());
+    assert!(buf.capacity() <= 256 << 10, "{}", buf.capacity());
+    // Past 64 KiB, at most as much again as it holds.
+    buf.extend_from_slice(&vec![1; 1 << 20]);
+    assert!(dec.next(&mut buf).unwrap().is_none());
+    assert!(buf.capacity() <= 4 << 20, "{}", buf.capacity());
 }
 
 #[test]

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use skiff_proto::client_frame::{Code, ServerFrame, ASYNC_ERROR};
+use skiff_proto::client_frame::{ClientFrame, Code, ServerFrame, ASYNC_ERROR};
 use skiff_proto::{Message, WireError};
 
 use super::cluster::{Incoming, Request, Tunnel};
@@ -48,9 +48,10 @@ impl Inner {
         bad: &mut Option<WireError>,
     ) -> Option<(Code, String)> {
         let mut fatal = None;
+        let mut pinged = false;
         let epoch = self.epoch();
-        let mut st = self.state.lock();
-        let st = &mut *st;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         // Consecutive messages for one subscription go straight into its
         // inbox under one lock, with one wake-up.
         let mut run: Option<Run> = None;
@@ -73,6 +74,7 @@ impl Inner {
             }
             end_run(run.take());
             match item.frame() {
+                Ok(ServerFrame::Ping) => pinged = true,
                 Ok(f) => {
                     if let Some(f) = self.on_frame(st, f, epoch) {
                         fatal = Some(f);
@@ -85,6 +87,11 @@ impl Inner {
             }
         }
         end_run(run);
+        drop(guard);
+        if pinged {
+            // The node's keepalive: any frame answers it.
+            let _ = self.send_now(ClientFrame::Ping { corr: 0 });
+        }
         fatal
     }
 
