@@ -185,7 +185,7 @@ struct State {
     failovers: u64,
     listeners: Listeners,
     /// Why the node closed this client.
-    fatal: Option<String>,
+    fatal: Option<(Code, String)>,
     /// Errors about publishes, which have no call to return them to.
     async_errors: u64,
     last_async_error: Option<String>,
@@ -498,9 +498,9 @@ impl Inner {
 
     pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
         if self.failed.load(Ordering::Acquire) {
-            if let Some(e) = &self.state.lock().fatal {
+            if let Some((code, e)) = &self.state.lock().fatal {
                 return Err(Error::Refused {
-                    code: Code::Shutdown,
+                    code: *code,
                     reason: e.clone(),
                 });
             }
@@ -554,8 +554,8 @@ impl Inner {
 
     fn closed_error(&self) -> Error {
         match &self.state.lock().fatal {
-            Some(e) => Error::Refused {
-                code: Code::Shutdown,
+            Some((code, e)) => Error::Refused {
+                code: *code,
                 reason: e.clone(),
             },
             None => Error::Closed,
@@ -564,23 +564,34 @@ impl Inner {
 
     /// The node closed this client: everything waiting learns why.
     pub(crate) fn fail(&self, why: String) {
+        self.fail_with(Code::Shutdown, why);
+    }
+
+    /// The client is closed for good for `why`: everything waiting learns
+    /// it, under `code` ([`Code::Protocol`] when the node sent what this
+    /// client cannot read).
+    pub(crate) fn fail_with(&self, code: Code, why: String) {
         {
             let mut st = self.state.lock();
             if st.fatal.is_none() {
-                st.fatal = Some(why.clone());
+                st.fatal = Some((code, why.clone()));
                 self.failed.store(true, Ordering::Release);
             }
         }
-        self.shut(Some(why));
+        self.shut(Some((code, why)));
     }
 
     /// The client is closed for good, by the node (`why`) or the
     /// application (`None`): everything waiting ends.
-    pub(crate) fn shut(&self, why: Option<String>) {
+    pub(crate) fn shut(&self, why: Option<(Code, String)>) {
         let mut st = self.state.lock();
+        let (code, why) = match why {
+            Some((code, w)) => (code, Some(w)),
+            None => (Code::Shutdown, None),
+        };
         let err = || match &why {
             Some(w) => Error::Refused {
-                code: Code::Shutdown,
+                code,
                 reason: w.clone(),
             },
             None => Error::Closed,
