@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::out::outln;
+
 use bytes::Bytes;
 use skiff::{Message, Queue};
 
@@ -13,14 +15,14 @@ struct Reading {
 }
 
 pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
-    println!("skiff demo: two datagram queues on 127.0.0.1 (CMQ's push/pop)\n");
+    outln!("skiff demo: two datagram queues on 127.0.0.1 (CMQ's push/pop)\n");
     let alice = Queue::bind("udp://127.0.0.1:0")?;
     let bob = Queue::bind("udp://127.0.0.1:0?qthresh=512&timeout=200ms")?;
-    println!(
+    outln!(
         "alice  {}  natural batching (timeout=0)",
         alice.local_addr()
     );
-    println!(
+    outln!(
         "bob    {}  qthresh=512 bytes, timeout=200ms (the CMQ paper's setting)\n",
         bob.local_addr()
     );
@@ -35,7 +37,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     let m = bob
         .pop_blocking(Some(Duration::from_secs(2)))
         .ok_or("bob got nothing")?;
-    println!(
+    outln!(
         "1. alice -> bob: {:?} subject={} type={:?} fields={:?} seq={} in {:?}",
         String::from_utf8_lossy(&m.payload),
         m.subject,
@@ -62,7 +64,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    println!("2. typed: bob popped {r:?}");
+    outln!("2. typed: bob popped {r:?}");
 
     // 3. Batching: bob replies with 1000 small messages; they wait for
     //    qthresh or the 200 ms timeout and leave in few datagrams.
@@ -81,7 +83,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         got += 1;
     }
     let s = bob.stats();
-    println!(
+    outln!(
         "3. batching: bob pushed 1000 x 4-byte messages; they travelled in {} datagrams ({:.0} messages each);\n   \
          alice popped {got} in {:?} (the last, partial batch waited for bob's 200 ms timeout)",
         s.sent_batches,
@@ -92,7 +94,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     // 4. Non-blocking pop returns at once when nothing is there.
     let t = Instant::now();
     let none = alice.try_pop();
-    println!(
+    outln!(
         "4. try_pop on an empty queue: {:?} after {:?}",
         none.map(|_| "message"),
         t.elapsed()
@@ -101,16 +103,16 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     // 5. Bad input is refused with a clear error, never silently.
     let big = Message::from_payload(vec![0u8; 2000]);
     match alice.push(bob.local_addr(), &big) {
-        Err(e) => println!("5. a 2000-byte message on a 1472-byte path: {e}"),
+        Err(e) => outln!("5. a 2000-byte message on a 1472-byte path: {e}"),
         Ok(()) => return Err("an oversized message was accepted".into()),
     }
     match Queue::bind("udp://127.0.0.1:0?qthresh=lots") {
-        Err(e) => println!("   a bad locator: {e}"),
+        Err(e) => outln!("   a bad locator: {e}"),
         Ok(_) => return Err("a bad locator was accepted".into()),
     }
 
     let (a, b) = (alice.stats(), bob.stats());
-    println!(
+    outln!(
         "\nstats  alice: sent {} msgs in {} datagrams, received {}, lost {}, dropped {}",
         a.sent_messages,
         a.sent_batches,
@@ -118,7 +120,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         a.lost,
         a.dropped.total()
     );
-    println!(
+    outln!(
         "       bob:   sent {} msgs in {} datagrams, received {}, lost {}, dropped {}",
         b.sent_messages,
         b.sent_batches,
@@ -130,7 +132,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("alice received {got} of 1000 messages").into());
     }
     node_demo()?;
-    println!("\ndemo complete.");
+    outln!("\ndemo complete.");
     Ok(())
 }
 
@@ -143,7 +145,7 @@ fn node_demo() -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        println!("\nskiff demo: a node inside this process (mem://)\n");
+        outln!("\nskiff demo: a node inside this process (mem://)\n");
         let a = Client::connect("mem://demo").await?;
         let b = Client::connect("mem://demo").await?;
         let wait = Duration::from_secs(2);
@@ -153,7 +155,7 @@ fn node_demo() -> Result<(), Box<dyn std::error::Error>> {
         let mut sub = b.subscribe("daq.*.rate", "*").await?;
         a.publish(Message::new("daq.hallb.rate", "42 kHz")).await?;
         let d = tokio::time::timeout(wait, sub.recv()).await?.ok_or("no message")?;
-        println!(
+        outln!(
             "6. publish/subscribe: b's `daq.*.rate` got {} {:?}",
             d.subject,
             String::from_utf8_lossy(&d.payload)
@@ -169,9 +171,9 @@ fn node_demo() -> Result<(), Box<dyn std::error::Error>> {
             }
         });
         let r = a.request("svc.upper", Message::new("", "hello"), wait).await?;
-        println!("7. request svc.upper \"hello\" -> {:?}", String::from_utf8_lossy(&r.payload));
+        outln!("7. request svc.upper \"hello\" -> {:?}", String::from_utf8_lossy(&r.payload));
         match a.request("svc.nobody", Message::new("", "?"), wait).await {
-            Err(e) => println!("   request svc.nobody -> {e}"),
+            Err(e) => outln!("   request svc.nobody -> {e}"),
             Ok(_) => return Err("a request with no responders was answered".into()),
         }
 
@@ -207,14 +209,14 @@ fn node_demo() -> Result<(), Box<dyn std::error::Error>> {
             let r = a.request(Target::cluster("workers"), Message::new("", "job"), wait).await?;
             who.push(String::from_utf8_lossy(&r.payload).into_owned());
         }
-        println!("8. 8 requests to cluster `workers` (capacities small=1, big=3): {}", who.join(" "));
+        outln!("8. 8 requests to cluster `workers` (capacities small=1, big=3): {}", who.join(" "));
         a.broadcast("workers", Message::new("all.hands", "stop")).await?;
         for h in handles {
             let (name, n, _c) = tokio::time::timeout(wait, h).await??;
-            println!("   broadcast reached {name} ({n})");
+            outln!("   broadcast reached {name} ({n})");
         }
         let st = a.stats().await?;
-        println!(
+        outln!(
             "   node stats: {} clients, {} subscriptions, {} published, {} requests, {} no responders",
             st.connections, st.subscriptions, st.published, st.requests, st.no_responders
         );

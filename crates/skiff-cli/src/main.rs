@@ -6,6 +6,7 @@ use skiff_cli::bench;
 
 mod demo;
 mod node_cmd;
+mod out;
 mod queue_cmd;
 mod tunnel_cmd;
 
@@ -62,6 +63,9 @@ fn main() {
         Command::Bench(a) => bench::run(a),
     };
     if let Err(e) = result {
+        if out::is_broken_pipe(e.as_ref()) {
+            std::process::exit(out::BROKEN_PIPE_EXIT);
+        }
         eprintln!("skiff: {e}");
         std::process::exit(1);
     }

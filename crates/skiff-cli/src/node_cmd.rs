@@ -6,6 +6,8 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::out::outln;
+
 use bytes::Bytes;
 use skiff::client::{Client, ClientEvent, Incoming, Policy, SubOptions, Target};
 use skiff::Message;
@@ -295,7 +297,7 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
             let Some(d) = d else {
                 break;
             };
-            println!("{}", show(&d));
+            outln!("{}", show(&d));
             if s.dropped() != dropped {
                 dropped = s.dropped();
                 eprintln!(
@@ -369,12 +371,12 @@ pub(crate) fn request(a: ReqArgs) -> Result<()> {
         match a.many {
             Some(max) => {
                 for r in c.request_many(target, msg, a.timeout, max).await? {
-                    println!("{}", String::from_utf8_lossy(&r.payload));
+                    outln!("{}", String::from_utf8_lossy(&r.payload));
                 }
             }
             None => {
                 let r = c.request(target, msg, a.timeout).await?;
-                println!("{}", String::from_utf8_lossy(&r.payload));
+                outln!("{}", String::from_utf8_lossy(&r.payload));
             }
         }
         Ok(())
@@ -423,7 +425,7 @@ pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
                         r.reply(out).await?;
                         n += 1;
                     }
-                    Incoming::Broadcast(b) => println!("broadcast: {}", show(&b)),
+                    Incoming::Broadcast(b) => outln!("broadcast: {}", show(&b)),
                     _ => {}
                 }
                 if done(n) {
@@ -465,7 +467,7 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let c = a.loc.connect().await?;
         if a.json {
-            println!("{}", c.stats_json().await?);
+            outln!("{}", c.stats_json().await?);
             return Ok(());
         }
         let s = c.stats().await?;
@@ -474,21 +476,21 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 return Err("this node is not part of a mesh (start it with --mesh)".into());
             };
             let t = &m.stats;
-            println!("mesh {:?}: this node {}, {} member(s) up", m.net, m.me, t.members_up);
-            println!(
+            outln!("mesh {:?}: this node {}, {} member(s) up", m.net, m.me, t.members_up);
+            outln!(
                 "      dropped: wrong net {}, malformed {}, unknown sender {}, member limit {}, bad membership {}, rate limited {}, interest limit {}, stale interest {}, bad frames {}, send errors {}",
                 t.wrong_net, t.malformed, t.unknown_sender, t.member_limit, t.bad_membership, t.rate_limited, t.interest_limit, t.stale_interest, m.bad_frames, m.send_errors
             );
-            println!(
+            outln!(
                 "      syncs asked {}, sent {}; scout errors {}, dns errors {}; remote deliveries dropped {}",
                 t.syncs_requested, t.syncs_sent, m.scout_errors, m.dns_errors, s.remote_drops
             );
-            println!(
+            outln!(
                 "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
                 "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup"
             );
             for p in &m.peers {
-                println!(
+                outln!(
                     "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
                     p.addr.to_string(),
                     p.gen % 10_000,
@@ -505,11 +507,11 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
             }
             return Ok(());
         }
-        println!(
+        outln!(
             "node: up {:.0}s, {} client(s) ({} since start), {} subscription(s), {} cluster(s), {} tunnel(s)",
             s.uptime_s, s.connections, s.connections_total, s.subscriptions, s.clusters, s.tunnels
         );
-        println!(
+        outln!(
             "      published {}, requests {}, replies {}, no responders {}, broadcasts {}, limit hits {}, protocol errors {}, slow consumers {}",
             s.published, s.requests, s.replies, s.no_responders, s.broadcasts, s.limit_hits, s.protocol_errors, s.slow_consumers
         );
@@ -517,12 +519,12 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
             if cl.id == c.id() {
                 continue; // this command's own connection
             }
-            println!(
+            outln!(
                 "client {} {}: published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
                 cl.id, cl.peer, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
             );
             for sub in &cl.subscriptions {
-                println!(
+                outln!(
                     "  sub {} {} [{}] {}: queued {}, delivered {}, dropped {}",
                     sub.sid, sub.pattern, sub.kind, sub.policy, sub.counters.queued, sub.counters.delivered, sub.counters.dropped
                 );

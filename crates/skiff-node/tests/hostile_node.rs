@@ -134,3 +134,57 @@ async fn bad_frame_after_one_message(bad: impl FnOnce(u64) -> Vec<u8> + Send + '
     }
     fake.abort();
 }
+
+/// A node from before stats came in pages answers `Stats` with one frame
+/// over the client's bound: the call fails with a protocol error that
+/// says so (the frame's size and the bound), not as a node shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_in_one_frame_over_the_bound_fail_as_what_they_are() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let fake = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        drop(l);
+        let mut out = Vec::new();
+        ServerFrame::Welcome {
+            client: 7,
+            max_payload: 1 << 20,
+        }
+        .encode(&mut out);
+        s.write_all(&out).await.unwrap();
+        let dec = Decoder::new(1 << 21);
+        let mut buf = BytesMut::new();
+        let corr = loop {
+            if let Some(body) = dec.next(&mut buf).unwrap() {
+                if let ClientFrame::Stats { corr } = ClientFrame::decode(body, 1 << 20).unwrap() {
+                    break corr;
+                }
+                continue;
+            }
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "client left");
+        };
+        out.clear();
+        let json = format!("{{\"pad\":\"{}\"}}", "x".repeat(1_200_000));
+        ServerFrame::Stats { corr, json }.encode(&mut out);
+        s.write_all(&out).await.unwrap();
+        tokio::time::sleep(PATIENCE).await;
+    });
+
+    let c = Client::connect(&format!("skiff://{addr}?connect_timeout=200ms"))
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(PATIENCE, c.stats_json())
+        .await
+        .expect("the call ends")
+        .expect_err("a frame over the bound");
+    match &e {
+        skiff::Error::Refused { code, reason } => {
+            assert_eq!(*code, skiff::client::Code::Protocol, "{e}");
+            assert!(reason.contains("bad frame from the node"), "{e}");
+            assert!(reason.contains("over the limit"), "{e}");
+        }
+        other => panic!("not a refusal: {other}"),
+    }
+    assert!(!e.to_string().contains("Shutdown"), "{e}");
+    fake.abort();
+}

@@ -44,8 +44,26 @@ pub struct NodeStats {
     /// The mesh, when the node is part of one (`skiff stats --mesh`).
     #[serde(default)]
     pub mesh: Option<MeshView>,
-    /// Per client.
+    /// Per client, in order of id (on a page: those the page holds; a
+    /// client cut by the page's end is on the next page too, with the rest
+    /// of its subscriptions).
     pub clients: Vec<ClientStats>,
+    /// Where the next page starts, when this is a page and more remain
+    /// (ask with `StatsFrom`); absent on the last or only page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<StatsCursor>,
+}
+
+/// A place in the node's stats, in order of client id then subscription
+/// id: where a page starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StatsCursor {
+    /// The first client on the page (the first with this id or above).
+    pub client: u64,
+    /// When set, the page starts inside that client, at its first
+    /// subscription above this id.
+    #[serde(default)]
+    pub sid: Option<u64>,
 }
 
 /// One client's counters.

@@ -433,10 +433,8 @@ impl Broker {
                 self.tunnel_relay(me, tunnel, ServerFrame::TunCredit { tunnel, n }, None)?
             }
             F::TunClose { tunnel } => self.tunnel_close(me, tunnel),
-            F::Stats { corr } => {
-                let json = serde_json::to_string(&self.stats()).unwrap_or_default();
-                me.control(ServerFrame::Stats { corr, json });
-            }
+            F::Stats { corr } => self.stats_reply(me, corr, None),
+            F::StatsFrom { corr, from } => self.stats_reply(me, corr, Some(from)),
             F::Ping { corr } => me.control(ServerFrame::Pong { corr }),
         }
         Ok(())

@@ -1,46 +1,114 @@
-//! The broker's counters as a [`NodeStats`] snapshot.
+//! The broker's counters as a [`NodeStats`] snapshot, whole or one page at
+//! a time.
 
+use std::io;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use skiff_proto::stats::{ClientStats, NodeStats, SubStats};
+use skiff_proto::client_frame::{ServerFrame, FRAME_OVERHEAD, STATS_PAGE};
+use skiff_proto::stats::{ClientStats, NodeStats, StatsCursor, SubStats};
 
 use super::Broker;
+use crate::outbox::ClientOut;
 
 impl Broker {
+    /// Answers `Stats` (`from` `None`) or `StatsFrom` with one page, well
+    /// inside the frame bound of the client, which takes frames up to
+    /// `max_payload + FRAME_OVERHEAD`.
+    pub(super) fn stats_reply(&self, me: &Arc<ClientOut>, corr: u64, from: Option<StatsCursor>) {
+        let cap = STATS_PAGE.min(self.limits.max_payload + FRAME_OVERHEAD / 2);
+        let page = self.stats_page(from, cap);
+        let json = serde_json::to_string(&page).unwrap_or_default();
+        me.control(ServerFrame::Stats { corr, json });
+    }
+
     /// Every counter: the node's, each client's and each subscription's.
     pub fn stats(&self) -> NodeStats {
+        self.stats_page(None, usize::MAX)
+    }
+
+    /// The page of [`Broker::stats`] that starts at `from` (`None`: the
+    /// first page, the only one with the mesh), holding clients and
+    /// subscriptions in order of id until their JSON would pass `cap`
+    /// bytes (at least one), and `next` when more remain. Built from the
+    /// live state: counters may move between pages.
+    pub fn stats_page(&self, from: Option<StatsCursor>, cap: usize) -> NodeStats {
         let st = self.state.lock();
         let c = &self.counters;
-        let mut clients: Vec<ClientStats> = st
+        let start = from.map_or(0, |f| f.client);
+        let mut ids: Vec<u64> = st
             .clients
-            .iter()
-            .map(|(&id, e)| {
-                let (pending_bytes, delivered, dropped_control) = e.out.counters();
-                let mut subscriptions: Vec<SubStats> = e
-                    .sids
-                    .iter()
-                    .map(|(&sid, (_, policy, pattern, kind))| SubStats {
-                        sid,
-                        pattern: pattern.clone(),
-                        kind: kind.clone(),
-                        policy: policy.name().into(),
-                        counters: e.out.sub_counters(sid).unwrap_or_default(),
-                    })
-                    .collect();
-                subscriptions.sort_by_key(|s| s.sid);
-                ClientStats {
-                    id,
-                    peer: e.peer.clone(),
-                    published: e.published,
-                    delivered,
-                    pending_bytes,
-                    dropped_control,
-                    requests_waiting: e.requests.len(),
-                    subscriptions,
-                }
-            })
+            .keys()
+            .copied()
+            .filter(|&id| id >= start)
             .collect();
-        clients.sort_by_key(|c| c.id);
+        ids.sort_unstable();
+        let mut clients: Vec<ClientStats> = Vec::new();
+        let mut size = 0usize;
+        let mut next = None;
+        'clients: for id in ids {
+            let e = &st.clients[&id];
+            // Inside the cursor's client: only the subscriptions after it.
+            let after = from.filter(|f| f.client == id).and_then(|f| f.sid);
+            let mut sids: Vec<_> = e
+                .sids
+                .iter()
+                .filter(|(&sid, _)| after.is_none_or(|a| sid > a))
+                .collect();
+            if after.is_some() && sids.is_empty() {
+                continue;
+            }
+            sids.sort_unstable_by_key(|(&sid, _)| sid);
+            let (pending_bytes, delivered, dropped_control) = e.out.counters();
+            let mut cl = ClientStats {
+                id,
+                peer: e.peer.clone(),
+                published: e.published,
+                delivered,
+                pending_bytes,
+                dropped_control,
+                requests_waiting: e.requests.len(),
+                subscriptions: Vec::new(),
+            };
+            let head = json_len(&cl) + 1;
+            let mut first = true;
+            for (&sid, (_, policy, pattern, kind)) in sids {
+                let sub = SubStats {
+                    sid,
+                    pattern: pattern.clone(),
+                    kind: kind.clone(),
+                    policy: policy.name().into(),
+                    counters: e.out.sub_counters(sid).unwrap_or_default(),
+                };
+                let n = json_len(&sub) + 1 + if first { head } else { 0 };
+                let empty = clients.is_empty() && cl.subscriptions.is_empty();
+                if size.saturating_add(n) > cap && !empty {
+                    next = Some(StatsCursor {
+                        client: id,
+                        sid: cl.subscriptions.last().map(|s| s.sid).or(after),
+                    });
+                    if !cl.subscriptions.is_empty() {
+                        clients.push(cl);
+                    }
+                    break 'clients;
+                }
+                size += n;
+                first = false;
+                cl.subscriptions.push(sub);
+            }
+            if first {
+                // No subscriptions: the client entry alone.
+                if size.saturating_add(head) > cap && !clients.is_empty() {
+                    next = Some(StatsCursor {
+                        client: id,
+                        sid: None,
+                    });
+                    break;
+                }
+                size += head;
+            }
+            clients.push(cl);
+        }
         NodeStats {
             uptime_s: self.started.elapsed().as_secs_f64(),
             connections: st.clients.len(),
@@ -57,8 +125,13 @@ impl Broker {
             protocol_errors: c.protocol_errors.load(Relaxed),
             slow_consumers: c.slow_consumers.load(Relaxed),
             remote_drops: self.remote_drops.load(Relaxed),
-            mesh: self.mesh.get().map(|m| m.view()),
+            mesh: if from.is_none() {
+                self.mesh.get().map(|m| m.view())
+            } else {
+                None
+            },
             clients,
+            next,
         }
     }
 
@@ -73,4 +146,21 @@ impl Broker {
     pub fn limit_hit(&self) {
         self.counters.limit_hits.fetch_add(1, Relaxed);
     }
+}
+
+/// The length of `v`'s JSON, without building it.
+fn json_len<T: serde::Serialize>(v: &T) -> usize {
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }

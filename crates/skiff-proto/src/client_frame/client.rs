@@ -86,6 +86,12 @@ impl ClientFrame {
             F::TunClose { tunnel } => Enc::new(out, op::TUN_CLOSE).v(*tunnel).end(),
             F::Stats { corr } => Enc::new(out, op::STATS).v(*corr).end(),
             F::Ping { corr } => Enc::new(out, op::PING).v(*corr).end(),
+            F::StatsFrom { corr, from } => Enc::new(out, op::STATS_FROM)
+                .v(*corr)
+                .v(from.client)
+                .u8(u8::from(from.sid.is_some()))
+                .v(from.sid.unwrap_or(0))
+                .end(),
         }
     }
 
@@ -154,6 +160,22 @@ impl ClientFrame {
             },
             op::STATS => F::Stats { corr: r.v("corr")? },
             op::PING => F::Ping { corr: r.v("corr")? },
+            op::STATS_FROM => F::StatsFrom {
+                corr: r.v("corr")?,
+                from: {
+                    let client = r.v("client")?;
+                    let mid = r.u8("mid")?;
+                    let sid = r.v("sid")?;
+                    crate::stats::StatsCursor {
+                        client,
+                        sid: match mid {
+                            0 => None,
+                            1 => Some(sid),
+                            _ => return Err(WireError::Malformed("bad stats cursor")),
+                        },
+                    }
+                },
+            },
             _ => return Err(WireError::Malformed("unknown client frame op")),
         };
         r.finish()?;

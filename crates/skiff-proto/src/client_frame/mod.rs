@@ -21,7 +21,8 @@
 //! `Cancel v:rid`, `Join v:corr s:cluster v:capacity`, `Leave v:corr
 //! s:cluster`, `Bcast s:cluster [msg]`, `TunOpen v:corr s:cluster s:key
 //! v:window`, `TunData v:tunnel [msg]`, `TunCredit v:tunnel v:n`, `TunClose
-//! v:tunnel`, `Stats v:corr`, `Ping v:corr`.
+//! v:tunnel`, `Stats v:corr`, `Ping v:corr`, `StatsFrom v:corr v:client
+//! u8:mid v:sid`.
 //!
 //! Node → client ([`ServerFrame`]): `Welcome v:client v:max_payload`,
 //! `Ack v:corr`, `Error v:corr v:code s:text` (corr 0: about the
@@ -31,6 +32,13 @@
 //! `TunIncoming v:tunnel s:cluster v:window`, `TunOpened v:corr v:tunnel
 //! v:window`, `TunData`, `TunCredit`, `TunClose` as above, `Stats v:corr
 //! s:json`, `Pong v:corr`, `Ping`.
+//!
+//! Stats come in pages: a `Stats` reply holds at most about
+//! [`STATS_PAGE`] bytes of JSON, and when more remain its JSON carries
+//! `next` ([`crate::stats::StatsCursor`]), which the client asks for with
+//! `StatsFrom` (the way `/connz?offset=` pages in NATS). One page is in
+//! flight at a time, so a big answer flows as the client reads it. A
+//! client that does not know `next` sees the first page.
 //!
 //! [`Decoder`] is total and bounded: it checks the body length against its
 //! limit before it reserves anything, and any input yields a frame, a need
@@ -44,6 +52,11 @@ pub const LEN_PREFIX: usize = 4;
 /// Room in a frame beyond the message's payload for ids, subject, type and
 /// fields, when checking a frame's length against the message size limit.
 pub const FRAME_OVERHEAD: usize = 64 * 1024;
+
+/// Bytes of stats JSON a node puts in one `Stats` reply (about: a page
+/// ends at the first client or subscription that does not fit, and holds
+/// at least one).
+pub const STATS_PAGE: usize = 256 * 1024;
 
 /// The `corr` of an error frame about a publish, broadcast or reply, which
 /// has no correlation id of its own; the connection stays open.
@@ -291,6 +304,14 @@ pub enum ClientFrame {
         /// Echoed in the `Pong`.
         corr: u64,
     },
+    /// Ask for the page of the node's counters that starts at `from` (the
+    /// `next` of the previous page); answered with `Stats`.
+    StatsFrom {
+        /// Echoed in the answer.
+        corr: u64,
+        /// Where the page starts.
+        from: crate::stats::StatsCursor,
+    },
 }
 
 /// What a node sends to a client.
@@ -436,6 +457,7 @@ mod op {
     pub(super) const TUN_CLOSE: u8 = 14;
     pub(super) const STATS: u8 = 15;
     pub(super) const PING: u8 = 16;
+    pub(super) const STATS_FROM: u8 = 17;
 
     pub(super) const WELCOME: u8 = 64;
     pub(super) const ACK: u8 = 65;

@@ -63,6 +63,20 @@ fn client_frames() -> Vec<ClientFrame> {
         F::TunClose { tunnel: 1 },
         F::Stats { corr: 5 },
         F::Ping { corr: 6 },
+        F::StatsFrom {
+            corr: 7,
+            from: crate::stats::StatsCursor {
+                client: 3,
+                sid: None,
+            },
+        },
+        F::StatsFrom {
+            corr: 8,
+            from: crate::stats::StatsCursor {
+                client: 3,
+                sid: Some(0),
+            },
+        },
     ]
 }
 

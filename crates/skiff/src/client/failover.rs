@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use skiff_proto::client_frame::ClientFrame;
+use skiff_proto::client_frame::{ClientFrame, Code};
 use tokio::sync::oneshot;
 
 use super::events::Events;
@@ -102,11 +102,18 @@ async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: 
                 }
                 return;
             }
-            End::Lost(why) if opts.reconnect => why,
+            End::Lost(why) | End::BadFrame(why) if opts.reconnect => why,
             End::Fatal(why) | End::Lost(why) => {
                 writer.abort();
                 if let Some(inner) = weak.upgrade() {
                     inner.fail(why);
+                }
+                return;
+            }
+            End::BadFrame(why) => {
+                writer.abort();
+                if let Some(inner) = weak.upgrade() {
+                    inner.fail_with(Code::Protocol, why);
                 }
                 return;
             }

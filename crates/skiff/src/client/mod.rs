@@ -114,6 +114,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use skiff_proto::client_frame::{ClientFrame, ServerFrame};
 use skiff_proto::router::Subject;
+use skiff_proto::stats::StatsCursor;
 use skiff_proto::Message;
 use tokio::sync::{mpsc, oneshot};
 
@@ -184,7 +185,7 @@ struct State {
     failovers: u64,
     listeners: Listeners,
     /// Why the node closed this client.
-    fatal: Option<String>,
+    fatal: Option<(Code, String)>,
     /// Errors about publishes, which have no call to return them to.
     async_errors: u64,
     last_async_error: Option<String>,
@@ -375,11 +376,52 @@ impl Client {
         serde_json::from_str(&json).map_err(|e| Error::Codec(format!("stats: {e}")))
     }
 
-    /// The node's counters as JSON text.
+    /// The node's counters as JSON text. A node sends big stats in pages
+    /// (each within the frame bound, one in flight at a time): this asks
+    /// for each page after the last and joins them into one document, up
+    /// to [`MAX_STATS_BYTES`].
     pub async fn stats_json(&self) -> Result<String, Error> {
+        let first = self.stats_page(None).await?;
+        let mut total = first.len();
+        let mut doc: serde_json::Value = serde_json::from_str(&first).map_err(stats_err)?;
+        let Some(mut next) = take_next(&mut doc)? else {
+            // One page (or a node that does not page): the node's text.
+            return Ok(first);
+        };
+        loop {
+            let text = self.stats_page(Some(next)).await?;
+            total += text.len();
+            if total > MAX_STATS_BYTES {
+                return Err(Error::Codec(format!(
+                    "stats: the node's stats exceed {MAX_STATS_BYTES} bytes"
+                )));
+            }
+            let mut page: serde_json::Value = serde_json::from_str(&text).map_err(stats_err)?;
+            let after = take_next(&mut page)?;
+            join_clients(&mut doc, page)?;
+            match after {
+                // Pages must move forward, or a node could keep us here.
+                Some(a) if a > next => next = a,
+                Some(_) => {
+                    return Err(Error::Codec(
+                        "stats: the node's pages went backwards".into(),
+                    ))
+                }
+                None => break,
+            }
+        }
+        serde_json::to_string(&doc).map_err(stats_err)
+    }
+
+    /// One page of stats: the first (`Stats`) or the one at `from`.
+    async fn stats_page(&self, from: Option<StatsCursor>) -> Result<String, Error> {
         let corr = self.inner.next_id();
         let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
-        match self.inner.call(rx, ClientFrame::Stats { corr }).await? {
+        let f = match from {
+            None => ClientFrame::Stats { corr },
+            Some(from) => ClientFrame::StatsFrom { corr, from },
+        };
+        match self.inner.call(rx, f).await? {
             Answer::Stats(s) => Ok(s),
             _ => Err(Error::Codec("unexpected answer to stats".into())),
         }
@@ -456,9 +498,9 @@ impl Inner {
 
     pub(crate) async fn send(&self, f: ClientFrame) -> Result<(), Error> {
         if self.failed.load(Ordering::Acquire) {
-            if let Some(e) = &self.state.lock().fatal {
+            if let Some((code, e)) = &self.state.lock().fatal {
                 return Err(Error::Refused {
-                    code: Code::Shutdown,
+                    code: *code,
                     reason: e.clone(),
                 });
             }
@@ -512,8 +554,8 @@ impl Inner {
 
     fn closed_error(&self) -> Error {
         match &self.state.lock().fatal {
-            Some(e) => Error::Refused {
-                code: Code::Shutdown,
+            Some((code, e)) => Error::Refused {
+                code: *code,
                 reason: e.clone(),
             },
             None => Error::Closed,
@@ -522,23 +564,34 @@ impl Inner {
 
     /// The node closed this client: everything waiting learns why.
     pub(crate) fn fail(&self, why: String) {
+        self.fail_with(Code::Shutdown, why);
+    }
+
+    /// The client is closed for good for `why`: everything waiting learns
+    /// it, under `code` ([`Code::Protocol`] when the node sent what this
+    /// client cannot read).
+    pub(crate) fn fail_with(&self, code: Code, why: String) {
         {
             let mut st = self.state.lock();
             if st.fatal.is_none() {
-                st.fatal = Some(why.clone());
+                st.fatal = Some((code, why.clone()));
                 self.failed.store(true, Ordering::Release);
             }
         }
-        self.shut(Some(why));
+        self.shut(Some((code, why)));
     }
 
     /// The client is closed for good, by the node (`why`) or the
     /// application (`None`): everything waiting ends.
-    pub(crate) fn shut(&self, why: Option<String>) {
+    pub(crate) fn shut(&self, why: Option<(Code, String)>) {
         let mut st = self.state.lock();
+        let (code, why) = match why {
+            Some((code, w)) => (code, Some(w)),
+            None => (Code::Shutdown, None),
+        };
         let err = || match &why {
             Some(w) => Error::Refused {
-                code: Code::Shutdown,
+                code,
                 reason: w.clone(),
             },
             None => Error::Closed,
@@ -575,4 +628,51 @@ impl Inner {
     pub(crate) fn forget_member(&self, cluster: &str) {
         self.state.lock().members.remove(cluster);
     }
+}
+
+/// The most stats JSON [`Client::stats_json`] joins from a node's pages
+/// (256 MiB): the bound on what a node can make a client hold.
+pub const MAX_STATS_BYTES: usize = 256 << 20;
+
+fn stats_err(e: serde_json::Error) -> Error {
+    Error::Codec(format!("stats: {e}"))
+}
+
+/// Removes a stats page's `next` and reads it.
+fn take_next(page: &mut serde_json::Value) -> Result<Option<StatsCursor>, Error> {
+    match page.as_object_mut().and_then(|o| o.remove("next")) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(stats_err),
+    }
+}
+
+/// Appends a later page's clients to `doc`'s; a client cut by the end of
+/// the previous page goes on with the rest of its subscriptions.
+fn join_clients(doc: &mut serde_json::Value, mut page: serde_json::Value) -> Result<(), Error> {
+    let bad = || Error::Codec("stats: a page without a list of clients".into());
+    let more = page.get_mut("clients").map(serde_json::Value::take);
+    let Some(serde_json::Value::Array(more)) = more else {
+        return Err(bad());
+    };
+    let clients = doc
+        .get_mut("clients")
+        .and_then(|c| c.as_array_mut())
+        .ok_or_else(bad)?;
+    for mut c in more {
+        if let Some(last) = clients.last_mut() {
+            if last.get("id").is_some() && last.get("id") == c.get("id") {
+                let rest = c
+                    .get_mut("subscriptions")
+                    .and_then(|s| s.as_array_mut())
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                if let Some(subs) = last.get_mut("subscriptions").and_then(|s| s.as_array_mut()) {
+                    subs.extend(rest);
+                }
+                continue;
+            }
+        }
+        clients.push(c);
+    }
+    Ok(())
 }

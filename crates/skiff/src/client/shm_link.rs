@@ -352,6 +352,8 @@ enum End {
     Closed,
     Fatal(String),
     Lost(String),
+    /// A frame this client cannot read.
+    BadFrame(String),
 }
 
 /// The reader thread: segments copied out, frames decoded and dispatched.
@@ -398,7 +400,7 @@ fn read_down(mut r: DownReader, weak: Weak<Inner>, tx: &ShmTx, max_payload: usiz
             }
         }
         if let Some(e) = bad {
-            break End::Lost(format!("bad frame from the node: {e}"));
+            break End::BadFrame(format!("bad frame from the node: {e}"));
         }
     };
     match end {
@@ -411,6 +413,12 @@ fn read_down(mut r: DownReader, weak: Weak<Inner>, tx: &ShmTx, max_payload: usiz
             tx.lose(&why);
             if let Some(inner) = weak.upgrade() {
                 inner.fail(why);
+            }
+        }
+        End::BadFrame(why) => {
+            tx.lose(&why);
+            if let Some(inner) = weak.upgrade() {
+                inner.fail_with(Code::Protocol, why);
             }
         }
     }

@@ -395,6 +395,9 @@ pub(crate) enum End {
     Fatal(String),
     /// The connection or the node is gone.
     Lost(String),
+    /// The node sent a frame this client cannot read (a lost connection
+    /// too, but reported as such, not as the node shutting down).
+    BadFrame(String),
 }
 
 /// What a session's reader needs besides the connection.
@@ -459,7 +462,7 @@ pub(crate) async fn read_session(
                 Some((_, why)) => return End::Fatal(why),
             }
             if let Some(e) = bad.or(bad_msg) {
-                return End::Lost(format!("bad frame from the node: {e}"));
+                return End::BadFrame(format!("bad frame from the node: {e}"));
             }
         }
         if buf.capacity() - buf.len() < 4096 {

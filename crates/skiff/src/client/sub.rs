@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use skiff_proto::client_frame::{ClientFrame, Code, Policy};
+use skiff_proto::client_frame::{ClientFrame, Policy};
 use skiff_proto::router::{KindPattern, Pattern};
 use skiff_proto::Message;
 
@@ -344,9 +344,9 @@ impl Client {
         let inbox = inbox::shared();
         let rx = {
             let mut st = self.inner.state.lock();
-            if let Some(e) = &st.fatal {
+            if let Some((code, e)) = &st.fatal {
                 return Err(Error::Refused {
-                    code: Code::Shutdown,
+                    code: *code,
                     reason: e.clone(),
                 });
             }
