@@ -621,5 +621,9 @@ fn far_ahead_datagram_from_the_senders_address_is_refused_and_counted() {
     assert_eq!(got.len(), 310, "{:?}", b.stats());
     assert!(got.iter().all(|m| &m.payload[..] == b"real"));
     let st = b.stats();
-    assert_eq!((st.dropped.far_ahead, st.lost, st.dropped.stale), (1, 0, 0), "{st:?}");
+    assert_eq!(
+        (st.dropped.far_ahead, st.lost, st.dropped.stale),
+        (1, 0, 0),
+        "{st:?}"
+    );
 }

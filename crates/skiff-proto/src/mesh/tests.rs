@@ -582,7 +582,9 @@ fn a_spoofed_data_datagram_does_not_stop_a_peer() {
     let send = |s: &mut Sim, from: u32, to: u32| {
         for k in from..to {
             let now = s.now;
-            s.node(0).send_frame(now, addr(1), &k.to_le_bytes()).unwrap();
+            s.node(0)
+                .send_frame(now, addr(1), &k.to_le_bytes())
+                .unwrap();
             s.pump();
             s.run(Duration::from_millis(2));
         }

@@ -448,7 +448,10 @@ mod tests {
         let published = RxCounters::default();
         published.store(&rx);
         let want = rx.counters();
-        assert_eq!((want.lost, want.dropped.duplicate, want.dropped.far_ahead), (5, 1, 1));
+        assert_eq!(
+            (want.lost, want.dropped.duplicate, want.dropped.far_ahead),
+            (5, 1, 1)
+        );
         assert_eq!(published.load(), want);
     }
 }
