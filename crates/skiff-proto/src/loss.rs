@@ -193,6 +193,7 @@ impl Window {
 
     /// [`Window::far_off`] for the run `base..=last`, counted: `refused` is
     /// the verdict (and counter) when it is not accepted.
+    #[cold]
     fn judge_far(
         &mut self,
         base: u64,
