@@ -6,9 +6,9 @@
 //! messages as lost at once; a late message that fills a gap inside the
 //! window is delivered and taken back off the lost count; a message seen
 //! before is a duplicate and a message older than the window is stale, and
-//! both are dropped. So at any moment, for each source,
-//! `delivered + lost == highest + 1`: every message is delivered once or
-//! counted lost, never both, never twice.
+//! both are dropped. So at any moment, for each source within one epoch
+//! (below), `delivered + lost == highest + 1`: every message is delivered
+//! once or counted lost, never both, never twice.
 //!
 //! A number too far from the window is not trusted on its own: one more
 //! than [`LossDetector::ahead`] numbers above the highest (a forger's far
