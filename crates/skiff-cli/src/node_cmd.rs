@@ -486,12 +486,12 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 t.syncs_requested, t.syncs_sent, m.scout_errors, m.dns_errors, s.remote_drops
             );
             outln!(
-                "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
-                "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup"
+                "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5} {:>9}",
+                "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup", "far ahead"
             );
             for p in &m.peers {
                 outln!(
-                    "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5}",
+                    "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5} {:>9}",
                     p.addr.to_string(),
                     p.gen % 10_000,
                     if p.up { "up" } else { "down" },
@@ -502,7 +502,8 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     p.recv_frames,
                     p.recv_datagrams,
                     p.lost,
-                    p.duplicates
+                    p.duplicates,
+                    p.far_ahead
                 );
             }
             return Ok(());

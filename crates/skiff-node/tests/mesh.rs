@@ -332,3 +332,124 @@ async fn a_tunnel_ends_when_the_other_node_goes() {
     );
     drop((tc, member));
 }
+
+/// Sends one UDP datagram to `to` that claims to come from `from`: a raw
+/// IPv4 socket, which needs CAP_NET_RAW (`None` without it).
+fn spoof_udp(
+    from: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+    payload: &[u8],
+) -> Option<std::io::Result<()>> {
+    let (std::net::SocketAddr::V4(from), std::net::SocketAddr::V4(to)) = (from, to) else {
+        panic!("IPv4 only");
+    };
+    // SAFETY: plain socket call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    if fd < 0 {
+        return None;
+    }
+    let total = 20 + 8 + payload.len();
+    let mut p = Vec::with_capacity(total);
+    // IPv4 header: length and checksum are filled in by the kernel.
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&(total as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0x40, 0, 64, libc::IPPROTO_UDP as u8, 0, 0]);
+    p.extend_from_slice(&from.ip().octets());
+    p.extend_from_slice(&to.ip().octets());
+    // UDP header, checksum 0 (none, valid over IPv4).
+    p.extend_from_slice(&from.port().to_be_bytes());
+    p.extend_from_slice(&to.port().to_be_bytes());
+    p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(to.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `p` and `sa` are valid for the lengths given; `fd` is open.
+    let r = unsafe {
+        libc::sendto(
+            fd,
+            p.as_ptr().cast(),
+            p.len(),
+            0,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let out = if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    };
+    // SAFETY: `fd` is the socket opened above, closed once.
+    unsafe { libc::close(fd) };
+    Some(out)
+}
+
+/// Up to `n` messages of `sub` as text, each within 5 s.
+async fn recv_n(sub: &mut skiff::client::Subscription, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match tokio::time::timeout(Duration::from_secs(5), sub.recv()).await {
+            Ok(Some(d)) => got.push(String::from_utf8(d.msg.payload.to_vec()).unwrap()),
+            _ => break,
+        }
+    }
+    got
+}
+
+/// One spoofed data datagram in a peer's name (its address and port),
+/// numbered far ahead, does not stop delivery from that peer: it is
+/// refused and counted, and the peer's next 100 messages all arrive.
+/// Needs CAP_NET_RAW to spoof; says so and passes without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_data_datagram_does_not_stop_a_peer() {
+    let net = format!("t-spoof-{}", std::process::id());
+    let a = node(&net, vec![]).await;
+    let b = node(&net, vec![a.mesh_addr().unwrap().to_string()]).await;
+    wait_for(|| b.broker().mesh().unwrap().view().stats.members_up == 1).await;
+    wait_for(|| a.broker().mesh().unwrap().view().stats.members_up == 1).await;
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    let mut sub = cb.subscribe("spoof.x", "*").await.unwrap();
+    wait_for(|| known_patterns(&a) == 1).await;
+    for i in 0..10u32 {
+        ca.publish(Message::new("spoof.x", i.to_string()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(recv_n(&mut sub, 10).await.len(), 10);
+    let mut d = Vec::new();
+    skiff_proto::mesh::packet::envelope(
+        &mut d,
+        skiff_proto::mesh::packet::Kind::Data,
+        skiff_proto::mesh::packet::net_hash(&net),
+    );
+    d.extend_from_slice(&(u64::MAX / 4).to_le_bytes());
+    let (from, to) = (a.mesh_addr().unwrap(), b.mesh_addr().unwrap());
+    let peer = |n: &Node| n.broker().mesh().unwrap().view().peers[0].clone();
+    let before = peer(&b).recv_datagrams;
+    match spoof_udp(from, to, &d) {
+        None => {
+            eprintln!("no CAP_NET_RAW: cannot spoof a datagram, skipped");
+            return;
+        }
+        Some(r) => r.unwrap(),
+    }
+    // The spoofed datagram has arrived (and is judged) before A goes on.
+    wait_for(|| peer(&b).recv_datagrams > before).await;
+    for i in 10..110u32 {
+        ca.publish(Message::new("spoof.x", i.to_string()))
+            .await
+            .unwrap();
+    }
+    let got = recv_n(&mut sub, 100).await;
+    let want: Vec<String> = (10..110).map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "{:?}", peer(&b));
+    let p = peer(&b);
+    assert_eq!((p.lost, p.far_ahead), (0, 1), "{p:?}");
+}

@@ -154,6 +154,11 @@ fn raw_send(to: SocketAddr, bytes: &[u8]) {
 fn sequence_gaps_are_counted_lost() {
     let b = Queue::bind("udp://127.0.0.1:0").unwrap();
     let m = |i: u8| Message::from_payload(vec![i]);
+    // A stream is a source id from one address: one socket sends it all.
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let raw_send = |to: SocketAddr, d: &[u8]| {
+        sock.send_to(d, to).unwrap();
+    };
     // Source 99 sends seqs 0..3, skips 3..10, sends 10, then 5 late, then 10 again.
     raw_send(
         b.local_addr(),
@@ -557,4 +562,68 @@ fn waiting_pop_splits_a_coalesced_run() {
     let s = q.stats();
     assert_eq!(s.recv_batches, t.segments as u64, "{s:?}");
     assert_eq!(s.dropped.total(), 0, "{s:?}");
+}
+
+/// One forged datagram carrying a real sender's source id and a far-future
+/// sequence number, sent from another port, costs at most itself: the
+/// real stream's next 300 messages are all delivered.
+#[test]
+fn forged_datagram_from_another_port_does_not_silence_the_sender() {
+    let (a, b) = pair("");
+    let one = |i: u32| Message::from_payload(i.to_le_bytes().to_vec());
+    a.push(b.local_addr(), &one(0)).unwrap();
+    let first = pop_n(&b, 1).pop().expect("the real sender's first message");
+    let forged = wire::encode_datagram(
+        first.meta.source,
+        0,
+        first.meta.seq + (1 << 40),
+        &[Message::from_payload("forged")],
+    )
+    .unwrap();
+    raw_send(b.local_addr(), &forged);
+    for i in 1..=300 {
+        a.push(b.local_addr(), &one(i)).unwrap();
+    }
+    let (mut real, mut other) = (Vec::new(), 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while real.len() < 300 && Instant::now() < deadline {
+        match b.pop_blocking(Some(Duration::from_millis(500))) {
+            Some(m) if m.meta.from == Some(a.local_addr()) => {
+                real.push(u32::from_le_bytes(m.payload[..4].try_into().unwrap()))
+            }
+            Some(_) => other += 1,
+            None => {}
+        }
+    }
+    assert_eq!(real, (1..=300).collect::<Vec<_>>(), "{:?}", b.stats());
+    assert!(other <= 1, "only the forged datagram itself");
+}
+
+/// A forged datagram that even comes from the sender's own address (a
+/// spoofed one) with a far-future number is refused and counted
+/// (`far_ahead`), and does not move the stream.
+#[test]
+fn far_ahead_datagram_from_the_senders_address_is_refused_and_counted() {
+    let b = Queue::bind("udp://127.0.0.1:0?rcvbuf=4m").unwrap();
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let send = |seq: u64, body: &str| {
+        let d = wire::encode_datagram(7, 0, seq, &[Message::from_payload(body.to_owned())]);
+        s.send_to(&d.unwrap(), b.local_addr()).unwrap();
+    };
+    for seq in 0..10 {
+        send(seq, "real");
+    }
+    send(u64::MAX / 2, "forged");
+    for seq in 10..310 {
+        send(seq, "real");
+    }
+    let got = pop_n(&b, 310);
+    assert_eq!(got.len(), 310, "{:?}", b.stats());
+    assert!(got.iter().all(|m| &m.payload[..] == b"real"));
+    let st = b.stats();
+    assert_eq!(
+        (st.dropped.far_ahead, st.lost, st.dropped.stale),
+        (1, 0, 0),
+        "{st:?}"
+    );
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use super::outbox::Outbox;
 use super::packet::{self, Kind, Reader};
 use super::{Mesh, MeshConfig, MeshEvent, Peer};
-use crate::loss::{LossDetector, Verdict};
+use crate::loss::{LossDetector, Verdict, WINDOW};
 use crate::{varint, WireError};
 
 /// Largest datagram the mesh sends, whatever the path allows.
@@ -55,13 +55,13 @@ impl PeerFlow {
             acked_at: now,
             rx_next: 0,
             ack_due: false,
-            rx: LossDetector::new(1),
+            rx: rx_detector(),
         }
     }
 
     /// A fresh stream of sequence numbers each way (the peer came up).
     pub(super) fn restart(&mut self, now: Instant) {
-        self.rx = LossDetector::new(1);
+        self.rx = rx_detector();
         self.tx_seq = 0;
         self.acked = 0;
         self.rx_next = 0;
@@ -91,6 +91,15 @@ impl PeerFlow {
             config.max_datagram.max(512)
         }
     }
+}
+
+/// The loss detector of data from one peer: it numbers datagrams, and its
+/// sender has at most a window of them in flight, so a number more than
+/// [`WINDOW`] ahead is not a loss but a forgery (or a restart, accepted
+/// after the old stream's silence). Trusting only jumps within the window
+/// keeps the real stream's next datagrams inside it, delivered.
+fn rx_detector() -> LossDetector {
+    LossDetector::with_ahead(1, WINDOW)
 }
 
 /// The frames of one data datagram (validated): each is a slice of the
@@ -319,15 +328,18 @@ impl Mesh {
     ) -> Result<(), WireError> {
         let mut r = Reader::new(body);
         let seq = r.u64("mesh packet")?;
+        let now = self.now;
         let p = self.peers.get_mut(&from).expect("up");
         let f = &mut p.flow;
-        f.rx_next = f.rx_next.max(seq.saturating_add(1));
         f.ack_due = true;
         p.stats.recv_datagrams += 1;
         p.stats.recv_bytes += body.len() as u64 + packet::ENVELOPE as u64;
-        if f.rx.check(0, seq) != Verdict::Deliver {
+        if f.rx.check(0, seq, || now) != Verdict::Deliver {
             return Ok(());
         }
+        // Only a datagram delivered moves the ack: a refused one (a
+        // forgery far ahead, say) must not tell the peer it arrived.
+        f.rx_next = f.rx_next.max(seq.saturating_add(1));
         // Checked whole before any frame is handed on.
         let mut check = Reader::new(r.rest());
         let mut n = 0;

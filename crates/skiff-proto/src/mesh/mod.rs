@@ -280,6 +280,7 @@ impl Mesh {
                     version: p.interest.version,
                     lost: l.lost,
                     duplicates: l.duplicates + l.stale,
+                    far_ahead: l.far_ahead,
                     ..p.stats.clone()
                 }
             })

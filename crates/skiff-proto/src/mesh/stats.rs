@@ -70,6 +70,10 @@ pub struct PeerStats {
     pub lost: u64,
     /// Data datagrams from it received twice (dropped).
     pub duplicates: u64,
+    /// Data datagrams numbered too far ahead of its stream, refused (a
+    /// forgery, or a restart before its old stream fell silent).
+    #[serde(default)]
+    pub far_ahead: u64,
 }
 
 impl PeerStats {
@@ -90,6 +94,7 @@ impl PeerStats {
             recv_bytes: 0,
             lost: 0,
             duplicates: 0,
+            far_ahead: 0,
         }
     }
 }

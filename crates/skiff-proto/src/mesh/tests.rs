@@ -570,6 +570,44 @@ fn another_network_is_ignored_and_counted() {
     );
 }
 
+/// One spoofed data datagram in a member's name, numbered far ahead, is
+/// refused and counted: the real peer's data goes on being delivered.
+#[test]
+fn a_spoofed_data_datagram_does_not_stop_a_peer() {
+    let mut s = Sim::new(2, 21);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.node(1).add_interest("x", "");
+    s.run(Duration::from_millis(50));
+    let send = |s: &mut Sim, from: u32, to: u32| {
+        for k in from..to {
+            let now = s.now;
+            s.node(0)
+                .send_frame(now, addr(1), &k.to_le_bytes())
+                .unwrap();
+            s.pump();
+            s.run(Duration::from_millis(2));
+        }
+    };
+    send(&mut s, 0, 10);
+    let mut d = Vec::new();
+    packet::envelope(&mut d, Kind::Data, packet::net_hash("skiff"));
+    d.extend_from_slice(&(u64::MAX / 4).to_le_bytes());
+    let now = s.now;
+    s.node(1).handle_datagram(now, addr(0), d.into());
+    send(&mut s, 10, 110);
+    s.run(Duration::from_millis(50));
+    let got: Vec<u32> = s
+        .frames
+        .iter()
+        .filter(|(n, _)| *n == 1)
+        .map(|(_, f)| u32::from_le_bytes(f[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(got, (0..110).collect::<Vec<_>>());
+    let p = &s.node(1).peer_stats()[0];
+    assert_eq!((p.lost, p.far_ahead), (0, 1), "{p:?}");
+}
+
 #[test]
 fn hostile_peers_are_bounded_and_counted() {
     let config = MeshConfig {

@@ -422,7 +422,8 @@ impl Core {
         let l = self.loss.stats();
         s.lost = l.lost;
         s.duplicate = l.duplicates;
-        s.stale = l.stale;
+        // Numbers refused as too far ahead are dropped like stale ones.
+        s.stale = l.stale + l.far_ahead;
         s
     }
 
@@ -460,12 +461,12 @@ impl Core {
     fn handle_frame(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
         match f[3] {
             association::KIND => self.assoc_io.input(&mut self.assocs, now, from, f),
-            1 => self.handle_batch(from, f),
+            1 => self.handle_batch(now, from, f),
             _ => self.stats.dropped_kind += 1,
         }
     }
 
-    fn handle_batch(&mut self, from: SocketAddr, f: Bytes) {
+    fn handle_batch(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
         let Core {
             msgs,
             loss,
@@ -488,7 +489,13 @@ impl Core {
                 return;
             }
         };
-        let all = loss.check_run(header.source, header.base_seq, msgs.len() as u64, verdicts);
+        let all = loss.check_run(
+            header.source,
+            header.base_seq,
+            msgs.len() as u64,
+            verdicts,
+            || now,
+        );
         for (i, mut m) in msgs.drain(..).enumerate() {
             if !all && verdicts[i] != Verdict::Deliver {
                 continue;

@@ -237,7 +237,8 @@ pub struct EndpointStats {
     pub lost: u64,
     /// Best-effort messages received twice (dropped).
     pub duplicate: u64,
-    /// Best-effort messages older than the reorder window (dropped).
+    /// Best-effort messages older than the reorder window, or numbered too
+    /// far ahead of it while their stream is alive (dropped).
     pub stale: u64,
     /// Best-effort messages dropped because `max_inbox` were unread.
     pub inbox_full: u64,

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use skiff_proto::error::Reason;
@@ -31,13 +31,18 @@ pub(super) struct Arrived {
     pub(super) verdicts: Vec<Verdict>,
 }
 
+/// A stream's key: the address it comes from and the `source` id in its
+/// header. With the address in the key, a forger who copies a sender's id
+/// from another port starts a stream of its own, never moving the real one.
+pub(super) type StreamKey = (SocketAddr, u64);
+
 /// The receive state (`Inner::rx`): the socket's receive buffers, what
 /// arrived and is not yet popped, the loss detector and the counters.
 #[derive(Debug)]
 pub(super) struct Rx {
     pub(super) batch: RecvBatch,
     pub(super) arrived: VecDeque<Arrived>,
-    pub(super) loss: LossDetector,
+    pub(super) loss: LossDetector<StreamKey>,
     pub(super) verdicts: Vec<Verdict>,
     pub(super) stats: QueueStats,
 }
@@ -88,6 +93,7 @@ impl Rx {
         s.recovered = l.recovered;
         s.dropped.duplicate = l.duplicates;
         s.dropped.stale = l.stale;
+        s.dropped.far_ahead = l.far_ahead;
         s.dropped.sources_evicted = l.evicted;
         s.dropped.kernel = self.batch.kernel_drops();
         s
@@ -101,7 +107,7 @@ impl Rx {
 #[derive(Debug, Default)]
 pub(super) struct RxCounters([AtomicU64; RX_COUNTERS]);
 
-const RX_COUNTERS: usize = 16;
+const RX_COUNTERS: usize = 17;
 
 impl RxCounters {
     /// The counters of `rx`, in the order `load` reads them; what
@@ -126,6 +132,7 @@ impl RxCounters {
             l.stale,
             rx.batch.kernel_drops(),
             l.evicted,
+            l.far_ahead,
         ]
     }
 
@@ -156,6 +163,7 @@ impl RxCounters {
                 stale: v[13],
                 kernel: v[14],
                 sources_evicted: v[15],
+                far_ahead: v[16],
                 ..Drops::default()
             },
             ..QueueStats::default()
@@ -251,7 +259,7 @@ impl Inner {
             if first.is_none() && arrived.is_empty() && !d.truncated {
                 if let Some(h) = wire::Batch::single_into(&d.data, Some(d.from), first) {
                     let len = d.data.len() as u64;
-                    if judge(&self.config, &h, len, loss, verdicts, stats) == 0 {
+                    if judge(&self.config, d.from, &h, len, loss, verdicts, stats) == 0 {
                         *first = None;
                     }
                     continue;
@@ -277,7 +285,7 @@ impl Inner {
     fn admit_received(
         &self,
         d: Received,
-        loss: &mut LossDetector,
+        loss: &mut LossDetector<StreamKey>,
         verdicts: &mut Vec<Verdict>,
         stats: &mut QueueStats,
         arrived: &mut VecDeque<Arrived>,
@@ -307,7 +315,7 @@ impl Inner {
         &self,
         from: SocketAddr,
         data: Bytes,
-        loss: &mut LossDetector,
+        loss: &mut LossDetector<StreamKey>,
         verdicts: &mut Vec<Verdict>,
         stats: &mut QueueStats,
         arrived: &mut VecDeque<Arrived>,
@@ -343,7 +351,7 @@ fn accept(
     config: &QueueConfig,
     from: SocketAddr,
     data: Bytes,
-    loss: &mut LossDetector,
+    loss: &mut LossDetector<StreamKey>,
     verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
 ) -> Option<Arrived> {
@@ -364,11 +372,11 @@ fn admit(
     from: SocketAddr,
     batch: wire::Batch,
     len: u64,
-    loss: &mut LossDetector,
+    loss: &mut LossDetector<StreamKey>,
     verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
 ) -> Option<Arrived> {
-    if judge(config, batch.header(), len, loss, verdicts, stats) == 0 {
+    if judge(config, from, batch.header(), len, loss, verdicts, stats) == 0 {
         return None;
     }
     Some(Arrived {
@@ -378,16 +386,18 @@ fn admit(
     })
 }
 
-/// Judges the messages of a valid datagram of `len` bytes with header `h`:
-/// its endpoint, then each message with the loss detector, leaving the
+/// Judges the messages of a valid datagram of `len` bytes with header `h`
+/// from `from`: its endpoint, then each message with the loss detector
+/// (the stream keyed by `from` and the header's source id), leaving the
 /// verdicts in `verdicts` (empty when all are delivered). Counts what is
 /// refused; returns how many messages are delivered.
 #[inline]
 fn judge(
     config: &QueueConfig,
+    from: SocketAddr,
     h: &wire::Header,
     len: u64,
-    loss: &mut LossDetector,
+    loss: &mut LossDetector<StreamKey>,
     verdicts: &mut Vec<Verdict>,
     stats: &mut QueueStats,
 ) -> u64 {
@@ -396,7 +406,8 @@ fn judge(
         return 0;
     }
     let count = u64::from(h.count);
-    let delivered = if loss.check_run(h.source, h.base_seq, count, verdicts) {
+    // The clock is read only for a number too far from its stream's window.
+    let delivered = if loss.check_run((from, h.source), h.base_seq, count, verdicts, Instant::now) {
         verdicts.clear();
         count
     } else {
@@ -430,12 +441,17 @@ mod tests {
         (d.malformed, d.oversized, d.endpoint) = (25, 26, 27);
         // A gap of 5 (lost), then a duplicate.
         let mut v = Vec::new();
-        assert!(rx.loss.check_run(7, 5, 1, &mut v));
-        assert!(!rx.loss.check_run(7, 5, 1, &mut v));
+        let key = ("127.0.0.1:9".parse().unwrap(), 7);
+        assert!(rx.loss.check_run(key, 5, 1, &mut v, Instant::now));
+        assert!(!rx.loss.check_run(key, 5, 1, &mut v, Instant::now));
+        assert!(!rx.loss.check_run(key, 1 << 40, 1, &mut v, Instant::now));
         let published = RxCounters::default();
         published.store(&rx);
         let want = rx.counters();
-        assert_eq!((want.lost, want.dropped.duplicate), (5, 1));
+        assert_eq!(
+            (want.lost, want.dropped.duplicate, want.dropped.far_ahead),
+            (5, 1, 1)
+        );
         assert_eq!(published.load(), want);
     }
 }

@@ -56,6 +56,11 @@ pub struct Drops {
     pub send_error: u64,
     /// Sources forgotten because `max_sources` was reached.
     pub sources_evicted: u64,
+    /// Messages numbered too far ahead of their stream (over 65,536 above
+    /// its highest), refused while the stream is alive: a forgery, or a
+    /// new epoch of the source not yet confirmed by its old stream's
+    /// silence.
+    pub far_ahead: u64,
     /// Reliable queues: messages pushed that may not have arrived, because
     /// their association failed before acknowledging them (or the peer's
     /// `max_message` refused them). Always 0 on a datagram queue.
@@ -85,6 +90,7 @@ impl Drops {
             + self.endpoint
             + self.duplicate
             + self.stale
+            + self.far_ahead
             + self.kernel
             + self.backlog
             + self.send_error
