@@ -278,6 +278,7 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let mut events = c.events();
         let mut n = 0u64;
         let mut dropped = 0;
+        let mut skipped = 0;
         loop {
             let d = tokio::select! {
                 d = s.recv() => d,
@@ -289,6 +290,15 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
             let Some(d) = d else {
                 break;
             };
+            // A `file://` log's damage, reported before what follows it.
+            let (n, note) = s.skipped();
+            if n != skipped {
+                skipped = n;
+                eprintln!(
+                    "skiff sub: {n} damaged log record(s) skipped so far (last: {})",
+                    note.unwrap_or_default()
+                );
+            }
             println!("{}", show(&d));
             if s.dropped() != dropped {
                 dropped = s.dropped();
