@@ -291,11 +291,11 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
                 break;
             };
             // A `file://` log's damage, reported before what follows it.
-            let (n, note) = s.skipped();
-            if n != skipped {
-                skipped = n;
+            let (k, note) = s.skipped();
+            if k != skipped {
+                skipped = k;
                 eprintln!(
-                    "skiff sub: {n} damaged log record(s) skipped so far (last: {})",
+                    "skiff sub: {k} damaged log record(s) skipped so far (last: {})",
                     note.unwrap_or_default()
                 );
             }
