@@ -280,3 +280,60 @@ mod lock {
         let _ = f;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_of(n: u8) -> (Vec<u8>, Vec<usize>) {
+        let (mut out, mut starts) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            starts.push(out.len());
+            record::encode(&mut out, &Message::new("t", vec![b'a' + i; 20]));
+        }
+        (out, starts)
+    }
+
+    fn cut(bytes: &[u8]) -> (Option<(u64, u64)>, Vec<u8>) {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("skiff-cut-{}-{n}.log", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let r = cut_torn_tail(&mut f).unwrap();
+        let after = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        (r, after)
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_nothing_else_is() {
+        let (log, starts) = log_of(4);
+        for at in [starts[3] + 1, starts[3] + 3, starts[3] + 20, log.len() - 1] {
+            assert_eq!(
+                cut(&log[..at]),
+                (
+                    Some((starts[3] as u64, (at - starts[3]) as u64)),
+                    log[..starts[3]].to_vec()
+                ),
+                "torn at {at}"
+            );
+        }
+        // A whole log, a damaged (not torn) last record, and a file that is
+        // not a log stay as they are.
+        assert_eq!(cut(&log), (None, log.clone()));
+        let mut bad = log.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(cut(&bad), (None, bad.clone()));
+        let text = b"not a log at all, just some text\n".repeat(10);
+        assert_eq!(cut(&text), (None, text.clone()));
+        // A torn record appended to since is left for readers to skip.
+        let mut torn = log[..starts[3] + 5].to_vec();
+        torn.extend_from_slice(&log[starts[1]..starts[2]]);
+        assert_eq!(cut(&torn), (None, torn.clone()));
+    }
+}
