@@ -286,6 +286,7 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let mut events = c.events();
         let mut n = 0u64;
         let mut dropped = 0;
+        let mut skipped = 0;
         loop {
             let d = tokio::select! {
                 d = s.recv() => d,
@@ -297,6 +298,15 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
             let Some(d) = d else {
                 break;
             };
+            // A `file://` log's damage, reported before what follows it.
+            let (k, note) = s.skipped();
+            if k != skipped {
+                skipped = k;
+                eprintln!(
+                    "skiff sub: {k} damaged log record(s) skipped so far (last: {})",
+                    note.unwrap_or_default()
+                );
+            }
             outln!("{}", show(&d));
             if s.dropped() != dropped {
                 dropped = s.dropped();

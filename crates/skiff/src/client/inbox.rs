@@ -22,6 +22,9 @@ pub(crate) struct Inbox<T> {
     pub(crate) error: Option<String>,
     /// Failovers this consumer lived through.
     pub(crate) gaps: u64,
+    /// Damaged records a `file://` log reader skipped, and the last one.
+    pub(crate) skipped: u64,
+    pub(crate) last_skip: Option<String>,
     /// Set by a failover: the next item pushed carries it.
     pub(crate) pending_gap: Option<Arc<Gap>>,
     /// Bumped by a failover: credit counted for the lost node is void.
@@ -44,6 +47,8 @@ pub(crate) fn shared<T>() -> Shared<T> {
         dropped: 0,
         error: None,
         gaps: 0,
+        skipped: 0,
+        last_skip: None,
         pending_gap: None,
         epoch: 0,
         uncredited: 0,

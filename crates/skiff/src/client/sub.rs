@@ -225,6 +225,14 @@ impl Subscription {
         self.inbox.lock().gaps
     }
 
+    /// Damaged records of a `file://` log skipped so far (each a damaged
+    /// or torn record, up to the next valid one), and the last of them:
+    /// where it was and why. Always 0 for other transports.
+    pub fn skipped(&self) -> (u64, Option<String>) {
+        let i = self.inbox.lock();
+        (i.skipped, i.last_skip.clone())
+    }
+
     /// Why the subscription ended, if the node ended it (e.g. slow
     /// consumer).
     pub fn error(&self) -> Option<String> {
