@@ -35,6 +35,25 @@ pub(crate) fn cost(msg: &Message) -> usize {
     msg.payload.len() + msg.subject.len() + 32
 }
 
+/// Bytes a queued control frame is charged against the client's
+/// pending-bytes limit: the frame and what it points to.
+pub(crate) fn frame_cost(f: &ServerFrame) -> usize {
+    const FRAME: usize = std::mem::size_of::<ServerFrame>();
+    FRAME
+        + match f {
+            ServerFrame::Error { text, .. } => text.len(),
+            ServerFrame::Msg { msg, .. }
+            | ServerFrame::Reply { msg, .. }
+            | ServerFrame::TunData { msg, .. } => cost(msg),
+            ServerFrame::Request { cluster, msg, .. } | ServerFrame::Bcast { cluster, msg } => {
+                cluster.len() + cost(msg)
+            }
+            ServerFrame::TunIncoming { cluster, .. } => cluster.len(),
+            ServerFrame::Stats { json, .. } => json.len(),
+            _ => 0,
+        }
+}
+
 /// Most messages taken from one subscription before the writer visits the
 /// next one, so a busy subscription does not starve the others.
 const BURST: u32 = 256;
@@ -159,7 +178,8 @@ impl SubQueue {
 
 #[derive(Debug, Default)]
 struct Outbox {
-    control: VecDeque<ServerFrame>,
+    /// Control frames with the bytes each was charged.
+    control: VecDeque<(ServerFrame, usize)>,
     subs: FxHashMap<u64, SubQueue>,
     ready: VecDeque<u64>,
     drop_reports: Vec<u64>,
@@ -209,24 +229,73 @@ impl ClientOut {
         }
     }
 
-    /// Queues a control frame (acks, replies, requests to a member).
+    /// Queues a control frame (acks, replies to the client's own frames),
+    /// charged against the pending-bytes limit; never refused, since the
+    /// client's reader stops reading it while it is over the limit
+    /// ([`ClientOut::wait_room`]), which bounds these.
     pub(crate) fn control(&self, f: ServerFrame) {
-        self.inner.lock().control.push_back(f);
+        let bytes = frame_cost(&f);
+        let mut o = self.inner.lock();
+        o.pending_bytes += bytes;
+        o.control.push_back((f, bytes));
+        drop(o);
         self.ready.notify_one();
     }
 
     /// Queues a control frame unless the client's pending bytes are over
-    /// the limit (broadcasts, tunnel data); returns whether it was queued.
+    /// the limit (broadcasts, tunnel data, requests to a member: what
+    /// others send it, which its reader's pause does not bound); returns
+    /// whether it was queued. A refusal is counted (`dropped_control`).
     pub(crate) fn control_bounded(&self, f: ServerFrame, bytes: usize) -> bool {
+        let bytes = bytes.max(frame_cost(&f));
         let mut o = self.inner.lock();
         if o.pending_bytes + bytes > o.max_pending {
             o.dropped_control += 1;
             return false;
         }
-        o.control.push_back(f);
+        o.pending_bytes += bytes;
+        o.control.push_back((f, bytes));
         drop(o);
         self.ready.notify_one();
         true
+    }
+
+    /// Drops the queued requests with `token` (its requester left or
+    /// cancelled), freeing their bytes.
+    pub(crate) fn forget_request(&self, token: u64) {
+        let mut o = self.inner.lock();
+        let o = &mut *o;
+        let mut freed = 0;
+        o.control.retain(|(f, bytes)| match f {
+            ServerFrame::Request { token: t, .. } if *t == token => {
+                freed += *bytes;
+                false
+            }
+            _ => true,
+        });
+        o.pending_bytes -= freed;
+    }
+
+    /// Waits while the client is over its pending-bytes limit and the
+    /// writer has something to send it: a client's reader calls this
+    /// before each frame that may queue a reply, so a client that does not
+    /// read what it asked for stops being read until it drains. (Bytes in
+    /// subscription queues without credit do not hold it: the client may
+    /// be about to send that credit.)
+    pub(crate) async fn wait_room(&self) {
+        loop {
+            let mut n = pin!(self.space.notified());
+            n.as_mut().enable();
+            {
+                let o = self.inner.lock();
+                let blocked = o.pending_bytes > o.max_pending
+                    && (!o.control.is_empty() || !o.ready.is_empty());
+                if !blocked || self.is_closed() {
+                    return;
+                }
+            }
+            n.await;
+        }
     }
 
     pub(crate) fn add_sub(&self, sid: u64, cap: usize, policy: Policy, credit: u32) {
@@ -489,7 +558,14 @@ impl ClientOut {
         {
             let mut o = self.inner.lock();
             let o = &mut *o;
-            for f in o.control.drain(..) {
+            // Control frames first, up to a batch, so the writer holds
+            // no more than a batch of what it cannot send yet.
+            while !out.full() {
+                let Some((f, bytes)) = o.control.pop_front() else {
+                    break;
+                };
+                o.pending_bytes -= bytes;
+                freed = true;
                 out.frame(f);
             }
             for sid in o.drop_reports.drain(..) {

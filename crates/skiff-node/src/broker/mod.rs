@@ -261,6 +261,7 @@ impl Broker {
         for (_, token) in c.requests {
             if let Some(p) = st.pending.remove(&token) {
                 release_members(&mut st, &p.members);
+                request::forget_queued(&st, token, &p.members);
             }
         }
         for token in c.serving {

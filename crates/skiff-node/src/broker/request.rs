@@ -267,18 +267,32 @@ impl Broker {
             };
             p.members.extend(picked);
         }
+        // A member over its pending-bytes limit is not reached (counted in
+        // its `dropped_control`): what waits for a member that does not
+        // read stays bounded.
+        p.members.retain(|&m| {
+            if m >= REMOTE {
+                return true;
+            }
+            let Some(c) = st.clients.get_mut(&m) else {
+                return true;
+            };
+            let f = ServerFrame::Request {
+                token,
+                cluster: target.clone(),
+                msg: req.msg.clone(),
+            };
+            let queued = c.out.control_bounded(f, 0);
+            if queued {
+                c.serving.insert(token);
+            }
+            queued
+        });
         for &m in &p.members {
             if m >= REMOTE {
                 if let (Some(l), Some(a)) = (self.mesh.get(), st.remote_addrs.get(&m)) {
                     l.request(*a, token, req.flags, req.max, target, &req.key, &req.msg);
                 }
-            } else if let Some(c) = st.clients.get_mut(&m) {
-                c.serving.insert(token);
-                c.out.control(ServerFrame::Request {
-                    token,
-                    cluster: target.clone(),
-                    msg: req.msg.clone(),
-                });
             }
             let load = st.load.entry(m).or_default();
             *load += 1;
@@ -296,8 +310,9 @@ impl Broker {
             .clients
             .get_mut(&me.id)
             .and_then(|c| c.requests.remove(&rid));
-        if let Some(p) = token.and_then(|t| st.pending.remove(&t)) {
+        if let Some((t, p)) = token.and_then(|t| st.pending.remove(&t).map(|p| (t, p))) {
             release_members(&mut st, &p.members);
+            forget_queued(&st, t, &p.members);
         }
     }
 
@@ -393,5 +408,16 @@ impl Broker {
             self.counters.no_responders.fetch_add(1, Relaxed);
         }
         self.finish(token, Some(code));
+    }
+}
+
+/// Drops request `token` from the queues of the members on this node it
+/// was sent to and they have not taken yet (its requester left or
+/// cancelled), so no member holds it for nobody.
+pub(super) fn forget_queued(st: &State, token: u64, members: &[u64]) {
+    for m in members {
+        if let Some(c) = st.clients.get(m) {
+            c.out.forget_request(token);
+        }
     }
 }

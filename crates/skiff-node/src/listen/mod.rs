@@ -24,7 +24,8 @@ use crate::outbox::ClientOut;
 use crate::session::{Event, Input, Session};
 
 /// Hands everything whole in `input` to the broker through `session`, in
-/// order. `Err`: close the client with this error (counted as a protocol
+/// order, waiting before each frame other than a publish while the client
+/// is over its pending-bytes limit. `Err`: close the client with this error (counted as a protocol
 /// error); nothing more is read.
 pub(crate) async fn feed<I: Input + ?Sized>(
     broker: &Broker,
@@ -35,7 +36,12 @@ pub(crate) async fn feed<I: Input + ?Sized>(
     while let Some(e) = session.poll_event(input) {
         match e {
             Event::Publish => broker.publish_batch(out, session.run()).await,
-            Event::Frame(f) => handle(broker, out, f).await?,
+            Event::Frame(f) => {
+                // A client over its pending-bytes limit is not read until
+                // it drains (publishes queue no reply for it: no check).
+                out.wait_room().await;
+                handle(broker, out, f).await?
+            }
             Event::Close(code, text) => {
                 broker.protocol_error();
                 return Err((code, text));

@@ -1,0 +1,312 @@
+//! Issue 15, item 1: every byte a node holds for a client is counted
+//! against `max_pending_bytes`, replies and requests to a member included.
+//! Hostile clients (that send and never read) against a real `skiff node`
+//! process: its memory stays bounded and other clients are answered.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Decoder, Policy, ServerFrame};
+use skiff_proto::Message;
+
+/// What the node's resident memory may grow by under any of these floods.
+/// On the code before this change each flood took it well past this.
+const RSS_BOUND: u64 = 48 << 20;
+
+/// The per-client bound the node runs with.
+const MAX_PENDING: u64 = 1 << 20;
+
+struct Node {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    fn start() -> Node {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_skiff"))
+            .args(["node", "--tcp", &addr])
+            .args(["--set", "max_payload=300000"])
+            .args(["--set", &format!("max_pending_bytes={MAX_PENDING}")])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn skiff node");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        while !seen.contains("tcp") {
+            let mut line = String::new();
+            assert!(err.read_line(&mut line).unwrap() > 0, "node exited: {seen}");
+            seen += &line;
+        }
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        Node { child, addr }
+    }
+
+    /// The node's resident memory, from /proc.
+    fn rss(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = s
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb << 10
+    }
+
+    fn connect(&self) -> Client {
+        let s = TcpStream::connect(&self.addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut c = Client {
+            s,
+            buf: BytesMut::new(),
+            dec: Decoder::new(64 << 20),
+        };
+        assert!(matches!(c.next(), ServerFrame::Welcome { .. }));
+        c
+    }
+}
+
+/// A raw client of the skiff protocol.
+struct Client {
+    s: TcpStream,
+    buf: BytesMut,
+    dec: Decoder,
+}
+
+impl Client {
+    fn send(&mut self, f: &ClientFrame) {
+        let mut b = Vec::new();
+        f.encode(&mut b);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// The next frame from the node (within a generous deadline).
+    fn next(&mut self) -> ServerFrame {
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        loop {
+            if let Some(body) = self.dec.next(&mut self.buf).unwrap() {
+                return ServerFrame::decode(body, usize::MAX).unwrap();
+            }
+            let mut chunk = [0; 64 * 1024];
+            let n = self.s.read(&mut chunk).expect("the node answers");
+            assert!(n > 0, "the node closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// A ping answered (other frames skipped).
+    fn ping(&mut self, corr: u64) {
+        self.send(&ClientFrame::Ping { corr });
+        loop {
+            if let ServerFrame::Pong { corr: c } = self.next() {
+                assert_eq!(c, corr);
+                return;
+            }
+        }
+    }
+
+    /// The node's stats, as JSON.
+    fn stats(&mut self) -> serde_json::Value {
+        self.send(&ClientFrame::Stats { corr: 7 });
+        loop {
+            if let ServerFrame::Stats { json, .. } = self.next() {
+                return serde_json::from_str(&json).unwrap();
+            }
+        }
+    }
+}
+
+/// Writes `frame` over and over on a connection that never reads, up to
+/// `total` bytes or until the node stops reading it (a write blocks for
+/// 3 s); returns the bytes written. The connection stays open.
+fn flood(node: &Node, frame: &ClientFrame, total: usize) -> (TcpStream, usize) {
+    let c = node.connect();
+    let mut s = c.s;
+    let mut one = Vec::new();
+    frame.encode(&mut one);
+    let chunk: Vec<u8> = one.repeat((64 * 1024 / one.len()).max(1));
+    s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut sent = 0;
+    while sent < total {
+        match s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    (s, sent)
+}
+
+/// Pings the node from another client every 50 ms until `stop`; each
+/// answered within the deadline of `Client::next`. Returns how many.
+fn keep_pinging(node: &Node, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    let mut c = node.connect();
+    std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            c.ping(n);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        n
+    })
+}
+
+/// Asserts the node's RSS stays within `RSS_BOUND` of `base` for a while
+/// (the node works through what it read).
+fn assert_rss_bounded(node: &Node, base: u64, what: &str) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        let rss = node.rss();
+        assert!(
+            rss < base + RSS_BOUND,
+            "{what}: node RSS {} MiB, idle {} MiB",
+            rss >> 20,
+            base >> 20
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_ping_flood_from_a_client_that_never_reads_is_bounded() {
+    let node = Node::start();
+    let base = node.rss();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = keep_pinging(&node, stop.clone());
+    let (_flooder, sent) = flood(&node, &ClientFrame::Ping { corr: 1 }, 24 << 20);
+    assert_rss_bounded(&node, base, &format!("after {} MiB of pings", sent >> 20));
+    stop.store(true, Ordering::Relaxed);
+    assert!(pinger.join().unwrap() > 0);
+    // The flooder's replies are counted against its bound.
+    let mut other = node.connect();
+    let v = other.stats();
+    let pending: u64 = v["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["pending_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(pending > 0, "replies are not counted: {v}");
+    assert!(pending < 2 * MAX_PENDING, "over the bound: {pending}");
+}
+
+#[test]
+fn a_stats_flood_from_a_client_that_never_reads_is_bounded() {
+    let node = Node::start();
+    // Make each stats reply large: one client with 1,000 subscriptions.
+    let mut subs = node.connect();
+    for sid in 1..=1000 {
+        subs.send(&ClientFrame::Sub {
+            sid,
+            pattern: format!("some.long.subject.name.{sid}"),
+            kind: String::new(),
+            policy: Policy::DropNewest,
+            queue: 16,
+            credit: 16,
+        });
+    }
+    subs.ping(1);
+    let base = node.rss();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = keep_pinging(&node, stop.clone());
+    // 2,000 requests: about 200 MB of replies if nothing bounds them.
+    let (_flooder, _) = flood(&node, &ClientFrame::Stats { corr: 1 }, 2000 * 11);
+    assert_rss_bounded(&node, base, "a stats flood");
+    stop.store(true, Ordering::Relaxed);
+    assert!(pinger.join().unwrap() > 0);
+}
+
+#[test]
+fn cluster_requests_to_a_member_that_never_reads_are_bounded_and_released() {
+    let node = Node::start();
+    let mut member = node.connect();
+    member.send(&ClientFrame::Join {
+        corr: 1,
+        cluster: "svc".into(),
+        capacity: 1_000_000,
+    });
+    assert!(matches!(member.next(), ServerFrame::Ack { corr: 1 }));
+    let base = node.rss();
+    // 400 requests of 256 KiB (100 MiB) to a member that never reads.
+    let mut requester = node.connect();
+    let mut writer = requester.s.try_clone().unwrap();
+    let n = 400u64;
+    let sender = std::thread::spawn(move || {
+        let payload = Bytes::from(vec![7u8; 256 << 10]);
+        for rid in 1..=n {
+            let mut b = Vec::new();
+            ClientFrame::Req {
+                rid,
+                flags: req_flags::CLUSTER,
+                max: 1,
+                target: "svc".into(),
+                key: Bytes::new(),
+                msg: Message::new("svc", payload.clone()),
+            }
+            .encode(&mut b);
+            writer.write_all(&b).unwrap();
+        }
+    });
+    // Those the member has no room for are refused at once: all but what
+    // fits in its bound, the writer's batch and the sockets' buffers.
+    let mut refused = 0;
+    while refused < n - 100 {
+        let rss = node.rss();
+        assert!(rss < base + RSS_BOUND, "node RSS {} MiB", rss >> 20);
+        if let ServerFrame::ReqDone { code, .. } = requester.next() {
+            assert_eq!(code, Code::NoResponders);
+            refused += 1;
+        }
+    }
+    sender.join().unwrap();
+    assert_rss_bounded(&node, base, "requests to a member that never reads");
+    // Each refusal is counted on the member.
+    let clients = |node: &Node| -> Vec<serde_json::Value> {
+        node.connect().stats()["clients"].as_array().unwrap().clone()
+    };
+    let dropped: u64 = clients(&node)
+        .iter()
+        .map(|c| c["dropped_control"].as_u64().unwrap())
+        .sum();
+    assert!(dropped >= refused, "{dropped} drops counted, {refused} refused");
+    let held = |node: &Node| -> u64 {
+        clients(node)
+            .iter()
+            .map(|c| c["pending_bytes"].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    assert!(held(&node) <= MAX_PENDING, "the member holds more than its bound");
+    // The requester leaves: what waited for the member is released.
+    drop(requester);
+    let t = Instant::now();
+    loop {
+        let held = held(&node);
+        if held < 64 << 10 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "still held: {held}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(member);
+}
