@@ -35,6 +35,11 @@ impl Drop for Node {
 
 impl Node {
     fn start() -> Node {
+        Node::start_with(&[])
+    }
+
+    /// A node with `--set` settings `extra` as well.
+    fn start_with(extra: &[&str]) -> Node {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -45,6 +50,7 @@ impl Node {
             .args(["node", "--tcp", &addr])
             .args(["--set", "max_payload=300000"])
             .args(["--set", &format!("max_pending_bytes={MAX_PENDING}")])
+            .args(extra.iter().flat_map(|e| ["--set", e]))
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn skiff node");
@@ -309,4 +315,54 @@ fn cluster_requests_to_a_member_that_never_reads_are_bounded_and_released() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(member);
+}
+
+#[test]
+fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
+    let node = Node::start_with(&["max_total_pending_bytes=4194304"]);
+    let base = node.rss();
+    // Eight clients that never read could hold 8 MiB; the budget is 4.
+    let flooders: Vec<_> = (0..8)
+        .map(|_| {
+            let c = TcpStream::connect(&node.addr).unwrap();
+            std::thread::spawn(move || {
+                let mut s = c;
+                let mut one = Vec::new();
+                ClientFrame::Ping { corr: 1 }.encode(&mut one);
+                let chunk = one.repeat(64 * 1024 / one.len());
+                s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+                let mut sent = 0;
+                while sent < 24 << 20 {
+                    match s.write(&chunk) {
+                        Ok(n) => sent += n,
+                        Err(_) => break,
+                    }
+                }
+                s
+            })
+        })
+        .collect();
+    let _held: Vec<TcpStream> = flooders.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_rss_bounded(&node, base, "eight ping floods");
+    // A new client is refused, with the reason.
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = BytesMut::new();
+    let dec = Decoder::new(1 << 20);
+    let f = loop {
+        if let Some(body) = dec.next(&mut buf).unwrap() {
+            break ServerFrame::decode(body, usize::MAX).unwrap();
+        }
+        let mut chunk = [0; 4096];
+        let n = s.read(&mut chunk).expect("an answer");
+        assert!(n > 0, "closed without a reason");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    match f {
+        ServerFrame::Error { code, text, .. } => {
+            assert_eq!(code, Code::Limit);
+            assert!(text.contains("max_total_pending_bytes"), "{text}");
+        }
+        f => panic!("not refused: {f:?}"),
+    }
 }

@@ -14,6 +14,7 @@
 //! max_payload = 1048576         # bytes
 //! max_subscriptions = 10000     # per client
 //! max_pending_bytes = 16777216  # queued for one client, bytes
+//! max_total_pending_bytes = 0   # queued for all clients together (0: no budget)
 //! max_connections = 65536
 //! max_requests = 65536          # requests in flight per client
 //! drain_timeout_ms = 2000       # graceful shutdown
@@ -47,6 +48,10 @@ pub struct Limits {
     /// 16 MiB: it bounds the node's memory per slow client, and a larger
     /// queue does not move more (`bench/RESULTS.md` has the runs).
     pub max_pending_bytes: usize,
+    /// Most bytes queued in the node for all clients together (0: no
+    /// budget). Past it, no client may queue more than it already holds
+    /// (as if over its own bound) and new clients are refused.
+    pub max_total_pending_bytes: usize,
     /// Most clients at once (TCP, Unix and in-process together). A node
     /// with listeners lowers it below its file-descriptor limit at start,
     /// so that a client past it is refused with an error, not left waiting.
@@ -79,6 +84,7 @@ impl Default for Limits {
             max_payload: 1 << 20,
             max_subscriptions: 10_000,
             max_pending_bytes: 16 << 20,
+            max_total_pending_bytes: 0,
             max_connections: 65_536,
             max_requests: 65_536,
             drain_timeout_ms: 2_000,
@@ -394,6 +400,7 @@ impl Config {
             "max_payload" => l.max_payload = num()? as usize,
             "max_subscriptions" => l.max_subscriptions = num()? as usize,
             "max_pending_bytes" => l.max_pending_bytes = num()? as usize,
+            "max_total_pending_bytes" => l.max_total_pending_bytes = num()? as usize,
             "max_connections" => l.max_connections = num()? as usize,
             "max_requests" => l.max_requests = num()? as usize,
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
@@ -402,7 +409,7 @@ impl Config {
             "max_pings_out" => {
                 l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
         }
         Ok(())
     }
@@ -414,7 +421,7 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 24] = [
+        const NAMES: [&str; 25] = [
             "tcp",
             "unix",
             "shm",
@@ -433,6 +440,7 @@ impl Config {
             "max_payload",
             "max_subscriptions",
             "max_pending_bytes",
+            "max_total_pending_bytes",
             "max_connections",
             "max_requests",
             "drain_timeout_ms",

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -52,6 +52,45 @@ pub(crate) fn frame_cost(f: &ServerFrame) -> usize {
             ServerFrame::Stats { json, .. } => json.len(),
             _ => 0,
         }
+}
+
+/// The node's budget of pending bytes across all clients
+/// (`max_total_pending_bytes`). A client reserves from it in chunks of
+/// [`CHUNK`], so the shared counter moves about once per chunk, not per
+/// message.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+/// What a client reserves from the [`Budget`] at a time.
+const CHUNK: usize = 64 * 1024;
+
+impl Budget {
+    pub(crate) fn new(max: usize) -> Budget {
+        Budget {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Whether the budget is spent (new clients are refused).
+    pub(crate) fn exhausted(&self) -> bool {
+        self.used.load(Ordering::Relaxed) + CHUNK > self.max
+    }
+
+    fn reserve(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u + n <= self.max).then_some(u + n)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 /// Most messages taken from one subscription before the writer visits the
@@ -185,6 +224,8 @@ struct Outbox {
     drop_reports: Vec<u64>,
     pending_bytes: usize,
     max_pending: usize,
+    /// Bytes reserved from the node's [`Budget`] (if it has one).
+    reserved: usize,
     /// A frame to send last, then close.
     closing: Option<ServerFrame>,
     /// Frames not queued because the pending-bytes limit was reached
@@ -212,10 +253,19 @@ pub struct ClientOut {
     space: Notify,
     closed: AtomicBool,
     closed_notify: Notify,
+    budget: Option<Arc<Budget>>,
+}
+
+impl Drop for ClientOut {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(self.inner.get_mut().reserved);
+        }
+    }
 }
 
 impl ClientOut {
-    pub(crate) fn new(id: u64, max_pending: usize) -> ClientOut {
+    pub(crate) fn new(id: u64, max_pending: usize, budget: Option<Arc<Budget>>) -> ClientOut {
         ClientOut {
             id,
             inner: Mutex::new(Outbox {
@@ -226,7 +276,43 @@ impl ClientOut {
             space: Notify::new(),
             closed: AtomicBool::new(false),
             closed_notify: Notify::new(),
+            budget,
         }
+    }
+
+    /// Whether a client that `reserved` bytes may hold `pending` under
+    /// the node's budget: within what it reserved, or it reserves more now.
+    fn fits(&self, reserved: &mut usize, pending: usize) -> bool {
+        let Some(b) = &self.budget else {
+            return true;
+        };
+        if pending <= *reserved {
+            return true;
+        }
+        let more = (pending - *reserved).next_multiple_of(CHUNK);
+        if b.reserve(more) {
+            *reserved += more;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives back to the node's budget what `o` reserved beyond its
+    /// pending bytes and one chunk.
+    fn settle(&self, o: &mut Outbox) {
+        if let Some(b) = &self.budget {
+            let keep = o.pending_bytes + CHUNK;
+            if o.reserved > keep + CHUNK {
+                b.release(o.reserved - keep);
+                o.reserved = keep;
+            }
+        }
+    }
+
+    /// Whether `o` is over its bound or the node's budget.
+    fn over(&self, o: &mut Outbox, pending: usize) -> bool {
+        pending > o.max_pending || !self.fits(&mut o.reserved, pending)
     }
 
     /// Queues a control frame (acks, replies to the client's own frames),
@@ -237,6 +323,10 @@ impl ClientOut {
         let bytes = frame_cost(&f);
         let mut o = self.inner.lock();
         o.pending_bytes += bytes;
+        let pending = o.pending_bytes;
+        // Over the budget it is queued all the same; `wait_room` holds
+        // the reader until it drains.
+        self.fits(&mut o.reserved, pending);
         o.control.push_back((f, bytes));
         drop(o);
         self.ready.notify_one();
@@ -249,7 +339,8 @@ impl ClientOut {
     pub(crate) fn control_bounded(&self, f: ServerFrame, bytes: usize) -> bool {
         let bytes = bytes.max(frame_cost(&f));
         let mut o = self.inner.lock();
-        if o.pending_bytes + bytes > o.max_pending {
+        let pending = o.pending_bytes + bytes;
+        if self.over(&mut o, pending) {
             o.dropped_control += 1;
             return false;
         }
@@ -274,6 +365,7 @@ impl ClientOut {
             _ => true,
         });
         o.pending_bytes -= freed;
+        self.settle(o);
     }
 
     /// Waits while the client is over its pending-bytes limit and the
@@ -287,9 +379,10 @@ impl ClientOut {
             let mut n = pin!(self.space.notified());
             n.as_mut().enable();
             {
-                let o = self.inner.lock();
-                let blocked = o.pending_bytes > o.max_pending
-                    && (!o.control.is_empty() || !o.ready.is_empty());
+                let mut o = self.inner.lock();
+                let pending = o.pending_bytes;
+                let blocked = (!o.control.is_empty() || !o.ready.is_empty())
+                    && self.over(&mut o, pending);
                 if !blocked || self.is_closed() {
                     return;
                 }
@@ -319,6 +412,7 @@ impl ClientOut {
         if let Some(s) = o.subs.remove(&sid) {
             let bytes: usize = s.q.iter().map(|(_, m)| m.cost()).sum();
             o.pending_bytes -= bytes;
+            self.settle(&mut o);
         }
         drop(o);
         self.space.notify_waiters();
@@ -347,7 +441,8 @@ impl ClientOut {
         }
         let mut o = self.inner.lock();
         let size = msg.cost();
-        let over = o.pending_bytes + size > o.max_pending;
+        let pending = o.pending_bytes + size;
+        let over = self.over(&mut o, pending);
         let o = &mut *o;
         let Some(s) = o.subs.get_mut(&sid) else {
             return Push::Gone;
@@ -404,7 +499,11 @@ impl ClientOut {
         let mut last = (msgs.len(), Push::Queued);
         for (k, msg) in msgs.iter().enumerate() {
             let size = msg.cost();
-            if s.q.len() >= s.room() || o.pending_bytes + size > o.max_pending {
+            let pending = o.pending_bytes + size;
+            if s.q.len() >= s.room()
+                || pending > o.max_pending
+                || !self.fits(&mut o.reserved, pending)
+            {
                 match s.policy {
                     Policy::Block => {
                         last = (k, Push::Full);
@@ -602,6 +701,9 @@ impl ClientOut {
                 } else {
                     s.in_ready = false;
                 }
+            }
+            if freed {
+                self.settle(o);
             }
         }
         if freed {

@@ -30,7 +30,7 @@ use skiff_proto::Message;
 
 use crate::config::Limits;
 use crate::mesh::MeshLink;
-use crate::outbox::{cost, ClientOut};
+use crate::outbox::{cost, Budget, ClientOut};
 
 mod cluster;
 mod inbound;
@@ -127,6 +127,8 @@ pub struct Broker {
     mesh: OnceLock<Arc<MeshLink>>,
     /// Remote deliveries dropped because a subscription was full.
     remote_drops: AtomicU64,
+    /// Pending bytes across all clients (`max_total_pending_bytes`).
+    budget: Option<Arc<Budget>>,
 }
 
 /// Why a frame could not be handled: the client is closed with this error.
@@ -147,6 +149,8 @@ impl Broker {
                 next_tunnel: 1,
                 ..State::default()
             }),
+            budget: (limits.max_total_pending_bytes > 0)
+                .then(|| Arc::new(Budget::new(limits.max_total_pending_bytes))),
             limits,
             next_client: AtomicU64::new(1),
             counters: Counters::default(),
@@ -201,8 +205,22 @@ impl Broker {
                 ),
             });
         }
+        if self.budget.as_ref().is_some_and(|b| b.exhausted()) {
+            self.counters.limit_hits.fetch_add(1, Relaxed);
+            return Err(Fatal {
+                code: Code::Limit,
+                text: format!(
+                    "the node holds {} bytes for its clients (max_total_pending_bytes)",
+                    self.limits.max_total_pending_bytes
+                ),
+            });
+        }
         let id = self.next_client.fetch_add(1, Relaxed);
-        let out = Arc::new(ClientOut::new(id, self.limits.max_pending_bytes));
+        let out = Arc::new(ClientOut::new(
+            id,
+            self.limits.max_pending_bytes,
+            self.budget.clone(),
+        ));
         out.control(ServerFrame::Welcome {
             client: id,
             max_payload: self.limits.max_payload as u64,
