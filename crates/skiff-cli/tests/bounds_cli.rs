@@ -288,13 +288,19 @@ fn cluster_requests_to_a_member_that_never_reads_are_bounded_and_released() {
     assert_rss_bounded(&node, base, "requests to a member that never reads");
     // Each refusal is counted on the member.
     let clients = |node: &Node| -> Vec<serde_json::Value> {
-        node.connect().stats()["clients"].as_array().unwrap().clone()
+        node.connect().stats()["clients"]
+            .as_array()
+            .unwrap()
+            .clone()
     };
     let dropped: u64 = clients(&node)
         .iter()
         .map(|c| c["dropped_control"].as_u64().unwrap())
         .sum();
-    assert!(dropped >= refused, "{dropped} drops counted, {refused} refused");
+    assert!(
+        dropped >= refused,
+        "{dropped} drops counted, {refused} refused"
+    );
     let held = |node: &Node| -> u64 {
         clients(node)
             .iter()
@@ -302,7 +308,10 @@ fn cluster_requests_to_a_member_that_never_reads_are_bounded_and_released() {
             .max()
             .unwrap()
     };
-    assert!(held(&node) <= MAX_PENDING, "the member holds more than its bound");
+    assert!(
+        held(&node) <= MAX_PENDING,
+        "the member holds more than its bound"
+    );
     // The requester leaves: what waited for the member is released.
     drop(requester);
     let t = Instant::now();

@@ -303,7 +303,7 @@ impl ClientOut {
     fn settle(&self, o: &mut Outbox) {
         if let Some(b) = &self.budget {
             let keep = o.pending_bytes + CHUNK;
-            if o.reserved > keep + CHUNK {
+            if o.reserved > keep {
                 b.release(o.reserved - keep);
                 o.reserved = keep;
             }
@@ -381,8 +381,8 @@ impl ClientOut {
             {
                 let mut o = self.inner.lock();
                 let pending = o.pending_bytes;
-                let blocked = (!o.control.is_empty() || !o.ready.is_empty())
-                    && self.over(&mut o, pending);
+                let blocked =
+                    (!o.control.is_empty() || !o.ready.is_empty()) && self.over(&mut o, pending);
                 if !blocked || self.is_closed() {
                     return;
                 }
@@ -765,5 +765,68 @@ impl ClientOut {
     pub(crate) fn counters(&self) -> (usize, u64, u64) {
         let o = self.inner.lock();
         (o.pending_bytes, o.delivered, o.dropped_control)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(token: u64) -> ServerFrame {
+        ServerFrame::Request {
+            token,
+            cluster: "c".into(),
+            msg: Message::new("c", vec![0u8; 1000]),
+        }
+    }
+
+    #[test]
+    fn control_frames_count_until_taken() {
+        let out = ClientOut::new(1, 10_000, None);
+        out.control(ServerFrame::Pong { corr: 1 });
+        assert!(out.counters().0 >= std::mem::size_of::<ServerFrame>());
+        let mut buf = Vec::new();
+        assert!(out.take_encoded(&mut buf));
+        assert_eq!(out.counters().0, 0);
+    }
+
+    #[test]
+    fn requests_are_refused_over_the_bound_and_forgotten_with_their_requester() {
+        let out = ClientOut::new(1, 2_500, None);
+        assert!(out.control_bounded(request(1), 0));
+        assert!(out.control_bounded(request(2), 0));
+        assert!(!out.control_bounded(request(3), 0));
+        assert_eq!(out.counters().2, 1);
+        out.forget_request(1);
+        out.forget_request(2);
+        assert_eq!(out.counters().0, 0);
+        assert!(out.control_bounded(request(3), 0));
+    }
+
+    #[test]
+    fn the_budget_is_shared_and_given_back() {
+        let budget = Arc::new(Budget::new(3 * CHUNK));
+        let a = ClientOut::new(1, usize::MAX, Some(budget.clone()));
+        let b = ClientOut::new(2, usize::MAX, Some(budget.clone()));
+        let sized = |t, n| ServerFrame::Request {
+            token: t,
+            cluster: "c".into(),
+            msg: Message::new("c", vec![0u8; n]),
+        };
+        assert!(a.control_bounded(sized(1, 2 * CHUNK + CHUNK / 2), 0));
+        assert!(budget.exhausted());
+        assert!(
+            !b.control_bounded(sized(2, CHUNK + CHUNK / 2), 0),
+            "over budget"
+        );
+        let mut buf = Vec::new();
+        assert!(a.take_encoded(&mut buf));
+        // An idle client keeps one chunk.
+        assert!(
+            b.control_bounded(sized(2, CHUNK + CHUNK / 2), 0),
+            "given back"
+        );
+        drop(b);
+        assert!(!budget.exhausted());
     }
 }
