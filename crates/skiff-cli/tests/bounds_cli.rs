@@ -330,6 +330,7 @@ fn cluster_requests_to_a_member_that_never_reads_are_bounded_and_released() {
 fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
     let node = Node::start_with(&["max_total_pending_bytes=4194304"]);
     let base = node.rss();
+    let mut watcher = node.connect();
     // Eight clients that never read could hold 8 MiB; the budget is 4.
     let flooders: Vec<_> = (0..8)
         .map(|_| {
@@ -353,6 +354,8 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
         .collect();
     let _held: Vec<TcpStream> = flooders.into_iter().map(|t| t.join().unwrap()).collect();
     assert_rss_bounded(&node, base, "eight ping floods");
+    let used = watcher.stats()["pending_budget_used"].as_u64();
+    assert!(used.is_some_and(|u| u > 3 << 20), "budget used: {used:?}");
     // A new client is refused, with the reason.
     let mut s = TcpStream::connect(&node.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

@@ -77,7 +77,12 @@ impl Budget {
 
     /// Whether the budget is spent (new clients are refused).
     pub(crate) fn exhausted(&self) -> bool {
-        self.used.load(Ordering::Relaxed) + CHUNK > self.max
+        self.used() + CHUNK > self.max
+    }
+
+    /// Bytes reserved by clients now.
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
     }
 
     fn reserve(&self, n: usize) -> bool {

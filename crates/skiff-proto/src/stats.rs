@@ -41,6 +41,10 @@ pub struct NodeStats {
     /// Messages from other nodes dropped because a subscription was full.
     #[serde(default)]
     pub remote_drops: u64,
+    /// Bytes the clients hold reserved from the node's budget of pending
+    /// bytes (`max_total_pending_bytes`; 0 without one).
+    #[serde(default)]
+    pub pending_budget_used: usize,
     /// The mesh, when the node is part of one (`skiff stats --mesh`).
     #[serde(default)]
     pub mesh: Option<MeshView>,

@@ -125,6 +125,7 @@ impl Broker {
             protocol_errors: c.protocol_errors.load(Relaxed),
             slow_consumers: c.slow_consumers.load(Relaxed),
             remote_drops: self.remote_drops.load(Relaxed),
+            pending_budget_used: self.budget.as_ref().map_or(0, |b| b.used()),
             mesh: if from.is_none() {
                 self.mesh.get().map(|m| m.view())
             } else {
