@@ -38,8 +38,18 @@ pub(crate) async fn feed<I: Input + ?Sized>(
             Event::Publish => broker.publish_batch(out, session.run()).await,
             Event::Frame(f) => {
                 // A client over its pending-bytes limit is not read until
-                // it drains (publishes queue no reply for it: no check).
-                out.wait_room().await;
+                // it drains. Frames that queue nothing for their sender
+                // (publishes, replies, credit, tunnel data) skip the check:
+                // no lock on those hot paths.
+                if !matches!(
+                    f,
+                    ClientFrame::Reply { .. }
+                        | ClientFrame::Credit { .. }
+                        | ClientFrame::TunData { .. }
+                        | ClientFrame::TunCredit { .. }
+                ) {
+                    out.wait_room().await;
+                }
                 handle(broker, out, f).await?
             }
             Event::Close(code, text) => {
