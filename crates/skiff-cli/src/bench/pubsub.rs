@@ -129,6 +129,25 @@ impl At {
         self.pub_at.is_some() || !self.sub_at.is_empty()
     }
 
+    /// The node to measure and where each side attaches: `node` if given,
+    /// the places named by `--pub-at`/`--sub-at`, or else a node started
+    /// from the `skiff` binary (returned, so it lives as long as the run).
+    pub fn skiff_node(
+        &self,
+        node: Option<&str>,
+        skiff: &Path,
+    ) -> Result<(Option<Server>, Places), Box<dyn Error>> {
+        let own = match node {
+            None if !self.skiff_given() => Some(Server::skiff(skiff)?),
+            _ => None,
+        };
+        let url = node
+            .map(str::to_owned)
+            .or_else(|| own.as_ref().map(|s| s.url.clone()))
+            .unwrap_or_default();
+        Ok((own, self.skiff(&url)))
+    }
+
     /// The skiff places, given the default node.
     pub fn skiff(&self, default: &str) -> Places {
         let first = self.pub_at.as_ref().or(self.sub_at.first());
@@ -182,17 +201,7 @@ impl Session {
             .thread_name("bench-sub")
             .enable_all()
             .build()?;
-        let own = match &params.node {
-            Some(_) => None,
-            None if params.at.skiff_given() => None,
-            None => Some(Server::skiff(skiff)?),
-        };
-        let url = params
-            .node
-            .clone()
-            .or_else(|| own.as_ref().map(|s| s.url.clone()))
-            .unwrap_or_default();
-        let places = params.at.skiff(&url);
+        let (own, places) = params.at.skiff_node(params.node.as_deref(), skiff)?;
         Ok(Session {
             params: params.clone(),
             policy,

@@ -96,17 +96,7 @@ impl Session {
             .thread_name("bench-responder")
             .enable_all()
             .build()?;
-        let own = match &params.node {
-            Some(_) => None,
-            None if params.at.skiff_given() => None,
-            None => Some(Server::skiff(skiff)?),
-        };
-        let url = params
-            .node
-            .clone()
-            .or_else(|| own.as_ref().map(|s| s.url.clone()))
-            .unwrap_or_default();
-        let places = params.at.skiff(&url);
+        let (own, places) = params.at.skiff_node(params.node.as_deref(), skiff)?;
         Ok(Session {
             params: params.clone(),
             rt,
