@@ -378,3 +378,97 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
         f => panic!("not refused: {f:?}"),
     }
 }
+
+#[test]
+fn a_tunnel_credit_flood_to_a_member_that_never_reads_is_bounded() {
+    let node = Node::start();
+    let mut member = node.connect();
+    member.send(&ClientFrame::Join {
+        corr: 1,
+        cluster: "svc".into(),
+        capacity: 1,
+    });
+    assert!(matches!(member.next(), ServerFrame::Ack { corr: 1 }));
+    let mut opener = node.connect();
+    opener.send(&ClientFrame::TunOpen {
+        corr: 2,
+        cluster: "svc".into(),
+        key: Bytes::new(),
+        window: 16,
+    });
+    let tunnel = loop {
+        if let ServerFrame::TunOpened {
+            corr: 2, tunnel, ..
+        } = opener.next()
+        {
+            break tunnel;
+        }
+    };
+    let base = node.rss();
+    // 64 MiB of credit frames for a member that reads nothing: before this
+    // change each one was queued for it.
+    let mut s = opener.s.try_clone().unwrap();
+    let mut one = Vec::new();
+    ClientFrame::TunCredit { tunnel, n: 1 }.encode(&mut one);
+    let chunk = one.repeat(64 * 1024 / one.len());
+    let mut sent = 0;
+    while sent < 64 << 20 {
+        s.write_all(&chunk).unwrap();
+        sent += chunk.len();
+        let rss = node.rss();
+        assert!(rss < base + RSS_BOUND, "node RSS {} MiB", rss >> 20);
+    }
+    opener.ping(9);
+    assert_rss_bounded(&node, base, "a credit flood");
+    // The member is told the whole credit, merged.
+    let mut got = 0u64;
+    while got < (sent / one.len()) as u64 {
+        match member.next() {
+            ServerFrame::TunCredit { n, .. } => got += u64::from(n),
+            ServerFrame::TunIncoming { .. } | ServerFrame::Ping => {}
+            f => panic!("{f:?}"),
+        }
+    }
+    assert_eq!(got, (sent / one.len()) as u64);
+}
+
+#[test]
+fn frames_being_read_count_against_the_node_budget() {
+    // Large frames begun and not finished: each connection's buffer grows
+    // past the 256 KiB every connection has, and that is charged to the
+    // node's budget (8 MiB here): those past it are closed with the reason.
+    let node = Node::start_with(&["max_total_pending_bytes=8388608", "read_timeout_ms=60000"]);
+    let base = node.rss();
+    let conns: Vec<TcpStream> = (0..60)
+        .map(|_| {
+            let mut s = TcpStream::connect(&node.addr).unwrap();
+            s.write_all(&295_000u32.to_le_bytes()).unwrap();
+            s.write_all(&[7u8; 290_000]).unwrap();
+            s
+        })
+        .collect();
+    let mut closed = 0;
+    for mut s in conns {
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut got = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(_) => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&got);
+        if text.contains("max_total_pending_bytes") {
+            closed += 1;
+        }
+    }
+    // 60 × 290 KB is about 17 MB: at least half are over an 8 MiB budget.
+    assert!(closed >= 25, "{closed} of 60 closed for the budget");
+    let rss = node.rss();
+    assert!(rss < base + RSS_BOUND, "node RSS {} MiB", rss >> 20);
+    let st = node.connect().stats();
+    assert!(st["limit_hits"].as_u64().unwrap() >= closed, "{st}");
+}

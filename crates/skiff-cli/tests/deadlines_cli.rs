@@ -212,3 +212,78 @@ fn silent_connections_are_closed_after_the_keepalive_and_clients_answer_it() {
     assert_eq!(got, "ka.x hi\n");
     assert!(stats(&node.addr)["limit_hits"].as_u64().unwrap() >= 2);
 }
+
+/// The resident memory of process `pid`, from /proc.
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb << 10
+}
+
+/// Raises this process's soft limit on open files to its hard limit
+/// (the test holds 1,000 connections).
+fn raise_nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: both calls only read and write the local `r`.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+    }
+    r.rlim_cur
+}
+
+#[test]
+fn a_thousand_slowloris_connections_are_closed_and_their_memory_given_back() {
+    if raise_nofile() < 1_100 {
+        eprintln!("SKIPPED: fewer than 1,100 descriptors allowed");
+        return;
+    }
+    let node = start_node("", &["read_timeout_ms=300"]);
+    let pid = node.child.id();
+    let idle = rss(pid);
+    // Each begins a frame of 300,000 bytes and sends 200,000 of them: the
+    // node holds about 200 MB until the deadline (300 ms + 300,000 B at
+    // 64 KiB/s, about 4.9 s) closes them.
+    let mut conns: Vec<TcpStream> = (0..1_000)
+        .map(|_| {
+            let mut s = TcpStream::connect(&node.addr).unwrap();
+            s.write_all(&300_000u32.to_le_bytes()).unwrap();
+            s.write_all(&[7u8; 200_000]).unwrap();
+            s
+        })
+        .collect();
+    let held = rss(pid);
+    for s in &mut conns {
+        let got = read_to_close(s, Duration::from_secs(30));
+        assert!(
+            String::from_utf8_lossy(&got).contains("read_timeout_ms"),
+            "closed without the reason"
+        );
+    }
+    drop(conns);
+    let t = Instant::now();
+    loop {
+        let now = rss(pid);
+        if now < idle + (32 << 20) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "node RSS {} MiB after the slow senders left (idle {} MiB, {} MiB while held)",
+            now >> 20,
+            idle >> 20,
+            held >> 20
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stats(&node.addr)["connections"].as_u64(), Some(1));
+}

@@ -14,7 +14,7 @@
 //! max_payload = 1048576         # bytes
 //! max_subscriptions = 10000     # per client
 //! max_pending_bytes = 16777216  # queued for one client, bytes
-//! max_total_pending_bytes = 0   # queued for all clients together (0: no budget)
+//! max_total_pending_bytes = 0   # held for all clients together (default: half the memory; 0: no budget)
 //! max_connections = 65536
 //! max_requests = 65536          # requests in flight per client
 //! drain_timeout_ms = 2000       # graceful shutdown
@@ -48,9 +48,13 @@ pub struct Limits {
     /// 16 MiB: it bounds the node's memory per slow client, and a larger
     /// queue does not move more (`bench/RESULTS.md` has the runs).
     pub max_pending_bytes: usize,
-    /// Most bytes queued in the node for all clients together (0: no
+    /// Most bytes held in the node for all clients together: what is
+    /// queued for them and receive buffers grown for large frames (0: no
     /// budget). Past it, no client may queue more than it already holds
-    /// (as if over its own bound) and new clients are refused.
+    /// (as if over its own bound), a client whose frame needs more buffer
+    /// is closed with an error naming it, and new clients are refused.
+    /// Default: half the machine's memory ([`default_total_pending`]), so
+    /// that hostile clients together cannot get the node killed for memory.
     pub max_total_pending_bytes: usize,
     /// Most clients at once (TCP, Unix and in-process together). A node
     /// with listeners lowers it below its file-descriptor limit at start,
@@ -73,6 +77,22 @@ pub struct Limits {
     pub max_pings_out: u32,
 }
 
+/// The default of `max_total_pending_bytes`: half the machine's physical
+/// memory, or 1 GiB where that cannot be read.
+pub fn default_total_pending() -> usize {
+    // SAFETY: sysconf reads a system setting; it takes no pointers.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (usize::try_from(pages), usize::try_from(page)) {
+        (Ok(n), Ok(p)) if n > 0 && p > 0 => n.saturating_mul(p) / 2,
+        _ => 1 << 30,
+    }
+}
+
 /// The slowest rate, in bytes per second, a client may send a frame at
 /// (above the `read_timeout_ms` floor).
 pub const MIN_READ_RATE: u64 = 64 * 1024;
@@ -84,7 +104,7 @@ impl Default for Limits {
             max_payload: 1 << 20,
             max_subscriptions: 10_000,
             max_pending_bytes: 16 << 20,
-            max_total_pending_bytes: 0,
+            max_total_pending_bytes: default_total_pending(),
             max_connections: 65_536,
             max_requests: 65_536,
             drain_timeout_ms: 2_000,

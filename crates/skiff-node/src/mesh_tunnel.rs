@@ -197,7 +197,16 @@ impl Tunnels {
                 }
             }
         }
-        if data && o.backlog_bytes + bytes.len() > self.max_backlog {
+        // Data past the bound is dropped (counted); control frames (open,
+        // credit, close) get twice the room, so they pass data that waits,
+        // but a client that floods credit still cannot grow the backlog
+        // without bound (an honest one sends credit only for data it took).
+        let room = if data {
+            self.max_backlog
+        } else {
+            self.max_backlog.saturating_mul(2)
+        };
+        if o.backlog_bytes + bytes.len() > room {
             self.stats.backlog_drops += 1;
             return;
         }

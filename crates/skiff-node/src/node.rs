@@ -56,6 +56,20 @@ fn raise_nofile_limit() -> Option<u64> {
     Some(u64::try_from(r.rlim_cur).unwrap_or(u64::MAX))
 }
 
+/// Has the C allocator return the free pages inside its arenas to the
+/// system: after many clients left, what their buffers took is given back
+/// instead of staying in the node's resident memory.
+fn trim_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// How often the node looks whether clients left (and trims, if so).
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A running node: its listeners and connections run as tokio tasks on the
 /// runtime that started it.
 #[derive(Debug)]
@@ -245,9 +259,20 @@ pub fn run_until_signal(
             let mut int = signal(SignalKind::interrupt())?;
             let node = Node::start(config).await?;
             ready(&node);
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
+            let mut tick = tokio::time::interval(TRIM_EVERY);
+            let mut left = node.broker().clients_left();
+            loop {
+                tokio::select! {
+                    _ = int.recv() => break,
+                    _ = term.recv() => break,
+                    _ = tick.tick() => {
+                        let now = node.broker().clients_left();
+                        if now != left {
+                            left = now;
+                            let _ = tokio::task::spawn_blocking(trim_freed_memory).await;
+                        }
+                    }
+                }
             }
             stopping();
             node.shutdown().await;

@@ -231,6 +231,14 @@ struct Outbox {
     max_pending: usize,
     /// Bytes reserved from the node's [`Budget`] (if it has one).
     reserved: usize,
+    /// Bytes the client's reader holds of frames not yet whole
+    /// ([`ClientOut::hold_input`]): charged to the node's budget, not to
+    /// `max_pending` (a frame is bounded by `max_payload`).
+    input: usize,
+    /// Tunnel credit not yet handed out, by tunnel: a `TunCredit` frame is
+    /// queued once per tunnel and carries the sum when taken, so credits
+    /// sent faster than the client reads merge instead of queueing.
+    tun_credit: FxHashMap<u64, u32>,
     /// A frame to send last, then close.
     closing: Option<ServerFrame>,
     /// Frames not queued because the pending-bytes limit was reached
@@ -304,10 +312,10 @@ impl ClientOut {
     }
 
     /// Gives back to the node's budget what `o` reserved beyond its
-    /// pending bytes and one chunk.
+    /// pending bytes, its input and one chunk.
     fn settle(&self, o: &mut Outbox) {
         if let Some(b) = &self.budget {
-            let keep = o.pending_bytes + CHUNK;
+            let keep = o.pending_bytes + o.input + CHUNK;
             if o.reserved > keep {
                 b.release(o.reserved - keep);
                 o.reserved = keep;
@@ -317,7 +325,35 @@ impl ClientOut {
 
     /// Whether `o` is over its bound or the node's budget.
     fn over(&self, o: &mut Outbox, pending: usize) -> bool {
-        pending > o.max_pending || !self.fits(&mut o.reserved, pending)
+        pending > o.max_pending || !self.fits(&mut o.reserved, pending + o.input)
+    }
+
+    /// Charges the `bytes` the client's reader holds of frames not yet
+    /// whole (its receive buffer) to the node's budget. `false`: the budget
+    /// is spent, and the reader closes the client with
+    /// [`ClientOut::budget_error`].
+    pub(crate) fn hold_input(&self, bytes: usize) -> bool {
+        let mut o = self.inner.lock();
+        let o = &mut *o;
+        let was = std::mem::replace(&mut o.input, bytes);
+        if bytes <= was {
+            self.settle(o);
+            return true;
+        }
+        let total = o.pending_bytes + bytes;
+        if self.fits(&mut o.reserved, total) {
+            return true;
+        }
+        o.input = was;
+        false
+    }
+
+    /// The error a client gets when the node's budget refuses it memory.
+    pub(crate) fn budget_error(&self) -> String {
+        let max = self.budget.as_ref().map_or(0, |b| b.max);
+        format!(
+            "the node's memory for clients is spent ({max} bytes, max_total_pending_bytes); closing this connection"
+        )
     }
 
     /// Queues a control frame (acks, replies to the client's own frames),
@@ -328,10 +364,10 @@ impl ClientOut {
         let bytes = frame_cost(&f);
         let mut o = self.inner.lock();
         o.pending_bytes += bytes;
-        let pending = o.pending_bytes;
+        let held = o.pending_bytes + o.input;
         // Over the budget it is queued all the same; `wait_room` holds
         // the reader until it drains.
-        self.fits(&mut o.reserved, pending);
+        self.fits(&mut o.reserved, held);
         o.control.push_back((f, bytes));
         drop(o);
         self.ready.notify_one();
@@ -354,6 +390,26 @@ impl ClientOut {
         drop(o);
         self.ready.notify_one();
         true
+    }
+
+    /// Queues `n` more credit for the client's end of `tunnel`. Credit
+    /// already queued for that tunnel and not yet taken grows instead, so a
+    /// peer that floods credit holds one frame here, not one per credit.
+    pub(crate) fn tun_credit(&self, tunnel: u64, n: u32) {
+        let mut o = self.inner.lock();
+        let o = &mut *o;
+        if let Some(c) = o.tun_credit.get_mut(&tunnel) {
+            *c = c.saturating_add(n);
+            return;
+        }
+        o.tun_credit.insert(tunnel, n);
+        let f = ServerFrame::TunCredit { tunnel, n: 0 };
+        let bytes = frame_cost(&f);
+        o.pending_bytes += bytes;
+        let held = o.pending_bytes + o.input;
+        self.fits(&mut o.reserved, held);
+        o.control.push_back((f, bytes));
+        self.ready.notify_one();
     }
 
     /// Drops the queued requests with `token` (its requester left or
@@ -507,7 +563,7 @@ impl ClientOut {
             let pending = o.pending_bytes + size;
             if s.q.len() >= s.room()
                 || pending > o.max_pending
-                || !self.fits(&mut o.reserved, pending)
+                || !self.fits(&mut o.reserved, pending + o.input)
             {
                 match s.policy {
                     Policy::Block => {
@@ -665,11 +721,14 @@ impl ClientOut {
             // Control frames first, up to a batch, so the writer holds
             // no more than a batch of what it cannot send yet.
             while !out.full() {
-                let Some((f, bytes)) = o.control.pop_front() else {
+                let Some((mut f, bytes)) = o.control.pop_front() else {
                     break;
                 };
                 o.pending_bytes -= bytes;
                 freed = true;
+                if let ServerFrame::TunCredit { tunnel, n } = &mut f {
+                    *n = o.tun_credit.remove(tunnel).unwrap_or(*n);
+                }
                 out.frame(f);
             }
             for sid in o.drop_reports.drain(..) {
@@ -806,6 +865,51 @@ mod tests {
         out.forget_request(2);
         assert_eq!(out.counters().0, 0);
         assert!(out.control_bounded(request(3), 0));
+    }
+
+    #[test]
+    fn tunnel_credit_merges_until_taken() {
+        let out = ClientOut::new(1, 10_000, None);
+        for _ in 0..100_000 {
+            out.tun_credit(7, 3);
+        }
+        out.tun_credit(8, 1);
+        let one = out.counters().0;
+        assert!(one <= 2 * std::mem::size_of::<ServerFrame>(), "{one}");
+        let mut frames = Vec::new();
+        assert!(out.take(&mut frames));
+        assert_eq!(
+            frames,
+            vec![
+                ServerFrame::TunCredit {
+                    tunnel: 7,
+                    n: 300_000
+                },
+                ServerFrame::TunCredit { tunnel: 8, n: 1 },
+            ]
+        );
+        assert_eq!(out.counters().0, 0);
+        out.tun_credit(7, 5);
+        frames.clear();
+        assert!(out.take(&mut frames));
+        assert_eq!(frames, vec![ServerFrame::TunCredit { tunnel: 7, n: 5 }]);
+    }
+
+    #[test]
+    fn input_buffers_are_charged_to_the_budget() {
+        let budget = Arc::new(Budget::new(4 * CHUNK));
+        let a = ClientOut::new(1, usize::MAX, Some(budget.clone()));
+        let b = ClientOut::new(2, usize::MAX, Some(budget.clone()));
+        assert!(a.hold_input(3 * CHUNK));
+        assert!(!b.hold_input(2 * CHUNK), "over budget");
+        assert!(b.budget_error().contains("max_total_pending_bytes"));
+        // While a holds its input, what b may queue is bounded too.
+        assert!(!b.control_bounded(request(1), 2 * CHUNK));
+        assert!(a.hold_input(0));
+        assert!(b.hold_input(2 * CHUNK), "given back");
+        drop(b);
+        drop(a);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -179,6 +179,15 @@ impl Broker {
         self.mesh.get()
     }
 
+    /// How many clients have left since the node started.
+    pub fn clients_left(&self) -> u64 {
+        let now = self.state.lock().clients.len() as u64;
+        self.counters
+            .connections_total
+            .load(Relaxed)
+            .saturating_sub(now)
+    }
+
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.limits

@@ -92,11 +92,12 @@ impl Broker {
             Some(&(a, b)) if a == me.id || b == me.id => {
                 let other = if a == me.id { b } else { a };
                 if let Some(c) = st.clients.get(&other) {
-                    match size {
-                        Some(size) => {
+                    match (size, frame) {
+                        (_, ServerFrame::TunCredit { tunnel, n }) => c.out.tun_credit(tunnel, n),
+                        (Some(size), frame) => {
                             c.out.control_bounded(frame, size);
                         }
-                        None => c.out.control(frame),
+                        (None, frame) => c.out.control(frame),
                     }
                 }
                 Ok(())
@@ -138,12 +139,13 @@ impl Broker {
             c.tunnels.remove(&tunnel);
         }
         for f in frames {
-            match &f {
-                ServerFrame::TunData { msg, .. } => {
+            match f {
+                ServerFrame::TunData { ref msg, .. } => {
                     let size = cost(msg);
                     c.out.control_bounded(f, size);
                 }
-                _ => c.out.control(f),
+                ServerFrame::TunCredit { tunnel, n } => c.out.tun_credit(tunnel, n),
+                f => c.out.control(f),
             }
         }
     }

@@ -36,6 +36,19 @@ impl MemLink {
                 text: "closed".into(),
             });
         }
+        // As for a stream client: one that has not taken what it asked for
+        // waits before asking for more (publishes and the frames that
+        // queue nothing for it go on).
+        if !matches!(
+            frame,
+            ClientFrame::Pub(_)
+                | ClientFrame::Reply { .. }
+                | ClientFrame::Credit { .. }
+                | ClientFrame::TunData { .. }
+                | ClientFrame::TunCredit { .. }
+        ) {
+            self.out.wait_room().await;
+        }
         match super::handle(&self.broker, &self.out, frame).await {
             Ok(()) => Ok(()),
             Err((code, text)) => {

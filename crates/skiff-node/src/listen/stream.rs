@@ -86,6 +86,11 @@ pub(crate) async fn accept_unix(
     while conns.join_next().await.is_some() {}
 }
 
+/// A receive buffer up to this size is every connection's own (bounded by
+/// `max_connections`, like its socket buffers); one grown past it for a
+/// large frame is charged to the node's budget (`max_total_pending_bytes`).
+const INPUT_FREE: usize = 256 * 1024;
+
 /// Serves one connection until either side closes it.
 async fn serve<R, W>(
     broker: Arc<Broker>,
@@ -130,6 +135,8 @@ async fn serve<R, W>(
     let mut ping = tokio::time::interval_at(Instant::now() + every, every);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut heard, mut pings_out) = (false, 0u32);
+    // Bytes of the receive buffer charged to the node's budget.
+    let mut charged = 0;
     loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -178,7 +185,26 @@ async fn serve<R, W>(
             break;
         }
         arm_deadline(&mut partial, timer.as_mut(), &buf, &session, &broker);
+        // A receive buffer grown for a large frame is charged to the
+        // node's budget while it is held, and given back once empty.
+        if buf.is_empty() && buf.capacity() > INPUT_FREE {
+            buf = BytesMut::new();
+        }
+        let held = if buf.capacity() > INPUT_FREE {
+            buf.capacity()
+        } else {
+            0
+        };
+        if held != charged {
+            if !out.hold_input(held) {
+                broker.limit_hit();
+                error = Some((Code::Limit, out.budget_error()));
+                break;
+            }
+            charged = held;
+        }
     }
+    out.hold_input(0);
     if *stop.borrow() && error.is_none() {
         // Shutting down: the node drains, then closes every client.
         let _ = writer.await;
