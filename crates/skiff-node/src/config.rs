@@ -21,6 +21,8 @@
 //! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
 //! ping_interval_ms = 120000     # ping a client silent this long (0: never)
 //! max_pings_out = 2             # close it after this many unanswered
+//! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
+//! token = "…"
 //! ```
 
 use std::net::SocketAddr;
@@ -29,6 +31,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::auth::{AuthConfig, Secret};
 use crate::mesh::MeshSettings;
 
 /// What a node enforces. Every limit is reported when reached: the client
@@ -161,6 +164,9 @@ pub struct Config {
     /// sleeping (at most; it adapts), so a quick answer finds the node
     /// awake; 0: sleep at once. See [`skiff::spin`].
     pub spin_us: u64,
+    /// Authentication and permissions (`[auth]`, see [`crate::auth`]);
+    /// the default has none.
+    pub auth: AuthConfig,
 }
 
 impl Default for Config {
@@ -174,6 +180,7 @@ impl Default for Config {
             wake_latency_us: None,
             workers: None,
             spin_us: skiff::spin::DEFAULT_SPIN_US,
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -225,6 +232,8 @@ impl Config {
             wake_latency_us: Option<u32>,
             workers: Option<usize>,
             spin_us: Option<u64>,
+            #[serde(default)]
+            auth: AuthConfig,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -238,6 +247,7 @@ impl Config {
             wake_latency_us: raw.wake_latency_us,
             workers: raw.workers,
             spin_us: raw.spin_us.unwrap_or(skiff::spin::DEFAULT_SPIN_US),
+            auth: raw.auth,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -310,6 +320,22 @@ impl Config {
         );
         if mesh_field && self.mesh.is_none() {
             self.mesh = Some(MeshSettings::default());
+        }
+        if name == "token" || name == "auth_token" {
+            // The value is a secret: no error may repeat it.
+            if value.is_empty() || value.len() > crate::auth::MAX_CREDENTIAL {
+                return Err(ConfigError::Value {
+                    name: name.into(),
+                    value: "***".into(),
+                    expected: "a token of 1 to 1024 bytes",
+                });
+            }
+            self.auth.token = Some(Secret::new(value));
+            return Ok(());
+        }
+        if name == "auth_timeout_ms" {
+            self.auth.timeout_ms = num()?;
+            return Ok(());
         }
         let l = &mut self.limits;
         match name {
@@ -429,7 +455,7 @@ impl Config {
             "max_pings_out" => {
                 l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, token, auth_timeout_ms, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
         }
         Ok(())
     }
@@ -441,7 +467,9 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 25] = [
+        const NAMES: [&str; 27] = [
+            "token",
+            "auth_timeout_ms",
             "tcp",
             "unix",
             "shm",

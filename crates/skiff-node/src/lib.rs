@@ -30,6 +30,7 @@
 //! `skiff` crate, which this one depends on; [`embed::install`] plugs this
 //! node in behind `mem://`.
 
+pub mod auth;
 pub mod broker;
 pub mod config;
 pub mod embed;
