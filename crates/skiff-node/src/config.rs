@@ -287,6 +287,10 @@ impl Config {
                 | "max_interest"
                 | "interest_rate"
                 | "max_datagram"
+                | "send_queue"
+                | "send_policy"
+                | "send_deadline_ms"
+                | "best_effort"
         );
         if mesh_field && self.mesh.is_none() {
             self.mesh = Some(MeshSettings::default());
@@ -307,7 +311,8 @@ impl Config {
                 }
             }
             "net" | "seeds" | "seeds_dns" | "scout" | "max_members" | "max_interest"
-            | "interest_rate" | "max_datagram" => {
+            | "interest_rate" | "max_datagram" | "send_queue" | "send_policy"
+            | "send_deadline_ms" | "best_effort" => {
                 let m = self.mesh.as_mut().expect("set above");
                 match name {
                     "net" if !value.is_empty() && value.len() <= 255 => m.net = value.into(),
@@ -339,6 +344,27 @@ impl Config {
                     "max_members" => m.max_members = num()? as usize,
                     "max_interest" => m.max_interest = num()? as usize,
                     "interest_rate" => m.interest_rate = num()?.min(u32::MAX as u64) as u32,
+                    "send_queue" => m.send_queue = num()?.min(1 << 40) as usize,
+                    "send_deadline_ms" => m.send_deadline_ms = num()?,
+                    "send_policy" => {
+                        m.send_policy = crate::mesh::SendPolicy::parse(value.trim())
+                            .ok_or_else(|| bad("block, drop_oldest or drop_newest"))?
+                    }
+                    "best_effort" => {
+                        m.best_effort = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect();
+                        if m
+                            .best_effort
+                            .iter()
+                            .any(|p| skiff_proto::router::Pattern::new(p).is_err())
+                        {
+                            return Err(bad("subject patterns, comma-separated (e.g. metrics.>,log.*)"));
+                        }
+                    }
                     _ => m.max_datagram = (num()? as usize).clamp(512, 65_000),
                 }
             }
@@ -409,7 +435,7 @@ impl Config {
             "max_pings_out" => {
                 l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
+            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, send_queue, send_policy, send_deadline_ms, best_effort, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
         }
         Ok(())
     }
@@ -421,7 +447,7 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 25] = [
+        const NAMES: [&str; 29] = [
             "tcp",
             "unix",
             "shm",
@@ -436,6 +462,10 @@ impl Config {
             "max_members",
             "max_interest",
             "interest_rate",
+            "send_queue",
+            "send_policy",
+            "send_deadline_ms",
+            "best_effort",
             "max_subject",
             "max_payload",
             "max_subscriptions",
