@@ -516,6 +516,36 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     p.far_ahead
                 );
             }
+            if !m.links.is_empty() {
+                outln!(
+                    "{:<22} {:>11} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",
+                    "link", "policy", "queued", "queued B", "sent", "recv", "drop new", "drop old", "lost", "waits"
+                );
+            }
+            for l in &m.links {
+                outln!(
+                    "{:<22} {:>11} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",
+                    l.peer,
+                    l.policy,
+                    l.queued_frames,
+                    l.queued_bytes,
+                    l.sent_frames,
+                    l.recv_frames,
+                    l.dropped_newest,
+                    l.dropped_oldest,
+                    l.lost,
+                    l.waits
+                );
+                if !l.dropped_subjects.is_empty() {
+                    let top: Vec<String> = l
+                        .dropped_subjects
+                        .iter()
+                        .take(5)
+                        .map(|(s, n)| format!("{s} {n}"))
+                        .collect();
+                    outln!("      dropped by subject: {}", top.join(", "));
+                }
+            }
             return Ok(());
         }
         outln!(

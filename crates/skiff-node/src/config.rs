@@ -137,6 +137,41 @@ impl Limits {
 const MAX_SPIN_US: u64 = 1_000_000;
 const SPIN_US_EXPECTED: &str = "a whole number of µs from 0 (off) to 1000000";
 
+/// Every name [`Config::set`] takes, one per line (also `SKIFF_<NAME>`).
+const SETTINGS: &[&str] = &[
+    "token",
+    "auth_timeout_ms",
+    "tcp",
+    "unix",
+    "shm",
+    "wake_latency_us",
+    "workers",
+    "spin_us",
+    "mesh",
+    "net",
+    "seeds",
+    "seeds_dns",
+    "scout",
+    "max_members",
+    "max_interest",
+    "interest_rate",
+    "send_queue",
+    "send_policy",
+    "send_deadline_ms",
+    "best_effort",
+    "max_subject",
+    "max_payload",
+    "max_subscriptions",
+    "max_pending_bytes",
+    "max_total_pending_bytes",
+    "max_connections",
+    "max_requests",
+    "drain_timeout_ms",
+    "read_timeout_ms",
+    "ping_interval_ms",
+    "max_pings_out",
+];
+
 /// A node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -214,6 +249,14 @@ pub enum ConfigError {
         value: String,
         /// What is accepted.
         expected: &'static str,
+    },
+    /// A flag or environment variable names no setting.
+    #[error("{name}={value:?} is not valid: expected a known setting: {}", SETTINGS.join(", "))]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// Its value.
+        value: String,
     },
 }
 
@@ -317,6 +360,10 @@ impl Config {
                 | "max_interest"
                 | "interest_rate"
                 | "max_datagram"
+                | "send_queue"
+                | "send_policy"
+                | "send_deadline_ms"
+                | "best_effort"
         );
         if mesh_field && self.mesh.is_none() {
             self.mesh = Some(MeshSettings::default());
@@ -353,7 +400,8 @@ impl Config {
                 }
             }
             "net" | "seeds" | "seeds_dns" | "scout" | "max_members" | "max_interest"
-            | "interest_rate" | "max_datagram" => {
+            | "interest_rate" | "max_datagram" | "send_queue" | "send_policy"
+            | "send_deadline_ms" | "best_effort" => {
                 let m = self.mesh.as_mut().expect("set above");
                 match name {
                     "net" if !value.is_empty() && value.len() <= 255 => m.net = value.into(),
@@ -385,6 +433,27 @@ impl Config {
                     "max_members" => m.max_members = num()? as usize,
                     "max_interest" => m.max_interest = num()? as usize,
                     "interest_rate" => m.interest_rate = num()?.min(u32::MAX as u64) as u32,
+                    "send_queue" => m.send_queue = num()?.min(1 << 40) as usize,
+                    "send_deadline_ms" => m.send_deadline_ms = num()?,
+                    "send_policy" => {
+                        m.send_policy = crate::mesh::SendPolicy::parse(value.trim())
+                            .ok_or_else(|| bad("block, drop_oldest or drop_newest"))?
+                    }
+                    "best_effort" => {
+                        m.best_effort = value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect();
+                        if m
+                            .best_effort
+                            .iter()
+                            .any(|p| skiff_proto::router::Pattern::new(p).is_err())
+                        {
+                            return Err(bad("subject patterns, comma-separated (e.g. metrics.>,log.*)"));
+                        }
+                    }
                     _ => m.max_datagram = (num()? as usize).clamp(512, 65_000),
                 }
             }
@@ -455,7 +524,12 @@ impl Config {
             "max_pings_out" => {
                 l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
-            _ => return Err(bad("a known setting: tcp, unix, wake_latency_us, workers, spin_us, mesh, net, seeds, seeds_dns, scout, max_members, max_interest, interest_rate, max_datagram, token, auth_timeout_ms, max_subject, max_payload, max_subscriptions, max_pending_bytes, max_total_pending_bytes, max_connections, max_requests, drain_timeout_ms, read_timeout_ms, ping_interval_ms, max_pings_out")),
+            _ => {
+                return Err(ConfigError::Unknown {
+                    name: name.into(),
+                    value: value.into(),
+                })
+            }
         }
         Ok(())
     }
@@ -467,41 +541,12 @@ impl Config {
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        const NAMES: [&str; 27] = [
-            "token",
-            "auth_timeout_ms",
-            "tcp",
-            "unix",
-            "shm",
-            "wake_latency_us",
-            "workers",
-            "spin_us",
-            "mesh",
-            "net",
-            "seeds",
-            "seeds_dns",
-            "scout",
-            "max_members",
-            "max_interest",
-            "interest_rate",
-            "max_subject",
-            "max_payload",
-            "max_subscriptions",
-            "max_pending_bytes",
-            "max_total_pending_bytes",
-            "max_connections",
-            "max_requests",
-            "drain_timeout_ms",
-            "read_timeout_ms",
-            "ping_interval_ms",
-            "max_pings_out",
-        ];
         for (k, v) in vars {
             let Some(rest) = k.strip_prefix("SKIFF_") else {
                 continue;
             };
             let lower = rest.to_ascii_lowercase();
-            if let Some(name) = NAMES.iter().find(|n| **n == lower) {
+            if let Some(name) = SETTINGS.iter().find(|n| **n == lower) {
                 self.set(name, &v)?;
             }
         }

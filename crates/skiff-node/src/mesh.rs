@@ -49,6 +49,9 @@ use tokio::sync::Notify;
 
 mod driver;
 mod inbound;
+pub(crate) mod sendq;
+
+pub use sendq::SendPolicy;
 
 pub(crate) use driver::start;
 pub(crate) use inbound::Inbound;
@@ -81,6 +84,19 @@ pub struct MeshSettings {
     pub interest_rate: u32,
     /// Largest datagram sent to a peer.
     pub max_datagram: usize,
+    /// Bytes of node frames that may wait for one peer's association
+    /// (at least `max_payload` plus 64 KiB; under `block` publishers wait
+    /// at this bound and what they already handed over may double it).
+    pub send_queue: usize,
+    /// What a full send queue does: `block` (publishers wait up to
+    /// `send_deadline_ms`), `drop_oldest` or `drop_newest`.
+    pub send_policy: SendPolicy,
+    /// How long a publisher waits for room under `block`; after it the
+    /// queue drops arriving frames (counted) until it drains to half.
+    pub send_deadline_ms: u64,
+    /// Subject patterns whose publishes travel best effort (datagrams,
+    /// loss counted, never repaired) instead of over the reliable link.
+    pub best_effort: Vec<String>,
 }
 
 impl Default for MeshSettings {
@@ -96,6 +112,10 @@ impl Default for MeshSettings {
             max_interest: c.max_interest,
             interest_rate: c.interest_rate,
             max_datagram: c.max_datagram,
+            send_queue: 16 << 20,
+            send_policy: SendPolicy::Block,
+            send_deadline_ms: 2000,
+            best_effort: Vec::new(),
         }
     }
 }
@@ -108,6 +128,20 @@ struct Counters {
     send_errors: AtomicU64,
     scout_errors: AtomicU64,
     dns_errors: AtomicU64,
+    /// Frames to peers that may not have arrived (lost with the peer or
+    /// its association; per peer in the links' `lost`).
+    link_lost: AtomicU64,
+    /// The second of the last log line (`note`).
+    noted: AtomicU64,
+}
+
+/// What [`MeshLink::publish_many`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Sent {
+    /// Copies queued for other nodes.
+    pub(crate) sent: usize,
+    /// Copies dropped at a full send queue (counted there).
+    pub(crate) dropped: usize,
 }
 
 /// The mesh as the broker sees it: route, send, advertise.
@@ -121,6 +155,10 @@ pub struct MeshLink {
     room: Notify,
     counters: Counters,
     max_payload: usize,
+    /// Subject patterns published best effort (`best_effort`).
+    best_effort: Vec<String>,
+    /// How long a publisher waits for a full `block` link.
+    send_deadline: Duration,
 }
 
 impl MeshLink {
@@ -144,16 +182,62 @@ impl MeshLink {
             scout_errors: c.scout_errors.load(Relaxed),
             dns_errors: c.dns_errors.load(Relaxed),
             peers: m.peer_stats(),
+            links: self.tunnels.lock().link_stats(),
         }
     }
 
-    /// Waits while a peer's window is full (flow control: the publisher
-    /// slows to what the slowest interested node takes). Returns at once
-    /// when there is room.
+    /// A log line on standard error, at most one a second (drops and
+    /// losses are counted in full in `skiff stats --mesh`).
+    pub(crate) fn note(&self, what: std::fmt::Arguments<'_>) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if self.counters.noted.swap(now, Relaxed) != now {
+            eprintln!("skiff node: mesh: {what}");
+        }
+    }
+
+    /// Whether publishes on `subject` travel best effort.
+    fn is_best_effort(&self, subject: &str) -> bool {
+        if self.best_effort.is_empty() {
+            return false;
+        }
+        let Ok(s) = skiff_proto::router::Subject::new(subject) else {
+            return false;
+        };
+        self.best_effort
+            .iter()
+            .any(|p| skiff_proto::router::Pattern::new(p).is_ok_and(|p| p.matches(&s)))
+    }
+
+    /// Waits while a peer's best-effort window is full, or a `block`
+    /// link's send queue is (flow control: the publisher slows to what the
+    /// slowest interested node takes, for at most the send deadline, after
+    /// which that link drops instead). Returns at once when there is room.
     pub(crate) async fn wait_room(&self) {
+        let mut since: Option<Instant> = None;
         loop {
             let n = self.room.notified();
-            if self.core.lock().room() {
+            if self.tunnels.lock().should_wait() {
+                let now = Instant::now();
+                match since {
+                    None => {
+                        since = Some(now);
+                        self.tunnels.lock().waited(false);
+                    }
+                    Some(t0) if now.duration_since(t0) >= self.send_deadline => {
+                        // The full links stall: they drop new frames
+                        // (counted) until they drain to half.
+                        self.tunnels.lock().waited(true);
+                        self.note(format_args!(
+                            "a peer's send queue stayed full for {:?}; its link drops new frames (counted in `skiff stats --mesh`) until it drains",
+                            self.send_deadline
+                        ));
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+            } else if self.core.lock().room() {
                 return;
             }
             // The task also wakes on the ack timeout; the bound here only
@@ -178,38 +262,52 @@ impl MeshLink {
     }
 
     /// Sends a published message (its wire encoding) once to each node
-    /// with matching interest; returns how many.
-    pub(crate) fn publish(&self, subject: &str, kind: Option<&str>, raw: &[u8]) -> usize {
+    /// with matching interest.
+    pub(crate) fn publish(&self, subject: &str, kind: Option<&str>, raw: &[u8]) -> Sent {
         self.publish_many(std::iter::once((subject, kind, raw)))
     }
 
     /// [`MeshLink::publish`] for a run of messages `(subject, type,
     /// encoding)`: one lock, one clock read and one wake-up for the run,
-    /// and one routing lookup per change of subject or type.
+    /// and one routing lookup per change of subject or type. Each copy
+    /// goes on the reliable link to its node, or (subjects in
+    /// `best_effort`) in a datagram, unless it is too large for one.
     pub(crate) fn publish_many<'a>(
         &self,
         msgs: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a [u8])>,
-    ) -> usize {
+    ) -> Sent {
         let mut to = Vec::new();
         let mut prev = None;
+        let mut best_effort = false;
         let now = Instant::now();
-        let mut n = 0;
+        let mut r = Sent::default();
+        let mut t = self.tunnels.lock();
         let mut m = self.core.lock();
         for (subject, kind, raw) in msgs {
             if prev != Some((subject, kind)) {
                 to.clear();
                 m.route(subject, kind, &mut to);
                 prev = Some((subject, kind));
+                best_effort = self.is_best_effort(subject);
             }
+            let frame: [&[u8]; 2] = [&[op::PUB], raw];
             for p in &to {
-                n += m.send_frame_parts(now, *p, &[&[op::PUB], raw]).is_ok() as usize;
+                if best_effort && m.send_frame_parts(now, *p, &frame).is_ok() {
+                    r.sent += 1;
+                    continue;
+                }
+                match t.push_node(now, *p, &frame, Some(subject)) {
+                    sendq::Pushed::Queued => r.sent += 1,
+                    sendq::Pushed::Dropped => r.dropped += 1,
+                }
             }
         }
         drop(m);
-        if n > 0 {
+        drop(t);
+        if r.sent > 0 {
             self.wake.notify_one();
         }
-        n
+        r
     }
 
     /// The nodes a request to subject `subject` goes to.
@@ -254,12 +352,14 @@ impl MeshLink {
         self.send(peer, &f)
     }
 
+    /// Queues a node frame on the reliable link to `peer`; `false` when
+    /// its send queue is full (counted there).
     fn send(&self, peer: SocketAddr, frame: &[u8]) -> bool {
         let ok = self
-            .core
+            .tunnels
             .lock()
-            .send_frame(Instant::now(), peer, frame)
-            .is_ok();
+            .push_node(Instant::now(), peer, &[frame], None)
+            == sendq::Pushed::Queued;
         self.wake.notify_one();
         ok
     }

@@ -59,12 +59,17 @@ use skiff_proto::mesh::tunnel_frame::TunnelFrame as TunFrame;
 use skiff_proto::mesh::Mesh;
 use skiff_proto::stats::TunnelStats;
 
+use crate::mesh::sendq::{Pushed, SendPolicy, SendQueue};
 use crate::mesh::{Inbound, MeshLink};
 use crate::ASYNC_ERROR;
 use skiff_proto::client_frame::{Code, ServerFrame};
+use skiff_proto::mesh::Frames;
+use skiff_proto::stats::LinkStats;
 
 /// The association service id of tunnels between nodes ("TUN1").
 const SERVICE: u32 = 0x5455_4e31;
+/// Send queues of peers that are gone, kept for their counters, at most.
+const MAX_GONE_LINKS: usize = 1024;
 /// Most tunnels with a remote end on one node.
 pub(crate) const MAX_TUNNELS: usize = 65_536;
 /// This node's end of a tunnel whose other end is on `peer`.
@@ -109,10 +114,19 @@ pub(crate) struct Tunnels {
     /// Accepted associations: peer, and whether still the current one.
     accepted: FxHashMap<Handle, (SocketAddr, bool)>,
     ends: FxHashMap<u64, End>,
+    /// The reliable link to each peer: node frames waiting for its
+    /// association (kept after the association fails, so they go on a
+    /// fresh one; forgotten, counted, when the peer goes down).
+    links: FxHashMap<SocketAddr, SendQueue>,
+    link_bytes: usize,
+    link_policy: SendPolicy,
     max_backlog: usize,
     max_payload: usize,
     buf: Vec<u8>,
     stats: TunnelStats,
+    /// Links whose association failed since the last round, with the
+    /// frames that may not have arrived.
+    link_lost: Vec<(SocketAddr, u64)>,
 }
 
 /// What one step of the associations produced, to act on with no lock
@@ -123,8 +137,34 @@ struct Step {
     failed: Vec<SocketAddr>,
 }
 
+/// What the reliable links produced in one round of the mesh task.
+#[derive(Debug, Default)]
+pub(crate) struct Delivered {
+    /// Batches of node frames from peers, in order per peer.
+    pub(crate) nodes: Vec<(SocketAddr, Frames)>,
+    /// Peers whose association failed or who went down, with how many
+    /// frames to them may not have arrived.
+    pub(crate) lost: Vec<(SocketAddr, u64)>,
+}
+
+/// How the reliable links to peers queue (from the mesh settings).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkConfig {
+    pub(crate) max_datagram: usize,
+    pub(crate) max_payload: usize,
+    pub(crate) max_backlog: usize,
+    pub(crate) link_bytes: usize,
+    pub(crate) link_policy: SendPolicy,
+}
+
 impl Tunnels {
-    pub(crate) fn new(max_datagram: usize, max_payload: usize, max_backlog: usize) -> Tunnels {
+    pub(crate) fn new(c: LinkConfig) -> Tunnels {
+        let LinkConfig {
+            max_datagram,
+            max_payload,
+            max_backlog,
+            ..
+        } = c;
         let seed = std::collections::hash_map::RandomState::new()
             .hash_one((std::process::id(), std::time::SystemTime::now()));
         let config = AssociationConfig {
@@ -146,10 +186,15 @@ impl Tunnels {
             out: FxHashMap::default(),
             accepted: FxHashMap::default(),
             ends: FxHashMap::default(),
+            links: FxHashMap::default(),
+            // A frame as large as a message always fits an empty queue.
+            link_bytes: c.link_bytes.max(max_payload + (64 << 10)),
+            link_policy: c.link_policy,
             max_backlog,
             max_payload,
             buf: Vec::with_capacity(65_536),
             stats: TunnelStats::default(),
+            link_lost: Vec::new(),
         }
     }
 
@@ -161,21 +206,66 @@ impl Tunnels {
         }
     }
 
+    /// This node's association to `peer`, opened now if there is none.
+    fn out(&mut self, now: Instant, peer: SocketAddr) -> &mut Out {
+        self.out.entry(peer).or_insert_with(|| Out {
+            assoc: self.assocs.connect(now, peer, SERVICE),
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
+        })
+    }
+
+    /// Queues the node frame made of `parts` (a publish's `subject`, for
+    /// the drop counters) on the reliable link to `peer`.
+    pub(crate) fn push_node(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+        parts: &[&[u8]],
+        subject: Option<&str>,
+    ) -> Pushed {
+        self.out(now, peer);
+        let (bytes, policy) = (self.link_bytes, self.link_policy);
+        self.links
+            .entry(peer)
+            .or_insert_with(|| SendQueue::new(bytes, policy))
+            .push(parts, subject)
+    }
+
+    /// Whether a publisher should wait for room on some link (`block`).
+    pub(crate) fn should_wait(&self) -> bool {
+        self.links.values().any(|q| q.should_wait())
+    }
+
+    /// A publisher waited: counted on every full link; with `expired`,
+    /// its deadline passed and those links stall (drop newest until they
+    /// drain to half).
+    pub(crate) fn waited(&mut self, expired: bool) {
+        for q in self.links.values_mut().filter(|q| q.should_wait()) {
+            if expired {
+                q.stall();
+            } else {
+                q.waited();
+            }
+        }
+    }
+
+    /// Counters of every link.
+    pub(crate) fn link_stats(&self) -> Vec<LinkStats> {
+        let mut v: Vec<LinkStats> = self
+            .links
+            .iter()
+            .map(|(p, q)| q.stats(p.to_string()))
+            .collect();
+        v.sort_by(|a, b| a.peer.cmp(&b.peer));
+        v
+    }
+
     /// Queues `frame` for `peer` on this node's association to it (opened
     /// now if there is none). Data beyond the backlog bound is dropped.
     fn send(&mut self, now: Instant, peer: SocketAddr, frame: &TunFrame) {
         let bytes = frame.encode();
-        if !self.out.contains_key(&peer) {
-            let assoc = self.assocs.connect(now, peer, SERVICE);
-            self.out.insert(
-                peer,
-                Out {
-                    assoc,
-                    backlog: VecDeque::new(),
-                    backlog_bytes: 0,
-                },
-            );
-        }
+        self.out(now, peer);
         let o = self.out.get_mut(&peer).expect("inserted");
         let data = matches!(frame, TunFrame::Data { .. });
         if o.backlog.is_empty() {
@@ -302,17 +392,28 @@ impl Tunnels {
         lost
     }
 
-    /// The mesh says `peer` is down: its associations and tunnels go.
-    fn peer_down(&mut self, now: Instant, peer: SocketAddr) -> Vec<Lost> {
+    /// The mesh says `peer` is down: its associations and tunnels go, and
+    /// its link's frames are counted lost (returned: how many).
+    fn peer_down(&mut self, now: Instant, peer: SocketAddr) -> (Vec<Lost>, u64) {
         if let Some(o) = self.out.remove(&peer) {
+            if let Some(q) = self.links.get_mut(&peer) {
+                if let Some(a) = self.assocs.get(o.assoc) {
+                    q.acked(a.buffered());
+                }
+            }
             self.assocs.remove(o.assoc);
+        }
+        let lost = self.links.get_mut(&peer).map_or(0, |q| q.lose_all());
+        if self.links.len() > MAX_GONE_LINKS {
+            let out = &self.out;
+            self.links.retain(|p, _| out.contains_key(p));
         }
         for (p, live) in self.accepted.values_mut() {
             if *p == peer {
                 *live = false;
             }
         }
-        self.fail_peer(now, peer, false)
+        (self.fail_peer(now, peer, false), lost)
     }
 
     /// An association packet from an up member.
@@ -396,10 +497,20 @@ impl Tunnels {
                 while a.poll_event().is_some() {}
             }
         });
-        self.drain_backlogs();
+        self.drain_backlogs(now);
         for peer in dead {
-            // The endpoint forgets the association once it drained.
-            self.out.remove(&peer);
+            // The endpoint forgets the association once it drained. The
+            // link's queued frames go on the next association; those handed
+            // to this one and not acknowledged may be lost.
+            if let (Some(o), Some(q)) = (self.out.remove(&peer), self.links.get_mut(&peer)) {
+                if let Some(a) = self.assocs.get(o.assoc) {
+                    q.acked(a.buffered());
+                }
+                let n = q.lose_in_flight();
+                if n > 0 {
+                    self.link_lost.push((peer, n));
+                }
+            }
             s.failed.push(peer);
         }
         self.stats.assoc_failures += s.failed.len() as u64;
@@ -407,12 +518,36 @@ impl Tunnels {
         s
     }
 
-    /// Moves waiting frames into associations with room.
-    fn drain_backlogs(&mut self) {
-        for o in self.out.values_mut() {
+    /// Moves waiting frames into associations with room (opening one to a
+    /// peer whose link has frames and no association).
+    fn drain_backlogs(&mut self, now: Instant) {
+        let orphans: Vec<SocketAddr> = self
+            .links
+            .iter()
+            .filter(|(p, q)| q.has_frames() && !self.out.contains_key(*p))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in orphans {
+            self.out(now, p);
+        }
+        for (peer, o) in self.out.iter_mut() {
             let Some(a) = self.assocs.association(o.assoc) else {
                 continue;
             };
+            if let Some(q) = self.links.get_mut(peer) {
+                while let Some((b, n)) = q.pop() {
+                    let len = b.len();
+                    match a.send(b.clone()) {
+                        Ok(()) => q.sent(len, n),
+                        Err(SendError::TooLarge { .. }) => q.refused(n),
+                        Err(_) => {
+                            q.unpop(b, n);
+                            break;
+                        }
+                    }
+                }
+                q.acked(a.buffered());
+            }
             while let Some(b) = o.backlog.front() {
                 match a.send(b.clone()) {
                     Ok(()) => {
@@ -560,19 +695,26 @@ pub(crate) fn deadline(l: &MeshLink, d: Instant) -> Instant {
     l.tunnels.lock().poll_timeout().map_or(d, |t| t.min(d))
 }
 
-/// The mesh declared `peer` down: its tunnels end with an error.
-pub(crate) fn peer_down(l: &MeshLink, broker: &impl Inbound, peer: SocketAddr) {
-    let lost = l.tunnels.lock().peer_down(Instant::now(), peer);
+/// The mesh declared `peer` down: its tunnels end with an error; returns
+/// how many frames on the link to it may not have arrived.
+pub(crate) fn peer_down(l: &MeshLink, broker: &impl Inbound, peer: SocketAddr) -> u64 {
+    let (lost, frames) = l.tunnels.lock().peer_down(Instant::now(), peer);
     tell_lost(broker, lost, &format!("node {peer} went down"));
+    frames
 }
 
-/// Drives the associations: timers, events, frames to the broker, and
-/// packets to the mesh core (sent at the task's flush).
-pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) {
+/// Drives the associations: timers, events, tunnel frames to the broker,
+/// and packets to the mesh core (sent at the task's flush). Returns the
+/// batches of node frames that arrived, for the task to deliver in order,
+/// and the links that lost frames.
+pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) -> Delivered {
     let now = Instant::now();
+    let mut d = Delivered::default();
     let step = l.tunnels.lock().step(now);
     for (from, frame) in step.frames {
-        act(l, broker, from, frame);
+        if let Some(frames) = act(l, broker, from, frame) {
+            d.nodes.push((from, frames));
+        }
     }
     for peer in step.failed {
         let lost = l.tunnels.lock().fail_peer(now, peer, true);
@@ -584,8 +726,10 @@ pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) {
     }
     let mut t = l.tunnels.lock();
     // Frames queued just now (answers, backlogs) go out in this round.
-    t.drain_backlogs();
+    t.drain_backlogs(now);
     t.transmit(now, &mut l.core.lock());
+    d.lost = std::mem::take(&mut t.link_lost);
+    d
 }
 
 fn tell_lost(broker: &impl Inbound, lost: Vec<Lost>, why: &str) {
@@ -609,14 +753,23 @@ fn tell_lost(broker: &impl Inbound, lost: Vec<Lost>, why: &str) {
     }
 }
 
-/// Acts on one frame from `from`.
-fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
+/// Acts on one frame from `from`; a batch of node frames is handed back.
+fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) -> Option<Frames> {
     let now = Instant::now();
     let max_payload = l.tunnels.lock().max_payload;
     let Ok(f) = TunFrame::decode(&raw, max_payload) else {
         l.tunnels.lock().stats.bad_frames += 1;
-        return;
+        return None;
     };
+    if let TunFrame::Nodes { frames, count } = f {
+        let mut t = l.tunnels.lock();
+        let (bytes, policy) = (t.link_bytes, t.link_policy);
+        t.links
+            .entry(from)
+            .or_insert_with(|| SendQueue::new(bytes, policy))
+            .received(count);
+        return Some(frames);
+    }
     if let TunFrame::Open {
         tunnel,
         window,
@@ -625,7 +778,7 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
     } = f
     {
         broker.tunnel_incoming(from, tunnel, cluster, key, window);
-        return;
+        return None;
     }
     let mut t = l.tunnels.lock();
     let tunnel = match &f {
@@ -634,7 +787,7 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
         | TunFrame::Data { tunnel, .. }
         | TunFrame::Credit { tunnel, .. }
         | TunFrame::Close { tunnel } => *tunnel,
-        TunFrame::Open { .. } => unreachable!("handled above"),
+        TunFrame::Open { .. } | TunFrame::Nodes { .. } => unreachable!("handled above"),
     };
     let pending_ok = matches!(f, TunFrame::Opened { .. } | TunFrame::Refused { .. });
     let end = t
@@ -653,7 +806,7 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
                 },
             );
         }
-        return;
+        return None;
     };
     let client = end.client;
     let (frames, ended) = match f {
@@ -682,19 +835,30 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) {
             t.ends.remove(&tunnel);
             (vec![ServerFrame::TunClose { tunnel }], true)
         }
-        TunFrame::Open { .. } => unreachable!("handled above"),
+        TunFrame::Open { .. } | TunFrame::Nodes { .. } => unreachable!("handled above"),
     };
     drop(t);
     broker.tunnel_deliver(client, tunnel, frames, ended);
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn test_config() -> LinkConfig {
+        LinkConfig {
+            max_datagram: 1400,
+            max_payload: 1 << 20,
+            max_backlog: 1 << 20,
+            link_bytes: 8 << 20,
+            link_policy: SendPolicy::Block,
+        }
+    }
+
     #[test]
     fn packets_for_unknown_associations_are_dropped_and_counted() {
-        let mut t = Tunnels::new(1400, 1 << 20, 1 << 20);
+        let mut t = Tunnels::new(test_config());
         let now = Instant::now();
         let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
         t.handle_packet(now, from, Bytes::from_static(b"garbage"));
@@ -708,12 +872,12 @@ mod tests {
 
     #[test]
     fn a_pending_open_is_lost_with_its_peer() {
-        let mut t = Tunnels::new(1400, 1 << 20, 1 << 20);
+        let mut t = Tunnels::new(test_config());
         let now = Instant::now();
         let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
         assert!(t.open(now, peer, 1, 10, 77, "c", b"", 8));
         assert!(t.accept(now, peer, 5, 2, 11));
-        let mut lost = t.peer_down(now, peer);
+        let (mut lost, _) = t.peer_down(now, peer);
         lost.sort_by_key(|l| l.tunnel);
         assert_eq!(lost.len(), 2);
         assert_eq!((lost[0].client, lost[0].pending), (10, Some(77)));

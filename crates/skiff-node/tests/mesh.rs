@@ -14,6 +14,10 @@ use skiff_node::{Config, MeshSettings, Node};
 const PATIENCE: Duration = Duration::from_secs(20);
 
 async fn node(net: &str, seeds: Vec<String>) -> Node {
+    node_with(net, seeds, MeshSettings::default()).await
+}
+
+async fn node_with(net: &str, seeds: Vec<String>, m: MeshSettings) -> Node {
     let config = Config {
         tcp: Some("127.0.0.1:0".parse().unwrap()),
         mesh: Some(MeshSettings {
@@ -21,7 +25,7 @@ async fn node(net: &str, seeds: Vec<String>) -> Node {
             net: net.into(),
             seeds,
             scout: false,
-            ..MeshSettings::default()
+            ..m
         }),
         ..Config::default()
     };
@@ -91,10 +95,13 @@ async fn publish_reaches_subscribers_on_every_node_once() {
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(sb.try_recv().is_none() && sc.try_recv().is_none() && sc2.try_recv().is_none());
-    // A sent one datagram stream to each of B and C, not one per pattern.
+    // A sent one copy to each of B and C over their reliable links, not
+    // one per pattern.
     let v = nodes[0].broker().mesh().unwrap().view();
-    let frames: u64 = v.peers.iter().map(|p| p.sent_frames).sum();
+    let frames: u64 = v.links.iter().map(|l| l.sent_frames).sum();
     assert_eq!(frames, 200, "{v:?}");
+    let lost: u64 = v.links.iter().map(|l| l.lost + l.dropped_newest).sum();
+    assert_eq!(lost, 0, "{v:?}");
     // Once C unsubscribes both, A stops sending there.
     drop(sc);
     drop(sc2);
@@ -410,8 +417,13 @@ async fn recv_n(sub: &mut skiff::client::Subscription, n: usize) -> Vec<String> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spoofed_data_datagram_does_not_stop_a_peer() {
     let net = format!("t-spoof-{}", std::process::id());
-    let a = node(&net, vec![]).await;
-    let b = node(&net, vec![a.mesh_addr().unwrap().to_string()]).await;
+    // The datagram path: these subjects travel best effort.
+    let be = || MeshSettings {
+        best_effort: vec!["spoof.>".into()],
+        ..MeshSettings::default()
+    };
+    let a = node_with(&net, vec![], be()).await;
+    let b = node_with(&net, vec![a.mesh_addr().unwrap().to_string()], be()).await;
     wait_for(|| b.broker().mesh().unwrap().view().stats.members_up == 1).await;
     wait_for(|| a.broker().mesh().unwrap().view().stats.members_up == 1).await;
     let (ca, cb) = (client(&a).await, client(&b).await);
@@ -452,4 +464,71 @@ async fn a_spoofed_data_datagram_does_not_stop_a_peer() {
     assert_eq!(got, want, "{:?}", peer(&b));
     let p = peer(&b);
     assert_eq!((p.lost, p.far_ahead), (0, 1), "{p:?}");
+}
+
+/// Messages of every size up to `max_payload` cross nodes byte-identical,
+/// in order with small ones around them (the reliable link fragments
+/// them over the association and reassembles them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_up_to_max_payload_cross_nodes() {
+    let nodes = three(&format!("t-big-{}", std::process::id())).await;
+    let (a, b) = (client(&nodes[0]).await, client(&nodes[1]).await);
+    let mut sub = b.subscribe("big.>", "*").await.unwrap();
+    wait_for(|| known_patterns(&nodes[0]) == 1).await;
+    let max = nodes[0].broker().limits().max_payload;
+    let sizes = [0, 1, 100_000, 65_536, 1 << 20, max, 7];
+    let body = |i: usize, n: usize| -> Vec<u8> { (0..n).map(|k| (k * 31 + i * 7) as u8).collect() };
+    for (i, n) in sizes.iter().enumerate() {
+        a.publish(Message::new(format!("big.{i}"), body(i, *n)))
+            .await
+            .unwrap();
+    }
+    a.flush().await.unwrap();
+    assert_eq!(a.async_errors().0, 0, "{:?}", a.async_errors());
+    for (i, n) in sizes.iter().enumerate() {
+        let d = tokio::time::timeout(PATIENCE, sub.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&*d.msg.subject, format!("big.{i}"));
+        assert!(
+            d.msg.payload == body(i, *n),
+            "message {i} of {n} bytes differs"
+        );
+    }
+    let v = nodes[0].broker().mesh().unwrap().view();
+    assert_eq!(v.stats.frames_too_large, 0, "{v:?}");
+}
+
+/// A full send queue with `drop_newest` drops what does not fit, counts
+/// it per peer and subject, and the publisher's flush is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_send_queue_drops_counts_and_tells_the_publisher() {
+    let net = format!("t-dropq-{}", std::process::id());
+    let small = || MeshSettings {
+        send_queue: 0, // raised to max_payload + 64 KiB
+        send_policy: skiff_node::mesh::SendPolicy::DropNewest,
+        ..MeshSettings::default()
+    };
+    let a = node_with(&net, vec![], small()).await;
+    let b = node_with(&net, vec![a.mesh_addr().unwrap().to_string()], small()).await;
+    wait_for(|| a.broker().mesh().unwrap().view().stats.members_up == 1).await;
+    let (ca, cb) = (client(&a).await, client(&b).await);
+    let _sub = cb.subscribe("q.>", "*").await.unwrap();
+    wait_for(|| known_patterns(&a) == 1).await;
+    // Much more than the queue holds, faster than the link drains it.
+    let payload = vec![1u8; 200_000];
+    for _ in 0..100 {
+        ca.publish(Message::new("q.full", payload.clone()))
+            .await
+            .unwrap();
+    }
+    ca.flush().await.unwrap();
+    let v = a.broker().mesh().unwrap().view();
+    let l = &v.links[0];
+    assert!(l.dropped_newest > 0, "{l:?}");
+    assert_eq!(l.dropped_subjects[0], ("q.full".into(), l.dropped_newest));
+    let (n, text) = ca.async_errors();
+    assert!(n > 0, "the publisher was not told");
+    assert!(text.unwrap().contains("send queue is full"));
 }

@@ -142,6 +142,48 @@ pub struct MeshView {
     /// Tunnels between nodes.
     #[serde(default)]
     pub tunnels: TunnelStats,
+    /// The reliable link to each peer: its send queue and what it lost.
+    #[serde(default)]
+    pub links: Vec<LinkStats>,
+}
+
+/// The reliable link to one peer (node frames over the association this
+/// node opened to it): its bounded send queue and every drop.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStats {
+    /// The peer's mesh address.
+    pub peer: String,
+    /// The send queue's policy (`block`, `drop_oldest`, `drop_newest`).
+    pub policy: String,
+    /// Frames waiting in the send queue now.
+    pub queued_frames: u64,
+    /// Bytes waiting in the send queue now.
+    pub queued_bytes: u64,
+    /// The queue's bound in bytes.
+    pub max_bytes: u64,
+    /// Frames handed to the association.
+    pub sent_frames: u64,
+    /// Batches (association messages) handed to the association.
+    pub sent_batches: u64,
+    /// Frames received from the peer over its association.
+    pub recv_frames: u64,
+    /// Frames dropped as they arrived at a full queue (`drop_newest`, or
+    /// `block` after its deadline).
+    pub dropped_newest: u64,
+    /// Frames dropped from the head of a full queue (`drop_oldest`).
+    pub dropped_oldest: u64,
+    /// Frames lost with the peer or its association: queued, or handed to
+    /// the association and not known to be acknowledged.
+    pub lost: u64,
+    /// Times a publisher waited for room (`block`).
+    pub waits: u64,
+    /// Waits that reached the deadline (the queue then drops newest until
+    /// it drains to half).
+    pub deadlines: u64,
+    /// Drops per subject, most first (bounded; `(other)` holds the rest,
+    /// `(request)`, `(reply)`, `(broadcast)` the frames with no subject
+    /// of their own).
+    pub dropped_subjects: Vec<(String, u64)>,
 }
 
 /// Counters of tunnels between nodes (`skiff stats --mesh`).

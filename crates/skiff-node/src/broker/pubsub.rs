@@ -153,7 +153,8 @@ impl Broker {
                 if let Some(m) = self.mesh.get() {
                     let mut raw = Vec::new();
                     skiff_proto::wire::encode_message(&mut raw, msg, false);
-                    m.publish(&msg.subject, msg.kind.as_deref(), &raw);
+                    let sent = m.publish(&msg.subject, msg.kind.as_deref(), &raw);
+                    tell_dropped(me, sent.dropped);
                 }
             }
         }
@@ -277,11 +278,12 @@ impl Broker {
             }
             if let (Some(m), false) = (forward, fwd.is_empty()) {
                 let max = self.limits.max_payload;
-                m.publish_many(fwd.iter().map(|&k| {
+                let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
                     let (subject, kind, _) = p.parts(max);
                     (subject, kind, &p.raw[..])
                 }));
+                tell_dropped(me, sent.dropped);
             }
             for k in kill.drain(..) {
                 self.counters.slow_consumers.fetch_add(1, Relaxed);
@@ -398,6 +400,21 @@ impl Broker {
             self.local_deliver(&st, msg, &Body::encoded(raw), 0).1
         };
         self.kill_slow(kill);
+    }
+}
+
+/// Tells a publisher that `n` copies of its messages for other nodes were
+/// dropped at a full send queue (counted per peer and subject in `skiff
+/// stats --mesh`): a flushed publish then fails.
+fn tell_dropped(me: &ClientOut, n: usize) {
+    if n > 0 {
+        me.control(ServerFrame::Error {
+            corr: ASYNC_ERROR,
+            code: Code::Limit,
+            text: format!(
+                "{n} message(s) not sent to another node: its send queue is full (mesh send_queue, send_policy)"
+            ),
+        });
     }
 }
 

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff::udp::{AsyncUdpSocket, RecvBatch, SendBatch, UdpConfig};
 use skiff_proto::mesh::node_frame::op;
-use skiff_proto::mesh::{Mesh, MeshConfig, MeshEvent, NodeId};
+use skiff_proto::mesh::{Frames, Mesh, MeshConfig, MeshEvent, NodeId};
 use tokio::net::UdpSocket as TokioUdpSocket;
 use tokio::sync::{watch, Notify};
 
@@ -80,10 +80,16 @@ pub(crate) async fn start<L: Inbound>(
         room: Notify::new(),
         counters: Counters::default(),
         max_payload: broker.limits().max_payload,
+        best_effort: settings.best_effort.clone(),
+        send_deadline: Duration::from_millis(settings.send_deadline_ms),
         tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
-            settings.max_datagram,
-            broker.limits().max_payload,
-            broker.limits().max_pending_bytes,
+            crate::mesh_tunnel::LinkConfig {
+                max_datagram: settings.max_datagram,
+                max_payload: broker.limits().max_payload,
+                max_backlog: broker.limits().max_pending_bytes,
+                link_bytes: settings.send_queue,
+                link_policy: settings.send_policy,
+            },
         )),
     });
     broker.set_mesh(link.clone());
@@ -204,7 +210,14 @@ impl<L: Inbound> Driver<L> {
                 return;
             };
             self.events(&*broker).await;
-            crate::mesh_tunnel::drive(&l, &*broker);
+            let d = crate::mesh_tunnel::drive(&l, &*broker);
+            for (from, frames) in d.nodes {
+                self.frames(&*broker, from, frames).await;
+            }
+            self.publish_run(&*broker).await;
+            for (peer, n) in d.lost {
+                self.link_lost(peer, n, "its association failed");
+            }
             drop(broker);
             self.transmit().await;
             l.room.notify_waiters();
@@ -289,14 +302,7 @@ impl<L: Inbound> Driver<L> {
         for e in events.drain(..) {
             match e {
                 MeshEvent::Frames { from, frames } => {
-                    for frame in frames {
-                        if frame.first() == Some(&op::PUB) {
-                            self.pubs.push(frame);
-                            continue;
-                        }
-                        self.publish_run(broker).await;
-                        l.handle_frame(broker, from, frame);
-                    }
+                    self.frames(broker, from, frames).await;
                     continue;
                 }
                 _ => self.publish_run(broker).await,
@@ -310,7 +316,8 @@ impl<L: Inbound> Driver<L> {
                 } => broker.remote_cluster(peer, &cluster, capacity),
                 MeshEvent::Down(id) => {
                     broker.remote_down(id.addr);
-                    crate::mesh_tunnel::peer_down(l, broker, id.addr);
+                    let n = crate::mesh_tunnel::peer_down(l, broker, id.addr);
+                    self.link_lost(id.addr, n, "it went down");
                 }
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
@@ -324,6 +331,30 @@ impl<L: Inbound> Driver<L> {
         }
         self.publish_run(broker).await;
         self.events = events;
+    }
+
+    /// The frames of one batch from `from` (a datagram or a reliable
+    /// link's message): runs of publishes go to the broker together.
+    async fn frames(&mut self, broker: &L, from: SocketAddr, frames: Frames) {
+        for frame in frames {
+            if frame.first() == Some(&op::PUB) {
+                self.pubs.push(frame);
+                continue;
+            }
+            self.publish_run(broker).await;
+            self.link.handle_frame(broker, from, frame);
+        }
+    }
+
+    /// `n` frames to `peer` may not have arrived: counted and told.
+    fn link_lost(&self, peer: SocketAddr, n: u64, why: &str) {
+        if n == 0 {
+            return;
+        }
+        self.link.counters.link_lost.fetch_add(n, Relaxed);
+        self.link.note(format_args!(
+            "up to {n} frame(s) to node {peer} may not have arrived: {why}"
+        ));
     }
 
     /// Hands the run of publishes collected so far to the broker.

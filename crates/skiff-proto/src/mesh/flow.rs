@@ -109,6 +109,26 @@ pub struct Frames {
     buf: Bytes,
 }
 
+impl Frames {
+    /// The frames of `buf`, each a varint length and that many bytes (at
+    /// most `max_frame`), checked whole before any is handed on; with their
+    /// count. Total: any input gives frames or an error.
+    pub fn checked(buf: Bytes, max_frame: usize) -> Result<(Frames, u64), WireError> {
+        let mut check = Reader::new(&buf);
+        let mut n = 0;
+        while !check.is_empty() {
+            check.bytes(max_frame, "mesh frame")?;
+            n += 1;
+        }
+        Ok((Frames { buf }, n))
+    }
+
+    /// The frames not yet taken, encoded (each a varint length and bytes).
+    pub fn as_bytes(&self) -> &Bytes {
+        &self.buf
+    }
+}
+
 impl Iterator for Frames {
     type Item = Bytes;
 

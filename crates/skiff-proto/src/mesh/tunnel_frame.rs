@@ -22,7 +22,16 @@
 //! close     +---+------------+
 //!           | 6 | tunnel u64 |
 //!           +---+------------+
+//! nodes     +---+-----+--------+-----+--------+-----+
+//!           | 7 | len | frame  | len | frame  | ... |   node frames, in order
+//!           +---+-----+--------+-----+--------+-----+
 //! ```
+//!
+//! `nodes` carries the node's publishes, requests, replies, done reports
+//! and broadcasts to the peer (each a [`super::node_frame`], after a varint
+//! length), batched: many frames per association message, sealed when the
+//! node's mesh task goes idle. It is the reliable path between nodes: the
+//! association repairs loss, keeps order and delivers each batch once.
 //!
 //! Cluster and key are a varint length and bytes (at most [`MAX_NAME`],
 //! the cluster UTF-8); integers little-endian. [`TunnelFrame::decode`] is
@@ -38,6 +47,11 @@ use crate::wire;
 /// Longest cluster name or key in an `open` frame.
 pub const MAX_NAME: usize = 1024;
 
+/// Bytes a node frame may add to its message's payload (op, token, names,
+/// subject, type, fields), at most: the bound of a frame in a `nodes`
+/// batch is `max_payload` plus this.
+pub const MAX_NODE_FRAME_OVERHEAD: usize = 64 << 10;
+
 /// The op byte of each frame.
 pub mod op {
     /// Open a tunnel to a member of a cluster.
@@ -52,6 +66,8 @@ pub mod op {
     pub const CREDIT: u8 = 5;
     /// The tunnel is closed.
     pub const CLOSE: u8 = 6;
+    /// A batch of node frames (not about a tunnel).
+    pub const NODES: u8 = 7;
 }
 
 /// A frame between nodes about a tunnel (see the module documentation).
@@ -99,6 +115,13 @@ pub enum TunnelFrame {
         /// The receiver's id for the tunnel.
         tunnel: u64,
     },
+    /// A batch of node frames, checked (lengths within the message).
+    Nodes {
+        /// The frames, slices of the message.
+        frames: super::Frames,
+        /// How many.
+        count: u64,
+    },
 }
 
 impl TunnelFrame {
@@ -111,6 +134,7 @@ impl TunnelFrame {
             | TunnelFrame::Data { tunnel, .. }
             | TunnelFrame::Credit { tunnel, .. }
             | TunnelFrame::Close { tunnel } => *tunnel,
+            TunnelFrame::Nodes { .. } => 0,
         }
     }
 
@@ -163,6 +187,10 @@ impl TunnelFrame {
                 f.put_u8(op::CLOSE);
                 f.put_u64_le(*tunnel);
             }
+            TunnelFrame::Nodes { frames, .. } => {
+                f.put_u8(op::NODES);
+                f.extend_from_slice(frames.as_bytes());
+            }
         }
     }
 
@@ -170,6 +198,12 @@ impl TunnelFrame {
     /// any input gives a frame or an error. The message of a `data` frame
     /// is a zero-copy slice of `b`; cluster and key are copied.
     pub fn decode(b: &Bytes, max_payload: usize) -> Result<TunnelFrame, WireError> {
+        if b.first() == Some(&op::NODES) {
+            // A node frame is at most a message and its header.
+            let max_frame = max_payload.saturating_add(MAX_NODE_FRAME_OVERHEAD);
+            let (frames, count) = super::Frames::checked(b.slice(1..), max_frame)?;
+            return Ok(TunnelFrame::Nodes { frames, count });
+        }
         let mut r = Reader::new(b);
         let kind = r.u8("tunnel frame op")?;
         let tunnel = r.u64("tunnel id")?;
