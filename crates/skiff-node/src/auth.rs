@@ -364,6 +364,12 @@ impl Default for Permissions {
 }
 
 impl Permissions {
+    /// Whether these permissions allow everything (then nothing is checked).
+    pub fn is_open(&self) -> bool {
+        let open = |r: &Rule| r.allow.is_none() && r.deny.is_empty();
+        open(&self.publish) && open(&self.subscribe) && open(&self.join) && self.allow_responses
+    }
+
     /// Whether it may publish to (or send a request to) `subject`.
     pub fn may_publish(&self, subject: &str) -> bool {
         self.publish.permits(subject)

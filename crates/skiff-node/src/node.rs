@@ -87,12 +87,17 @@ pub struct Node {
 }
 
 impl Node {
-    /// A node with no listeners, for in-process clients only (`mem://`).
+    /// A node with no listeners, for in-process clients only (`mem://`),
+    /// which are trusted: `[auth]` applies to listeners only.
     /// Needs no runtime until a client uses it.
     pub fn embedded(config: &Config) -> Node {
+        Node::with_broker(Broker::new(config.limits.clone()))
+    }
+
+    fn with_broker(broker: Broker) -> Node {
         let (stop, _) = watch::channel(false);
         Node {
-            broker: Arc::new(Broker::new(config.limits.clone())),
+            broker: Arc::new(broker),
             tcp: None,
             unix: None,
             shm: None,
@@ -125,7 +130,9 @@ impl Node {
                 config = &capped;
             }
         }
-        let mut node = Node::embedded(config);
+        let auth = crate::auth::Auth::new(&config.auth)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let mut node = Node::with_broker(Broker::with_auth(config.limits.clone(), Arc::new(auth)));
         if let Some(us) = config.wake_latency_us {
             node.wake = Some(crate::wake::WakeLatency::request(us).map_err(|e| {
                 io::Error::new(

@@ -267,6 +267,9 @@ pub struct ClientOut {
     closed: AtomicBool,
     closed_notify: Notify,
     budget: Option<Arc<Budget>>,
+    /// The client's user when its permissions restrict it (`None`: it may
+    /// do anything, and nothing is checked on its hot paths).
+    restricted: Option<Arc<crate::auth::User>>,
 }
 
 impl Drop for ClientOut {
@@ -290,7 +293,20 @@ impl ClientOut {
             closed: AtomicBool::new(false),
             closed_notify: Notify::new(),
             budget,
+            restricted: None,
         }
+    }
+
+    /// Checks this client's operations against `user`'s permissions
+    /// (unless they allow everything).
+    pub(crate) fn with_user(mut self, user: &Arc<crate::auth::User>) -> ClientOut {
+        self.restricted = (!user.permissions.is_open()).then(|| user.clone());
+        self
+    }
+
+    /// The client's user when its permissions restrict it.
+    pub fn restricted(&self) -> Option<&Arc<crate::auth::User>> {
+        self.restricted.as_ref()
     }
 
     /// Whether a client that `reserved` bytes may hold `pending` under

@@ -48,6 +48,23 @@ pub struct NodeStats {
     /// The mesh, when the node is part of one (`skiff stats --mesh`).
     #[serde(default)]
     pub mesh: Option<MeshView>,
+    /// Whether clients must authenticate.
+    #[serde(default)]
+    pub auth: bool,
+    /// Failed authentications (wrong or missing credentials, handshakes
+    /// that ran out of time).
+    #[serde(default)]
+    pub auth_failures: u64,
+    /// Operations refused by users' permissions (per user in `users`).
+    #[serde(default)]
+    pub denied: u64,
+    /// Per configured user: what its permissions refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserStats>,
+    /// Warnings for the operator, such as a listener beyond loopback that
+    /// asks for no authentication.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Per client, in order of id (on a page: those the page holds; a
     /// client cut by the page's end is on the next page too, with the rest
     /// of its subscriptions).
@@ -56,6 +73,21 @@ pub struct NodeStats {
     /// (ask with `StatsFrom`); absent on the last or only page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<StatsCursor>,
+}
+
+/// One user's refused operations.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserStats {
+    /// The user's name.
+    pub name: String,
+    /// Publishes (and requests, broadcasts, tunnels) refused.
+    pub denied_publish: u64,
+    /// Subscriptions refused.
+    pub denied_subscribe: u64,
+    /// Replies refused.
+    pub denied_reply: u64,
+    /// Cluster joins refused.
+    pub denied_join: u64,
 }
 
 /// A place in the node's stats, in order of client id then subscription
@@ -77,6 +109,9 @@ pub struct ClientStats {
     pub id: u64,
     /// Where it connected from.
     pub peer: String,
+    /// Who it authenticated as (`anonymous` without authentication).
+    #[serde(default)]
+    pub user: String,
     /// Messages it published.
     pub published: u64,
     /// Messages delivered to it.

@@ -19,6 +19,7 @@
 pub mod client;
 pub mod endpoint;
 pub mod error;
+pub mod keys;
 pub mod locator;
 pub mod queue;
 pub mod shm;

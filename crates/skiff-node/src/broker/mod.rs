@@ -24,10 +24,11 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use skiff_proto::client_frame::{ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{ClientFrame, Code, Policy, ServerFrame, ASYNC_ERROR};
 use skiff_proto::router::{Clusters, Router, SubId, Subject};
 use skiff_proto::Message;
 
+use crate::auth::{Auth, User};
 use crate::config::Limits;
 use crate::mesh::MeshLink;
 use crate::outbox::{cost, Budget, ClientOut};
@@ -65,6 +66,8 @@ struct ClientEntry {
     serving: FxHashSet<u64>,
     tunnels: FxHashSet<u64>,
     published: u64,
+    /// Who the client authenticated as.
+    user: Arc<User>,
 }
 
 #[derive(Debug)]
@@ -112,6 +115,8 @@ struct Counters {
     limit_hits: AtomicU64,
     protocol_errors: AtomicU64,
     slow_consumers: AtomicU64,
+    /// Operations refused by a user's permissions.
+    denied: AtomicU64,
 }
 
 /// The node's state, shared by every connection. See the module
@@ -129,6 +134,20 @@ pub struct Broker {
     remote_drops: AtomicU64,
     /// Pending bytes across all clients (`max_total_pending_bytes`).
     budget: Option<Arc<Budget>>,
+    /// The users and how to check them.
+    auth: Arc<Auth>,
+    /// Warnings for the operator, shown at start and in stats (e.g. a
+    /// listener beyond loopback without authentication).
+    warnings: Mutex<Vec<String>>,
+}
+
+/// An operation a user's permissions may refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Publish,
+    Subscribe,
+    Reply,
+    Join,
 }
 
 /// Why a frame could not be handled: the client is closed with this error.
@@ -141,9 +160,16 @@ pub struct Fatal {
 }
 
 impl Broker {
-    /// A node with no clients.
+    /// A node with no clients and no authentication.
     pub fn new(limits: Limits) -> Broker {
+        Broker::with_auth(limits, Arc::new(Auth::default()))
+    }
+
+    /// A node with no clients whose front ends authenticate with `auth`.
+    pub fn with_auth(limits: Limits, auth: Arc<Auth>) -> Broker {
         Broker {
+            auth,
+            warnings: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 next_token: 1,
                 next_tunnel: 1,
@@ -193,10 +219,37 @@ impl Broker {
         &self.limits
     }
 
-    /// Adds a client (`peer` says where from, for stats) and queues its
-    /// `Welcome`; refuses when the connection limit is reached or the node
-    /// is shutting down.
+    /// The users, for front ends to authenticate clients with.
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.auth
+    }
+
+    /// Adds a warning for the operator (shown in stats).
+    pub fn warn(&self, text: String) {
+        self.warnings.lock().push(text);
+    }
+
+    /// The warnings for the operator.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.lock().clone()
+    }
+
+    /// Operations refused by users' permissions so far.
+    pub fn denied(&self) -> u64 {
+        self.counters.denied.load(Relaxed)
+    }
+
+    /// Adds a trusted client (in process, or the node's own), with every
+    /// permission: see [`Broker::attach_as`].
     pub fn attach(&self, peer: String) -> Result<Arc<ClientOut>, Fatal> {
+        self.attach_as(peer, User::anonymous())
+    }
+
+    /// Adds a client that authenticated as `user` (`peer` says where from,
+    /// for stats), whose operations are then checked against the user's
+    /// permissions, and queues its `Welcome`; refuses when the connection
+    /// limit is reached or the node is shutting down.
+    pub fn attach_as(&self, peer: String, user: Arc<User>) -> Result<Arc<ClientOut>, Fatal> {
         if self.shutting_down.load(Relaxed) {
             return Err(Fatal {
                 code: Code::Shutdown,
@@ -225,11 +278,9 @@ impl Broker {
             });
         }
         let id = self.next_client.fetch_add(1, Relaxed);
-        let out = Arc::new(ClientOut::new(
-            id,
-            self.limits.max_pending_bytes,
-            self.budget.clone(),
-        ));
+        let out = Arc::new(
+            ClientOut::new(id, self.limits.max_pending_bytes, self.budget.clone()).with_user(&user),
+        );
         out.control(ServerFrame::Welcome {
             client: id,
             max_payload: self.limits.max_payload as u64,
@@ -244,6 +295,7 @@ impl Broker {
                 serving: FxHashSet::default(),
                 tunnels: FxHashSet::default(),
                 published: 0,
+                user,
             },
         );
         self.counters.connections_total.fetch_add(1, Relaxed);
@@ -344,6 +396,41 @@ impl Broker {
         }
     }
 
+    /// Whether client `me` may do `op` on `target` (a subject, pattern or
+    /// cluster); `Err` is the error for that operation, counted for the
+    /// user and the node.
+    pub(crate) fn permit(
+        &self,
+        me: &ClientOut,
+        op: Op,
+        target: &str,
+    ) -> Result<(), (Code, String)> {
+        let Some(u) = me.restricted() else {
+            return Ok(());
+        };
+        let p = &u.permissions;
+        let (ok, counter, what) = match op {
+            Op::Publish => (p.may_publish(target), &u.denied.publish, "publish to"),
+            Op::Subscribe => (p.may_subscribe(target), &u.denied.subscribe, "subscribe to"),
+            Op::Reply => (p.allow_responses, &u.denied.reply, "reply to requests"),
+            Op::Join => (p.may_join(target), &u.denied.join, "join cluster"),
+        };
+        if ok {
+            return Ok(());
+        }
+        counter.fetch_add(1, Relaxed);
+        self.counters.denied.fetch_add(1, Relaxed);
+        let text = if op == Op::Reply {
+            format!("permission denied: user `{}` may not {what}", u.name)
+        } else {
+            format!(
+                "permission denied: user `{}` may not {what} `{target}`",
+                u.name
+            )
+        };
+        Err((Code::Denied, text))
+    }
+
     fn limit(&self, text: String) -> (Code, String) {
         self.counters.limit_hits.fetch_add(1, Relaxed);
         (Code::Limit, text)
@@ -425,7 +512,9 @@ impl Broker {
                 queue,
                 credit,
             } => {
-                let r = self.subscribe(me, sid, pattern, kind, policy, queue, credit);
+                let r = self
+                    .permit(me, Op::Subscribe, &pattern)
+                    .and_then(|()| self.subscribe(me, sid, pattern, kind, policy, queue, credit));
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
                     Err((code, text)) => ServerFrame::Error {
@@ -437,21 +526,41 @@ impl Broker {
             }
             F::Unsub { sid } => self.unsubscribe(me, sid),
             F::Credit { sid, n } => me.credit(sid, n),
-            F::Reply { token, msg } => self.reply(token, msg),
+            F::Reply { token, msg } => match self.permit(me, Op::Reply, "") {
+                Ok(()) => self.reply(token, msg),
+                Err((code, text)) => me.control(ServerFrame::Error {
+                    corr: ASYNC_ERROR,
+                    code,
+                    text,
+                }),
+            },
             F::Cancel { rid } => self.cancel(me, rid),
             F::Join {
                 corr,
                 cluster,
                 capacity,
-            } => self.join(me, corr, cluster, capacity),
+            } => match self.permit(me, Op::Join, &cluster) {
+                Ok(()) => self.join(me, corr, cluster, capacity),
+                Err((code, text)) => me.control(ServerFrame::Error { corr, code, text }),
+            },
             F::Leave { corr, cluster } => self.leave(me, corr, cluster),
-            F::Bcast { cluster, msg } => self.broadcast(me, cluster, msg),
+            F::Bcast { cluster, msg } => match self.permit(me, Op::Publish, &cluster) {
+                Ok(()) => self.broadcast(me, cluster, msg),
+                Err((code, text)) => me.control(ServerFrame::Error {
+                    corr: ASYNC_ERROR,
+                    code,
+                    text,
+                }),
+            },
             F::TunOpen {
                 corr,
                 cluster,
                 key,
                 window,
-            } => self.tunnel_open(me, corr, cluster, key, window),
+            } => match self.permit(me, Op::Publish, &cluster) {
+                Ok(()) => self.tunnel_open(me, corr, cluster, key, window),
+                Err((code, text)) => me.control(ServerFrame::Error { corr, code, text }),
+            },
             F::TunData { tunnel, msg } => {
                 let size = cost(&msg);
                 let f = ServerFrame::TunData { tunnel, msg };
@@ -464,6 +573,12 @@ impl Broker {
             F::Stats { corr } => self.stats_reply(me, corr, None),
             F::StatsFrom { corr, from } => self.stats_reply(me, corr, Some(from)),
             F::Ping { corr } => me.control(ServerFrame::Pong { corr }),
+            F::Auth(_) => {
+                return Err(Fatal {
+                    code: Code::Protocol,
+                    text: "an Auth frame after the handshake".into(),
+                })
+            }
         }
         Ok(())
     }

@@ -246,6 +246,14 @@ impl Broker {
                         continue;
                     }
                     if !same {
+                        if let Err((code, text)) = self.permit(me, super::Op::Publish, subject) {
+                            me.control(ServerFrame::Error {
+                                corr: ASYNC_ERROR,
+                                code,
+                                text,
+                            });
+                            continue;
+                        }
                         flush_run(st, &mut run, &targets, &mut woken, &mut blocked, &mut kill);
                         if !blocked.is_empty() || !kill.is_empty() {
                             i -= 1;
@@ -315,7 +323,10 @@ impl Broker {
     /// A `Pub` frame's message: checked, then queued to every matching
     /// subscription here and handed to the mesh.
     pub(super) async fn publish(&self, me: &Arc<ClientOut>, msg: Message) {
-        if let Err((code, text)) = self.check_message(&msg, true) {
+        let checked = self
+            .check_message(&msg, true)
+            .and_then(|()| self.permit(me, super::Op::Publish, &msg.subject));
+        if let Err((code, text)) = checked {
             me.control(ServerFrame::Error {
                 corr: ASYNC_ERROR,
                 code,

@@ -88,6 +88,9 @@ impl Broker {
         if let Err((code, text)) = self.check_message(&req.msg, false) {
             return refuse(code, text);
         }
+        if let Err((code, text)) = self.permit(me, super::Op::Publish, &req.target) {
+            return refuse(code, text);
+        }
         let token = {
             let mut st = self.state.lock();
             let (token, mut p) = match self.admit(&mut st, Origin::Client(me, rid), &req) {

@@ -63,6 +63,7 @@ impl Broker {
             let mut cl = ClientStats {
                 id,
                 peer: e.peer.clone(),
+                user: e.user.name.clone(),
                 published: e.published,
                 delivered,
                 pending_bytes,
@@ -130,6 +131,31 @@ impl Broker {
                 self.mesh.get().map(|m| m.view())
             } else {
                 None
+            },
+            auth: self.auth.enabled(),
+            auth_failures: self.auth.failures(),
+            denied: c.denied.load(Relaxed),
+            users: if from.is_none() {
+                self.auth
+                    .users()
+                    .map(|u| {
+                        let [p, s, r, j] = u.denied.snapshot();
+                        skiff_proto::stats::UserStats {
+                            name: u.name.clone(),
+                            denied_publish: p,
+                            denied_subscribe: s,
+                            denied_reply: r,
+                            denied_join: j,
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            warnings: if from.is_none() {
+                self.warnings.lock().clone()
+            } else {
+                Vec::new()
             },
             clients,
             next,

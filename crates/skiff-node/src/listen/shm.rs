@@ -184,10 +184,20 @@ async fn attach_one(r: Rendezvous, broker: Arc<Broker>, spin: Duration, shared: 
     let max_payload = broker.limits().max_payload as u64;
     let max_frame = max_payload + FRAME_OVERHEAD as u64;
     let seq = shared.seq.fetch_add(1, Relaxed);
+    // Shared memory carries no credentials: with authentication on, the
+    // client is the user its uid or gid maps to, or it is refused.
+    let user = match r.peer_ids() {
+        Some((uid, gid)) => broker.auth().local_user(uid, gid),
+        None => broker.auth().local_user(u32::MAX, u32::MAX),
+    };
+    if user.is_none() {
+        broker.auth().count_failure();
+    }
     let mut out = None;
     let attached = r
         .run(seq, max_payload, max_frame, || {
-            let o = broker.attach(peer).map_err(|f| f.text)?;
+            let user = user.ok_or_else(|| crate::auth::AuthError::Refused.to_string())?;
+            let o = broker.attach_as(peer, user).map_err(|f| f.text)?;
             let id = o.id;
             out = Some(o);
             Ok(id)

@@ -49,7 +49,7 @@ pub(crate) async fn accept_tcp(
                 Ok((s, peer)) => {
                     let _ = s.set_nodelay(true);
                     let (r, w) = s.into_split();
-                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), stop.clone(), spin.clone()));
+                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), None, stop.clone(), spin.clone()));
                 }
                 // Out of descriptors or similar: back off, keep serving.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -74,8 +74,10 @@ pub(crate) async fn accept_unix(
             r = l.accept() => match r {
                 Ok((s, _)) => {
                     n += 1;
+                    // The kernel's word on who the peer is (SO_PEERCRED).
+                    let ids = s.peer_cred().ok().map(|c| (c.uid(), c.gid()));
                     let (r, w) = s.into_split();
-                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), stop.clone(), spin.clone()));
+                    conns.spawn(serve(broker.clone(), r, w, format!("unix:{n}"), ids, stop.clone(), spin.clone()));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -91,36 +93,49 @@ pub(crate) async fn accept_unix(
 /// large frame is charged to the node's budget (`max_total_pending_bytes`).
 const INPUT_FREE: usize = 256 * 1024;
 
-/// Serves one connection until either side closes it.
-async fn serve<R, W>(
+/// Writes a closing error frame and closes the connection.
+async fn refuse<W: AsyncWrite + Unpin>(mut w: W, code: Code, text: String) {
+    let mut buf = Vec::new();
+    ServerFrame::Error {
+        corr: 0,
+        code,
+        text,
+    }
+    .encode(&mut buf);
+    let _ = w.write_all(&buf).await;
+    let _ = w.shutdown().await;
+}
+
+/// Serves one connection until either side closes it: the
+/// authentication handshake (`handshake`), then the session. `local`: a
+/// Unix-socket peer's (uid, gid).
+pub(crate) async fn serve<R, W>(
     broker: Arc<Broker>,
     mut r: R,
     mut w: W,
     peer: String,
+    local: Option<(u32, u32)>,
     mut stop: watch::Receiver<bool>,
     spin: Option<Arc<Spin>>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let out = match broker.attach(peer) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let user = tokio::select! {
+        u = super::handshake::authenticate(&broker, &mut r, &mut w, &mut buf, local) => u,
+        _ = stop.changed() => return,
+    };
+    let user = match user {
+        Ok(u) => u,
+        Err((code, text)) => return refuse(w, code, text).await,
+    };
+    let out = match broker.attach_as(peer, user) {
         Ok(out) => out,
-        Err(f) => {
-            let mut buf = Vec::new();
-            ServerFrame::Error {
-                corr: 0,
-                code: f.code,
-                text: f.text,
-            }
-            .encode(&mut buf);
-            let _ = w.write_all(&buf).await;
-            let _ = w.shutdown().await;
-            return;
-        }
+        Err(f) => return refuse(w, f.code, f.text).await,
     };
     let writer = tokio::spawn(write_loop(out.clone(), w));
     let mut session = Session::new(broker.limits(), "connection");
-    let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error = None;
     // The frame left partly read in `buf`, if any: (frames read before it,
     // its length once known, when it began); `timer` fires at its deadline.

@@ -92,6 +92,23 @@ impl ClientFrame {
                 .u8(u8::from(from.sid.is_some()))
                 .v(from.sid.unwrap_or(0))
                 .end(),
+            F::Auth(p) => match p {
+                Proof::None => Enc::new(out, op::AUTH).u8(0).end(),
+                Proof::Token(t) => Enc::new(out, op::AUTH).u8(1).s(t.as_bytes()).end(),
+                Proof::Password { user, password } => Enc::new(out, op::AUTH)
+                    .u8(2)
+                    .s(user.as_bytes())
+                    .s(password.as_bytes())
+                    .end(),
+                Proof::Signature {
+                    public_key,
+                    signature,
+                } => Enc::new(out, op::AUTH)
+                    .u8(3)
+                    .s(public_key)
+                    .s(signature)
+                    .end(),
+            },
         }
     }
 
@@ -176,6 +193,27 @@ impl ClientFrame {
                     }
                 },
             },
+            op::AUTH => F::Auth(match r.u8("proof kind")? {
+                0 => Proof::None,
+                1 => Proof::Token(r.string("token", MAX_PROOF_FIELD)?),
+                2 => Proof::Password {
+                    user: r.string("user", MAX_PROOF_FIELD)?,
+                    password: r.string("password", MAX_PROOF_FIELD)?,
+                },
+                3 => Proof::Signature {
+                    public_key: r
+                        .bytes("public key", 32)?
+                        .as_ref()
+                        .try_into()
+                        .map_err(|_| WireError::Malformed("a public key is 32 bytes"))?,
+                    signature: r
+                        .bytes("signature", 64)?
+                        .as_ref()
+                        .try_into()
+                        .map_err(|_| WireError::Malformed("a signature is 64 bytes"))?,
+                },
+                _ => return Err(WireError::Malformed("unknown proof kind")),
+            }),
             _ => return Err(WireError::Malformed("unknown client frame op")),
         };
         r.finish()?;

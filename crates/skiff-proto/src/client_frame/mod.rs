@@ -22,7 +22,7 @@
 //! s:cluster`, `Bcast s:cluster [msg]`, `TunOpen v:corr s:cluster s:key
 //! v:window`, `TunData v:tunnel [msg]`, `TunCredit v:tunnel v:n`, `TunClose
 //! v:tunnel`, `Stats v:corr`, `Ping v:corr`, `StatsFrom v:corr v:client
-//! u8:mid v:sid`.
+//! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]).
 //!
 //! Node → client ([`ServerFrame`]): `Welcome v:client v:max_payload`,
 //! `Ack v:corr`, `Error v:corr v:code s:text` (corr 0: about the
@@ -31,7 +31,24 @@
 //! s:cluster [msg]`, `Reply v:rid [msg]`, `ReqDone v:rid v:code`,
 //! `TunIncoming v:tunnel s:cluster v:window`, `TunOpened v:corr v:tunnel
 //! v:window`, `TunData`, `TunCredit`, `TunClose` as above, `Stats v:corr
-//! s:json`, `Pong v:corr`, `Ping`.
+//! s:json`, `Pong v:corr`, `Ping`, `Challenge s:nonce`.
+//!
+//! # Handshake
+//! A node without authentication sends `Welcome` first. A node with
+//! authentication sends `Challenge` first, with a fresh nonce; the client
+//! answers with one `Auth` frame (its [`Proof`]: a token, a user and
+//! password, or an Ed25519 signature over the nonce) and then waits for
+//! `Welcome`, or `Error` with [`Code::Auth`] (the node closes). Nothing
+//! else is read before `Auth`, and a client that has not authenticated
+//! within the node's time limit is closed.
+//!
+//! ```text
+//! Challenge: | len | 81 | v:n | nonce (n ≤ 64 bytes) |
+//! Auth:      | len | 18 | 0 (none)                              |
+//!            | len | 18 | 1 | s:token                           |
+//!            | len | 18 | 2 | s:user | s:password              |
+//!            | len | 18 | 3 | s:public key (32) | s:signature (64) |
+//! ```
 //!
 //! Stats come in pages: a `Stats` reply holds at most about
 //! [`STATS_PAGE`] bytes of JSON, and when more remain its JSON carries
@@ -136,6 +153,11 @@ pub enum Code {
     /// Every responder a request reached has answered (`ReqDone` of a
     /// scatter-gather request).
     Complete,
+    /// Authentication failed or is missing (the node closes).
+    Auth,
+    /// The user may not do this (its permissions); only this operation
+    /// fails.
+    Denied,
     /// A code this build does not know.
     Other(u16),
 }
@@ -152,6 +174,8 @@ impl Code {
             Code::Shutdown => 6,
             Code::NotFound => 7,
             Code::Complete => 8,
+            Code::Auth => 9,
+            Code::Denied => 10,
             Code::Other(n) => n,
         }
     }
@@ -167,6 +191,8 @@ impl Code {
             6 => Code::Shutdown,
             7 => Code::NotFound,
             8 => Code::Complete,
+            9 => Code::Auth,
+            10 => Code::Denied,
             n => Code::Other(n),
         }
     }
@@ -312,6 +338,49 @@ pub enum ClientFrame {
         /// Where the page starts.
         from: crate::stats::StatsCursor,
     },
+    /// The answer to the node's `Challenge`: who the client is.
+    Auth(Proof),
+}
+
+/// Longest secret, user name or nonce in a handshake frame, in bytes.
+pub const MAX_PROOF_FIELD: usize = 1024;
+
+/// Longest nonce in a `Challenge`, in bytes.
+pub const MAX_NONCE: usize = 64;
+
+/// What a client proves its identity with (`Auth` frame). `Debug` never
+/// shows a secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Proof {
+    /// Nothing (the node refuses it when it requires authentication).
+    None,
+    /// The node's shared token.
+    Token(String),
+    /// A user name and its password.
+    Password {
+        /// The user's name.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// An Ed25519 public key and its signature over the challenge's nonce.
+    Signature {
+        /// The public key.
+        public_key: [u8; 32],
+        /// The signature.
+        signature: [u8; 64],
+    },
+}
+
+impl std::fmt::Debug for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Proof::None => f.write_str("None"),
+            Proof::Token(_) => f.write_str("Token(***)"),
+            Proof::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
+            Proof::Signature { .. } => f.write_str("Signature { .. }"),
+        }
+    }
 }
 
 /// What a node sends to a client.
@@ -438,6 +507,12 @@ pub enum ServerFrame {
     /// `ping_interval_ms`; the client answers with any frame (a `Ping`),
     /// or is closed after `max_pings_out` unanswered.
     Ping,
+    /// First frame from a node that requires authentication: answer with
+    /// `Auth`, whose signature (if any) covers `nonce`.
+    Challenge {
+        /// Fresh random bytes, at most [`MAX_NONCE`].
+        nonce: Bytes,
+    },
 }
 
 mod op {
@@ -458,6 +533,7 @@ mod op {
     pub(super) const STATS: u8 = 15;
     pub(super) const PING: u8 = 16;
     pub(super) const STATS_FROM: u8 = 17;
+    pub(super) const AUTH: u8 = 18;
 
     pub(super) const WELCOME: u8 = 64;
     pub(super) const ACK: u8 = 65;
@@ -476,6 +552,7 @@ mod op {
     pub(super) const S_STATS: u8 = 78;
     pub(super) const PONG: u8 = 79;
     pub(super) const S_PING: u8 = 80;
+    pub(super) const CHALLENGE: u8 = 81;
 }
 
 mod body;

@@ -92,6 +92,7 @@ impl ServerFrame {
             F::Stats { corr, json } => Enc::new(out, op::S_STATS).v(*corr).s(json.as_bytes()).end(),
             F::Pong { corr } => Enc::new(out, op::PONG).v(*corr).end(),
             F::Ping => Enc::new(out, op::S_PING).end(),
+            F::Challenge { nonce } => Enc::new(out, op::CHALLENGE).s(nonce).end(),
         }
     }
 
@@ -178,6 +179,9 @@ impl ServerFrame {
             },
             op::PONG => F::Pong { corr: r.v("corr")? },
             op::S_PING => F::Ping,
+            op::CHALLENGE => F::Challenge {
+                nonce: r.bytes("nonce", MAX_NONCE)?,
+            },
             _ => return Err(WireError::Malformed("unknown server frame op")),
         };
         r.finish()?;

@@ -77,6 +77,16 @@ fn client_frames() -> Vec<ClientFrame> {
                 sid: Some(0),
             },
         },
+        F::Auth(Proof::None),
+        F::Auth(Proof::Token("t".into())),
+        F::Auth(Proof::Password {
+            user: "alice".into(),
+            password: "pw".into(),
+        }),
+        F::Auth(Proof::Signature {
+            public_key: [7; 32],
+            signature: [9; 64],
+        }),
     ]
 }
 
@@ -135,6 +145,9 @@ fn server_frames() -> Vec<ServerFrame> {
         },
         F::Pong { corr: 1 },
         F::Ping,
+        F::Challenge {
+            nonce: Bytes::from_static(&[5; 32]),
+        },
     ]
 }
 
@@ -210,7 +223,7 @@ fn bad_input_is_an_error_not_a_panic() {
 
 #[test]
 fn codes_and_policies_round_trip() {
-    for n in 0..10 {
+    for n in 0..12 {
         assert_eq!(Code::from_u16(n).to_u16(), n);
     }
     for p in [
@@ -298,4 +311,37 @@ fn pub_in_place_and_split() {
     }
     let mut big = Bytes::copy_from_slice(&[0, 0, 0, 1, 0]);
     assert!(Decoder::new(8).split(&mut big).is_err());
+}
+
+#[test]
+fn handshake_frames_are_bounded_and_hide_secrets() {
+    let enc = |f: ClientFrame| {
+        let mut out = Vec::new();
+        f.encode(&mut out);
+        Bytes::copy_from_slice(&out[LEN_PREFIX..])
+    };
+    // A key or signature of the wrong length, an unknown kind, a token
+    // over the bound: errors.
+    let mut body = vec![op::AUTH, 3, 31];
+    body.extend_from_slice(&[0; 31]);
+    body.push(64);
+    body.extend_from_slice(&[0; 64]);
+    assert!(ClientFrame::decode(Bytes::from(body), 100).is_err());
+    assert!(ClientFrame::decode(Bytes::from_static(&[op::AUTH, 9]), 100).is_err());
+    let long = enc(ClientFrame::Auth(Proof::Token(
+        "x".repeat(MAX_PROOF_FIELD + 1),
+    )));
+    assert!(ClientFrame::decode(long, 1 << 20).is_err());
+    let mut out = Vec::new();
+    ServerFrame::Challenge {
+        nonce: Bytes::from(vec![0; MAX_NONCE + 1]),
+    }
+    .encode(&mut out);
+    assert!(ServerFrame::decode(Bytes::copy_from_slice(&out[LEN_PREFIX..]), 100).is_err());
+    let p = Proof::Password {
+        user: "alice".into(),
+        password: "hunter2".into(),
+    };
+    assert!(!format!("{:?}", ClientFrame::Auth(p)).contains("hunter2"));
+    assert!(!format!("{:?}", Proof::Token("tok".into())).contains("tok"));
 }

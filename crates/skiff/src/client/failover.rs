@@ -142,7 +142,7 @@ async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: 
             at = (at + 1) % target.addrs.len();
             attempts = attempts.saturating_add(1);
             let r = tokio::select! {
-                r = open(&target.addrs[at], at, opts.connect_timeout) => r,
+                r = open(&target.addrs[at], at, opts) => r,
                 _ = tx.closing() => return closed_between_nodes(&weak),
             };
             if tx.is_closed() || weak.strong_count() == 0 {

@@ -246,7 +246,7 @@ impl Client {
                 let target = target::parse_target(locator)?;
                 let mut last = None;
                 for (at, addr) in target.addrs.iter().enumerate() {
-                    match stream::open(addr, at, target.opts.connect_timeout).await {
+                    match stream::open(addr, at, &target.opts).await {
                         Ok(s) => return Ok(Client::over_stream(s, target)),
                         Err(e) => last = Some(e),
                     }

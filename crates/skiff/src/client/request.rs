@@ -125,6 +125,15 @@ impl Client {
                     finished = true;
                     break Err(Error::NoResponders { target: name });
                 }
+                Ok(Some(ReqEvent::Done(Code::Denied))) => {
+                    finished = true;
+                    break Err(Error::Refused {
+                        code: Code::Denied,
+                        reason: format!(
+                            "permission denied: this client's user may not send requests to {name}"
+                        ),
+                    });
+                }
                 Ok(Some(ReqEvent::Done(_))) => {
                     finished = true;
                     break Ok(());

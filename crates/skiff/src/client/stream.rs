@@ -322,13 +322,10 @@ async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
     }
 }
 
-pub(crate) async fn open(
-    addr: &NodeAddr,
-    at: usize,
-    timeout: std::time::Duration,
-) -> Result<Session, Error> {
+pub(crate) async fn open(addr: &NodeAddr, at: usize, opts: &LinkOptions) -> Result<Session, Error> {
+    let timeout = opts.connect_timeout;
     let open = async {
-        let (mut r, w) = match addr {
+        let (mut r, mut w) = match addr {
             NodeAddr::Tcp(a) => {
                 let s = connect_tcp(a.as_str())
                     .await
@@ -346,7 +343,7 @@ pub(crate) async fn open(
             }
         };
         let mut buf = BytesMut::with_capacity(64 * 1024);
-        let (client, max_payload) = read_welcome(&mut r, &mut buf).await?;
+        let (client, max_payload) = read_welcome(&mut r, &mut w, &mut buf, &opts.creds).await?;
         Ok(Session {
             r,
             w,
@@ -361,12 +358,17 @@ pub(crate) async fn open(
         .unwrap_or(Err(Error::Timeout))
 }
 
-/// Reads frames until the Welcome: (client id, max payload).
-pub(crate) async fn read_welcome<R: AsyncRead + Unpin>(
+/// Reads frames until the Welcome: (client id, max payload). A node that
+/// asks for authentication first (`Challenge`) is answered once with
+/// `creds`' proof.
+pub(crate) async fn read_welcome<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     r: &mut R,
+    w: &mut W,
     buf: &mut BytesMut,
+    creds: &super::target::Creds,
 ) -> Result<(u64, u64), Error> {
     let dec = Decoder::new(64 * 1024);
+    let mut answered = false;
     loop {
         if let Some(body) = dec.next(buf).map_err(|e| Error::Codec(e.to_string()))? {
             return match ServerFrame::decode(body, 0).map_err(|e| Error::Codec(e.to_string()))? {
@@ -374,6 +376,15 @@ pub(crate) async fn read_welcome<R: AsyncRead + Unpin>(
                     client,
                     max_payload,
                 } => Ok((client, max_payload)),
+                ServerFrame::Challenge { nonce } if !answered => {
+                    answered = true;
+                    let mut out = Vec::new();
+                    ClientFrame::Auth(creds.proof(&nonce)).encode(&mut out);
+                    w.write_all(&out)
+                        .await
+                        .map_err(Error::io("write to node"))?;
+                    continue;
+                }
                 ServerFrame::Error { code, text, .. } => Err(refused(code, text)),
                 other => Err(Error::Codec(format!(
                     "the node's first frame was {other:?}, not a welcome"

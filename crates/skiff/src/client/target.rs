@@ -46,6 +46,110 @@ pub(crate) struct LinkOptions {
     /// Polling after a read before the runtime sleeps (see
     /// [`crate::spin`]); zero: off.
     pub(crate) spin: Duration,
+    /// What to prove the client's identity with, if the node asks.
+    pub(crate) creds: Creds,
+}
+
+/// A client's credentials from its locator (`token`, `user` and
+/// `password`, `key`); `Debug` shows none of them.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Creds {
+    pub(crate) token: Option<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    /// The private key's seed, read from the `key` file.
+    pub(crate) seed: Option<[u8; 32]>,
+}
+
+impl fmt::Debug for Creds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Creds {{ token: {}, user: {:?}, password: {}, key: {} }}",
+            if self.token.is_some() { "***" } else { "-" },
+            self.user,
+            if self.password.is_some() { "***" } else { "-" },
+            if self.seed.is_some() { "***" } else { "-" },
+        )
+    }
+}
+
+impl Creds {
+    /// The answer to a node's challenge with `nonce`: a key's signature
+    /// first, then a user's password, then the token.
+    pub(crate) fn proof(&self, nonce: &[u8]) -> skiff_proto::client_frame::Proof {
+        use skiff_proto::client_frame::Proof;
+        if let Some(seed) = &self.seed {
+            return Proof::Signature {
+                public_key: crate::keys::public_of(seed),
+                signature: crate::keys::sign(seed, nonce),
+            };
+        }
+        if let Some(user) = &self.user {
+            return Proof::Password {
+                user: user.clone(),
+                password: self.password.clone().unwrap_or_default(),
+            };
+        }
+        match &self.token {
+            Some(t) => Proof::Token(t.clone()),
+            None => Proof::None,
+        }
+    }
+
+    /// Reads a credential option; `Ok(false)`: not one. Errors never
+    /// repeat a secret.
+    pub(crate) fn option(&mut self, k: &str, v: &str) -> Result<bool, LocatorError> {
+        let v = percent_decode(v);
+        match k {
+            "token" => self.token = Some(v),
+            "user" => self.user = Some(v),
+            "password" => self.password = Some(v),
+            "key" => {
+                let text = std::fs::read_to_string(&v).map_err(|e| LocatorError::BadValue {
+                    name: "key".into(),
+                    value: v.clone(),
+                    expected: leak_reason(format!("a readable key file ({e})")),
+                })?;
+                self.seed = Some(crate::keys::parse_seed(&text).ok_or_else(|| {
+                    LocatorError::BadValue {
+                        name: "key".into(),
+                        value: v.clone(),
+                        expected: "a file holding an Ed25519 private key (32 bytes as base64 or hex, or a NATS seed SU…; `skiff keygen` writes one)",
+                    }
+                })?);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// `expected` texts are static; a reason read at run time is kept for the
+/// life of the process (errors about key files are few).
+fn leak_reason(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// Decodes `%XX` escapes (so a secret may hold `&`, `=` or `?`); anything
+/// malformed is kept as it is.
+pub(crate) fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
 }
 
 /// A parsed node locator: the addresses and the link options.
@@ -55,7 +159,7 @@ pub(crate) struct NodeTarget {
     pub(crate) opts: LinkOptions,
 }
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
 /// the link options `reconnect`, `ping`, `ping_timeout`,
@@ -85,7 +189,11 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut reconnect_buffer = 1 << 20;
     let mut connect_timeout = Duration::from_millis(1500);
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
+    let mut creds = Creds::default();
     l.options(OPTIONS, |k, v| {
+        if creds.option(k, v)? {
+            return Ok(true);
+        }
         match k {
             "reconnect" => reconnect = Some(parse_bool(k, v)?),
             "ping" => ping = Some(parse_duration(k, v)?),
@@ -139,6 +247,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             reconnect_buffer,
             connect_timeout,
             spin: Duration::from_micros(spin_us),
+            creds,
         },
     })
 }

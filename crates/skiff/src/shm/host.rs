@@ -82,10 +82,12 @@ impl HostSocket {
     /// Waits for the next client.
     pub async fn accept(&self) -> io::Result<Rendezvous> {
         let (s, _) = self.listener.accept().await?;
-        let pid = s.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
+        let cred = s.peer_cred().ok();
+        let pid = cred.and_then(|c| c.pid()).map(|p| p as u32);
         Ok(Rendezvous {
             s: BufReader::new(s),
             pid,
+            ids: cred.map(|c| (c.uid(), c.gid())),
             place: self.place.clone(),
         })
     }
@@ -105,6 +107,8 @@ pub fn unbind(socket: &Path) {
 pub struct Rendezvous {
     s: BufReader<UnixStream>,
     pid: Option<u32>,
+    /// The client's (uid, gid), from the kernel (`SO_PEERCRED`).
+    ids: Option<(u32, u32)>,
     place: Place,
 }
 
@@ -133,6 +137,12 @@ impl Rendezvous {
     /// The client's process id, from the socket's credentials.
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// The client's user and group ids, from the socket's credentials
+    /// (the kernel's word, not the client's).
+    pub fn peer_ids(&self) -> Option<(u32, u32)> {
+        self.ids
     }
 
     /// Runs the rendezvous, bounded by a deadline: makes the node→client
