@@ -267,6 +267,8 @@ pub struct ClientOut {
     closed: AtomicBool,
     closed_notify: Notify,
     budget: Option<Arc<Budget>>,
+    /// The client does not want its own publishes (NATS `echo: false`).
+    no_echo: AtomicBool,
 }
 
 impl Drop for ClientOut {
@@ -290,7 +292,18 @@ impl ClientOut {
             closed: AtomicBool::new(false),
             closed_notify: Notify::new(),
             budget,
+            no_echo: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the client's own publishes skip its subscriptions.
+    pub(crate) fn no_echo(&self) -> bool {
+        self.no_echo.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether the client's own publishes skip its subscriptions.
+    pub(crate) fn set_no_echo(&self, no_echo: bool) {
+        self.no_echo.store(no_echo, Ordering::Relaxed)
     }
 
     /// Whether a client that `reserved` bytes may hold `pending` under

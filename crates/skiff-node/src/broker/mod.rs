@@ -51,6 +51,9 @@ const REMOTE: u64 = 1 << 62;
 struct SubEntry {
     out: Arc<ClientOut>,
     sid: u64,
+    /// A queue group (NATS `SUB subject group sid`): of the matching
+    /// subscriptions in one group, one gets each message.
+    group: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -129,6 +132,8 @@ pub struct Broker {
     remote_drops: AtomicU64,
     /// Pending bytes across all clients (`max_total_pending_bytes`).
     budget: Option<Arc<Budget>>,
+    /// Turns of the queue groups' round robin.
+    group_turn: AtomicU64,
 }
 
 /// Why a frame could not be handled: the client is closed with this error.
@@ -158,6 +163,7 @@ impl Broker {
             started: std::time::Instant::now(),
             mesh: OnceLock::new(),
             remote_drops: AtomicU64::new(0),
+            group_turn: AtomicU64::new(0),
         }
     }
 
@@ -406,6 +412,23 @@ impl Broker {
         Ok(())
     }
 
+    /// Subscribes client `me` as a `Sub` frame would (any type), in queue
+    /// group `group` if given: of a group's subscriptions that match a
+    /// message, one gets it (the NATS front end's `SUB subject group sid`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn subscribe_in_group(
+        &self,
+        me: &Arc<ClientOut>,
+        sid: u64,
+        pattern: String,
+        group: Option<Arc<str>>,
+        policy: Policy,
+        queue: u32,
+        credit: u32,
+    ) -> Result<(), (Code, String)> {
+        self.subscribe(me, sid, pattern, "*".into(), policy, queue, credit, group)
+    }
+
     /// Handles a frame that never waits: anything but `Pub` and `Req`,
     /// which this refuses as a protocol error (use [`Broker::handle`]).
     pub fn handle_control(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
@@ -425,7 +448,7 @@ impl Broker {
                 queue,
                 credit,
             } => {
-                let r = self.subscribe(me, sid, pattern, kind, policy, queue, credit);
+                let r = self.subscribe(me, sid, pattern, kind, policy, queue, credit, None);
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
                     Err((code, text)) => ServerFrame::Error {
