@@ -17,7 +17,6 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -52,6 +51,7 @@ start() {
   t=$(port); n=$(port)
   "$SKIFF" node --tcp "127.0.0.1:$t" --nats "127.0.0.1:$n" "$@" >"$tmp/$name.log" 2>&1 &
   local pid=$!
+  disown "$pid"
   pids+=("$pid")
   for _ in $(seq 100); do
     grep -q "listening for NATS" "$tmp/$name.log" && break
@@ -74,11 +74,11 @@ failed=0
 for c in "${clients[@]}"; do
   start C; start D
   export NATS_C=$C_NATS NATS_D=$D_NATS KILL_C=$C_PID
-  echo "== $c"
+  echo "== NATS client: $c"
   case $c in
     py) timeout 120 "$cache/venv/bin/python" "$here/py/suite.py" || failed=1 ;;
     go) timeout 120 "$cache/natsgo-suite" || failed=1 ;;
-    js) NODE_PATH="$cache/js/node_modules" timeout 120 node "$here/js/suite.mjs" || failed=1 ;;
+    js) NODE_PATH="$cache/js/node_modules" timeout 120 node "$here/js/suite.cjs" || failed=1 ;;
   esac
   kill "$D_PID" 2>/dev/null || true
 done
