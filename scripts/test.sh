@@ -31,6 +31,10 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 mkdir -p target
 cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
+echo "== NATS clients (nats-py, nats.go, nats.js from their registries) against skiff's NATS listener"
+cargo build --quiet -p skiff-cli
+tests/nats/run.sh 2>&1 | tee target/test-nats.txt
+grep -q "NATS client suites: passed" target/test-nats.txt
 : > target/test-netns.txt
 echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then

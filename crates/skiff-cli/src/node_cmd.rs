@@ -68,6 +68,10 @@ pub(crate) struct NodeArgs {
     /// then use `--node shm://skiff` (with the same `dir=`).
     #[arg(long, value_name = "NAME|LOCATOR")]
     shm: Option<String>,
+    /// Also accept NATS clients (the NATS core client protocol) on this
+    /// address: host:port, or a host alone for port 4222.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:4222")]
+    nats: Option<String>,
     /// Join a mesh of nodes on this UDP address (alone: 0.0.0.0:0, found
     /// by multicast scouting); `off` for a standalone node.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:0")]
@@ -121,6 +125,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(u) = &a.unix {
         cfg.set("unix", u)?;
     }
+    if let Some(n) = &a.nats {
+        cfg.set("nats", n)?;
+    }
     if let Some(m) = &a.mesh {
         cfg.set("mesh", m)?;
     }
@@ -162,6 +169,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         |node| {
             if let Some(a) = node.tcp_addr() {
                 eprintln!("skiff node listening on tcp {a}");
+            }
+            if let Some(a) = node.nats_addr() {
+                eprintln!("skiff node listening for NATS clients on {a}");
             }
             eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
             let max = node.broker().limits().max_connections;

@@ -6,6 +6,7 @@
 //! tcp = "127.0.0.1:4747"        # "" to not listen on TCP
 //! unix = "/tmp/skiff.sock"      # optional
 //! shm = "shm://skiff"           # optional: clients of this host over shared memory
+//! nats = "127.0.0.1:4222"       # optional: NATS clients (a host alone: port 4222)
 //! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! workers = 1                   # optional: threads serving clients (default: CPUs - 1)
 //! spin_us = 100                 # poll this long after traffic before sleeping (0: off; see `spin`)
@@ -132,6 +133,10 @@ impl Limits {
     }
 }
 
+/// The NATS listener's port when only a host is given (the port NATS
+/// clients expect).
+pub const NATS_PORT: u16 = 4222;
+
 /// The largest `spin_us` accepted: a second of polling is already far past
 /// any use.
 const MAX_SPIN_US: u64 = 1_000_000;
@@ -144,6 +149,7 @@ const SETTINGS: &[&str] = &[
     "tcp",
     "unix",
     "shm",
+    "nats",
     "wake_latency_us",
     "workers",
     "spin_us",
@@ -184,6 +190,9 @@ pub struct Config {
     /// the options of `skiff::shm::host::HostSocket::bind`); `None` for
     /// none.
     pub shm: Option<String>,
+    /// Address of the NATS client protocol listener (`nats = "host:port"`;
+    /// a host alone takes port [`NATS_PORT`]); `None` for none.
+    pub nats: Option<SocketAddr>,
     /// Limits.
     pub limits: Limits,
     /// The mesh (`[mesh]`); `None`: a standalone node.
@@ -210,6 +219,7 @@ impl Default for Config {
             tcp: Some(SocketAddr::from(([127, 0, 0, 1], crate::DEFAULT_PORT))),
             unix: None,
             shm: None,
+            nats: None,
             limits: Limits::default(),
             mesh: None,
             wake_latency_us: None,
@@ -269,6 +279,7 @@ impl Config {
             tcp: Option<String>,
             unix: Option<PathBuf>,
             shm: Option<String>,
+            nats: Option<String>,
             #[serde(default)]
             limits: Limits,
             mesh: Option<MeshSettings>,
@@ -298,6 +309,9 @@ impl Config {
         }
         if let Some(t) = raw.shm {
             c.set("shm", &t)?;
+        }
+        if let Some(t) = raw.nats {
+            c.set("nats", &t)?;
         }
         if c.spin_us > MAX_SPIN_US {
             return Err(ConfigError::Value {
@@ -462,6 +476,23 @@ impl Config {
                     None
                 } else {
                     Some(value.parse().map_err(|_| bad("host:port, e.g. 127.0.0.1:4747, or none"))?)
+                }
+            }
+            "nats" => {
+                self.nats = match value.trim() {
+                    "" | "none" | "off" => None,
+                    "on" | "true" | "yes" => {
+                        Some(SocketAddr::from(([127, 0, 0, 1], NATS_PORT)))
+                    }
+                    v => Some(
+                        v.parse()
+                            .or_else(|_| {
+                                v.trim_matches(|c| c == '[' || c == ']')
+                                    .parse::<std::net::IpAddr>()
+                                    .map(|ip| SocketAddr::new(ip, NATS_PORT))
+                            })
+                            .map_err(|_| bad("host:port (e.g. 127.0.0.1:4222), a host (port 4222), on, or none"))?,
+                    ),
                 }
             }
             "unix" => {

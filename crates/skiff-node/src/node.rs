@@ -78,6 +78,7 @@ pub struct Node {
     tcp: Option<SocketAddr>,
     unix: Option<PathBuf>,
     shm: Option<ShmListener>,
+    nats: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Option<tokio::task::JoinHandle<()>>,
     /// The wake-up latency request held while the node lives.
@@ -101,6 +102,7 @@ impl Node {
             tcp: None,
             unix: None,
             shm: None,
+            nats: None,
             stop,
             tasks: None,
             wake: None,
@@ -176,6 +178,19 @@ impl Node {
                 .map_err(|e| io::Error::other(format!("shm {loc}: {e}")))?;
             node.shm = Some(l);
         }
+        if let Some(addr) = config.nats {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("nats {addr}: {e}")))?;
+            let addr = l.local_addr()?;
+            node.nats = Some(addr);
+            let this = Arc::new(crate::listen::nats::NatsListener {
+                broker: node.broker.clone(),
+                addr,
+                server_id: crate::listen::nats::server_id(),
+            });
+            set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
+        }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
             set.spawn(async move {
@@ -196,6 +211,11 @@ impl Node {
     /// The TCP address the node listens on.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp
+    }
+
+    /// The address the NATS listener listens on, when it has one.
+    pub fn nats_addr(&self) -> Option<SocketAddr> {
+        self.nats
     }
 
     /// The node's mesh address, when it is part of a mesh.

@@ -270,6 +270,8 @@ pub struct ClientOut {
     /// The client's user when its permissions restrict it (`None`: it may
     /// do anything, and nothing is checked on its hot paths).
     restricted: Option<Arc<crate::auth::User>>,
+    /// The client does not want its own publishes (NATS `echo: false`).
+    no_echo: AtomicBool,
 }
 
 impl Drop for ClientOut {
@@ -294,6 +296,7 @@ impl ClientOut {
             closed_notify: Notify::new(),
             budget,
             restricted: None,
+            no_echo: AtomicBool::new(false),
         }
     }
 
@@ -307,6 +310,16 @@ impl ClientOut {
     /// The client's user when its permissions restrict it.
     pub fn restricted(&self) -> Option<&Arc<crate::auth::User>> {
         self.restricted.as_ref()
+    }
+
+    /// Whether the client's own publishes skip its subscriptions.
+    pub(crate) fn no_echo(&self) -> bool {
+        self.no_echo.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether the client's own publishes skip its subscriptions.
+    pub(crate) fn set_no_echo(&self, no_echo: bool) {
+        self.no_echo.store(no_echo, Ordering::Relaxed)
     }
 
     /// Whether a client that `reserved` bytes may hold `pending` under

@@ -33,6 +33,7 @@ pub mod loss;
 pub mod mesh;
 pub mod message;
 pub mod msgframe;
+pub mod nats;
 pub mod record;
 pub mod router;
 pub mod stats;

@@ -52,6 +52,9 @@ const REMOTE: u64 = 1 << 62;
 struct SubEntry {
     out: Arc<ClientOut>,
     sid: u64,
+    /// A queue group (NATS `SUB subject group sid`): of the matching
+    /// subscriptions in one group, one gets each message.
+    group: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -139,6 +142,8 @@ pub struct Broker {
     /// Warnings for the operator, shown at start and in stats (e.g. a
     /// listener beyond loopback without authentication).
     warnings: Mutex<Vec<String>>,
+    /// Turns of the queue groups' round robin.
+    group_turn: AtomicU64,
 }
 
 /// An operation a user's permissions may refuse.
@@ -184,6 +189,7 @@ impl Broker {
             started: std::time::Instant::now(),
             mesh: OnceLock::new(),
             remote_drops: AtomicU64::new(0),
+            group_turn: AtomicU64::new(0),
         }
     }
 
@@ -493,6 +499,23 @@ impl Broker {
         Ok(())
     }
 
+    /// Subscribes client `me` as a `Sub` frame would (any type), in queue
+    /// group `group` if given: of a group's subscriptions that match a
+    /// message, one gets it (the NATS front end's `SUB subject group sid`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn subscribe_in_group(
+        &self,
+        me: &Arc<ClientOut>,
+        sid: u64,
+        pattern: String,
+        group: Option<Arc<str>>,
+        policy: Policy,
+        queue: u32,
+        credit: u32,
+    ) -> Result<(), (Code, String)> {
+        self.subscribe(me, sid, pattern, "*".into(), policy, queue, credit, group)
+    }
+
     /// Handles a frame that never waits: anything but `Pub` and `Req`,
     /// which this refuses as a protocol error (use [`Broker::handle`]).
     pub fn handle_control(&self, me: &Arc<ClientOut>, frame: ClientFrame) -> Result<(), Fatal> {
@@ -512,9 +535,9 @@ impl Broker {
                 queue,
                 credit,
             } => {
-                let r = self
-                    .permit(me, Op::Subscribe, &pattern)
-                    .and_then(|()| self.subscribe(me, sid, pattern, kind, policy, queue, credit));
+                let r = self.permit(me, Op::Subscribe, &pattern).and_then(|()| {
+                    self.subscribe(me, sid, pattern, kind, policy, queue, credit, None)
+                });
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
                     Err((code, text)) => ServerFrame::Error {

@@ -55,6 +55,43 @@ impl Published {
 }
 
 impl Broker {
+    /// Calls `each` with every subscription a message on `subject` of type
+    /// `kind` reaches: each plain one, and one member of each queue group
+    /// (round robin over the group's matching members). `no_echo`: a
+    /// client whose own subscriptions are skipped (it publishes and asked
+    /// not to get its messages back). Returns whether a queue group
+    /// matched (then the choice is per message, and a match must not be
+    /// reused for the next message).
+    pub(super) fn route(
+        &self,
+        st: &State,
+        subject: Subject<'_>,
+        kind: Option<&str>,
+        no_echo: Option<u64>,
+        mut each: impl FnMut(SubId, u64),
+    ) -> bool {
+        let mut grouped: Vec<(&str, SubId, u64)> = Vec::new();
+        st.router.for_each_match(subject, kind, |id, client| {
+            if Some(client) == no_echo {
+                return;
+            }
+            match st.subs.get(&id).and_then(|e| e.group.as_deref()) {
+                Some(g) => grouped.push((g, id, client)),
+                None => each(id, client),
+            }
+        });
+        if grouped.is_empty() {
+            return false;
+        }
+        grouped.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for members in grouped.chunk_by(|a, b| a.0 == b.0) {
+            let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
+            let (_, id, client) = members[turn % members.len()];
+            each(id, client);
+        }
+        true
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn subscribe(
         &self,
@@ -65,6 +102,7 @@ impl Broker {
         policy: Policy,
         queue: u32,
         credit: u32,
+        group: Option<Arc<str>>,
     ) -> Result<(), (Code, String)> {
         if pattern.len() > self.limits.max_subject {
             return Err(self.limit(format!(
@@ -96,6 +134,7 @@ impl Broker {
                     SubEntry {
                         out: me.clone(),
                         sid,
+                        group,
                     },
                 );
                 if let Some(m) = self.mesh.get() {
@@ -135,17 +174,17 @@ impl Broker {
                 c.published += 1;
             }
             let subs = &st.subs;
-            st.router
-                .for_each_match(subject, msg.kind.as_deref(), |id, client| {
-                    let Some(e) = subs.get(&id) else { return };
-                    matched += 1;
-                    match e.out.push(e.sid, token, body) {
-                        Push::Queued | Push::Dropped => e.out.wake(),
-                        Push::Full => blocked.push((e.out.clone(), e.sid)),
-                        Push::Kill => kill.push(client),
-                        Push::Gone => matched -= 1,
-                    }
-                });
+            let no_echo = me.no_echo().then_some(me.id);
+            self.route(st, subject, msg.kind.as_deref(), no_echo, |id, client| {
+                let Some(e) = subs.get(&id) else { return };
+                matched += 1;
+                match e.out.push(e.sid, token, body) {
+                    Push::Queued | Push::Dropped => e.out.wake(),
+                    Push::Full => blocked.push((e.out.clone(), e.sid)),
+                    Push::Kill => kill.push(client),
+                    Push::Gone => matched -= 1,
+                }
+            });
             if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
                 p.expect += matched as u32;
             }
@@ -226,16 +265,21 @@ impl Broker {
                 let mut st = self.state.lock();
                 let st = &mut *st;
                 let mut prev: Option<usize> = None;
+                // Whether the previous match reached a queue group (each
+                // message then picks its member anew).
+                let mut grouped = false;
+                let no_echo = me.no_echo().then_some(me.id);
                 let mut published = 0u64;
                 fwd.clear();
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
                     let p = &batch[i];
                     i += 1;
                     let (subject, kind, payload) = p.parts(self.limits.max_payload);
-                    let same = prev.is_some_and(|q| {
-                        let (s, k, _) = batch[q].parts(self.limits.max_payload);
-                        s == subject && k == kind
-                    });
+                    let same = !grouped
+                        && prev.is_some_and(|q| {
+                            let (s, k, _) = batch[q].parts(self.limits.max_payload);
+                            s == subject && k == kind
+                        });
                     // A subject seen just before was checked and matched.
                     if let Err((code, text)) = self.check_parts(subject, payload, !same) {
                         me.control(ServerFrame::Error {
@@ -263,8 +307,9 @@ impl Broker {
                             continue;
                         };
                         targets.clear();
-                        st.router
-                            .for_each_match(subject, kind, |id, client| targets.push((id, client)));
+                        grouped = self.route(st, subject, kind, no_echo, |id, client| {
+                            targets.push((id, client))
+                        });
                         prev = Some(i - 1);
                     }
                     published += 1;
@@ -372,22 +417,21 @@ impl Broker {
             return (0, Vec::new());
         };
         let (mut n, mut kill) = (0, Vec::new());
-        st.router
-            .for_each_match(subject, msg.kind.as_deref(), |id, client| {
-                let Some(e) = st.subs.get(&id) else { return };
-                match e.out.push(e.sid, token, body) {
-                    Push::Queued => {
-                        n += 1;
-                        e.out.wake()
-                    }
-                    Push::Dropped => e.out.wake(),
-                    Push::Full => {
-                        self.remote_drops.fetch_add(1, Relaxed);
-                    }
-                    Push::Kill => kill.push(client),
-                    Push::Gone => {}
+        self.route(st, subject, msg.kind.as_deref(), None, |id, client| {
+            let Some(e) = st.subs.get(&id) else { return };
+            match e.out.push(e.sid, token, body) {
+                Push::Queued => {
+                    n += 1;
+                    e.out.wake()
                 }
-            });
+                Push::Dropped => e.out.wake(),
+                Push::Full => {
+                    self.remote_drops.fetch_add(1, Relaxed);
+                }
+                Push::Kill => kill.push(client),
+                Push::Gone => {}
+            }
+        });
         (n, kill)
     }
 

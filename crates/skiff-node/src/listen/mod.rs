@@ -5,6 +5,8 @@
 //!
 //! - `stream`: TCP and Unix sockets (a read buffer per connection);
 //! - [`shm`]: shared-memory rings (segments read in place, no copy);
+//! - `nats`: the NATS client protocol (a parser of its own, into the same
+//!   session and broker path);
 //! - [`mem`]: in-process clients (`mem://`), whose frames are already
 //!   values: they skip the decoding and go straight to `handle`.
 //!
@@ -13,6 +15,7 @@
 
 pub(crate) mod handshake;
 pub mod mem;
+pub mod nats;
 pub mod shm;
 pub(crate) mod stream;
 
@@ -35,28 +38,42 @@ pub(crate) async fn feed<I: Input + ?Sized>(
     input: &mut I,
 ) -> Result<(), (Code, String)> {
     while let Some(e) = session.poll_event(input) {
-        match e {
-            Event::Publish => broker.publish_batch(out, session.run()).await,
-            Event::Frame(f) => {
-                // A client over its pending-bytes limit is not read until
-                // it drains. Frames that queue nothing for their sender
-                // (publishes, replies, credit, tunnel data) skip the check:
-                // no lock on those hot paths.
-                if !matches!(
-                    f,
-                    ClientFrame::Reply { .. }
-                        | ClientFrame::Credit { .. }
-                        | ClientFrame::TunData { .. }
-                        | ClientFrame::TunCredit { .. }
-                ) {
-                    out.wait_room().await;
-                }
-                handle(broker, out, f).await?
+        act(broker, out, session, e).await?;
+    }
+    Ok(())
+}
+
+/// Does what one session event asks of the broker, as [`feed`] does for
+/// each: a run of publishes, a frame (after waiting while the client is
+/// over its pending-bytes limit, for frames that may queue it a reply),
+/// or the close of a client that broke its protocol.
+pub(crate) async fn act(
+    broker: &Broker,
+    out: &Arc<ClientOut>,
+    session: &mut Session,
+    e: Event,
+) -> Result<(), (Code, String)> {
+    match e {
+        Event::Publish => broker.publish_batch(out, session.run()).await,
+        Event::Frame(f) => {
+            // A client over its pending-bytes limit is not read until
+            // it drains. Frames that queue nothing for their sender
+            // (publishes, replies, credit, tunnel data) skip the check:
+            // no lock on those hot paths.
+            if !matches!(
+                f,
+                ClientFrame::Reply { .. }
+                    | ClientFrame::Credit { .. }
+                    | ClientFrame::TunData { .. }
+                    | ClientFrame::TunCredit { .. }
+            ) {
+                out.wait_room().await;
             }
-            Event::Close(code, text) => {
-                broker.protocol_error();
-                return Err((code, text));
-            }
+            handle(broker, out, f).await?
+        }
+        Event::Close(code, text) => {
+            broker.protocol_error();
+            return Err((code, text));
         }
     }
     Ok(())

@@ -1,0 +1,1024 @@
+//! The NATS front end: NATS core clients (nats.go, nats.py, nats.js, the
+//! `nats` CLI, ...) attach to the node unchanged and meet skiff's clients
+//! on the same subjects, locally and across the mesh.
+//!
+//! Per connection a reader and a writer task, as for skiff's own stream
+//! clients (`listen::stream`). The reader parses with
+//! [`skiff_proto::nats::Parser`] (bounded control line and payload) and
+//! turns what it reads into the one client [`Session`]'s publishes and
+//! the broker's frames, on the same processing path as every front end
+//! ([`super::act`]). The writer takes the client's outbox and writes each
+//! frame as the NATS protocol says it.
+//!
+//! How NATS maps onto skiff:
+//! - subjects and wildcards are the same on both sides;
+//! - `PUB` is a publish; `PUB` with a reply subject is a request to the
+//!   subject (each responder may answer once; a NATS client asking one
+//!   reply takes the first), so skiff responders answer NATS requests
+//!   with their own `reply`, and "no responders" comes back as the 503
+//!   status message a client that set `no_responders` expects. The reply
+//!   goes to the requester's subscriptions that match its reply subject
+//!   (its `_INBOX`), or, when it has none, is published to the reply
+//!   subject;
+//! - a message a NATS client must answer (a request from anyone) carries a
+//!   reply subject `_SKIFF_REPLY.<token>`; publishing to it is the reply;
+//! - a queue group (`SUB subject group sid`) shares the subject's messages
+//!   and requests among its members on this node (one each, round robin),
+//!   and its members also join the skiff cluster named as the group, so
+//!   skiff clients reach them with cluster requests and broadcasts;
+//! - headers are message fields (string values), a skiff message's type
+//!   is the header [`TYPE_HEADER`], a header block's status line the
+//!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
+//!   not strings reach NATS clients as text (bytes as `0x` and hex);
+//! - a slow consumer: NATS subscriptions take the node's pending-bytes
+//!   bound (`max_pending_bytes`) with policy `disconnect`, so a client
+//!   that does not keep up is closed, counted in `slow_consumers`, as
+//!   nats-server closes it at its `max_pending`.
+//!
+//! Limits: the control line ([`MAX_CONTROL_LINE`]) and payload
+//! (`max_payload`, headers included) are checked before anything is
+//! held; a request not yet answered is forgotten after
+//! [`REQUEST_TTL`] or when the client has `max_requests` of them (the
+//! oldest first); an operation begun must be whole within the node's
+//! read deadline; the keepalive is the node's (`ping_interval_ms`,
+//! `max_pings_out`, then `-ERR 'Stale Connection'`).
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::nats::{self, ConnectOptions, Op, Parser, MAX_CONTROL_LINE};
+use skiff_proto::router::{Pattern, Subject};
+use skiff_proto::{Field, Message, Value};
+
+use crate::broker::{Broker, Published};
+use crate::outbox::ClientOut;
+use crate::session::{Input, Session};
+
+/// The header that carries a skiff message's type.
+pub const TYPE_HEADER: &str = "Skiff-Type";
+/// The field that carries a NATS header block's status (e.g. `503`).
+pub const STATUS_HEADER: &str = "Nats-Status";
+/// The field that carries a NATS header block's status description.
+pub const DESCRIPTION_HEADER: &str = "Nats-Description";
+/// The prefix of the reply subjects of requests to NATS clients.
+pub const REPLY_PREFIX: &str = "_SKIFF_REPLY.";
+/// How long a NATS client's request waits for replies before the node
+/// forgets it (NATS requesters time out on their side; this bounds what
+/// the node keeps for them).
+pub const REQUEST_TTL: Duration = Duration::from_secs(60);
+/// The nats-server version announced in `INFO`, so clients enable what
+/// they check the version for (headers, no responders).
+pub const ANNOUNCED_VERSION: &str = "2.11.0";
+
+/// Where the NATS listener listens, and what it says about itself.
+#[derive(Debug, Clone)]
+pub(crate) struct NatsListener {
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) addr: SocketAddr,
+    pub(crate) server_id: String,
+}
+
+/// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
+/// of base32; any unique string does).
+pub(crate) fn server_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("NSKIFF{:016X}", h.finish())
+}
+
+pub(crate) async fn accept(
+    l: TcpListener,
+    this: Arc<NatsListener>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, peer)) => {
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.into_split();
+                    conns.spawn(serve(this.clone(), r, w, peer, stop.clone()));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+/// A NATS subscription of this connection.
+#[derive(Debug)]
+struct NatsSub {
+    /// The client's sid.
+    sid: Bytes,
+    pattern: String,
+    group: Option<Arc<str>>,
+    /// Messages after which it ends (`UNSUB sid max`).
+    max: Option<u64>,
+    delivered: u64,
+}
+
+/// What the reader and the writer of one connection share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Protocol lines from the reader (`INFO`, `+OK`, `PONG`, `-ERR`),
+    /// written after the frames taken with them.
+    direct: Vec<u8>,
+    /// skiff sid → subscription.
+    subs: FxHashMap<u64, NatsSub>,
+    /// Request id → reply subject.
+    requests: FxHashMap<u64, Bytes>,
+    headers: bool,
+    no_responders: bool,
+}
+
+#[derive(Debug)]
+struct Conn {
+    shared: Mutex<Shared>,
+    /// Wakes the writer for `direct`.
+    wake: Notify,
+}
+
+impl Conn {
+    fn say(&self, bytes: &[u8]) {
+        self.shared.lock().direct.extend_from_slice(bytes);
+        self.wake.notify_one();
+    }
+
+    fn err(&self, text: &str) {
+        let mut b = Vec::new();
+        nats::encode_err(&mut b, text);
+        self.say(&b);
+    }
+}
+
+/// A session input with nothing in it: the NATS parser feeds the session
+/// with `handle_publish`; draining it with this hands out the run.
+struct Parsed;
+
+impl Input for Parsed {
+    fn next_body(
+        &mut self,
+        _: &skiff_proto::client_frame::Decoder,
+    ) -> Result<Option<Bytes>, skiff_proto::WireError> {
+        Ok(None)
+    }
+}
+
+/// Serves one NATS connection until either side closes it.
+async fn serve<R, W>(
+    this: Arc<NatsListener>,
+    mut r: R,
+    w: W,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let broker = this.broker.clone();
+    let out = match broker.attach(format!("nats:{peer}")) {
+        Ok(out) => out,
+        Err(f) => {
+            let mut w = w;
+            let mut b = Vec::new();
+            nats::encode_err(
+                &mut b,
+                if f.code == Code::Limit {
+                    "maximum connections exceeded"
+                } else {
+                    "Server Shutdown"
+                },
+            );
+            let _ = w.write_all(&b).await;
+            let _ = w.shutdown().await;
+            return;
+        }
+    };
+    let limits = broker.limits().clone();
+    let conn = Arc::new(Conn {
+        shared: Mutex::new(Shared::default()),
+        wake: Notify::new(),
+    });
+    {
+        let mut info = Vec::new();
+        let host = this.addr.ip().to_string();
+        let client_ip = peer.ip().to_string();
+        nats::encode_info(
+            &mut info,
+            &nats::Info {
+                server_id: &this.server_id,
+                server_name: &this.server_id,
+                version: ANNOUNCED_VERSION,
+                proto: nats::PROTO,
+                go: concat!("skiff ", env!("CARGO_PKG_VERSION")),
+                host: &host,
+                port: this.addr.port(),
+                headers: true,
+                max_payload: limits.max_payload as u64,
+                client_id: out.id,
+                client_ip: &client_ip,
+                auth_required: false,
+                tls_required: false,
+                nonce: None,
+            },
+        );
+        conn.say(&info);
+    }
+    let writer = tokio::spawn(write_loop(broker.clone(), out.clone(), conn.clone(), w));
+    let mut reader = Reader {
+        broker: broker.clone(),
+        out: out.clone(),
+        conn: conn.clone(),
+        session: Session::new(&limits, "connection"),
+        parser: Parser::new(MAX_CONTROL_LINE, limits.max_payload),
+        arena: BytesMut::new(),
+        opts: ConnectOptions {
+            echo: true,
+            ..ConnectOptions::default()
+        },
+        by_sid: FxHashMap::default(),
+        next_sid: 1,
+        next_rid: 1,
+        order: VecDeque::new(),
+        groups: FxHashMap::default(),
+    };
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut error: Option<&'static str> = None;
+    let keepalive = limits.ping_interval_ms > 0;
+    let every = Duration::from_millis(limits.ping_interval_ms.max(1));
+    let mut ping = tokio::time::interval_at(Instant::now() + every, every);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(Duration::from_secs(5));
+    let (mut heard, mut pings_out) = (false, 0u32);
+    // When the operation left partly read began (its deadline is the
+    // node's `read_timeout_ms` plus time for its length).
+    let mut begun: Option<Instant> = None;
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    loop {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        tokio::select! {
+            n = r.read_buf(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => heard = true,
+            },
+            _ = out.closed() => break,
+            _ = stop.changed() => break,
+            _ = &mut timer, if begun.is_some() => {
+                broker.limit_hit();
+                error = Some("Stale Connection");
+                break;
+            }
+            _ = ping.tick(), if keepalive => {
+                if std::mem::take(&mut heard) {
+                    pings_out = 0;
+                } else if pings_out >= limits.max_pings_out {
+                    broker.limit_hit();
+                    error = Some("Stale Connection");
+                    break;
+                } else {
+                    pings_out += 1;
+                    conn.say(nats::PING);
+                }
+                continue;
+            }
+            _ = sweep.tick() => {
+                reader.forget_old_requests(Instant::now()).await;
+                continue;
+            }
+        }
+        match reader.read(&mut buf).await {
+            Ok(()) => {}
+            Err(text) => {
+                error = Some(text);
+                break;
+            }
+        }
+        if reader.parser.mid_op(&buf) {
+            if begun.is_none() {
+                let now = Instant::now();
+                begun = Some(now);
+                timer
+                    .as_mut()
+                    .reset(now + limits.frame_deadline(limits.max_payload));
+            }
+        } else {
+            begun = None;
+        }
+    }
+    if *stop.borrow() && error.is_none() {
+        let _ = writer.await;
+        return;
+    }
+    if let Some(text) = error {
+        conn.err(text);
+    }
+    broker.detach(out.id, None);
+    let _ = writer.await;
+}
+
+/// The reading half of a connection: the parser's output, to the session
+/// and the broker.
+struct Reader {
+    broker: Arc<Broker>,
+    out: Arc<ClientOut>,
+    conn: Arc<Conn>,
+    session: Session,
+    parser: Parser,
+    /// Where publishes are encoded as skiff messages (one allocation per
+    /// many).
+    arena: BytesMut,
+    opts: ConnectOptions,
+    /// The client's sid → skiff sid.
+    by_sid: FxHashMap<Bytes, u64>,
+    next_sid: u64,
+    next_rid: u64,
+    /// Requests in the order they were made, with when.
+    order: VecDeque<(u64, Instant)>,
+    /// Queue groups this client is in → its subscriptions in each.
+    groups: FxHashMap<Arc<str>, u32>,
+}
+
+impl Reader {
+    /// Everything whole in `buf`, in order. `Err`: close with this
+    /// `-ERR` text.
+    async fn read(&mut self, buf: &mut BytesMut) -> Result<(), &'static str> {
+        loop {
+            let op = match self.parser.next(buf) {
+                Ok(Some(op)) => op,
+                Ok(None) => break,
+                Err(e) => {
+                    self.flush().await?;
+                    self.broker.protocol_error();
+                    return Err(e.text());
+                }
+            };
+            let ok = self.opts.verbose;
+            match op {
+                Op::Pub {
+                    subject,
+                    reply,
+                    headers,
+                    payload,
+                } => {
+                    self.publish(subject, reply, headers, payload).await?;
+                }
+                Op::Ping => {
+                    self.flush().await?;
+                    self.conn.say(nats::PONG);
+                    continue;
+                }
+                Op::Pong | Op::Ignored => continue,
+                Op::Connect(json) => {
+                    let o = ConnectOptions::parse(&json).map_err(|e| {
+                        self.broker.protocol_error();
+                        e.text()
+                    })?;
+                    self.out.set_no_echo(!o.echo);
+                    {
+                        let mut sh = self.conn.shared.lock();
+                        sh.headers = o.headers;
+                        sh.no_responders = o.no_responders;
+                    }
+                    self.opts = o;
+                    if self.opts.verbose {
+                        self.conn.say(nats::OK);
+                    }
+                    continue;
+                }
+                Op::Sub {
+                    subject,
+                    queue,
+                    sid,
+                } => {
+                    self.flush().await?;
+                    if !self.subscribe(subject, queue, sid) {
+                        continue;
+                    }
+                }
+                Op::Unsub { sid, max } => {
+                    self.flush().await?;
+                    self.unsubscribe(sid, max);
+                }
+            }
+            if ok {
+                self.conn.say(nats::OK);
+            }
+        }
+        self.flush().await
+    }
+
+    /// Hands the session's run of publishes to the broker.
+    async fn flush(&mut self) -> Result<(), &'static str> {
+        while let Some(e) = self.session.poll_event(&mut Parsed) {
+            super::act(&self.broker, &self.out, &mut self.session, e)
+                .await
+                .map_err(|_| "Unknown Protocol Operation")?;
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &mut self,
+        subject: Bytes,
+        reply: Option<Bytes>,
+        headers: Option<Bytes>,
+        payload: Bytes,
+    ) -> Result<(), &'static str> {
+        if self.opts.pedantic && !nats::valid_literal_subject(&subject) {
+            self.conn.err("Invalid Publish Subject");
+            return Ok(());
+        }
+        let Ok(subject_str) = bytestring::ByteString::try_from(subject.clone()) else {
+            // Not UTF-8: no skiff subject can match it; counted.
+            self.broker.limit_hit();
+            return Ok(());
+        };
+        // A reply to a request a NATS client was handed.
+        if let Some(token) = subject_str
+            .strip_prefix(REPLY_PREFIX)
+            .and_then(|t| t.parse::<u64>().ok())
+        {
+            let Some(msg) = self.message(subject_str, headers, payload) else {
+                return Ok(());
+            };
+            self.flush().await?;
+            return super::handle(&self.broker, &self.out, ClientFrame::Reply { token, msg })
+                .await
+                .map_err(|_| "Unknown Protocol Operation");
+        }
+        if let Some(reply) = reply {
+            let Some(msg) = self.message(subject_str.clone(), headers, payload) else {
+                return Ok(());
+            };
+            self.flush().await?;
+            return self.request(subject_str, reply, msg).await;
+        }
+        let p = match headers {
+            None => {
+                // The simple encoding, as `client_frame::simple_message`
+                // reads it: subject flag, subject, payload.
+                let a = &mut self.arena;
+                a.reserve(subject.len() + payload.len() + 21);
+                a.put_u8(1);
+                skiff_proto::varint::put_buf(a, subject.len() as u64);
+                a.extend_from_slice(&subject);
+                skiff_proto::varint::put_buf(a, payload.len() as u64);
+                a.extend_from_slice(&payload);
+                Published {
+                    raw: a.split().freeze(),
+                    msg: None,
+                }
+            }
+            Some(h) => {
+                let Some(msg) = self.message(subject_str, Some(h), payload) else {
+                    return Ok(());
+                };
+                let mut raw = Vec::with_capacity(skiff_proto::wire::encoded_len(&msg, false));
+                skiff_proto::wire::encode_message(&mut raw, &msg, false);
+                Published {
+                    raw: raw.into(),
+                    msg: Some(Box::new(msg)),
+                }
+            }
+        };
+        if let Some(e) = self.session.handle_publish(p) {
+            super::act(&self.broker, &self.out, &mut self.session, e)
+                .await
+                .map_err(|_| "Unknown Protocol Operation")?;
+        }
+        Ok(())
+    }
+
+    /// A skiff message from a NATS publish; `None` (counted) when its
+    /// headers do not parse or do not fit skiff's fields.
+    fn message(
+        &self,
+        subject: bytestring::ByteString,
+        headers: Option<Bytes>,
+        payload: Bytes,
+    ) -> Option<Message> {
+        let mut msg = Message {
+            subject,
+            payload,
+            ..Message::default()
+        };
+        if let Some(h) = headers {
+            let Ok(h) = nats::parse_headers(&h) else {
+                self.broker.protocol_error();
+                return None;
+            };
+            if let Some(s) = h.status {
+                msg.fields.push(Field {
+                    key: STATUS_HEADER.into(),
+                    value: Value::Str(s.to_string().into()),
+                });
+                if !h.description.is_empty() {
+                    msg.fields
+                        .push(field(DESCRIPTION_HEADER.into(), h.description));
+                }
+            }
+            for (name, value) in h.fields {
+                let Ok(name) = bytestring::ByteString::try_from(name) else {
+                    self.broker.protocol_error();
+                    return None;
+                };
+                if &*name == TYPE_HEADER && msg.kind.is_none() {
+                    msg.kind = bytestring::ByteString::try_from(value).ok();
+                    continue;
+                }
+                msg.fields.push(field(name, value));
+            }
+            if skiff_proto::wire::check(&msg).is_err() {
+                self.broker.limit_hit();
+                return None;
+            }
+        }
+        Some(msg)
+    }
+
+    /// A NATS publish with a reply subject: a request to the subject.
+    async fn request(
+        &mut self,
+        subject: bytestring::ByteString,
+        reply: Bytes,
+        msg: Message,
+    ) -> Result<(), &'static str> {
+        // Room for it within `max_requests`: the oldest is forgotten.
+        while self.order.len() >= self.broker.limits().max_requests.max(1) {
+            let (rid, _) = self.order.pop_front().expect("not empty");
+            self.forget(rid).await?;
+        }
+        let rid = self.next_rid;
+        self.next_rid += 1;
+        self.conn.shared.lock().requests.insert(rid, reply);
+        self.order.push_back((rid, Instant::now()));
+        let f = ClientFrame::Req {
+            rid,
+            flags: req_flags::MANY,
+            max: u32::MAX,
+            target: subject.to_string(),
+            key: Bytes::new(),
+            msg,
+        };
+        let e = self.session.handle_frame(f);
+        super::act(&self.broker, &self.out, &mut self.session, e)
+            .await
+            .map_err(|_| "Unknown Protocol Operation")?;
+        self.flush().await
+    }
+
+    /// Stops waiting for replies to `rid`, if still waiting.
+    async fn forget(&mut self, rid: u64) -> Result<(), &'static str> {
+        if self.conn.shared.lock().requests.remove(&rid).is_some() {
+            super::handle(&self.broker, &self.out, ClientFrame::Cancel { rid })
+                .await
+                .map_err(|_| "Unknown Protocol Operation")?;
+        }
+        Ok(())
+    }
+
+    /// Forgets requests older than [`REQUEST_TTL`].
+    async fn forget_old_requests(&mut self, now: Instant) {
+        while let Some(&(rid, at)) = self.order.front() {
+            if now.duration_since(at) < REQUEST_TTL {
+                break;
+            }
+            self.order.pop_front();
+            let _ = self.forget(rid).await;
+        }
+        // Those already answered leave no trace in `order` for long.
+        if self.order.len() > 64 {
+            let sh = self.conn.shared.lock();
+            self.order.retain(|(rid, _)| sh.requests.contains_key(rid));
+        }
+    }
+
+    /// `SUB`; whether it was taken (else `-ERR` was sent).
+    fn subscribe(&mut self, subject: Bytes, queue: Option<Bytes>, sid: Bytes) -> bool {
+        let pattern = match std::str::from_utf8(&subject) {
+            Ok(p) if nats::valid_subject(&subject) && Pattern::new(p).is_ok() => p.to_owned(),
+            _ => {
+                self.conn.err("Invalid Subject");
+                return false;
+            }
+        };
+        let group: Option<Arc<str>> = match queue.as_deref().map(std::str::from_utf8) {
+            None => None,
+            Some(Ok(g)) if nats::valid_literal_subject(g.as_bytes()) && !g.contains('.') => {
+                Some(g.into())
+            }
+            Some(_) => {
+                self.conn.err("Invalid Queue Name");
+                return false;
+            }
+        };
+        if self.by_sid.contains_key(&sid) {
+            // nats-server keeps the first subscription of a sid.
+            return true;
+        }
+        let id = self.next_sid;
+        let r = self.broker.subscribe_in_group(
+            &self.out,
+            id,
+            pattern.clone(),
+            group.clone(),
+            Policy::Disconnect,
+            u32::MAX,
+            u32::MAX,
+        );
+        match r {
+            Ok(()) => {
+                self.next_sid += 1;
+                self.by_sid.insert(sid.clone(), id);
+                self.conn.shared.lock().subs.insert(
+                    id,
+                    NatsSub {
+                        sid,
+                        pattern,
+                        group: group.clone(),
+                        max: None,
+                        delivered: 0,
+                    },
+                );
+                if let Some(g) = group {
+                    let n = self.groups.entry(g.clone()).or_default();
+                    *n += 1;
+                    if *n == 1 {
+                        let _ = self.broker.handle_control(
+                            &self.out,
+                            ClientFrame::Join {
+                                corr: 0,
+                                cluster: g.to_string(),
+                                capacity: 1,
+                            },
+                        );
+                    }
+                }
+                true
+            }
+            Err((Code::Limit, _)) => {
+                self.conn.err("Maximum Subscriptions Exceeded");
+                false
+            }
+            Err(_) => {
+                self.conn.err("Invalid Subject");
+                false
+            }
+        }
+    }
+
+    /// `UNSUB sid [max]`.
+    fn unsubscribe(&mut self, sid: Bytes, max: Option<u64>) {
+        let Some(&id) = self.by_sid.get(&sid) else {
+            return;
+        };
+        {
+            let mut sh = self.conn.shared.lock();
+            if let (Some(s), Some(max)) = (sh.subs.get_mut(&id), max) {
+                if max > s.delivered {
+                    s.max = Some(max);
+                    return;
+                }
+            }
+        }
+        self.by_sid.remove(&sid);
+        let group = end_sub(&self.broker, &self.out, &self.conn, id);
+        if let Some(g) = group {
+            if let Some(n) = self.groups.get_mut(&g) {
+                *n -= 1;
+                if *n == 0 {
+                    self.groups.remove(&g);
+                    let _ = self.broker.handle_control(
+                        &self.out,
+                        ClientFrame::Leave {
+                            corr: 0,
+                            cluster: g.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn field(key: bytestring::ByteString, value: Bytes) -> Field {
+    Field {
+        key,
+        value: bytestring::ByteString::try_from(value.clone())
+            .map(Value::Str)
+            .unwrap_or(Value::Bytes(value)),
+    }
+}
+
+/// Ends subscription `id` (in the broker and in `conn`); its queue group.
+fn end_sub(broker: &Broker, out: &Arc<ClientOut>, conn: &Conn, id: u64) -> Option<Arc<str>> {
+    let s = conn.shared.lock().subs.remove(&id);
+    let _ = broker.handle_control(out, ClientFrame::Unsub { sid: id });
+    s.and_then(|s| s.group)
+}
+
+/// The writing half: the client's outbox as NATS protocol, then the
+/// reader's lines.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    broker: Arc<Broker>,
+    out: Arc<ClientOut>,
+    conn: Arc<Conn>,
+    mut w: W,
+) {
+    let mut frames = Vec::new();
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut scratch = Scratch::default();
+    loop {
+        let more = tokio::select! {
+            more = out.next_batch(&mut frames) => more,
+            _ = conn.wake.notified() => true,
+        };
+        let direct = std::mem::take(&mut conn.shared.lock().direct);
+        // Frames queued before a line the reader wrote (a `PONG` after
+        // the publishes before its `PING`) go first.
+        out.take(&mut frames);
+        let mut republish = Vec::new();
+        let mut ended = Vec::new();
+        {
+            let mut sh = conn.shared.lock();
+            for f in frames.drain(..) {
+                encode(
+                    &mut sh,
+                    f,
+                    &mut buf,
+                    &mut scratch,
+                    &mut republish,
+                    &mut ended,
+                );
+            }
+        }
+        buf.extend_from_slice(&direct);
+        for (sid, n) in scratch.credit.drain() {
+            out.credit(sid, n);
+        }
+        for id in ended {
+            end_sub(&broker, &out, &conn, id);
+        }
+        if !buf.is_empty() {
+            if w.write_all(&buf).await.is_err() {
+                broker.detach(out.id, None);
+                return;
+            }
+            buf.clear();
+            if buf.capacity() > 4 << 20 {
+                buf = Vec::with_capacity(64 * 1024);
+            }
+        }
+        for msg in republish {
+            let _ = super::handle(&broker, &out, ClientFrame::Pub(msg)).await;
+        }
+        if !more {
+            break;
+        }
+    }
+    // What the reader said last (an `-ERR` before the close).
+    let direct = std::mem::take(&mut conn.shared.lock().direct);
+    let _ = w.write_all(&direct).await;
+    let _ = w.shutdown().await;
+}
+
+/// Buffers the writer reuses.
+#[derive(Debug, Default)]
+struct Scratch {
+    headers: Vec<u8>,
+    reply: String,
+    /// Credit to give back per subscription.
+    credit: FxHashMap<u64, u32>,
+}
+
+/// Appends the NATS form of frame `f`.
+fn encode(
+    sh: &mut Shared,
+    f: ServerFrame,
+    out: &mut Vec<u8>,
+    s: &mut Scratch,
+    republish: &mut Vec<Message>,
+    ended: &mut Vec<u64>,
+) {
+    match f {
+        ServerFrame::Msg { sid, token, msg } => {
+            *s.credit.entry(sid).or_default() += 1;
+            let headers = sh.headers;
+            let Some(sub) = sh.subs.get_mut(&sid) else {
+                return;
+            };
+            if sub.max.is_some_and(|m| sub.delivered >= m) {
+                return;
+            }
+            sub.delivered += 1;
+            if sub.max == Some(sub.delivered) {
+                ended.push(sid);
+            }
+            s.reply.clear();
+            if token != 0 {
+                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
+            }
+            message(
+                out,
+                &msg,
+                msg.subject.as_bytes(),
+                &sub.sid,
+                &s.reply,
+                headers,
+                &mut s.headers,
+            );
+        }
+        ServerFrame::Request {
+            token,
+            cluster,
+            msg,
+        } => {
+            let headers = sh.headers;
+            if let Some(sub) = sh
+                .subs
+                .values()
+                .find(|x| x.group.as_deref() == Some(&*cluster))
+            {
+                s.reply.clear();
+                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
+                message(
+                    out,
+                    &msg,
+                    msg.subject.as_bytes(),
+                    &sub.sid,
+                    &s.reply,
+                    headers,
+                    &mut s.headers,
+                );
+            }
+        }
+        ServerFrame::Bcast { cluster, msg } => {
+            let headers = sh.headers;
+            if let Some(sub) = sh
+                .subs
+                .values()
+                .find(|x| x.group.as_deref() == Some(&*cluster))
+            {
+                message(
+                    out,
+                    &msg,
+                    msg.subject.as_bytes(),
+                    &sub.sid,
+                    "",
+                    headers,
+                    &mut s.headers,
+                );
+            }
+        }
+        ServerFrame::Reply { rid, msg } => {
+            let Some(reply) = sh.requests.get(&rid).cloned() else {
+                return;
+            };
+            if !to_inbox(sh, out, &reply, &msg, s) {
+                if let Ok(subject) = bytestring::ByteString::try_from(reply) {
+                    republish.push(Message { subject, ..msg });
+                }
+            }
+        }
+        ServerFrame::ReqDone { rid, code } => {
+            let Some(reply) = sh.requests.remove(&rid) else {
+                return;
+            };
+            if code == Code::NoResponders && sh.no_responders {
+                s.headers.clear();
+                nats::write_headers(&mut s.headers, Some((503, "")), []);
+                let h = std::mem::take(&mut s.headers);
+                for_inbox(sh, &reply, |sid| {
+                    nats::encode_hmsg(out, &reply, sid, b"", &h, b"");
+                });
+                s.headers = h;
+            }
+        }
+        // Acks, pongs, drop reports (counted in stats), errors (the
+        // reader says what a NATS client is told), tunnels, stats.
+        _ => {}
+    }
+}
+
+/// Delivers a reply to the requester's subscriptions that match its
+/// reply subject; whether any did.
+fn to_inbox(
+    sh: &mut Shared,
+    out: &mut Vec<u8>,
+    reply: &Bytes,
+    msg: &Message,
+    s: &mut Scratch,
+) -> bool {
+    let headers = sh.headers;
+    let mut any = false;
+    for_inbox(sh, reply, |sid| {
+        any = true;
+        message(out, msg, reply, sid, "", headers, &mut s.headers);
+    });
+    any
+}
+
+/// Calls `each` with the sid of every subscription matching `subject`.
+fn for_inbox(sh: &Shared, subject: &[u8], mut each: impl FnMut(&[u8])) {
+    let Ok(subject) = std::str::from_utf8(subject) else {
+        return;
+    };
+    let Ok(subject) = Subject::new(subject) else {
+        return;
+    };
+    for sub in sh.subs.values() {
+        if sub.max.is_some_and(|m| sub.delivered >= m) {
+            continue;
+        }
+        if Pattern::new(&sub.pattern).is_ok_and(|p| p.matches(&subject)) {
+            each(&sub.sid);
+        }
+    }
+}
+
+/// Appends `MSG`, or `HMSG` when the message has a type or fields and the
+/// client takes headers.
+fn message(
+    out: &mut Vec<u8>,
+    msg: &Message,
+    subject: &[u8],
+    sid: &[u8],
+    reply: &str,
+    headers: bool,
+    scratch: &mut Vec<u8>,
+) {
+    if !headers || (msg.kind.is_none() && msg.fields.is_empty()) {
+        nats::encode_msg(out, subject, sid, reply.as_bytes(), &msg.payload);
+        return;
+    }
+    scratch.clear();
+    let status = msg
+        .field(STATUS_HEADER)
+        .and_then(|v| match v {
+            Value::Str(s) => s.parse::<u16>().ok(),
+            _ => None,
+        })
+        .filter(|s| (100..1000).contains(s));
+    let description = match msg.field(DESCRIPTION_HEADER) {
+        Some(Value::Str(s)) => s.to_string(),
+        _ => String::new(),
+    };
+    let texts: Vec<(&[u8], String)> = msg
+        .kind
+        .iter()
+        .map(|k| (TYPE_HEADER.as_bytes(), k.to_string()))
+        .chain(
+            msg.fields
+                .iter()
+                .filter(|f| {
+                    status.is_none() || (&*f.key != STATUS_HEADER && &*f.key != DESCRIPTION_HEADER)
+                })
+                .map(|f| (str::as_bytes(&f.key), text(&f.value))),
+        )
+        .collect();
+    nats::write_headers(
+        scratch,
+        status.map(|s| (s, description.as_str())),
+        texts.iter().map(|(k, v)| (*k, v.as_bytes())),
+    );
+    nats::encode_hmsg(out, subject, sid, reply.as_bytes(), scratch, &msg.payload);
+}
+
+/// A field's value as header text.
+fn text(v: &Value) -> String {
+    match v {
+        Value::Str(s) => s.to_string(),
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Bytes(b) => {
+            let mut s = String::with_capacity(2 + 2 * b.len());
+            s.push_str("0x");
+            for x in b.iter() {
+                let _ = write!(s, "{x:02x}");
+            }
+            s
+        }
+    }
+}

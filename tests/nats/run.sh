@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# NATS clients nobody here wrote against skiff's NATS listener: nats-py
+# (PyPI), nats.go (Go module proxy) and nats.js (`nats` on npm), each
+# installed once into target/nats-clients. Starts two meshed nodes (A, B)
+# with --nats, and for each client two more (C, D) for reconnection, then
+# runs tests/nats/{py,go,js}. Usage: tests/nats/run.sh [py] [go] [js]
+# (default all). SKIFF=path picks the skiff binary (default target/debug).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+here="$root/tests/nats"
+SKIFF=${SKIFF:-${CARGO_TARGET_DIR:-$root/target}/debug/skiff}
+cache=${NATS_CLIENTS_DIR:-${CARGO_TARGET_DIR:-$root/target}/nats-clients}
+clients=("$@")
+[ ${#clients[@]} -gt 0 ] || clients=(py go js)
+mkdir -p "$cache"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+install() {
+  case $1 in
+    py)
+      if [ ! -x "$cache/venv/bin/python" ] || ! "$cache/venv/bin/python" -c 'import nats' 2>/dev/null; then
+        echo "   installing nats-py (PyPI)"
+        python3 -m venv "$cache/venv"
+        "$cache/venv/bin/pip" install -q 'nats-py>=2.9,<3'
+      fi ;;
+    go)
+      echo "   building the nats.go suite (Go module proxy)"
+      (cd "$here/go" && go build -o "$cache/natsgo-suite" .) ;;
+    js)
+      if [ ! -d "$cache/js/node_modules/nats" ]; then
+        echo "   installing nats.js (npm)"
+        mkdir -p "$cache/js"
+        (cd "$cache/js" && npm install --silent --no-audit --no-fund 'nats@^2.28' >/dev/null)
+      fi ;;
+  esac
+}
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+uport() { python3 -c 'import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start NAME EXTRA-ARGS...: sets ${NAME}_TCP, ${NAME}_NATS, ${NAME}_PID.
+start() {
+  local name=$1; shift
+  local t n
+  t=$(port); n=$(port)
+  "$SKIFF" node --tcp "127.0.0.1:$t" --nats "127.0.0.1:$n" "$@" >"$tmp/$name.log" 2>&1 &
+  local pid=$!
+  disown "$pid"
+  pids+=("$pid")
+  for _ in $(seq 100); do
+    grep -q "listening for NATS" "$tmp/$name.log" && break
+    kill -0 "$pid" 2>/dev/null || { cat "$tmp/$name.log"; echo "node $name exited"; exit 1; }
+    sleep 0.05
+  done
+  printf -v "${name}_TCP" '%s' "skiff://127.0.0.1:$t"
+  printf -v "${name}_NATS" '%s' "nats://127.0.0.1:$n"
+  printf -v "${name}_PID" '%s' "$pid"
+}
+
+for c in "${clients[@]}"; do install "$c"; done
+
+ma=$(uport); mb=$(uport)
+start A --mesh "127.0.0.1:$ma" --net "nats-$$" --no-scout
+start B --mesh "127.0.0.1:$mb" --net "nats-$$" --no-scout --seeds "127.0.0.1:$ma"
+export SKIFF NATS_A=$A_NATS NATS_B=$B_NATS SKIFF_A=$A_TCP SKIFF_B=$B_TCP
+
+failed=0
+for c in "${clients[@]}"; do
+  start C; start D
+  export NATS_C=$C_NATS NATS_D=$D_NATS KILL_C=$C_PID
+  echo "== NATS client: $c"
+  case $c in
+    py) timeout 120 "$cache/venv/bin/python" "$here/py/suite.py" || failed=1 ;;
+    go) timeout 120 "$cache/natsgo-suite" || failed=1 ;;
+    js) NODE_PATH="$cache/js/node_modules" timeout 120 node "$here/js/suite.cjs" || failed=1 ;;
+  esac
+  kill "$D_PID" 2>/dev/null || true
+done
+[ "$failed" = 0 ] || { echo "NATS client suites: FAILED (node logs follow)"; tail -n 20 "$tmp"/*.log; exit 1; }
+echo "NATS client suites: passed"
