@@ -25,7 +25,9 @@ use skiff::client::{Delivery, Incoming, Policy, SubOptions, Target};
 
 use crate::errors::{raise, IntoPy};
 use crate::message::{build, str_arg, Message};
-use crate::wait::{block_on, deadline, poll_once, poll_until, seconds_arg, timeout_arg, Parker};
+use crate::wait::{
+    block_on, deadline, poll_once, poll_until, seconds_arg, timeout_arg, Fan, Parker,
+};
 
 /// Most messages one wake-up moves from a subscription to Python.
 const BATCH: usize = 1024;
@@ -787,13 +789,14 @@ struct SubState {
     /// Taken from the subscription, not yet handed to Python.
     buf: VecDeque<Delivery>,
     paused: bool,
-    /// Woken when the subscription ends or resumes (async waiters).
-    waker: Option<Waker>,
 }
 
 #[derive(Debug)]
 struct SubCore {
     st: Mutex<SubState>,
+    /// Every waiter (the blocking parker, asyncio tasks).
+    fan: Arc<Fan>,
+    fan_waker: Waker,
     parker: Arc<Parker>,
     client: skiff::Client,
 }
@@ -820,9 +823,9 @@ impl SubCore {
 
     /// One message if there is one (waker registered if not).
     fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Got> {
+        self.fan.register(cx.waker());
         let mut st = self.st.lock();
         if st.paused {
-            st.waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
         if let Some(d) = st.buf.pop_front() {
@@ -832,42 +835,18 @@ impl SubCore {
         let Some(s) = st.sub.as_mut() else {
             return Poll::Ready(Got::Ended(None));
         };
-        match s.poll_recv(cx) {
+        match s.poll_recv(&mut Context::from_waker(&self.fan_waker)) {
             Poll::Ready(Some(d)) => {
                 Self::fill(st);
                 Poll::Ready(Got::One(d))
             }
             Poll::Ready(None) => Poll::Ready(Got::Ended(s.error())),
-            Poll::Pending => {
-                st.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-
-    /// Up to `max` messages (at least one), or the end.
-    fn poll_many(
-        &self,
-        cx: &mut Context<'_>,
-        max: usize,
-    ) -> Poll<Result<Vec<Delivery>, Option<String>>> {
-        match self.poll_one(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Got::Ended(why)) => Poll::Ready(Err(why)),
-            Poll::Ready(Got::One(d)) => {
-                let mut v = vec![d];
-                let mut st = self.st.lock();
-                let n = st.buf.len().min(max.saturating_sub(1));
-                v.extend(st.buf.drain(..n));
-                Poll::Ready(Ok(v))
-            }
         }
     }
 
-    fn wake_all(&self, st: &mut SubState) {
-        if let Some(w) = st.waker.take() {
-            w.wake();
-        }
+    fn wake_all(&self) {
+        self.fan_waker.wake_by_ref();
         self.parker.unpark();
     }
 }
@@ -896,14 +875,16 @@ pub(crate) struct Subscription {
 impl Subscription {
     fn new(client: skiff::Client, s: skiff::client::Subscription, pattern: String) -> Subscription {
         let id = s.id();
+        let (fan, fan_waker) = Fan::new();
         Subscription {
             core: Arc::new(SubCore {
                 st: Mutex::new(SubState {
                     sub: Some(s),
                     buf: VecDeque::new(),
                     paused: false,
-                    waker: None,
                 }),
+                fan,
+                fan_waker,
                 parker: Parker::new(),
                 client,
             }),
@@ -973,29 +954,31 @@ impl Subscription {
             .collect()
     }
 
-    /// For asyncio: an awaitable of up to `max` messages (at least one),
-    /// `[]` when the subscription resumed from a pause, or None once it
-    /// ended (raising instead if the node ended it).
-    #[pyo3(signature = (max=1024))]
-    fn wait_async<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
+    /// For asyncio: an awaitable that finishes with True once messages
+    /// are here (take them with `take`) or the subscription resumed from
+    /// a pause, or None once it ended (raising if the node ended it). It
+    /// takes nothing itself, so cancelling it loses nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let core = self.core.clone();
         let mut was_paused = None;
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let r = poll_fn(|cx| {
                 let paused = core.st.lock().paused;
                 if *was_paused.get_or_insert(paused) && !paused {
-                    return Poll::Ready(Ok(Vec::new()));
+                    return Poll::Ready(Ok(()));
                 }
-                core.poll_many(cx, max)
+                match core.poll_one(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Got::One(d)) => {
+                        core.st.lock().buf.push_front(d);
+                        Poll::Ready(Ok(()))
+                    }
+                    Poll::Ready(Got::Ended(why)) => Poll::Ready(Err(why)),
+                }
             })
             .await;
-            let client = core.client.clone();
             match r {
-                Ok(v) => Ok(Some(
-                    v.into_iter()
-                        .map(|d| Message::delivery(d, &client))
-                        .collect::<Vec<_>>(),
-                )),
+                Ok(()) => Ok(Some(true)),
                 Err(None) => Ok(None),
                 Err(why) => Err(ended_error(why)),
             }
@@ -1020,7 +1003,7 @@ impl Subscription {
         if let Some(s) = &st.sub {
             s.resume();
         }
-        self.core.wake_all(&mut st);
+        self.core.wake_all();
     }
 
     /// Whether paused.
@@ -1034,7 +1017,7 @@ impl Subscription {
         let mut st = self.core.st.lock();
         let s = st.sub.take();
         st.buf.clear();
-        self.core.wake_all(&mut st);
+        self.core.wake_all();
         drop(st);
         drop(s);
     }
@@ -1098,6 +1081,10 @@ impl Subscription {
 #[derive(Debug)]
 struct MemberCore {
     m: Mutex<Option<Arc<skiff::client::Member>>>,
+    /// Taken by an asyncio wait, not yet handed out.
+    stash: Mutex<VecDeque<Incoming>>,
+    fan: Arc<Fan>,
+    fan_waker: Waker,
     parker: Arc<Parker>,
     client: skiff::Client,
     cluster: String,
@@ -1114,11 +1101,12 @@ fn wrap_tunnel(py: Python<'_>, t: Tunnel) -> PyResult<Py<PyAny>> {
 }
 
 /// What a member receives, as Python objects.
-fn incoming(py: Python<'_>, i: Incoming) -> PyResult<Py<PyAny>> {
+fn incoming(py: Python<'_>, i: Incoming, file: bool) -> PyResult<Py<PyAny>> {
     Ok(match i {
         Incoming::Request(r) => Py::new(py, Message::request(r))?.into_any(),
         Incoming::Broadcast(m) => Py::new(py, Message::plain(m))?.into_any(),
-        Incoming::Tunnel(t) => wrap_tunnel(py, Tunnel::new(t))?,
+        Incoming::Tunnel(t) if file => wrap_tunnel(py, Tunnel::new(t))?,
+        Incoming::Tunnel(t) => Py::new(py, Tunnel::new(t))?.into_any(),
         _ => py.None(),
     })
 }
@@ -1136,9 +1124,13 @@ pub(crate) struct Member {
 impl Member {
     fn new(m: skiff::client::Member, client: skiff::Client) -> Member {
         let cluster = m.cluster().to_owned();
+        let (fan, fan_waker) = Fan::new();
         Member {
             core: Arc::new(MemberCore {
                 m: Mutex::new(Some(Arc::new(m))),
+                stash: Mutex::new(VecDeque::new()),
+                fan,
+                fan_waker,
                 parker: Parker::new(),
                 client,
                 cluster,
@@ -1147,13 +1139,17 @@ impl Member {
     }
 
     fn poll(core: &MemberCore, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        if let Some(i) = core.stash.lock().pop_front() {
+            return Poll::Ready(Some(i));
+        }
         let Some(m) = core.m.lock().clone() else {
             return Poll::Ready(None);
         };
         // `recv` only takes an item when it is ready: a fresh future per
         // poll loses nothing.
+        core.fan.register(cx.waker());
         let fut = pin!(m.recv());
-        fut.poll(cx)
+        fut.poll(&mut Context::from_waker(&core.fan_waker))
     }
 
     fn next_inner(
@@ -1176,7 +1172,7 @@ impl Member {
     fn next(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
         let t = timeout_arg("timeout", timeout)?;
         match self.next_inner(py, t)? {
-            Some(Some(i)) => incoming(py, i),
+            Some(Some(i)) => incoming(py, i, true),
             Some(None) => Err(raise("ConnectionClosed", "the membership ended")),
             None => Err(raise("TimeoutError", "nothing within the timeout")),
         }
@@ -1188,27 +1184,38 @@ impl Member {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match self.next_inner(py, None)? {
-            Some(Some(i)) => incoming(py, i),
+            Some(Some(i)) => incoming(py, i, true),
             _ => Err(PyStopIteration::new_err(())),
         }
     }
 
-    /// For asyncio: an awaitable of the next request, broadcast or
-    /// tunnel, or None once the membership ended.
-    fn next_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The next request, broadcast or tunnel (a raw Tunnel) if one is
+    /// here now, else None.
+    fn try_next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        match Member::poll(&self.core, &mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Some(i)) => incoming(py, i, false).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// For asyncio: an awaitable that finishes with True once something
+    /// is here (take it with `try_next`), None once the membership ended.
+    /// Cancelling it loses nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let core = self.core.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let i = poll_fn(|cx| Member::poll(&core, cx)).await;
-            Python::attach(|py| match i {
-                Some(i) => incoming(py, i),
-                None => Ok(py.None()),
-            })
+            Ok(i.map(|i| {
+                core.stash.lock().push_front(i);
+                true
+            }))
         })
     }
 
     /// Leaves the cluster (idempotent).
     fn leave(&self) {
         let m = self.core.m.lock().take();
+        self.core.fan_waker.wake_by_ref();
         self.core.parker.unpark();
         drop(m);
     }
@@ -1246,6 +1253,10 @@ impl Member {
 #[derive(Debug)]
 struct TunCore {
     t: Mutex<Option<Arc<skiff::client::Tunnel>>>,
+    /// Taken by an asyncio wait, not yet handed out.
+    stash: Mutex<VecDeque<skiff::Message>>,
+    fan: Arc<Fan>,
+    fan_waker: Waker,
     parker: Arc<Parker>,
     id: u64,
 }
@@ -1263,9 +1274,13 @@ pub(crate) struct Tunnel {
 impl Tunnel {
     fn new(t: skiff::client::Tunnel) -> Tunnel {
         let id = t.id();
+        let (fan, fan_waker) = Fan::new();
         Tunnel {
             core: Arc::new(TunCore {
                 t: Mutex::new(Some(Arc::new(t))),
+                stash: Mutex::new(VecDeque::new()),
+                fan,
+                fan_waker,
                 parker: Parker::new(),
                 id,
             }),
@@ -1281,13 +1296,17 @@ impl Tunnel {
     }
 
     fn poll(core: &TunCore, cx: &mut Context<'_>) -> Poll<Option<skiff::Message>> {
+        if let Some(m) = core.stash.lock().pop_front() {
+            return Poll::Ready(Some(m));
+        }
         let Some(t) = core.t.lock().clone() else {
             return Poll::Ready(None);
         };
         // `recv` takes a message only when ready: a fresh future per poll
         // loses nothing.
+        core.fan.register(cx.waker());
         let fut = pin!(t.recv());
-        fut.poll(cx)
+        fut.poll(&mut Context::from_waker(&core.fan_waker))
     }
 
     fn send_fut(&self, data: &Bound<'_, PyAny>) -> PyResult<CallFuture<()>> {
@@ -1333,18 +1352,38 @@ impl Tunnel {
         }
     }
 
-    /// `recv` for asyncio (no timeout: use asyncio.wait_for).
-    fn recv_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The next message's bytes if one is here now; None if not; False
+    /// once the tunnel closed.
+    fn try_recv<'py>(&self, py: Python<'py>) -> Py<PyAny> {
+        match Tunnel::poll(&self.core, &mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Some(m)) => pyo3::types::PyBytes::new(py, &m.payload)
+                .into_any()
+                .unbind(),
+            Poll::Ready(None) => false
+                .into_pyobject(py)
+                .map(|b| b.to_owned().into_any().unbind())
+                .unwrap_or_else(|_| py.None()),
+            Poll::Pending => py.None(),
+        }
+    }
+
+    /// For asyncio: an awaitable that finishes once a message is here (or
+    /// the tunnel closed); take it with `try_recv`. Cancelling it loses
+    /// nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let core = self.core.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let m = poll_fn(|cx| Tunnel::poll(&core, cx)).await;
-            Python::attach(|py| Ok(m.map(|m| pyo3::types::PyBytes::new(py, &m.payload).unbind())))
+            if let Some(m) = poll_fn(|cx| Tunnel::poll(&core, cx)).await {
+                core.stash.lock().push_front(m);
+            }
+            Ok(())
         })
     }
 
     /// Closes the tunnel (idempotent); the peer's recv returns None.
     fn close(&self) {
         let t = self.core.t.lock().take();
+        self.core.fan_waker.wake_by_ref();
         self.core.parker.unpark();
         drop(t);
     }

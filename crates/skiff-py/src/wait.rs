@@ -179,3 +179,52 @@ pub(crate) fn poll_until<T>(
         }
     }
 }
+
+/// A waker that wakes every waker registered with it: a handle the node
+/// feeds remembers one waker, but a blocking thread and asyncio tasks
+/// (including ones being cancelled, which poll once more) may wait on it
+/// in turn. Each poll of the handle registers the poller here and passes
+/// the fan's own waker down, so no waiter is forgotten.
+#[derive(Debug, Default)]
+pub(crate) struct Fan {
+    wakers: Mutex<Vec<Waker>>,
+}
+
+/// Registered wakers kept at most; past it all are woken (spuriously;
+/// the live ones register again).
+const FAN_MAX: usize = 64;
+
+impl Wake for Fan {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let all = std::mem::take(&mut *self.wakers.lock());
+        for w in all {
+            w.wake();
+        }
+    }
+}
+
+impl Fan {
+    /// A fan and its waker.
+    pub(crate) fn new() -> (Arc<Fan>, Waker) {
+        let f = Arc::new(Fan::default());
+        let w = Waker::from(f.clone());
+        (f, w)
+    }
+
+    /// Remembers `w` until the next wake.
+    pub(crate) fn register(&self, w: &Waker) {
+        let mut v = self.wakers.lock();
+        if v.iter().any(|x| x.will_wake(w)) {
+            return;
+        }
+        if v.len() >= FAN_MAX {
+            for x in v.drain(..) {
+                x.wake();
+            }
+        }
+        v.push(w.clone());
+    }
+}

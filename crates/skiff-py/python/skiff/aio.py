@@ -162,10 +162,8 @@ class Subscription:
                 if got:
                     self._buf.extend(got)
                     continue
-            got = await s.wait_async(_BATCH)
-            if got is None:
+            if await s.wait_async() is None:
                 return None
-            self._buf.extend(got)
 
     async def next(self, timeout: Optional[float] = None) -> Message:
         """The next message; raises skiff.TimeoutError after ``timeout``
@@ -245,10 +243,12 @@ class Member:
         self._m = raw
 
     async def _next(self) -> Any:
-        item = await self._m.next_async()
-        if isinstance(item, _skiff_tunnel_file()):
-            return Tunnel(item.raw)
-        return item
+        while True:
+            item = self._m.try_next()
+            if item is None and await self._m.wait_async() is None:
+                return None
+            if item is not None:
+                return Tunnel(item) if isinstance(item, _skiff.Tunnel) else item
 
     async def next(self, timeout: Optional[float] = None) -> Any:
         try:
@@ -282,12 +282,6 @@ class Member:
         self.leave()
 
 
-def _skiff_tunnel_file() -> type:
-    from skiff._io import TunnelFile
-
-    return TunnelFile
-
-
 async def respond(message: Message, data: Buffer, *, type: Optional[str] = None,
                   fields: Optional[Dict[str, Any]] = None) -> None:
     """Answers a request received on a subscription or a membership."""
@@ -311,9 +305,18 @@ class Tunnel:
             data, self._left = bytes(self._left), memoryview(b"")
             return data
         try:
-            return await asyncio.wait_for(self._t.recv_async(), timeout)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(self._recv(), timeout)
         except asyncio.TimeoutError:
             raise TimeoutError("nothing within the timeout") from None
+
+    async def _recv(self) -> Optional[bytes]:
+        while True:
+            got = self._t.try_recv()
+            if got is False:
+                return None
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+            await self._t.wait_async()
 
     async def write(self, data: Buffer) -> int:
         n = memoryview(data).nbytes
@@ -324,7 +327,7 @@ class Tunnel:
     async def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (-1: one message's worth), b"" once closed."""
         while not self._left:
-            data = await self._t.recv_async()
+            data = await self._recv()
             if data is None:
                 return b""
             self._left = memoryview(data)
