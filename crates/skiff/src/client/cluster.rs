@@ -2,6 +2,7 @@
 //! tunnels.
 
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -216,7 +217,9 @@ pub struct Tunnel {
     epoch: u32,
     shared: Arc<TunShared>,
     window: u32,
-    taken: u32,
+    /// Taken since credit was last granted (atomic so that `recv` takes
+    /// `&self`: one thread may send while another waits in `recv`).
+    taken: AtomicU32,
 }
 
 impl Tunnel {
@@ -243,7 +246,7 @@ impl Tunnel {
                 epoch,
                 shared: shared.clone(),
                 window,
-                taken: 0,
+                taken: AtomicU32::new(0),
             },
             shared,
         )
@@ -279,12 +282,14 @@ impl Tunnel {
             .await
     }
 
-    /// The next message; `None` once the tunnel closed.
-    pub async fn recv(&mut self) -> Option<Message> {
+    /// The next message; `None` once the tunnel closed. Takes `&self`, so
+    /// that one task may send while another receives (one receiver at a
+    /// time: a second one waiting at once is not woken).
+    pub async fn recv(&self) -> Option<Message> {
         let m = poll_fn(|cx| self.shared.inbox.lock().poll_pop(cx)).await?;
-        self.taken += 1;
-        if self.taken >= (self.window / 2).max(1) && self.inner.epoch() == self.epoch {
-            let n = std::mem::take(&mut self.taken);
+        let taken = self.taken.fetch_add(1, Ordering::Relaxed) + 1;
+        if taken >= (self.window / 2).max(1) && self.inner.epoch() == self.epoch {
+            let n = self.taken.swap(0, Ordering::Relaxed);
             let _ = self
                 .inner
                 .send_now(ClientFrame::TunCredit { tunnel: self.id, n });

@@ -1,0 +1,1412 @@
+//! `skiff.Client`, `Subscription`, `Member` and `Tunnel`: the Rust
+//! client's handles with blocking methods and `*_async` twins (which
+//! return awaitables; `skiff.aio` wraps them in coroutines and async
+//! iterators).
+//!
+//! Blocking waits on handles that the node feeds (a subscription, a
+//! membership, a tunnel) poll the handle with a [`Parker`] waker and park
+//! the calling thread with the GIL released: no runtime thread takes part,
+//! and a subscription hands over every message already here per wake-up
+//! (up to [`BATCH`]). Everything else is driven on the runtime with
+//! [`block_on`].
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use skiff::client::{Delivery, Incoming, Policy, SubOptions, Target};
+
+use crate::errors::{raise, IntoPy};
+use crate::message::{build, str_arg, Message};
+use crate::wait::{
+    block_on, deadline, poll_once, poll_until, seconds_arg, timeout_arg, Fan, Parker,
+};
+
+/// Most messages one wake-up moves from a subscription to Python.
+const BATCH: usize = 1024;
+
+/// A boxed future of a client call.
+type CallFuture<T> = Pin<Box<dyn Future<Output = Result<T, skiff::Error>> + Send>>;
+
+/// Clients alive in this process, closed at interpreter exit.
+static LIVE: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+
+#[derive(Debug)]
+struct Core {
+    c: skiff::Client,
+}
+
+/// Runs a client call to its end with the GIL released (Ctrl-C
+/// interrupts the wait; the call then goes on in the background).
+fn run<T: Send + 'static>(py: Python<'_>, fut: CallFuture<T>) -> PyResult<T> {
+    let mut fut = fut;
+    if let Poll::Ready(r) = poll_once(fut.as_mut()) {
+        return r.py();
+    }
+    match block_on(py, fut.as_mut(), None)? {
+        Some(r) => r.py(),
+        None => unreachable!("no deadline"),
+    }
+}
+
+/// Hands a client call to the running asyncio loop.
+fn run_async<'py, T>(py: Python<'py>, fut: CallFuture<T>) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    pyo3_async_runtimes::tokio::future_into_py(py, async move { fut.await.py() })
+}
+
+/// A locator with `options` appended as query parameters.
+fn locator_with(locator: &str, options: Option<&Bound<'_, PyDict>>) -> PyResult<String> {
+    let mut loc = locator.to_owned();
+    let Some(opts) = options else {
+        return Ok(loc);
+    };
+    for (k, v) in opts.iter() {
+        let k: String = k.extract()?;
+        let v = if let Ok(b) = v.extract::<bool>() {
+            b.to_string()
+        } else if let Ok(s) = v.cast::<PyString>() {
+            crate::view::str_ref(s)?.to_owned()
+        } else if v.is_instance_of::<pyo3::types::PyInt>()
+            || v.is_instance_of::<pyo3::types::PyFloat>()
+        {
+            v.str()?.to_string()
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "option {k} must be str, int, float or bool, not {}",
+                crate::wait::type_name(&v)
+            )));
+        };
+        if v.contains(['&', '?', '#']) || k.contains(['&', '?', '#', '=']) {
+            return Err(PyValueError::new_err(format!(
+                "option {k}={v:?} may not contain '&', '?', '#' (or '=' in the name)"
+            )));
+        }
+        loc.push(if loc.contains('?') { '&' } else { '?' });
+        loc.push_str(&k);
+        loc.push('=');
+        loc.push_str(&v);
+    }
+    Ok(loc)
+}
+
+/// The default node: $SKIFF_NODE, else skiff://127.0.0.1:4747.
+fn locator_arg<'a>(locator: Option<&'a Bound<'_, PyAny>>) -> PyResult<&'a str> {
+    match locator.filter(|l| !l.is_none()) {
+        Some(l) => str_arg("locator", l),
+        None => Ok(default_locator()),
+    }
+}
+
+fn default_locator() -> &'static str {
+    static DEFAULT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(|| {
+        std::env::var("SKIFF_NODE").unwrap_or_else(|_| "skiff://127.0.0.1:4747".into())
+    })
+}
+
+fn register(c: skiff::Client) -> Client {
+    let core = Arc::new(Core { c });
+    let mut live = LIVE.lock();
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(&core));
+    Client { core }
+}
+
+/// Connects to a node (see `skiff.connect`).
+#[pyfunction]
+#[pyo3(signature = (locator=None, **options))]
+pub(crate) fn connect(
+    py: Python<'_>,
+    locator: Option<&Bound<'_, PyAny>>,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Client> {
+    let loc = locator_with(locator_arg(locator)?, options)?;
+    let c = run(
+        py,
+        Box::pin(async move { skiff::Client::connect(&loc).await }),
+    )?;
+    Ok(register(c))
+}
+
+/// `connect` for asyncio.
+#[pyfunction]
+#[pyo3(signature = (locator=None, **options))]
+pub(crate) fn connect_async<'py>(
+    py: Python<'py>,
+    locator: Option<&Bound<'py, PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let loc = locator_with(locator_arg(locator)?, options)?;
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let c = skiff::Client::connect(&loc).await.py()?;
+        Ok(register(c))
+    })
+}
+
+/// Closes every client of the process, after a bounded flush (registered
+/// with `atexit`, so publishes made just before exit are not lost).
+#[pyfunction]
+pub(crate) fn shutdown(py: Python<'_>) {
+    let live: Vec<Arc<Core>> = LIVE.lock().drain(..).filter_map(|w| w.upgrade()).collect();
+    py.detach(|| {
+        crate::rt().block_on(async {
+            for core in &live {
+                let _ = tokio::time::timeout(Duration::from_millis(500), core.c.flush()).await;
+                core.c.close();
+            }
+        })
+    });
+}
+
+/// A policy name: drop-oldest, drop-newest, block, disconnect.
+fn policy_arg(p: &str) -> PyResult<Policy> {
+    Policy::parse(p).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "policy {p:?} is not one of 'drop-oldest', 'drop-newest', 'block', 'disconnect'"
+        ))
+    })
+}
+
+/// A u32 count argument, > 0.
+fn count_arg(name: &str, n: i64) -> PyResult<u32> {
+    if n < 1 || n > u32::MAX as i64 {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be between 1 and {}, not {n}",
+            u32::MAX
+        )));
+    }
+    Ok(n as u32)
+}
+
+/// A request's target: a subject, or one member of a cluster.
+fn target(name: &str, cluster: bool, key: Option<&Bound<'_, PyAny>>) -> PyResult<Target> {
+    if !cluster {
+        if key.is_some_and(|k| !k.is_none()) {
+            return Err(PyValueError::new_err(
+                "key applies to cluster requests only (cluster=True)",
+            ));
+        }
+        return Ok(Target::Subject(name.into()));
+    }
+    let t = Target::cluster(name);
+    Ok(match key {
+        Some(k) if !k.is_none() => t.with_key(crate::message::payload("key", k)?),
+        _ => t,
+    })
+}
+
+/// A connection to a skiff node. Use it as a context manager (`with
+/// skiff.connect() as c:`) or call `close()`; clients still open at
+/// interpreter exit are flushed and closed then.
+#[pyclass(module = "skiff", frozen, weakref)]
+#[derive(Debug)]
+pub(crate) struct Client {
+    core: Arc<Core>,
+}
+
+impl Client {
+    fn publish_fut(
+        &self,
+        subject: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        kind: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CallFuture<()>> {
+        let subject = str_arg("subject", subject)?;
+        let kind = kind
+            .filter(|k| !k.is_none())
+            .map(|t| str_arg("type", t))
+            .transpose()?;
+        let m = build(subject, data, kind, fields)?;
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move { c.publish(m).await }))
+    }
+
+    fn subscribe_fut(
+        &self,
+        pattern: &Bound<'_, PyAny>,
+        kind: &Bound<'_, PyAny>,
+        policy: &Bound<'_, PyAny>,
+        queue: i64,
+        window: i64,
+    ) -> PyResult<CallFuture<Subscription>> {
+        let pattern = str_arg("pattern", pattern)?.to_owned();
+        let kind = str_arg("type", kind)?.to_owned();
+        let opts = SubOptions::default()
+            .policy(policy_arg(str_arg("policy", policy)?)?)
+            .queue(count_arg("queue", queue)?)
+            .window(count_arg("window", window)?);
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move {
+            let s = c.subscribe_with(&pattern, &kind, opts).await?;
+            Ok(Subscription::new(c, s, pattern))
+        }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn request_fut(
+        &self,
+        subject: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        timeout: &Bound<'_, PyAny>,
+        max: Option<i64>,
+        kind: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+        cluster: bool,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CallFuture<Vec<Message>>> {
+        let name = str_arg("subject", subject)?;
+        let t = target(name, cluster, key)?;
+        let timeout = seconds_arg("timeout", timeout)?;
+        let kind = kind
+            .filter(|k| !k.is_none())
+            .map(|t| str_arg("type", t))
+            .transpose()?;
+        let m = build(name, data, kind, fields)?;
+        let max = max.map(|n| count_arg("max", n)).transpose()?;
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move {
+            let v = match max {
+                None => vec![c.request(t, m, timeout).await?],
+                Some(n) => c.request_many(t, m, timeout, n as usize).await?,
+            };
+            Ok(v.into_iter().map(Message::plain).collect())
+        }))
+    }
+
+    fn stats_fut(&self) -> CallFuture<String> {
+        let c = self.core.c.clone();
+        Box::pin(async move { c.stats_json().await })
+    }
+
+    fn tunnel_fut(
+        &self,
+        cluster: &Bound<'_, PyAny>,
+        timeout: &Bound<'_, PyAny>,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CallFuture<Tunnel>> {
+        let t = target(str_arg("cluster", cluster)?, true, key)?;
+        let timeout = seconds_arg("timeout", timeout)?;
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move {
+            let t = c.tunnel(t, timeout).await?;
+            Ok(Tunnel::new(t))
+        }))
+    }
+
+    fn join_fut(&self, cluster: &Bound<'_, PyAny>, capacity: i64) -> PyResult<CallFuture<Member>> {
+        let cluster = str_arg("cluster", cluster)?.to_owned();
+        if !(0..=u32::MAX as i64).contains(&capacity) {
+            return Err(PyValueError::new_err(format!(
+                "capacity must be between 0 and {}, not {capacity}",
+                u32::MAX
+            )));
+        }
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move {
+            let m = c.join(&cluster, capacity as u32).await?;
+            Ok(Member::new(m, c))
+        }))
+    }
+
+    fn broadcast_fut(
+        &self,
+        cluster: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        kind: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CallFuture<()>> {
+        let cluster = str_arg("cluster", cluster)?.to_owned();
+        let kind = kind
+            .filter(|k| !k.is_none())
+            .map(|t| str_arg("type", t))
+            .transpose()?;
+        let m = build(&cluster, data, kind, fields)?;
+        let c = self.core.c.clone();
+        Ok(Box::pin(async move { c.broadcast(&cluster, m).await }))
+    }
+}
+
+/// The stats JSON as Python objects.
+fn json_loads<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (s,))
+}
+
+#[pymethods]
+impl Client {
+    /// Publishes `data` on `subject`. Returns once the message is handed
+    /// to the connection (see `flush`); waits, with the GIL released,
+    /// while a `block` subscriber or the connection pushes back.
+    #[pyo3(signature = (subject, data, *, r#type=None, fields=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        subject: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        r#type: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let subject = str_arg("subject", subject)?;
+        let kind = r#type
+            .filter(|k| !k.is_none())
+            .map(|t| str_arg("type", t))
+            .transpose()?;
+        let m = build(subject, data, kind, fields)?;
+        let mut fut = pin!(self.core.c.publish(m));
+        // Most publishes only copy into the write buffer: done here, no
+        // wait and no thread hand-off.
+        if let Poll::Ready(r) = poll_once(fut.as_mut()) {
+            return r.py();
+        }
+        match block_on(py, fut, None)? {
+            Some(r) => r.py(),
+            None => Ok(()),
+        }
+    }
+
+    /// `publish` for asyncio: None when the message is already handed
+    /// over, else an awaitable that finishes the publish.
+    #[pyo3(signature = (subject, data, *, r#type=None, fields=None))]
+    fn publish_async<'py>(
+        &self,
+        py: Python<'py>,
+        subject: &Bound<'py, PyAny>,
+        data: &Bound<'py, PyAny>,
+        r#type: Option<&Bound<'py, PyAny>>,
+        fields: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let mut fut = self.publish_fut(subject, data, r#type, fields)?;
+        if let Poll::Ready(r) = poll_once(fut.as_mut()) {
+            return r.py().map(|_| None);
+        }
+        run_async(py, fut).map(Some)
+    }
+
+    /// Waits (up to `timeout` seconds) until the node has handled
+    /// everything this client sent before.
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let t = timeout_arg("timeout", timeout)?;
+        let c = self.core.c.clone();
+        let mut fut = pin!(async move { c.flush().await });
+        match block_on(py, fut.as_mut(), deadline(t))? {
+            Some(r) => r.py(),
+            None => Err(raise("TimeoutError", "flush timed out")),
+        }
+    }
+
+    /// `flush` for asyncio.
+    fn flush_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.core.c.clone();
+        run_async(py, Box::pin(async move { c.flush().await }))
+    }
+
+    /// Subscribes to subjects matching `pattern` (`*` one token, `>` the
+    /// rest) with types matching `type`. Returns once the node holds the
+    /// interest. `policy` says what the node does when `queue` messages
+    /// wait for this subscriber: 'drop-oldest' (default), 'drop-newest',
+    /// 'block' (the publishers wait) or 'disconnect'; `window` messages
+    /// at most wait in this process.
+    ///
+    /// With `callback`, a thread of its own calls `callback(message)` for
+    /// each message (the callback form); the Subscription still pauses,
+    /// resumes and ends it.
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe(
+        &self,
+        py: Python<'_>,
+        pattern: &Bound<'_, PyAny>,
+        r#type: Option<&Bound<'_, PyAny>>,
+        policy: Option<&Bound<'_, PyAny>>,
+        queue: i64,
+        window: i64,
+        callback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<Subscription>> {
+        let callback = callback.filter(|c| !c.is_none());
+        if let Some(cb) = callback {
+            if !cb.is_callable() {
+                return Err(PyTypeError::new_err(format!(
+                    "callback must be callable, not {}",
+                    crate::wait::type_name(cb)
+                )));
+            }
+        }
+        let star = PyString::new(py, "*").into_any();
+        let dflt = PyString::new(py, "drop-oldest").into_any();
+        let fut = self.subscribe_fut(
+            pattern,
+            r#type.filter(|t| !t.is_none()).unwrap_or(&star),
+            policy.filter(|t| !t.is_none()).unwrap_or(&dflt),
+            queue,
+            window,
+        )?;
+        let sub = Py::new(py, run(py, fut)?)?;
+        if let Some(cb) = callback {
+            py.import("skiff._io")?
+                .call_method1("start_callback", (sub.clone_ref(py), cb))?;
+        }
+        Ok(sub)
+    }
+
+    /// `subscribe` for asyncio.
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096))]
+    fn subscribe_async<'py>(
+        &self,
+        py: Python<'py>,
+        pattern: &Bound<'py, PyAny>,
+        r#type: Option<&Bound<'py, PyAny>>,
+        policy: Option<&Bound<'py, PyAny>>,
+        queue: i64,
+        window: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let star = PyString::new(py, "*").into_any();
+        let dflt = PyString::new(py, "drop-oldest").into_any();
+        let fut = self.subscribe_fut(
+            pattern,
+            r#type.filter(|t| !t.is_none()).unwrap_or(&star),
+            policy.filter(|t| !t.is_none()).unwrap_or(&dflt),
+            queue,
+            window,
+        )?;
+        run_async(py, fut)
+    }
+
+    /// Sends a request and waits for the first reply: to every
+    /// subscription matching `subject`, or with `cluster=True` to one
+    /// member of the cluster `subject` (`key` for affinity). Raises
+    /// NoResponders at once when nobody could answer, TimeoutError after
+    /// `timeout` seconds.
+    #[pyo3(signature = (subject, data=None, *, timeout=None, r#type=None, fields=None, cluster=false, key=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn request(
+        &self,
+        py: Python<'_>,
+        subject: &Bound<'_, PyAny>,
+        data: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        r#type: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+        cluster: bool,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Message> {
+        let empty = pyo3::types::PyBytes::new(py, b"").into_any();
+        let five = 5.0f64.into_pyobject(py)?.into_any();
+        let fut = self.request_fut(
+            subject,
+            data.unwrap_or(&empty),
+            timeout.filter(|t| !t.is_none()).unwrap_or(&five),
+            None,
+            r#type,
+            fields,
+            cluster,
+            key,
+        )?;
+        let mut v = run(py, fut)?;
+        v.pop().ok_or_else(|| raise("TimeoutError", "timed out"))
+    }
+
+    /// `request` for asyncio.
+    #[pyo3(signature = (subject, data=None, *, timeout=None, r#type=None, fields=None, cluster=false, key=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn request_async<'py>(
+        &self,
+        py: Python<'py>,
+        subject: &Bound<'py, PyAny>,
+        data: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        r#type: Option<&Bound<'py, PyAny>>,
+        fields: Option<&Bound<'py, PyAny>>,
+        cluster: bool,
+        key: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let empty = pyo3::types::PyBytes::new(py, b"").into_any();
+        let five = 5.0f64.into_pyobject(py)?.into_any();
+        let fut = self.request_fut(
+            subject,
+            data.unwrap_or(&empty),
+            timeout.filter(|t| !t.is_none()).unwrap_or(&five),
+            None,
+            r#type,
+            fields,
+            cluster,
+            key,
+        )?;
+        run_async(
+            py,
+            Box::pin(async move {
+                let mut v = fut.await?;
+                v.pop().ok_or(skiff::Error::Timeout)
+            }),
+        )
+    }
+
+    /// Scatter-gather: sends to every matching subscription (or, with
+    /// `cluster=True`, every member) and collects replies until `max`
+    /// arrived, every responder answered, or `timeout` passed. An empty
+    /// list means nobody answered in time; NoResponders, nobody could.
+    #[pyo3(signature = (subject, data=None, *, timeout=None, max=65535, r#type=None, fields=None, cluster=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn request_many(
+        &self,
+        py: Python<'_>,
+        subject: &Bound<'_, PyAny>,
+        data: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        max: i64,
+        r#type: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+        cluster: bool,
+    ) -> PyResult<Vec<Message>> {
+        let empty = pyo3::types::PyBytes::new(py, b"").into_any();
+        let one = 1.0f64.into_pyobject(py)?.into_any();
+        let fut = self.request_fut(
+            subject,
+            data.unwrap_or(&empty),
+            timeout.filter(|t| !t.is_none()).unwrap_or(&one),
+            Some(max),
+            r#type,
+            fields,
+            cluster,
+            None,
+        )?;
+        run(py, fut)
+    }
+
+    /// `request_many` for asyncio.
+    #[pyo3(signature = (subject, data=None, *, timeout=None, max=65535, r#type=None, fields=None, cluster=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn request_many_async<'py>(
+        &self,
+        py: Python<'py>,
+        subject: &Bound<'py, PyAny>,
+        data: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        max: i64,
+        r#type: Option<&Bound<'py, PyAny>>,
+        fields: Option<&Bound<'py, PyAny>>,
+        cluster: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let empty = pyo3::types::PyBytes::new(py, b"").into_any();
+        let one = 1.0f64.into_pyobject(py)?.into_any();
+        let fut = self.request_fut(
+            subject,
+            data.unwrap_or(&empty),
+            timeout.filter(|t| !t.is_none()).unwrap_or(&one),
+            Some(max),
+            r#type,
+            fields,
+            cluster,
+            None,
+        )?;
+        run_async(py, fut)
+    }
+
+    /// Joins `cluster` with `capacity` (its share of requests; 0: only
+    /// broadcasts). Requests, broadcasts and tunnels for this member
+    /// arrive on the returned Member.
+    #[pyo3(signature = (cluster, *, capacity=1))]
+    fn join(&self, py: Python<'_>, cluster: &Bound<'_, PyAny>, capacity: i64) -> PyResult<Member> {
+        let fut = self.join_fut(cluster, capacity)?;
+        run(py, fut)
+    }
+
+    /// `join` for asyncio.
+    #[pyo3(signature = (cluster, *, capacity=1))]
+    fn join_async<'py>(
+        &self,
+        py: Python<'py>,
+        cluster: &Bound<'py, PyAny>,
+        capacity: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.join_fut(cluster, capacity)?;
+        run_async(py, fut)
+    }
+
+    /// Sends `data` to every member of `cluster`, at most once each.
+    #[pyo3(signature = (cluster, data, *, r#type=None, fields=None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        cluster: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        r#type: Option<&Bound<'_, PyAny>>,
+        fields: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let fut = self.broadcast_fut(cluster, data, r#type, fields)?;
+        run(py, fut)
+    }
+
+    /// `broadcast` for asyncio.
+    #[pyo3(signature = (cluster, data, *, r#type=None, fields=None))]
+    fn broadcast_async<'py>(
+        &self,
+        py: Python<'py>,
+        cluster: &Bound<'py, PyAny>,
+        data: &Bound<'py, PyAny>,
+        r#type: Option<&Bound<'py, PyAny>>,
+        fields: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.broadcast_fut(cluster, data, r#type, fields)?;
+        run_async(py, fut)
+    }
+
+    /// Opens a tunnel to one member of `cluster` (`key` for affinity),
+    /// waiting at most `timeout` seconds: the raw tunnel (`skiff.tunnel`
+    /// wraps it as a file-like object).
+    #[pyo3(signature = (cluster, *, timeout=None, key=None))]
+    fn tunnel_raw(
+        &self,
+        py: Python<'_>,
+        cluster: &Bound<'_, PyAny>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Tunnel> {
+        let five = 5.0f64.into_pyobject(py)?.into_any();
+        let fut = self.tunnel_fut(
+            cluster,
+            timeout.filter(|t| !t.is_none()).unwrap_or(&five),
+            key,
+        )?;
+        run(py, fut)
+    }
+
+    /// Opens a tunnel to one member of `cluster` (`key` for affinity),
+    /// waiting at most `timeout` seconds, as a file-like object
+    /// (`skiff.TunnelFile`: read/write bytes, or send/recv messages).
+    #[pyo3(signature = (cluster, *, timeout=None, key=None))]
+    fn tunnel(
+        &self,
+        py: Python<'_>,
+        cluster: &Bound<'_, PyAny>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let t = self.tunnel_raw(py, cluster, timeout, key)?;
+        wrap_tunnel(py, t)
+    }
+
+    /// `tunnel_raw` for asyncio.
+    #[pyo3(signature = (cluster, *, timeout=None, key=None))]
+    fn tunnel_raw_async<'py>(
+        &self,
+        py: Python<'py>,
+        cluster: &Bound<'py, PyAny>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        key: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let five = 5.0f64.into_pyobject(py)?.into_any();
+        let fut = self.tunnel_fut(
+            cluster,
+            timeout.filter(|t| !t.is_none()).unwrap_or(&five),
+            key,
+        )?;
+        run_async(py, fut)
+    }
+
+    /// The node's counters (per node, client and subscription) as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = run(py, self.stats_fut())?;
+        json_loads(py, &s)
+    }
+
+    /// The node's counters as JSON text, for asyncio (`skiff.aio` parses it).
+    fn stats_json_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        run_async(py, self.stats_fut())
+    }
+
+    /// This client's own counters: failovers, publishes held or refused
+    /// while it had no node, the node it is connected to, and errors the
+    /// node reported about publishes.
+    fn link_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.c.link_stats();
+        let (n, last) = self.core.c.async_errors();
+        let d = PyDict::new(py);
+        d.set_item("node", s.node)?;
+        d.set_item("failovers", s.failovers)?;
+        d.set_item("held", s.held)?;
+        d.set_item("refused", s.refused)?;
+        d.set_item("async_errors", n)?;
+        d.set_item("last_async_error", last)?;
+        Ok(d)
+    }
+
+    /// The node's id for this client (a new one after each failover).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.core.c.id()
+    }
+
+    /// The largest payload the node accepts, in bytes.
+    #[getter]
+    fn max_payload(&self) -> usize {
+        self.core.c.max_payload()
+    }
+
+    /// Closes the connection (after a flush of at most `timeout` seconds,
+    /// so what was published reaches the node). Idempotent.
+    #[pyo3(signature = (timeout=None))]
+    fn close(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let t = timeout_arg("timeout", timeout)?.unwrap_or(Duration::from_secs(1));
+        let c = self.core.c.clone();
+        let mut fut = pin!(async move { c.flush().await });
+        // A closed client fails the flush at once: nothing to report.
+        let _ = block_on(py, fut.as_mut(), deadline(Some(t)))?;
+        self.core.c.close();
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.close(py, None)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<skiff.Client id={}>", self.core.c.id())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Subscription
+
+#[derive(Debug)]
+struct SubState {
+    sub: Option<skiff::client::Subscription>,
+    /// Taken from the subscription, not yet handed to Python.
+    buf: VecDeque<Delivery>,
+    paused: bool,
+}
+
+#[derive(Debug)]
+struct SubCore {
+    st: Mutex<SubState>,
+    /// Every waiter (the blocking parker, asyncio tasks).
+    fan: Arc<Fan>,
+    fan_waker: Waker,
+    parker: Arc<Parker>,
+    client: skiff::Client,
+}
+
+/// What one look at a subscription found.
+enum Got {
+    One(Delivery),
+    /// Ended: by the application (None) or the node (the reason).
+    Ended(Option<String>),
+}
+
+impl SubCore {
+    /// Moves what is here now into the buffer (up to `BATCH`).
+    fn fill(st: &mut SubState) {
+        if let Some(s) = st.sub.as_mut() {
+            while st.buf.len() < BATCH {
+                match s.try_recv() {
+                    Some(d) => st.buf.push_back(d),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// One message if there is one (waker registered if not).
+    fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Got> {
+        self.fan.register(cx.waker());
+        let mut st = self.st.lock();
+        if st.paused {
+            return Poll::Pending;
+        }
+        if let Some(d) = st.buf.pop_front() {
+            return Poll::Ready(Got::One(d));
+        }
+        let st = &mut *st;
+        let Some(s) = st.sub.as_mut() else {
+            return Poll::Ready(Got::Ended(None));
+        };
+        match s.poll_recv(&mut Context::from_waker(&self.fan_waker)) {
+            Poll::Ready(Some(d)) => {
+                Self::fill(st);
+                Poll::Ready(Got::One(d))
+            }
+            Poll::Ready(None) => Poll::Ready(Got::Ended(s.error())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn wake_all(&self) {
+        self.fan_waker.wake_by_ref();
+        self.parker.unpark();
+    }
+}
+
+fn ended_error(why: Option<String>) -> PyErr {
+    match why {
+        Some(w) if w.contains("slow consumer") => raise("SlowConsumer", w),
+        Some(w) => raise("ConnectionClosed", w),
+        None => raise(
+            "ConnectionClosed",
+            "the subscription ended (unsubscribed or the client closed)",
+        ),
+    }
+}
+
+/// A subscription: iterate it (`for m in sub`), or call `next(timeout)`.
+/// Ending it: `unsubscribe()`, a `with` block, or dropping it.
+#[pyclass(module = "skiff", frozen)]
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    core: Arc<SubCore>,
+    pattern: String,
+    id: u64,
+}
+
+impl Subscription {
+    fn new(client: skiff::Client, s: skiff::client::Subscription, pattern: String) -> Subscription {
+        let id = s.id();
+        let (fan, fan_waker) = Fan::new();
+        Subscription {
+            core: Arc::new(SubCore {
+                st: Mutex::new(SubState {
+                    sub: Some(s),
+                    buf: VecDeque::new(),
+                    paused: false,
+                }),
+                fan,
+                fan_waker,
+                parker: Parker::new(),
+                client,
+            }),
+            pattern,
+            id,
+        }
+    }
+
+    fn next_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Got>> {
+        // The fast path: a message already taken, no wait.
+        {
+            let mut st = self.core.st.lock();
+            if !st.paused {
+                if let Some(d) = st.buf.pop_front() {
+                    return Ok(Some(Got::One(d)));
+                }
+            }
+        }
+        poll_until(py, &self.core.parker, deadline(timeout), |cx| {
+            self.core.poll_one(cx)
+        })
+    }
+}
+
+#[pymethods]
+impl Subscription {
+    /// The next message, waiting up to `timeout` seconds (None: forever)
+    /// with the GIL released. Raises TimeoutError when none came, and
+    /// ConnectionClosed once the subscription ended.
+    #[pyo3(signature = (timeout=None))]
+    fn next(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Message> {
+        let t = timeout_arg("timeout", timeout)?;
+        match self.next_inner(py, t)? {
+            Some(Got::One(d)) => Ok(Message::delivery(d, &self.core.client)),
+            Some(Got::Ended(why)) => Err(ended_error(why)),
+            None => Err(raise("TimeoutError", "no message within the timeout")),
+        }
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Message> {
+        match self.next_inner(py, None)? {
+            Some(Got::One(d)) => Ok(Message::delivery(d, &self.core.client)),
+            Some(Got::Ended(Some(why))) => Err(ended_error(Some(why))),
+            _ => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// Up to `max` messages that are here now, without waiting ([] if
+    /// none, or while paused).
+    #[pyo3(signature = (max=1024))]
+    fn take(&self, max: usize) -> Vec<Message> {
+        let mut st = self.core.st.lock();
+        if st.paused {
+            return Vec::new();
+        }
+        if st.buf.len() < max {
+            SubCore::fill(&mut st);
+        }
+        let n = st.buf.len().min(max);
+        st.buf
+            .drain(..n)
+            .map(|d| Message::delivery(d, &self.core.client))
+            .collect()
+    }
+
+    /// For asyncio: an awaitable that finishes with True once messages
+    /// are here (take them with `take`) or the subscription resumed from
+    /// a pause, or None once it ended (raising if the node ended it). It
+    /// takes nothing itself, so cancelling it loses nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        let mut was_paused = None;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let r = poll_fn(|cx| {
+                let paused = core.st.lock().paused;
+                if *was_paused.get_or_insert(paused) && !paused {
+                    return Poll::Ready(Ok(()));
+                }
+                match core.poll_one(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Got::One(d)) => {
+                        core.st.lock().buf.push_front(d);
+                        Poll::Ready(Ok(()))
+                    }
+                    Poll::Ready(Got::Ended(why)) => Poll::Ready(Err(why)),
+                }
+            })
+            .await;
+            match r {
+                Ok(()) => Ok(Some(true)),
+                Err(None) => Ok(None),
+                Err(why) => Err(ended_error(why)),
+            }
+        })
+    }
+
+    /// Stops handing out messages (cMsg's pause): they wait, and once
+    /// this process's window and the node's queue are full the policy
+    /// applies.
+    fn pause(&self) {
+        let mut st = self.core.st.lock();
+        st.paused = true;
+        if let Some(s) = &st.sub {
+            s.pause();
+        }
+    }
+
+    /// Hands out messages again.
+    fn resume(&self) {
+        let mut st = self.core.st.lock();
+        st.paused = false;
+        if let Some(s) = &st.sub {
+            s.resume();
+        }
+        self.core.wake_all();
+    }
+
+    /// Whether paused.
+    #[getter]
+    fn paused(&self) -> bool {
+        self.core.st.lock().paused
+    }
+
+    /// Ends the subscription (idempotent); waiting calls end too.
+    fn unsubscribe(&self) {
+        let mut st = self.core.st.lock();
+        let s = st.sub.take();
+        st.buf.clear();
+        self.core.wake_all();
+        drop(st);
+        drop(s);
+    }
+
+    /// Whether the subscription is live (not unsubscribed).
+    #[getter]
+    fn active(&self) -> bool {
+        self.core.st.lock().sub.is_some()
+    }
+
+    /// Messages the node dropped for this subscription so far (its
+    /// policy), as the node last reported.
+    #[getter]
+    fn dropped(&self) -> u64 {
+        self.core.st.lock().sub.as_ref().map_or(0, |s| s.dropped())
+    }
+
+    /// Failovers this subscription lived through (each a window in which
+    /// messages may have been missed; see `Message.gap`).
+    #[getter]
+    fn gaps(&self) -> u64 {
+        self.core.st.lock().sub.as_ref().map_or(0, |s| s.gaps())
+    }
+
+    /// Messages waiting in this process.
+    #[getter]
+    fn pending(&self) -> usize {
+        let st = self.core.st.lock();
+        st.buf.len() + st.sub.as_ref().map_or(0, |s| s.queue_len())
+    }
+
+    /// The subject pattern.
+    #[getter]
+    fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The subscription's id (as in the node's stats).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) {
+        self.unsubscribe();
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<skiff.Subscription {:?} id={}>", self.pattern, self.id)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Member
+
+#[derive(Debug)]
+struct MemberCore {
+    m: Mutex<Option<Arc<skiff::client::Member>>>,
+    /// Taken by an asyncio wait, not yet handed out.
+    stash: Mutex<VecDeque<Incoming>>,
+    fan: Arc<Fan>,
+    fan_waker: Waker,
+    parker: Arc<Parker>,
+    client: skiff::Client,
+    cluster: String,
+}
+
+/// A tunnel as the file-like `skiff.TunnelFile`.
+fn wrap_tunnel(py: Python<'_>, t: Tunnel) -> PyResult<Py<PyAny>> {
+    let t = Py::new(py, t)?;
+    Ok(py
+        .import("skiff._io")?
+        .getattr("TunnelFile")?
+        .call1((t,))?
+        .unbind())
+}
+
+/// What a member receives, as Python objects.
+fn incoming(py: Python<'_>, i: Incoming, file: bool) -> PyResult<Py<PyAny>> {
+    Ok(match i {
+        Incoming::Request(r) => Py::new(py, Message::request(r))?.into_any(),
+        Incoming::Broadcast(m) => Py::new(py, Message::plain(m))?.into_any(),
+        Incoming::Tunnel(t) if file => wrap_tunnel(py, Tunnel::new(t))?,
+        Incoming::Tunnel(t) => Py::new(py, Tunnel::new(t))?.into_any(),
+        _ => py.None(),
+    })
+}
+
+/// Membership in a cluster: iterate it or call `next(timeout)` for the
+/// requests (Messages with `reply` set: answer with `respond`),
+/// broadcasts (Messages) and tunnels (Tunnel) sent to this member.
+/// `leave()` (or a `with` block) leaves the cluster.
+#[pyclass(module = "skiff", frozen)]
+#[derive(Debug)]
+pub(crate) struct Member {
+    core: Arc<MemberCore>,
+}
+
+impl Member {
+    fn new(m: skiff::client::Member, client: skiff::Client) -> Member {
+        let cluster = m.cluster().to_owned();
+        let (fan, fan_waker) = Fan::new();
+        Member {
+            core: Arc::new(MemberCore {
+                m: Mutex::new(Some(Arc::new(m))),
+                stash: Mutex::new(VecDeque::new()),
+                fan,
+                fan_waker,
+                parker: Parker::new(),
+                client,
+                cluster,
+            }),
+        }
+    }
+
+    fn poll(core: &MemberCore, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        if let Some(i) = core.stash.lock().pop_front() {
+            return Poll::Ready(Some(i));
+        }
+        let Some(m) = core.m.lock().clone() else {
+            return Poll::Ready(None);
+        };
+        // `recv` only takes an item when it is ready: a fresh future per
+        // poll loses nothing.
+        core.fan.register(cx.waker());
+        let fut = pin!(m.recv());
+        fut.poll(&mut Context::from_waker(&core.fan_waker))
+    }
+
+    fn next_inner(
+        &self,
+        py: Python<'_>,
+        t: Option<Duration>,
+    ) -> PyResult<Option<Option<Incoming>>> {
+        poll_until(py, &self.core.parker, deadline(t), |cx| {
+            Member::poll(&self.core, cx)
+        })
+    }
+}
+
+#[pymethods]
+impl Member {
+    /// The next request, broadcast or tunnel, waiting up to `timeout`
+    /// seconds. Raises TimeoutError, or ConnectionClosed once the
+    /// membership ended.
+    #[pyo3(signature = (timeout=None))]
+    fn next(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        let t = timeout_arg("timeout", timeout)?;
+        match self.next_inner(py, t)? {
+            Some(Some(i)) => incoming(py, i, true),
+            Some(None) => Err(raise("ConnectionClosed", "the membership ended")),
+            None => Err(raise("TimeoutError", "nothing within the timeout")),
+        }
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match self.next_inner(py, None)? {
+            Some(Some(i)) => incoming(py, i, true),
+            _ => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// The next request, broadcast or tunnel (a raw Tunnel) if one is
+    /// here now, else None.
+    fn try_next(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        match Member::poll(&self.core, &mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Some(i)) => incoming(py, i, false).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// For asyncio: an awaitable that finishes with True once something
+    /// is here (take it with `try_next`), None once the membership ended.
+    /// Cancelling it loses nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let i = poll_fn(|cx| Member::poll(&core, cx)).await;
+            Ok(i.map(|i| {
+                core.stash.lock().push_front(i);
+                true
+            }))
+        })
+    }
+
+    /// Leaves the cluster (idempotent).
+    fn leave(&self) {
+        let m = self.core.m.lock().take();
+        self.core.fan_waker.wake_by_ref();
+        self.core.parker.unpark();
+        drop(m);
+    }
+
+    /// The cluster.
+    #[getter]
+    fn cluster(&self) -> &str {
+        &self.core.cluster
+    }
+
+    /// Failovers this membership lived through.
+    #[getter]
+    fn gaps(&self) -> u64 {
+        self.core.m.lock().as_ref().map_or(0, |m| m.gaps())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) {
+        self.leave();
+    }
+
+    fn __repr__(&self) -> String {
+        let _ = &self.core.client;
+        format!("<skiff.Member of {:?}>", self.core.cluster)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tunnel
+
+#[derive(Debug)]
+struct TunCore {
+    t: Mutex<Option<Arc<skiff::client::Tunnel>>>,
+    /// Taken by an asyncio wait, not yet handed out.
+    stash: Mutex<VecDeque<skiff::Message>>,
+    fan: Arc<Fan>,
+    fan_waker: Waker,
+    parker: Arc<Parker>,
+    id: u64,
+}
+
+/// A tunnel: an ordered, flow-controlled stream of messages with one
+/// member of a cluster, exactly once while both ends live. `send` waits
+/// while the peer's window is full; `recv` returns None once it closed.
+/// `skiff.Client.tunnel` wraps it as a file-like object.
+#[pyclass(module = "skiff", frozen)]
+#[derive(Debug)]
+pub(crate) struct Tunnel {
+    core: Arc<TunCore>,
+}
+
+impl Tunnel {
+    fn new(t: skiff::client::Tunnel) -> Tunnel {
+        let id = t.id();
+        let (fan, fan_waker) = Fan::new();
+        Tunnel {
+            core: Arc::new(TunCore {
+                t: Mutex::new(Some(Arc::new(t))),
+                stash: Mutex::new(VecDeque::new()),
+                fan,
+                fan_waker,
+                parker: Parker::new(),
+                id,
+            }),
+        }
+    }
+
+    fn get(&self) -> PyResult<Arc<skiff::client::Tunnel>> {
+        self.core
+            .t
+            .lock()
+            .clone()
+            .ok_or_else(|| raise("ConnectionClosed", "the tunnel is closed"))
+    }
+
+    fn poll(core: &TunCore, cx: &mut Context<'_>) -> Poll<Option<skiff::Message>> {
+        if let Some(m) = core.stash.lock().pop_front() {
+            return Poll::Ready(Some(m));
+        }
+        let Some(t) = core.t.lock().clone() else {
+            return Poll::Ready(None);
+        };
+        // `recv` takes a message only when ready: a fresh future per poll
+        // loses nothing.
+        core.fan.register(cx.waker());
+        let fut = pin!(t.recv());
+        fut.poll(&mut Context::from_waker(&core.fan_waker))
+    }
+
+    fn send_fut(&self, data: &Bound<'_, PyAny>) -> PyResult<CallFuture<()>> {
+        let t = self.get()?;
+        let m = skiff::Message::new("", crate::message::payload("data", data)?);
+        Ok(Box::pin(async move { t.send(m).await }))
+    }
+}
+
+#[pymethods]
+impl Tunnel {
+    /// Sends `data` as one message, waiting (GIL released) for window.
+    fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let fut = self.send_fut(data)?;
+        run(py, fut)
+    }
+
+    /// `send` for asyncio.
+    fn send_async<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.send_fut(data)?;
+        run_async(py, fut)
+    }
+
+    /// The next message's bytes, waiting up to `timeout` seconds; None
+    /// once the tunnel closed. Raises TimeoutError.
+    #[pyo3(signature = (timeout=None))]
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let t = timeout_arg("timeout", timeout)?;
+        match poll_until(py, &self.core.parker, deadline(t), |cx| {
+            Tunnel::poll(&self.core, cx)
+        })? {
+            Some(Some(m)) => Ok(Some(pyo3::types::PyBytes::new(py, &m.payload))),
+            Some(None) => Ok(None),
+            None => Err(raise("TimeoutError", "nothing within the timeout")),
+        }
+    }
+
+    /// The next message's bytes if one is here now; None if not; False
+    /// once the tunnel closed.
+    fn try_recv<'py>(&self, py: Python<'py>) -> Py<PyAny> {
+        match Tunnel::poll(&self.core, &mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Some(m)) => pyo3::types::PyBytes::new(py, &m.payload)
+                .into_any()
+                .unbind(),
+            Poll::Ready(None) => false
+                .into_pyobject(py)
+                .map(|b| b.to_owned().into_any().unbind())
+                .unwrap_or_else(|_| py.None()),
+            Poll::Pending => py.None(),
+        }
+    }
+
+    /// For asyncio: an awaitable that finishes once a message is here (or
+    /// the tunnel closed); take it with `try_recv`. Cancelling it loses
+    /// nothing.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            if let Some(m) = poll_fn(|cx| Tunnel::poll(&core, cx)).await {
+                core.stash.lock().push_front(m);
+            }
+            Ok(())
+        })
+    }
+
+    /// Closes the tunnel (idempotent); the peer's recv returns None.
+    fn close(&self) {
+        let t = self.core.t.lock().take();
+        self.core.fan_waker.wake_by_ref();
+        self.core.parker.unpark();
+        drop(t);
+    }
+
+    /// Why the tunnel ended, if the client lost its node.
+    #[getter]
+    fn error(&self) -> Option<String> {
+        self.core.t.lock().as_ref().and_then(|t| t.error())
+    }
+
+    /// Whether the tunnel is closed here.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.core.t.lock().is_none()
+    }
+
+    /// The node's id for the tunnel.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.core.id
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<skiff.Tunnel id={}>", self.core.id)
+    }
+}
