@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
-targets=(decode_datagram header varint batcher assoc_packet assoc_session compound wire_validate mesh_packet client_frame node_frame tunnel_frame msg_frames buffer_frame log_record)
+targets=(decode_datagram header varint batcher assoc_packet assoc_session compound wire_validate mesh_packet client_frame node_frame tunnel_frame msg_frames buffer_frame log_record cmsg_pattern)
 
 if ! rustup toolchain list | grep -q '^nightly'; then
   echo "== installing the nightly toolchain (cargo fuzz needs it)"

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use skiff_proto::client_frame::{ClientFrame, Policy};
-use skiff_proto::router::{KindPattern, Pattern};
+use skiff_proto::router::{CmsgPattern, KindPattern, Pattern, Syntax};
 use skiff_proto::Message;
 
 use super::inbox::{self, Shared};
@@ -32,6 +32,9 @@ pub struct SubOptions {
     /// Most messages held in this process before the application takes
     /// them (the credit window).
     pub window: u32,
+    /// The kind of the subject and type patterns: tokens (the default) or
+    /// cMsg's matching over whole strings ([`SubOptions::cmsg`]).
+    pub syntax: Syntax,
 }
 
 impl Default for SubOptions {
@@ -40,6 +43,7 @@ impl Default for SubOptions {
             policy: Policy::DropOldest,
             queue: 65_536,
             window: 4_096,
+            syntax: Syntax::Tokens,
         }
     }
 }
@@ -64,6 +68,22 @@ impl SubOptions {
     pub fn window(mut self, n: u32) -> Self {
         self.window = n;
         self
+    }
+
+    /// Sets the pattern kind.
+    #[must_use]
+    pub fn syntax(mut self, s: Syntax) -> Self {
+        self.syntax = s;
+        self
+    }
+
+    /// Makes the subject and type patterns cMsg patterns: `*` any run of
+    /// characters, `?` one character, `#` a non-negative integer,
+    /// `{i>5 & i<10 | i=20}` an integer in a range
+    /// (see [`skiff_proto::router::cmsg`]).
+    #[must_use]
+    pub fn cmsg(self) -> Self {
+        self.syntax(Syntax::Cmsg)
     }
 }
 
@@ -343,10 +363,9 @@ impl Client {
         kind: &str,
         opts: SubOptions,
     ) -> Result<Subscription, Error> {
-        Pattern::new(pattern)?;
-        KindPattern::new(kind)?;
+        check_patterns(opts.syntax, pattern, kind)?;
         if let Backend::File(f) = &self.inner.backend {
-            return f.subscribe(self.inner.clone(), pattern, kind);
+            return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
         }
         let sid = self.inner.next_id();
         let inbox = inbox::shared();
@@ -382,6 +401,7 @@ impl Client {
                     policy: opts.policy,
                     queue: opts.queue.max(1),
                     credit: window,
+                    syntax: opts.syntax,
                 },
             )
             .await;
@@ -407,4 +427,18 @@ impl Client {
         let sub = self.subscribe_with(pattern, kind, opts).await?;
         Ok(SubscriptionHandle::spawn(sub, f))
     }
+}
+
+/// Checks a subscription's subject and type patterns, of kind `syntax`.
+pub(crate) fn check_patterns(syntax: Syntax, pattern: &str, kind: &str) -> Result<(), Error> {
+    Pattern::with_syntax(pattern, syntax)?;
+    match syntax {
+        Syntax::Tokens => {
+            KindPattern::new(kind)?;
+        }
+        Syntax::Cmsg => {
+            CmsgPattern::kind(kind)?;
+        }
+    }
+    Ok(())
 }
