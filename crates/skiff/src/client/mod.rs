@@ -157,6 +157,8 @@ struct SubEntry {
     /// The node acknowledged it (one still in flight is not restored: its
     /// call fails instead).
     live: bool,
+    /// Held by the client-wide stop ([`Client::stop`]).
+    gated: bool,
 }
 
 /// A cluster membership as the client registered it.
@@ -187,6 +189,8 @@ struct State {
     listeners: Listeners,
     /// Why the node closed this client.
     fatal: Option<(Code, String)>,
+    /// Delivery is stopped client-wide ([`Client::stop`]).
+    stopped: bool,
     /// Errors about publishes, which have no call to return them to.
     async_errors: u64,
     last_async_error: Option<String>,

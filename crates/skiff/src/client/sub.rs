@@ -170,7 +170,7 @@ impl Subscription {
     pub fn try_recv(&mut self) -> Option<Delivery> {
         let (d, credit) = {
             let mut i = self.inbox.lock();
-            if i.paused {
+            if i.held() {
                 return None;
             }
             let d = i.q.pop_front();
@@ -363,6 +363,80 @@ impl Client {
         kind: &str,
         opts: SubOptions,
     ) -> Result<Subscription, Error> {
+        self.subscribe_inner(pattern, kind, opts, true).await
+    }
+
+    /// cMsg's `subscribeAndGet`: waits up to `timeout` for the next message
+    /// matching `pattern` and `kind` (of the kind in `opts`), with no
+    /// lasting subscription: the one made for the call ends when it
+    /// returns, whatever the outcome. Only messages published after the
+    /// node holds the interest can match (as for
+    /// [`Client::subscribe_with`]); the client-wide [`Client::stop`] does
+    /// not hold this one back. [`Error::Timeout`] when none came in time.
+    pub async fn subscribe_and_get(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        timeout: std::time::Duration,
+    ) -> Result<Delivery, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let sub = self.subscribe_inner(pattern, kind, opts.window(1), false);
+        let mut sub = tokio::time::timeout_at(deadline, sub)
+            .await
+            .map_err(|_| Error::Timeout)??;
+        match tokio::time::timeout_at(deadline, sub.recv()).await {
+            Ok(Some(d)) => Ok(d),
+            Ok(None) => Err(match sub.error() {
+                Some(reason) => Error::Refused {
+                    code: super::Code::Shutdown,
+                    reason,
+                },
+                None => Error::Closed,
+            }),
+            Err(_) => Err(Error::Timeout),
+        }
+    }
+
+    /// Stops delivery for the whole client (cMsg's `stop`): every
+    /// subscription, callbacks included, and every one made while stopped,
+    /// holds its messages as [`Subscription::pause`] does (its own pause
+    /// and resume still apply on top) until [`Client::start`]. A `file://`
+    /// log's subscriptions are not held.
+    pub fn stop(&self) {
+        self.set_started(false);
+    }
+
+    /// Starts delivery again after [`Client::stop`] (cMsg's `start`); a
+    /// client starts started.
+    pub fn start(&self) {
+        self.set_started(true);
+    }
+
+    /// Whether delivery is on (see [`Client::stop`]).
+    pub fn is_started(&self) -> bool {
+        !self.inner.state.lock().stopped
+    }
+
+    fn set_started(&self, on: bool) {
+        let mut st = self.inner.state.lock();
+        st.stopped = !on;
+        for s in st.subs.values().filter(|s| s.gated) {
+            let mut i = s.inbox.lock();
+            i.stopped = !on;
+            if on {
+                i.wake();
+            }
+        }
+    }
+
+    async fn subscribe_inner(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        gated: bool,
+    ) -> Result<Subscription, Error> {
         check_patterns(opts.syntax, pattern, kind)?;
         if let Backend::File(f) = &self.inner.backend {
             return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
@@ -377,9 +451,11 @@ impl Client {
                     reason: e.clone(),
                 });
             }
+            inbox.lock().stopped = gated && st.stopped;
             st.subs.insert(
                 sid,
                 SubEntry {
+                    gated,
                     inbox: inbox.clone(),
                     pattern: pattern.into(),
                     kind: kind.into(),
