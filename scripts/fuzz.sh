@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
-targets=(decode_datagram header varint batcher assoc_packet assoc_session compound wire_validate mesh_packet client_frame node_frame tunnel_frame msg_frames buffer_frame log_record nats_client)
+# Every [[bin]] of fuzz/Cargo.toml is a target.
+mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^skiff-fuzz$')
 
 if ! rustup toolchain list | grep -q '^nightly'; then
   echo "== installing the nightly toolchain (cargo fuzz needs it)"

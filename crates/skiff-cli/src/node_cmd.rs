@@ -253,11 +253,18 @@ pub(crate) fn publish(a: PubArgs) -> Result<()> {
 pub(crate) struct SubArgs {
     #[command(flatten)]
     loc: NodeLoc,
-    /// Subject pattern (`*` one token, `>` the rest).
+    /// Subject pattern (`*` one token, `>` the rest; with `--cmsg`, a cMsg
+    /// pattern).
     pattern: String,
-    /// Type pattern (`*` any).
+    /// Type pattern (`*` any; with `--cmsg`, a cMsg pattern).
     #[arg(long = "type", default_value = "*")]
     kind: String,
+    /// Match the subject and the type as cMsg patterns over whole strings:
+    /// `*` any run of characters, `?` one character, `#` a non-negative
+    /// integer, `{i>5 & i<10 | i=20}` an integer in a range (e.g.
+    /// `--cmsg 'daq.h*b.rate' --type 'count?'`).
+    #[arg(long)]
+    cmsg: bool,
     /// Stop after this many messages.
     #[arg(long)]
     count: Option<u64>,
@@ -291,7 +298,10 @@ fn show(m: &Message) -> String {
 pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let c = a.loc.connect().await?;
-        let opts = SubOptions::default().policy(a.policy).queue(a.queue);
+        let mut opts = SubOptions::default().policy(a.policy).queue(a.queue);
+        if a.cmsg {
+            opts = opts.cmsg();
+        }
         let mut s = c.subscribe_with(&a.pattern, &a.kind, opts).await?;
         let mut events = c.events();
         let mut n = 0u64;

@@ -229,6 +229,7 @@ fn a_stats_flood_from_a_client_that_never_reads_is_bounded() {
             policy: Policy::DropNewest,
             queue: 16,
             credit: 16,
+            syntax: Default::default(),
         });
     }
     subs.ping(1);

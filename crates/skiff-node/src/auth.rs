@@ -54,7 +54,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
-use skiff_proto::router::{Pattern, PatternToken, Subject};
+use skiff_proto::router::{CmsgPattern, Pattern, PatternToken, Subject, Syntax};
 use subtle::ConstantTimeEq;
 
 /// Longest token, user name, password or key accepted from a client, in
@@ -378,6 +378,23 @@ impl Permissions {
     /// Whether it may subscribe to `pattern`.
     pub fn may_subscribe(&self, pattern: &str) -> bool {
         self.subscribe.permits_pattern(pattern)
+    }
+
+    /// Whether it may subscribe to `pattern` of kind `syntax`. A cMsg
+    /// pattern with a wildcard can match subjects of any number of tokens,
+    /// which token rules cannot bound: it is allowed only where subscribing
+    /// is unrestricted. A cMsg pattern without one matches only its own
+    /// text, and is checked as that subject.
+    pub fn may_subscribe_as(&self, syntax: Syntax, pattern: &str) -> bool {
+        match syntax {
+            Syntax::Tokens => self.may_subscribe(pattern),
+            Syntax::Cmsg => match CmsgPattern::subject(pattern) {
+                Ok(p) if p.is_literal() && Subject::new(pattern).is_ok() => {
+                    self.subscribe.permits_pattern(pattern)
+                }
+                _ => self.subscribe.allow.is_none() && self.subscribe.deny.is_empty(),
+            },
+        }
     }
 
     /// Whether it may join `cluster`.

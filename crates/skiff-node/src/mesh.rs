@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use skiff_proto::mesh::node_frame::{self, op, NodeFrame};
 use skiff_proto::mesh::{Mesh, MeshConfig, NodeId};
+use skiff_proto::router::Syntax;
 use skiff_proto::stats::MeshView;
 use skiff_proto::Message;
 use tokio::sync::Notify;
@@ -246,13 +247,13 @@ impl MeshLink {
         }
     }
 
-    pub(crate) fn add_interest(&self, pattern: &str, kind: &str) {
-        self.core.lock().add_interest(pattern, kind);
+    pub(crate) fn add_interest(&self, syntax: Syntax, pattern: &str, kind: &str) {
+        self.core.lock().add_interest_as(syntax, pattern, kind);
         self.wake.notify_one();
     }
 
-    pub(crate) fn remove_interest(&self, pattern: &str, kind: &str) {
-        self.core.lock().remove_interest(pattern, kind);
+    pub(crate) fn remove_interest(&self, syntax: Syntax, pattern: &str, kind: &str) {
+        self.core.lock().remove_interest_as(syntax, pattern, kind);
         self.wake.notify_one();
     }
 

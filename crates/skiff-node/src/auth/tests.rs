@@ -273,3 +273,25 @@ fn configuration_errors_name_the_line() {
     let none = config("[auth]\n[[auth.users]]\nname = \"a\"\n");
     assert!(Auth::new(&none).is_err());
 }
+
+#[test]
+fn cmsg_subscriptions_are_allowed_only_where_tokens_cannot_be_escaped() {
+    use skiff_proto::router::Syntax;
+    let open = Permissions::default();
+    assert!(open.may_subscribe_as(Syntax::Cmsg, "*"));
+    let limited = Permissions {
+        subscribe: Rule {
+            allow: Some(vec![PatternText::new("public.>").unwrap()]),
+            deny: Vec::new(),
+        },
+        ..Permissions::default()
+    };
+    // `public.*` as a cMsg pattern also matches `public.a.payroll.x`; as
+    // tokens it would be within `public.>`, so the kind must decide.
+    assert!(limited.may_subscribe_as(Syntax::Tokens, "public.*"));
+    assert!(!limited.may_subscribe_as(Syntax::Cmsg, "public.*"));
+    assert!(!limited.may_subscribe_as(Syntax::Cmsg, "*"));
+    // Without a wildcard it is one subject, checked as such.
+    assert!(limited.may_subscribe_as(Syntax::Cmsg, "public.news"));
+    assert!(!limited.may_subscribe_as(Syntax::Cmsg, "private.news"));
+}

@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use skiff_proto::client_frame::{ClientFrame, Code, Policy, ServerFrame, ASYNC_ERROR};
-use skiff_proto::router::{Clusters, Router, SubId, Subject};
+use skiff_proto::router::{Clusters, Router, SubId, Subject, Syntax};
 use skiff_proto::Message;
 
 use crate::auth::{Auth, User};
@@ -61,8 +61,8 @@ struct SubEntry {
 struct ClientEntry {
     out: Arc<ClientOut>,
     peer: String,
-    /// The client's sid → router id, policy and patterns.
-    sids: FxHashMap<u64, (SubId, Policy, String, String)>,
+    /// The client's sid → router id, policy and patterns (with their kind).
+    sids: FxHashMap<u64, (SubId, Policy, String, String, Syntax)>,
     /// The client's request id → node token.
     requests: FxHashMap<u64, u64>,
     /// Cluster requests this client was chosen to answer.
@@ -199,8 +199,8 @@ impl Broker {
     pub fn set_mesh(&self, link: Arc<MeshLink>) {
         let st = self.state.lock();
         for c in st.clients.values() {
-            for (_, _, p, k) in c.sids.values() {
-                link.add_interest(p, k);
+            for (_, _, p, k, syntax) in c.sids.values() {
+                link.add_interest(*syntax, p, k);
             }
         }
         let _ = self.mesh.set(link);
@@ -327,10 +327,10 @@ impl Broker {
         };
         c.out.close(error);
         st.router.remove_subscriber(client);
-        for (_, (id, _, pattern, kind)) in c.sids {
+        for (_, (id, _, pattern, kind, syntax)) in c.sids {
             st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
-                m.remove_interest(&pattern, &kind);
+                m.remove_interest(syntax, &pattern, &kind);
             }
         }
         let joined: Vec<String> = if self.mesh.get().is_some() {
@@ -444,12 +444,21 @@ impl Broker {
 
     /// Checks a message from a client against the limits.
     fn check_message(&self, msg: &Message, subject_needed: bool) -> Result<(), (Code, String)> {
-        self.check_parts(&msg.subject, msg.payload.len(), subject_needed)
+        self.check_parts(
+            &msg.subject,
+            msg.kind.as_deref(),
+            msg.payload.len(),
+            subject_needed,
+        )
     }
 
+    /// Checks a message's size, and its subject (when `subject_needed`)
+    /// and type the way a subscription's are checked, so that nothing is
+    /// delivered that no one could have subscribed to.
     fn check_parts(
         &self,
         subject: &str,
+        kind: Option<&str>,
         payload: usize,
         subject_needed: bool,
     ) -> Result<(), (Code, String)> {
@@ -468,6 +477,9 @@ impl Broker {
         }
         if subject_needed {
             Subject::new(subject).map_err(|e| (Code::Invalid, e.to_string()))?;
+        }
+        if let Some(k) = kind {
+            skiff_proto::router::check_kind(k).map_err(|e| (Code::Invalid, e.to_string()))?;
         }
         Ok(())
     }
@@ -513,7 +525,15 @@ impl Broker {
         queue: u32,
         credit: u32,
     ) -> Result<(), (Code, String)> {
-        self.subscribe(me, sid, pattern, "*".into(), policy, queue, credit, group)
+        self.subscribe(
+            me,
+            sid,
+            (Syntax::Tokens, pattern, "*".into()),
+            policy,
+            queue,
+            credit,
+            group,
+        )
     }
 
     /// Handles a frame that never waits: anything but `Pub` and `Req`,
@@ -534,9 +554,10 @@ impl Broker {
                 policy,
                 queue,
                 credit,
+                syntax,
             } => {
                 let r = self.permit(me, Op::Subscribe, &pattern).and_then(|()| {
-                    self.subscribe(me, sid, pattern, kind, policy, queue, credit, None)
+                    self.subscribe(me, sid, (syntax, pattern, kind), policy, queue, credit, None)
                 });
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use skiff_proto::client_frame::{Code, Policy, ServerFrame, ASYNC_ERROR};
-use skiff_proto::router::{SubId, Subject};
+use skiff_proto::router::{SubId, Subject, Syntax};
 use skiff_proto::{Message, WireError};
 
 use super::{Broker, State, SubEntry};
@@ -97,8 +97,7 @@ impl Broker {
         &self,
         me: &Arc<ClientOut>,
         sid: u64,
-        pattern: String,
-        kind: String,
+        (syntax, pattern, kind): (Syntax, String, String),
         policy: Policy,
         queue: u32,
         credit: u32,
@@ -127,7 +126,7 @@ impl Broker {
         }
         // The queue exists before the interest, so nothing matched is lost.
         me.add_sub(sid, queue as usize, policy, credit);
-        match st.router.subscribe(&pattern, &kind, me.id) {
+        match st.router.subscribe_as(syntax, &pattern, &kind, me.id) {
             Ok(id) => {
                 st.subs.insert(
                     id,
@@ -138,9 +137,9 @@ impl Broker {
                     },
                 );
                 if let Some(m) = self.mesh.get() {
-                    m.add_interest(&pattern, &kind);
+                    m.add_interest(syntax, &pattern, &kind);
                 }
-                c.sids.insert(sid, (id, policy, pattern, kind));
+                c.sids.insert(sid, (id, policy, pattern, kind, syntax));
                 Ok(())
             }
             Err(e) => {
@@ -281,7 +280,7 @@ impl Broker {
                             s == subject && k == kind
                         });
                     // A subject seen just before was checked and matched.
-                    if let Err((code, text)) = self.check_parts(subject, payload, !same) {
+                    if let Err((code, text)) = self.check_parts(subject, kind, payload, !same) {
                         me.control(ServerFrame::Error {
                             corr: ASYNC_ERROR,
                             code,
@@ -392,11 +391,11 @@ impl Broker {
     pub(super) fn unsubscribe(&self, me: &Arc<ClientOut>, sid: u64) {
         let mut st = self.state.lock();
         let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
-        if let Some((id, _, pattern, kind)) = removed {
+        if let Some((id, _, pattern, kind, syntax)) = removed {
             st.router.unsubscribe(id);
             st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
-                m.remove_interest(&pattern, &kind);
+                m.remove_interest(syntax, &pattern, &kind);
             }
         }
         drop(st);

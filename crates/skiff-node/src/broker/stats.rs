@@ -73,7 +73,7 @@ impl Broker {
             };
             let head = json_len(&cl) + 1;
             let mut first = true;
-            for (&sid, (_, policy, pattern, kind)) in sids {
+            for (&sid, (_, policy, pattern, kind, _)) in sids {
                 let sub = SubStats {
                     sid,
                     pattern: pattern.clone(),

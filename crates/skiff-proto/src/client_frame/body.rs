@@ -85,6 +85,10 @@ impl<'a> Reader<'a> {
         self.done = true;
         wire::decode_message(&rest, self.max_payload)
     }
+    /// Whether the body has bytes left (an optional trailing field).
+    pub(super) fn more(&self) -> bool {
+        !self.done && self.r.remaining() > 0
+    }
     pub(super) fn finish(&self) -> Result<(), WireError> {
         if self.done {
             return Ok(());

@@ -1,6 +1,7 @@
 //! Client → node frames: [`ClientFrame`]'s encoding and decoding, and the
 //! publish frame written without building a frame.
 
+use crate::router::Syntax;
 use crate::varint;
 use crate::wire::{self, MAX_SUBJECT};
 use crate::{Message, WireError};
@@ -23,14 +24,20 @@ impl ClientFrame {
                 policy,
                 queue,
                 credit,
-            } => Enc::new(out, op::SUB)
-                .v(*sid)
-                .s(pattern.as_bytes())
-                .s(kind.as_bytes())
-                .u8(*policy as u8)
-                .v(u64::from(*queue))
-                .v(u64::from(*credit))
-                .end(),
+                syntax,
+            } => {
+                let e = Enc::new(out, op::SUB)
+                    .v(*sid)
+                    .s(pattern.as_bytes())
+                    .s(kind.as_bytes())
+                    .u8(*policy as u8)
+                    .v(u64::from(*queue))
+                    .v(u64::from(*credit));
+                match syntax {
+                    Syntax::Tokens => e.end(),
+                    s => e.u8(*s as u8).end(),
+                }
+            }
             F::Unsub { sid } => Enc::new(out, op::UNSUB).v(*sid).end(),
             F::Credit { sid, n } => Enc::new(out, op::CREDIT).v(*sid).v(u64::from(*n)).end(),
             F::Req {
@@ -126,6 +133,12 @@ impl ClientFrame {
                     .ok_or(WireError::Malformed("unknown policy"))?,
                 queue: r.v32("queue")?,
                 credit: r.v32("credit")?,
+                syntax: if r.more() {
+                    Syntax::from_u8(r.u8("syntax")?)
+                        .ok_or(WireError::Malformed("unknown pattern syntax"))?
+                } else {
+                    Syntax::Tokens
+                },
             },
             op::UNSUB => F::Unsub { sid: r.v("sid")? },
             op::CREDIT => F::Credit {

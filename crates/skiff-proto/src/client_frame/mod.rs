@@ -16,7 +16,8 @@
 //! frame.
 //!
 //! Client → node ([`ClientFrame`]): `Pub [msg]`, `Sub v:sid s:pattern
-//! s:type u8:policy v:queue v:credit`, `Unsub v:sid`, `Credit v:sid v:n`,
+//! s:type u8:policy v:queue v:credit [u8:syntax]` (syntax present only
+//! for a cMsg subscription: 1), `Unsub v:sid`, `Credit v:sid v:n`,
 //! `Req v:rid u8:flags v:max s:target s:key [msg]`, `Reply v:token [msg]`,
 //! `Cancel v:rid`, `Join v:corr s:cluster v:capacity`, `Leave v:corr
 //! s:cluster`, `Bcast s:cluster [msg]`, `TunOpen v:corr s:cluster s:key
@@ -61,6 +62,7 @@
 //! limit before it reserves anything, and any input yields a frame, a need
 //! for more bytes, or an error.
 
+use crate::router::Syntax;
 use crate::Message;
 use bytes::Bytes;
 
@@ -227,6 +229,10 @@ pub enum ClientFrame {
         queue: u32,
         /// Messages the client can take before it grants more.
         credit: u32,
+        /// The kind of both patterns. Encoded as a trailing byte only when
+        /// not [`Syntax::Tokens`], so a token subscription reads the same
+        /// to a node that predates cMsg patterns.
+        syntax: Syntax,
     },
     /// End a subscription.
     Unsub {

@@ -20,6 +20,16 @@ fn client_frames() -> Vec<ClientFrame> {
             policy: Policy::Block,
             queue: 100,
             credit: 50,
+            syntax: Syntax::Tokens,
+        },
+        F::Sub {
+            sid: 8,
+            pattern: "daq.h*b.{i<5}".into(),
+            kind: "count?".into(),
+            policy: Policy::DropOldest,
+            queue: 1,
+            credit: 1,
+            syntax: Syntax::Cmsg,
         },
         F::Unsub { sid: 7 },
         F::Credit { sid: 7, n: 9 },
@@ -344,4 +354,33 @@ fn handshake_frames_are_bounded_and_hide_secrets() {
     };
     assert!(!format!("{:?}", ClientFrame::Auth(p)).contains("hunter2"));
     assert!(!format!("{:?}", Proof::Token("tok".into())).contains("tok"));
+}
+
+#[test]
+fn sub_syntax_is_a_trailing_byte_only_for_cmsg() {
+    let sub = |syntax| ClientFrame::Sub {
+        sid: 1,
+        pattern: "a".into(),
+        kind: "*".into(),
+        policy: Policy::DropOldest,
+        queue: 1,
+        credit: 1,
+        syntax,
+    };
+    let (mut tokens, mut cmsg) = (Vec::new(), Vec::new());
+    sub(Syntax::Tokens).encode(&mut tokens);
+    sub(Syntax::Cmsg).encode(&mut cmsg);
+    assert_eq!(cmsg.len(), tokens.len() + 1);
+    assert_eq!(*cmsg.last().unwrap(), 1);
+    // An unknown kind, or more after it, is refused.
+    let mut bad = cmsg.clone();
+    *bad.last_mut().unwrap() = 9;
+    let body = Bytes::copy_from_slice(&bad[LEN_PREFIX..]);
+    assert!(ClientFrame::decode(body, 1 << 20).is_err());
+    let mut long = cmsg.clone();
+    long.push(0);
+    let n = (long.len() - LEN_PREFIX) as u32;
+    long[..LEN_PREFIX].copy_from_slice(&n.to_le_bytes());
+    let body = Bytes::copy_from_slice(&long[LEN_PREFIX..]);
+    assert!(ClientFrame::decode(body, 1 << 20).is_err());
 }

@@ -17,7 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::packet::{self, Kind, Op, Reader};
 use super::{Mesh, MeshEvent};
-use crate::router::{SubId, Subject};
+use crate::router::{SubId, Subject, Syntax};
 use crate::WireError;
 
 /// This node's own advertised interest.
@@ -28,8 +28,8 @@ pub(super) struct Local {
     pub(super) epoch: u64,
     /// Deltas sent in this epoch.
     pub(super) version: u64,
-    /// Local subscriptions per (pattern, type).
-    subs: FxHashMap<(String, String), u32>,
+    /// Local subscriptions per (pattern kind, pattern, type).
+    subs: FxHashMap<Key, u32>,
     clusters: FxHashMap<String, u32>,
     /// Changes not yet sent.
     pending: Vec<Op>,
@@ -41,6 +41,18 @@ impl Local {
             epoch,
             ..Local::default()
         }
+    }
+}
+
+/// One advertised interest: (pattern kind, pattern, type pattern).
+pub(super) type Key = (Syntax, String, String);
+
+/// The key of a subscribe or unsubscribe op.
+fn key_of(op: &Op) -> Option<(Syntax, &str, &str)> {
+    match op {
+        Op::Sub(p, k) | Op::Unsub(p, k) => Some((Syntax::Tokens, p, k)),
+        Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => Some((Syntax::Cmsg, p, k)),
+        Op::Cluster(..) => None,
     }
 }
 
@@ -60,7 +72,7 @@ pub(super) struct PeerInterest {
     /// Interest epoch and version held (epoch 0: none yet).
     epoch: u64,
     pub(super) version: u64,
-    pub(super) subs: FxHashMap<(String, String), SubId>,
+    pub(super) subs: FxHashMap<Key, SubId>,
     pub(super) clusters: FxHashMap<String, u32>,
     staging: Option<Staging>,
     sync_asked: Option<Instant>,
@@ -87,32 +99,43 @@ impl PeerInterest {
 impl Mesh {
     // ---- local interest ----
 
-    /// A local subscription to `pattern` and type `kind` was added. Peers
-    /// learn of the first one per (pattern, type) at the next
+    /// A local subscription to token pattern `pattern` and type `kind` was
+    /// added. Peers learn of the first one per (pattern, type) at the next
     /// [`Mesh::poll_transmit`].
     pub fn add_interest(&mut self, pattern: &str, kind: &str) {
+        self.add_interest_as(Syntax::Tokens, pattern, kind);
+    }
+
+    /// A local subscription with patterns of kind `syntax` was added (see
+    /// [`Mesh::add_interest`]); the kind travels with the interest.
+    pub fn add_interest_as(&mut self, syntax: Syntax, pattern: &str, kind: &str) {
         let n = self
             .local
             .subs
-            .entry((pattern.to_owned(), kind.to_owned()))
+            .entry((syntax, pattern.to_owned(), kind.to_owned()))
             .or_default();
         *n += 1;
         if *n == 1 {
             self.local
                 .pending
-                .push(Op::Sub(pattern.to_owned(), kind.to_owned()));
+                .push(Op::sub(syntax, pattern.to_owned(), kind.to_owned()));
         }
     }
 
-    /// A local subscription was removed; the last one per (pattern, type)
-    /// is withdrawn from peers at the next [`Mesh::poll_transmit`].
+    /// A local token subscription was removed; the last one per (pattern,
+    /// type) is withdrawn from peers at the next [`Mesh::poll_transmit`].
     pub fn remove_interest(&mut self, pattern: &str, kind: &str) {
-        let key = (pattern.to_owned(), kind.to_owned());
+        self.remove_interest_as(Syntax::Tokens, pattern, kind);
+    }
+
+    /// As [`Mesh::remove_interest`], for patterns of kind `syntax`.
+    pub fn remove_interest_as(&mut self, syntax: Syntax, pattern: &str, kind: &str) {
+        let key = (syntax, pattern.to_owned(), kind.to_owned());
         if let Some(n) = self.local.subs.get_mut(&key) {
             *n -= 1;
             if *n == 0 {
                 self.local.subs.remove(&key);
-                self.local.pending.push(Op::Unsub(key.0, key.1));
+                self.local.pending.push(Op::unsub(key.0, key.1, key.2));
             }
         }
     }
@@ -211,7 +234,7 @@ impl Mesh {
             .local
             .subs
             .keys()
-            .map(|(p, k)| Op::Sub(p.clone(), k.clone()))
+            .map(|(s, p, k)| Op::sub(*s, p.clone(), k.clone()))
             .chain(
                 self.local
                     .clusters
@@ -328,7 +351,7 @@ impl Mesh {
                     return Err(WireError::Malformed("part index past its count"));
                 }
                 let ops = packet::get_ops(&mut r)?;
-                if ops.iter().any(|o| matches!(o, Op::Unsub(..))) {
+                if ops.iter().any(Op::is_unsub) {
                     return Err(WireError::Malformed("unsubscribe in a snapshot"));
                 }
                 self.stage(from, epoch, version, part, parts, ops);
@@ -384,9 +407,14 @@ impl Mesh {
         let limit = self.config.max_interest;
         let p = &mut self.peers.get_mut(&from).expect("known").interest;
         for op in ops {
+            let syntax = if matches!(op, Op::CmsgSub(..) | Op::CmsgUnsub(..)) {
+                Syntax::Cmsg
+            } else {
+                Syntax::Tokens
+            };
             match op {
-                Op::Sub(pat, kind) => {
-                    let key = (pat, kind);
+                Op::Sub(pat, kind) | Op::CmsgSub(pat, kind) => {
+                    let key = (syntax, pat, kind);
                     if p.subs.contains_key(&key) {
                         continue;
                     }
@@ -396,15 +424,15 @@ impl Mesh {
                     }
                     // A pattern that does not parse is the peer's bug:
                     // counted, not routed.
-                    match self.interest.subscribe(&key.0, &key.1, from) {
+                    match self.interest.subscribe_as(syntax, &key.1, &key.2, from) {
                         Ok(id) => {
                             p.subs.insert(key, id);
                         }
                         Err(_) => self.stats.malformed += 1,
                     }
                 }
-                Op::Unsub(pat, kind) => {
-                    if let Some(id) = p.subs.remove(&(pat, kind)) {
+                Op::Unsub(pat, kind) | Op::CmsgUnsub(pat, kind) => {
+                    if let Some(id) = p.subs.remove(&(syntax, pat, kind)) {
                         self.interest.unsubscribe(id);
                     }
                 }
@@ -443,16 +471,10 @@ impl Mesh {
             .collect();
         let mut ops2 = Vec::new();
         // Withdraw what the snapshot no longer holds.
-        let new_subs: FxHashSet<(&str, &str)> = ops
-            .iter()
-            .filter_map(|o| match o {
-                Op::Sub(a, b) => Some((a.as_str(), b.as_str())),
-                _ => None,
-            })
-            .collect();
-        for (a, b) in p.subs.keys() {
-            if !new_subs.contains(&(a.as_str(), b.as_str())) {
-                ops2.push(Op::Unsub(a.clone(), b.clone()));
+        let new_subs: FxHashSet<(Syntax, &str, &str)> = ops.iter().filter_map(key_of).collect();
+        for (s, a, b) in p.subs.keys() {
+            if !new_subs.contains(&(*s, a.as_str(), b.as_str())) {
+                ops2.push(Op::unsub(*s, a.clone(), b.clone()));
             }
         }
         for c in p.clusters.keys() {

@@ -23,12 +23,16 @@
 //! | 8 ack      | next data sequence number expected, u64: flow control |
 //! | 9 assoc    | one association packet (`crate::association::frame`), whole |
 //!
-//! An op is `1 pattern kind` (subscribe), `2 pattern kind` (unsubscribe) or
+//! An op is `1 pattern kind` (subscribe), `2 pattern kind` (unsubscribe),
 //! `3 cluster capacity-u32` (the node's capacity in a cluster; 0 = none),
+//! or `4 pattern kind` / `5 pattern kind`: subscribe / unsubscribe with
+//! cMsg patterns (`crate::router::cmsg`), so interest travels with its kind
+//! (a node that predates them refuses the packet as malformed),
 //! strings as a varint length and UTF-8. Integers are little-endian.
 //! Decoding is total and bounded: lengths are checked against what is left,
 //! counts against [`MAX_OPS`], strings against [`MAX_NAME`].
 
+use crate::router::Syntax;
 use crate::varint;
 use crate::WireError;
 
@@ -93,6 +97,33 @@ pub enum Op {
     Unsub(String, String),
     /// The node's total capacity in a cluster (0: it has no members).
     Cluster(String, u32),
+    /// As [`Op::Sub`], with cMsg patterns.
+    CmsgSub(String, String),
+    /// As [`Op::Unsub`], with cMsg patterns.
+    CmsgUnsub(String, String),
+}
+
+impl Op {
+    /// A subscribe op for patterns of kind `syntax`.
+    pub fn sub(syntax: Syntax, pattern: String, kind: String) -> Op {
+        match syntax {
+            Syntax::Tokens => Op::Sub(pattern, kind),
+            Syntax::Cmsg => Op::CmsgSub(pattern, kind),
+        }
+    }
+
+    /// An unsubscribe op for patterns of kind `syntax`.
+    pub fn unsub(syntax: Syntax, pattern: String, kind: String) -> Op {
+        match syntax {
+            Syntax::Tokens => Op::Unsub(pattern, kind),
+            Syntax::Cmsg => Op::CmsgUnsub(pattern, kind),
+        }
+    }
+
+    /// Whether it withdraws interest.
+    pub fn is_unsub(&self) -> bool {
+        matches!(self, Op::Unsub(..) | Op::CmsgUnsub(..))
+    }
 }
 
 /// FNV-1a of a network name: the envelope's `net`.
@@ -149,7 +180,9 @@ fn put_name(out: &mut Vec<u8>, s: &str) {
 pub fn op_len(op: &Op) -> usize {
     let name = |s: &str| varint::len(s.len() as u64) + s.len();
     1 + match op {
-        Op::Sub(p, k) | Op::Unsub(p, k) => name(p) + name(k),
+        Op::Sub(p, k) | Op::Unsub(p, k) | Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => {
+            name(p) + name(k)
+        }
         Op::Cluster(c, _) => name(c) + 4,
     }
 }
@@ -159,8 +192,13 @@ pub fn put_ops<'a>(out: &mut Vec<u8>, ops: impl ExactSizeIterator<Item = &'a Op>
     varint::put(out, ops.len() as u64);
     for op in ops {
         match op {
-            Op::Sub(p, k) | Op::Unsub(p, k) => {
-                out.push(if matches!(op, Op::Sub(..)) { 1 } else { 2 });
+            Op::Sub(p, k) | Op::Unsub(p, k) | Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => {
+                out.push(match op {
+                    Op::Sub(..) => 1,
+                    Op::Unsub(..) => 2,
+                    Op::CmsgSub(..) => 4,
+                    _ => 5,
+                });
                 put_name(out, p);
                 put_name(out, k);
             }
@@ -189,6 +227,8 @@ pub fn get_ops(r: &mut Reader<'_>) -> Result<Vec<Op>, WireError> {
         let op = match r.u8("mesh packet")? {
             1 => Op::Sub(name(r)?.to_owned(), name(r)?.to_owned()),
             2 => Op::Unsub(name(r)?.to_owned(), name(r)?.to_owned()),
+            4 => Op::CmsgSub(name(r)?.to_owned(), name(r)?.to_owned()),
+            5 => Op::CmsgUnsub(name(r)?.to_owned(), name(r)?.to_owned()),
             3 => {
                 let c = name(r)?.to_owned();
                 Op::Cluster(c, r.u32("mesh packet")?)
@@ -301,7 +341,7 @@ pub fn decode(buf: &[u8]) -> Result<(u32, Body), WireError> {
                 return Err(WireError::Malformed("full-sync part index past its count"));
             }
             let ops = get_ops(&mut r)?;
-            if ops.iter().any(|o| matches!(o, Op::Unsub(..))) {
+            if ops.iter().any(Op::is_unsub) {
                 return Err(WireError::Malformed("a full snapshot holds only adds"));
             }
             Body::Full {
@@ -350,6 +390,8 @@ mod tests {
         let ops = [
             Op::Sub("a.*".into(), "".into()),
             Op::Unsub("b.>".into(), "t".into()),
+            Op::CmsgSub("daq.h*b.{i<5}".into(), "count?".into()),
+            Op::CmsgUnsub("x#".into(), "*".into()),
             Op::Cluster("c".into(), 9),
         ];
         put_ops(&mut out, ops.iter());
@@ -363,8 +405,10 @@ mod tests {
         let Body::Delta { epoch, from, ops } = b else {
             panic!("{b:?}")
         };
-        assert_eq!((epoch, from, ops.len()), (7, 3, 3));
-        assert_eq!(ops[2], Op::Cluster("c".into(), 9));
+        assert_eq!((epoch, from, ops.len()), (7, 3, 5));
+        assert_eq!(ops[2], Op::CmsgSub("daq.h*b.{i<5}".into(), "count?".into()));
+        assert_eq!(ops[3], Op::CmsgUnsub("x#".into(), "*".into()));
+        assert_eq!(ops[4], Op::Cluster("c".into(), 9));
         assert_eq!(
             sample().len() - ENVELOPE - 16,
             1 + ops.iter().map(op_len).sum::<usize>()

@@ -316,6 +316,33 @@ fn interest_spreads_and_withdraws() {
     assert_eq!(s.routes(0, "orders.new"), vec![2]);
 }
 
+/// cMsg interest travels with its kind: a peer routes by cMsg matching,
+/// a snapshot carries it (a node that joins later), and withdrawing it
+/// leaves the token interest of the same text alone.
+#[test]
+fn cmsg_interest_travels_with_its_kind() {
+    use crate::router::Syntax;
+    let mut s = Sim::new(3, 4);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(10));
+    s.node(1)
+        .add_interest_as(Syntax::Cmsg, "daq.h*b.{i>5 & i<10}", "*");
+    s.node(2).add_interest("daq.h*b.{i>5 & i<10}", "*");
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.routes(0, "daq.hallb.7"), vec![1]);
+    assert_eq!(s.routes(0, "daq.hallb.10"), Vec::<usize>::new());
+    // A full snapshot (asked for after a lost epoch) keeps the kind.
+    s.node(0).forget_interest(addr(1));
+    assert_eq!(s.routes(0, "daq.hb.9"), Vec::<usize>::new());
+    s.node(0).ask_sync(addr(1));
+    s.run(Duration::from_secs(2));
+    assert_eq!(s.routes(0, "daq.hb.9"), vec![1]);
+    s.node(1)
+        .remove_interest_as(Syntax::Cmsg, "daq.h*b.{i>5 & i<10}", "*");
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.routes(0, "daq.hb.9"), Vec::<usize>::new());
+}
+
 /// Every message published anywhere reaches every node with a matching
 /// subscription exactly once (overlapping patterns on one node included)
 /// and no other node.

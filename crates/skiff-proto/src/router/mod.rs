@@ -4,10 +4,14 @@
 //!
 //! [`subject`] defines what subjects, patterns and types are valid and what
 //! matches what (`*` one token, `>` one or more remaining tokens, so `a.>`
-//! does **not** match `a`; types exactly or `*`).
+//! does **not** match `a`; types exactly or `*`). [`cmsg`] defines the
+//! second pattern kind, cMsg's matching over whole strings of the subject
+//! and the type (`*`, `?`, `#`, integer ranges), which a subscription
+//! chooses explicitly ([`Syntax`], [`Pattern::cmsg`]).
 //!
-//! The [`Router`] holds subscriptions in a trie (the private `trie` module
-//! explains the layout). It is generic over the subscriber handle `S`, so
+//! The [`Router`] holds token subscriptions in a trie (the private `trie`
+//! module explains the layout) and cMsg subscriptions in a radix trie over
+//! their leading literals (the private `cindex` module). It is generic over the subscriber handle `S`, so
 //! the same router holds a node's local clients and, later, other nodes of a
 //! mesh as subscribers (e.g. `enum Handle { Client(u64), Node(u32) }`): interest
 //! from another node is a subscription whose subscriber is that node.
@@ -15,7 +19,9 @@
 //! Nothing here does I/O, reads a clock or draws randomness: every result
 //! depends only on the calls made so far.
 
+mod cindex;
 pub mod cluster;
+pub mod cmsg;
 pub mod subject;
 mod trie;
 
@@ -28,6 +34,7 @@ use std::hash::Hash;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 pub use cluster::Clusters;
+pub use cmsg::{CmsgPattern, Syntax};
 pub use subject::{
     check_kind, KindPattern, Pattern, PatternToken, Subject, SubjectError, MAX_TOKENS,
 };
@@ -85,6 +92,9 @@ struct Entry<S> {
     next: u32,
     /// The pattern ends in `>`.
     rest: bool,
+    /// A cMsg subscription: `node` names its pair in the cMsg index and
+    /// `pos` its place in the pair's list.
+    cmsg: bool,
 }
 
 #[derive(Debug)]
@@ -126,6 +136,7 @@ struct Slot<S> {
 #[derive(Debug)]
 pub struct Router<S> {
     trie: Trie,
+    cmsg: cindex::Index,
     slots: Vec<Slot<S>>,
     free: Vec<u32>,
     /// The head of each subscriber's list of subscriptions.
@@ -144,24 +155,29 @@ impl<S: Copy + Eq + Hash> Default for Router<S> {
 /// A distinct (pattern, type pattern) pair held by a [`Router`], with the
 /// number of subscriptions that hold it: what a node advertises to others.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Interest<'a> {
+pub struct Interest {
+    /// The pattern kind of both patterns.
+    pub syntax: Syntax,
     /// The subject pattern.
     pub pattern: String,
-    /// The type pattern.
-    pub kind: KindPattern<'a>,
+    /// The type pattern's text (`*`, empty for untyped, or a type; for
+    /// [`Syntax::Cmsg`], a cMsg pattern).
+    pub kind: String,
     /// How many subscriptions hold this pair.
     pub subscriptions: usize,
 }
 
 /// What a [`Router`] knows about one subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubInfo<'a, S> {
+pub struct SubInfo<S> {
     /// Who subscribed.
     pub subscriber: S,
+    /// The pattern kind of both patterns.
+    pub syntax: Syntax,
     /// The subject pattern.
     pub pattern: String,
-    /// The type pattern.
-    pub kind: KindPattern<'a>,
+    /// The type pattern's text (see [`Interest::kind`]).
+    pub kind: String,
 }
 
 impl<S: Copy + Eq + Hash> Router<S> {
@@ -169,6 +185,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
     pub fn new() -> Router<S> {
         Router {
             trie: Trie::default(),
+            cmsg: cindex::Index::default(),
             slots: Vec::new(),
             free: Vec::new(),
             heads: FxHashMap::default(),
@@ -192,10 +209,11 @@ impl<S: Copy + Eq + Hash> Router<S> {
         self.heads.len()
     }
 
-    /// Trie nodes in use, not counting the root: zero once every
-    /// subscription is gone (tests use it to show nothing is left behind).
+    /// Trie nodes in use, not counting the roots, and cMsg pattern pairs
+    /// held: zero once every subscription is gone (tests use it to show
+    /// nothing is left behind).
     pub fn node_count(&self) -> usize {
-        self.trie.node_count()
+        self.trie.node_count() + self.cmsg.node_count()
     }
 
     /// Distinct tokens and types held.
@@ -208,6 +226,39 @@ impl<S: Copy + Eq + Hash> Router<S> {
     /// subscriber may subscribe to the same pattern more than once; each
     /// call makes a separate subscription.
     pub fn subscribe(&mut self, pattern: &str, kind: &str, sub: S) -> Result<SubId, SubjectError> {
+        self.subscribe_as(Syntax::Tokens, pattern, kind, sub)
+    }
+
+    /// Adds a subscription with a pattern of either kind (made with
+    /// [`Pattern::new`] or [`Pattern::cmsg`]); `kind` is a type pattern of
+    /// the same kind.
+    pub fn subscribe_pattern(
+        &mut self,
+        pattern: Pattern<'_>,
+        kind: &str,
+        sub: S,
+    ) -> Result<SubId, SubjectError> {
+        self.subscribe_as(pattern.syntax(), pattern.as_str(), kind, sub)
+    }
+
+    /// Adds a subscription whose subject and type patterns are of kind
+    /// `syntax`.
+    pub fn subscribe_as(
+        &mut self,
+        syntax: Syntax,
+        pattern: &str,
+        kind: &str,
+        sub: S,
+    ) -> Result<SubId, SubjectError> {
+        if syntax == Syntax::Cmsg {
+            let p = CmsgPattern::subject(pattern)?;
+            let k = CmsgPattern::kind(kind)?;
+            let (index, generation) = self.slot();
+            let id = SubId::new(index, generation);
+            let (pair, pos) = self.cmsg.insert(p, k, id);
+            self.link(index, sub, pair, NONE, pos, false, true);
+            return Ok(id);
+        }
         let pattern = Pattern::new(pattern)?;
         let kind = KindPattern::new(kind)?;
         let mut node = ROOT;
@@ -224,7 +275,16 @@ impl<S: Copy + Eq + Hash> Router<S> {
             KindPattern::Untyped => self.trie.strings.intern(""),
             KindPattern::Exact(k) => self.trie.strings.intern(k),
         };
-        let (index, generation) = match self.free.pop() {
+        let (index, generation) = self.slot();
+        let id = SubId::new(index, generation);
+        let pos = self.trie.leaf_mut(node, rest).push(kind, id);
+        self.link(index, sub, node, kind, pos, rest, false);
+        Ok(id)
+    }
+
+    /// A free slot: (index, generation).
+    fn slot(&mut self) -> (u32, u32) {
+        match self.free.pop() {
             Some(i) => (i, self.slots[i as usize].generation),
             None => {
                 let generation = self.first_generation;
@@ -234,9 +294,12 @@ impl<S: Copy + Eq + Hash> Router<S> {
                 });
                 ((self.slots.len() - 1) as u32, generation)
             }
-        };
-        let id = SubId::new(index, generation);
-        let pos = self.trie.leaf_mut(node, rest).push(kind, id);
+        }
+    }
+
+    /// Fills slot `index` and links it into `sub`'s list.
+    #[allow(clippy::too_many_arguments)]
+    fn link(&mut self, index: u32, sub: S, node: u32, kind: u32, pos: u32, rest: bool, cmsg: bool) {
         let next = self.heads.insert(sub, index).unwrap_or(NONE);
         if next != NONE {
             self.entry_mut(next).prev = index;
@@ -249,9 +312,9 @@ impl<S: Copy + Eq + Hash> Router<S> {
             prev: NONE,
             next,
             rest,
+            cmsg,
         });
         self.len += 1;
-        Ok(id)
     }
 
     fn entry_mut(&mut self, index: u32) -> &mut Entry<S> {
@@ -279,7 +342,12 @@ impl<S: Copy + Eq + Hash> Router<S> {
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(index as u32);
         self.len -= 1;
-        if let Some(moved) = self.trie.remove(e.node, e.rest, e.kind, e.pos) {
+        let moved = if e.cmsg {
+            self.cmsg.remove(e.node, e.pos)
+        } else {
+            self.trie.remove(e.node, e.rest, e.kind, e.pos)
+        };
+        if let Some(moved) = moved {
             self.entry_mut(moved.index() as u32).pos = e.pos;
         }
         if e.prev == NONE {
@@ -332,12 +400,23 @@ impl<S: Copy + Eq + Hash> Router<S> {
     }
 
     /// What is known about subscription `id`.
-    pub fn subscription(&self, id: SubId) -> Option<SubInfo<'_, S>> {
+    pub fn subscription(&self, id: SubId) -> Option<SubInfo<S>> {
         let e = self.entry(id)?;
-        Some(SubInfo {
-            subscriber: e.sub,
-            pattern: self.trie.pattern(e.node, e.rest),
-            kind: self.kind_pattern(e.kind),
+        Some(if e.cmsg {
+            let pair = self.cmsg.pair(e.node);
+            SubInfo {
+                subscriber: e.sub,
+                syntax: Syntax::Cmsg,
+                pattern: pair.subject.as_str().to_owned(),
+                kind: pair.kind.as_str().to_owned(),
+            }
+        } else {
+            SubInfo {
+                subscriber: e.sub,
+                syntax: Syntax::Tokens,
+                pattern: self.trie.pattern(e.node, e.rest),
+                kind: self.kind_pattern(e.kind).to_string(),
+            }
         })
     }
 
@@ -378,14 +457,25 @@ impl<S: Copy + Eq + Hash> Router<S> {
         }
         let mut buf = [NONE; MAX_TOKENS];
         let n = self.tokens(subject, &mut buf);
-        let kind = self.trie.strings.get(kind.unwrap_or(""));
-        self.trie.walk(ROOT, &buf[..n], kind, &mut |id| {
-            let e = self.slots[id.index()]
+        let text = kind.unwrap_or("");
+        let kind = self.trie.strings.get(text);
+        let sub_of = |id: SubId| {
+            self.slots[id.index()]
                 .entry
                 .as_ref()
-                .expect("trie holds live subscriptions");
-            f(id, e.sub);
-        });
+                .expect("trie holds live subscriptions")
+                .sub
+        };
+        self.trie
+            .walk(ROOT, &buf[..n], kind, &mut |id| f(id, sub_of(id)));
+        if !self.cmsg.is_empty() {
+            self.cmsg.walk(subject.as_str(), Some(text), &mut |pair| {
+                for &id in pair.subs.as_slice() {
+                    f(id, sub_of(id));
+                }
+                true
+            });
+        }
     }
 
     /// Appends `(id, subscriber)` for every matching subscription to `out`
@@ -447,13 +537,21 @@ impl<S: Copy + Eq + Hash> Router<S> {
         }
         let mut buf = [NONE; MAX_TOKENS];
         let n = self.tokens(subject, &mut buf);
-        self.trie.any_match(ROOT, &buf[..n])
+        if self.trie.any_match(ROOT, &buf[..n]) {
+            return true;
+        }
+        let mut found = false;
+        self.cmsg.walk(subject.as_str(), None, &mut |_| {
+            found = true;
+            false
+        });
+        found
     }
 
     /// Every distinct (pattern, type pattern) pair held, with its number of
     /// subscriptions, in no promised order. A node advertises these to the
     /// mesh and, by comparing two snapshots, the changes.
-    pub fn patterns(&self) -> impl Iterator<Item = Interest<'_>> + '_ {
+    pub fn patterns(&self) -> impl Iterator<Item = Interest> + '_ {
         self.trie
             .nodes
             .iter()
@@ -467,10 +565,17 @@ impl<S: Copy + Eq + Hash> Router<S> {
                 let any = (!leaf.any.is_empty()).then_some((NONE, leaf.any.len()));
                 let kinds = leaf.kinds.iter().map(|(k, v)| (*k, v.len()));
                 any.into_iter().chain(kinds).map(move |(kind, n)| Interest {
+                    syntax: Syntax::Tokens,
                     pattern: self.trie.pattern(i as u32, rest),
-                    kind: self.kind_pattern(kind),
+                    kind: self.kind_pattern(kind).to_string(),
                     subscriptions: n,
                 })
             })
+            .chain(self.cmsg.pairs().map(|p| Interest {
+                syntax: Syntax::Cmsg,
+                pattern: p.subject.as_str().to_owned(),
+                kind: p.kind.as_str().to_owned(),
+                subscriptions: p.subs.len(),
+            }))
     }
 }

@@ -32,6 +32,8 @@
 
 use std::fmt;
 
+use super::cmsg::{CmsgPattern, Syntax};
+
 pub use crate::wire::{MAX_KIND, MAX_SUBJECT};
 
 /// Most tokens in a subject or pattern.
@@ -136,6 +138,16 @@ pub enum SubjectError {
         /// The limit.
         max: usize,
     },
+    /// A cMsg pattern ([`super::cmsg`]) that does not parse.
+    #[error("cMsg pattern `{pattern}`: at byte {at}, {why}")]
+    BadCmsg {
+        /// The pattern (its first 80 characters).
+        pattern: String,
+        /// Byte offset of the fault.
+        at: usize,
+        /// What is wrong there.
+        why: &'static str,
+    },
     /// A type holds whitespace, a control character, or a `*` that is not
     /// the whole type pattern.
     #[error(
@@ -201,36 +213,76 @@ impl fmt::Display for Subject<'_> {
     }
 }
 
-/// A subscription pattern checked against the rules in the module
-/// documentation.
+/// A subscription pattern of either kind, checked: a token pattern
+/// ([`Pattern::new`], the rules in the module documentation) or a cMsg
+/// pattern ([`Pattern::cmsg`], the rules in [`super::cmsg`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Pattern<'a>(&'a str);
+pub struct Pattern<'a> {
+    text: &'a str,
+    syntax: Syntax,
+}
 
 impl<'a> Pattern<'a> {
-    /// Checks `s`.
+    /// Checks `s` as a token pattern.
     pub fn new(s: &'a str) -> Result<Pattern<'a>, SubjectError> {
         check("pattern", s, true)?;
-        Ok(Pattern(s))
+        Ok(Pattern {
+            text: s,
+            syntax: Syntax::Tokens,
+        })
+    }
+
+    /// Checks `s` as a cMsg pattern (`*` any characters, `?` one, `#` an
+    /// integer, `{i>5 & i<10}` an integer in a range; see
+    /// [`super::cmsg`]).
+    pub fn cmsg(s: &'a str) -> Result<Pattern<'a>, SubjectError> {
+        CmsgPattern::subject(s)?;
+        Ok(Pattern {
+            text: s,
+            syntax: Syntax::Cmsg,
+        })
+    }
+
+    /// Checks `s` as a pattern of kind `syntax`.
+    pub fn with_syntax(s: &'a str, syntax: Syntax) -> Result<Pattern<'a>, SubjectError> {
+        match syntax {
+            Syntax::Tokens => Pattern::new(s),
+            Syntax::Cmsg => Pattern::cmsg(s),
+        }
+    }
+
+    /// The pattern's kind.
+    pub fn syntax(&self) -> Syntax {
+        self.syntax
     }
 
     /// The pattern's text.
     pub fn as_str(&self) -> &'a str {
-        self.0
+        self.text
     }
 
-    /// Its tokens, in order.
+    /// Its tokens, in order. Only a token pattern has tokens: for a cMsg
+    /// pattern this gives its dot-separated pieces as literals, which is
+    /// not how it matches (use [`Pattern::matches`]).
     pub fn tokens(&self) -> impl Iterator<Item = PatternToken<'a>> + 'a {
-        self.0.split('.').map(|t| match t {
+        let cmsg = self.syntax == Syntax::Cmsg;
+        self.text.split('.').map(move |t| match t {
+            _ if cmsg => PatternToken::Literal(t),
             "*" => PatternToken::One,
             ">" => PatternToken::Rest,
             lit => PatternToken::Literal(lit),
         })
     }
 
-    /// Whether this pattern matches `subject`, token by token. This is the
-    /// plain definition; [`crate::router::Router`] answers the same question
-    /// for many patterns at once.
+    /// Whether this pattern matches `subject` (a token pattern token by
+    /// token; a cMsg pattern is parsed for each call: keep a
+    /// [`CmsgPattern`] to match many). This is the plain definition;
+    /// [`crate::router::Router`] answers the same question for many
+    /// patterns at once.
     pub fn matches(&self, subject: &Subject<'_>) -> bool {
+        if self.syntax == Syntax::Cmsg {
+            return CmsgPattern::subject(self.text).is_ok_and(|p| p.matches(subject.as_str()));
+        }
         let mut subj = subject.tokens();
         for p in self.tokens() {
             match p {
@@ -253,7 +305,7 @@ impl<'a> Pattern<'a> {
 
 impl fmt::Display for Pattern<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
+        f.write_str(self.text)
     }
 }
 
@@ -572,6 +624,11 @@ mod tests {
                 index: 1,
             },
             SubjectError::KindTooLong { len: 300, max: 255 },
+            SubjectError::BadCmsg {
+                pattern: "a{".into(),
+                at: 1,
+                why: "`{` without its `}`",
+            },
             SubjectError::BadKind {
                 kind: "a b".into(),
                 ch: ' ',

@@ -166,15 +166,22 @@ fn subscriptions_of_and_info() {
     assert_eq!(r.subscriptions_of(2).collect::<Vec<_>>(), vec![c]);
     let info = r.subscription(a).unwrap();
     assert_eq!(
-        (info.subscriber, info.pattern.as_str(), info.kind),
-        (1, "a.*.>", KindPattern::Exact("ev"))
+        (info.subscriber, info.pattern.as_str(), info.kind.as_str()),
+        (1, "a.*.>", "ev")
     );
+    assert_eq!(info.syntax, Syntax::Tokens);
     let info = r.subscription(b).unwrap();
+    assert_eq!((info.pattern.as_str(), info.kind.as_str()), (">", ""));
+    assert_eq!(r.subscription(c).unwrap().kind, "*");
+    let e = r
+        .subscribe_pattern(Pattern::cmsg("a.#").unwrap(), "t?", 2)
+        .unwrap();
+    let info = r.subscription(e).unwrap();
     assert_eq!(
-        (info.pattern.as_str(), info.kind),
-        (">", KindPattern::Untyped)
+        (info.syntax, info.pattern.as_str(), info.kind.as_str()),
+        (Syntax::Cmsg, "a.#", "t?")
     );
-    assert_eq!(r.subscription(c).unwrap().kind, KindPattern::Any);
+    r.unsubscribe(e);
     // Unlinking from the middle of a subscriber's list keeps the rest.
     let d = r.subscribe("z", "*", 1).unwrap();
     r.unsubscribe(b);
@@ -354,6 +361,170 @@ proptest! {
         prop_assert_eq!(r.node_count(), 0);
         prop_assert_eq!(r.string_count(), 0);
         prop_assert_eq!(r.trie.edge_count(), 0);
+        prop_assert!(r.is_empty());
+    }
+}
+
+// ---- cMsg subscriptions ----
+
+#[test]
+fn cmsg_wildcards_in_the_router() {
+    let mut r = Router::new();
+    let star = r
+        .subscribe_as(Syntax::Cmsg, "daq.h*b.rate", "count?", 1)
+        .unwrap();
+    let pound = r.subscribe_as(Syntax::Cmsg, "run.#", "*", 2).unwrap();
+    let range = r
+        .subscribe_as(Syntax::Cmsg, "ch.{i>5 & i<10 | i=20}", "", 3)
+        .unwrap();
+    let q = r.subscribe_as(Syntax::Cmsg, "a.b?c", "*", 4).unwrap();
+    let lead = r.subscribe_as(Syntax::Cmsg, "*.rate", "*", 5).unwrap();
+    // The same text as a token pattern is a literal token.
+    let tok = r.subscribe("a.b?c", "*", 6).unwrap();
+    assert_eq!(
+        ids(&r, "daq.hallb.rate", Some("count1")),
+        sorted(vec![star, lead])
+    );
+    assert_eq!(ids(&r, "daq.hallb.rate", Some("count")), vec![lead]);
+    assert_eq!(ids(&r, "daq.hallb.rate", None), vec![lead]);
+    assert_eq!(ids(&r, "run.42", None), vec![pound]);
+    assert_eq!(ids(&r, "run.x", None), vec![]);
+    assert_eq!(ids(&r, "ch.7", None), vec![range]);
+    assert_eq!(ids(&r, "ch.20", None), vec![range]);
+    assert_eq!(ids(&r, "ch.20", Some("t")), vec![]);
+    assert_eq!(ids(&r, "ch.10", None), vec![]);
+    assert_eq!(ids(&r, "a.bxc", None), vec![q]);
+    assert_eq!(ids(&r, "a.b?c", None), sorted(vec![q, tok]));
+    assert!(r.has_interest(subj("x.y.rate")));
+    assert!(!r.has_interest(subj("x.y.rat")));
+    assert!(r.subscribe_as(Syntax::Cmsg, "a{", "*", 1).is_err());
+    assert!(r.subscribe_as(Syntax::Cmsg, "a", "t y", 1).is_err());
+    assert_eq!(r.len(), 6);
+    for id in [star, pound, range, q, lead, tok] {
+        assert!(r.unsubscribe(id).is_some());
+    }
+    assert_eq!(r.node_count(), 0);
+    assert!(r.is_empty());
+}
+
+#[test]
+fn cmsg_prefixes_split_and_merge() {
+    let mut r = Router::new();
+    let texts = ["abc*", "abd*", "ab*", "a*", "abcdef", "abcdeg#", "*", "b?"];
+    let mut live = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        live.push(r.subscribe_as(Syntax::Cmsg, t, "*", i as u64).unwrap());
+    }
+    let n = |r: &Router<u64>, s: &str| ids(r, s, None).len();
+    assert_eq!(n(&r, "abcdef"), 5);
+    assert_eq!(n(&r, "abcdeg7"), 5);
+    assert_eq!(n(&r, "abd"), 4);
+    assert_eq!(n(&r, "bx"), 2);
+    // Remove in an order that merges edges back, checking as we go.
+    for (k, id) in live.iter().enumerate().rev() {
+        r.unsubscribe(*id);
+        let left: Vec<CmsgPattern> = texts[..k]
+            .iter()
+            .map(|t| CmsgPattern::subject(t).unwrap())
+            .collect();
+        for s in ["abcdef", "abcdeg7", "abd", "bx", "a", "abc"] {
+            let want = left.iter().filter(|p| p.matches(s)).count();
+            assert_eq!(n(&r, s), want, "{s} after removing {}", texts[k]);
+        }
+    }
+    assert_eq!(r.node_count(), 0);
+}
+
+fn cmsg_piece() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "a",
+        "b",
+        "ab",
+        ".",
+        "*",
+        "?",
+        "#",
+        "{i<5}",
+        "{i>3&i<9|i=20}",
+        "0",
+        "1",
+        "7",
+    ])
+}
+
+fn cmsg_kind() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["*", "", "t", "t?", "t#", "*x"])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The router (token trie and cMsg index together) gives exactly the
+    /// subscriptions the reference matcher picks out one by one.
+    #[test]
+    fn cmsg_matches_like_the_reference(
+        subs in prop::collection::vec(
+            (prop::collection::vec(cmsg_piece(), 1..6), cmsg_kind(), 0..5u64, any::<bool>()),
+            0..40,
+        ),
+        subjects in prop::collection::vec(
+            (prop::collection::vec(
+                prop::sample::select(vec!["a", "b", "ab", "0", "1", "7", "20", "12"]),
+                1..6,
+            ), prop::sample::select(vec!["", "t", "t1", "t12", "tx", "x"])),
+            1..16,
+        ),
+        removal in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let mut r = Router::new();
+        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        for (pieces, kind, sub, tokens_too) in &subs {
+            let text = pieces.concat();
+            let Ok(p) = CmsgPattern::subject(&text) else { continue };
+            let id = r.subscribe_as(Syntax::Cmsg, &text, kind, *sub).unwrap();
+            live.push((id, p, CmsgPattern::kind(kind).unwrap(), *sub));
+            if *tokens_too {
+                // Token subscriptions beside them must not disturb them.
+                let _ = r.subscribe(&text, "*", 100);
+            }
+        }
+        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
+            for (tokens, kind) in &subjects {
+                let s = tokens.join(".");
+                let mut want: Vec<(SubId, u64)> = live
+                    .iter()
+                    .filter(|(_, p, k, _)| {
+                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
+                    })
+                    .map(|(id, _, _, sub)| (*id, *sub))
+                    .collect();
+                want.sort();
+                let got: Vec<(SubId, u64)> = matched(r, &s, Some(kind))
+                    .into_iter()
+                    .filter(|(_, sub)| *sub != 100)
+                    .collect();
+                assert_eq!(got, want, "subject {} type {:?}", s, kind);
+                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
+                if any {
+                    assert!(r.has_interest(subj(&s)), "interest in {}", s);
+                }
+            }
+        };
+        check(&r, &live);
+        for b in removal {
+            if live.is_empty() {
+                break;
+            }
+            let i = b as usize % live.len();
+            let (id, ..) = live.swap_remove(i);
+            prop_assert!(r.unsubscribe(id).is_some());
+        }
+        check(&r, &live);
+        r.remove_subscriber(100);
+        for (id, ..) in live.drain(..) {
+            r.unsubscribe(id);
+        }
+        prop_assert_eq!(r.node_count(), 0);
         prop_assert!(r.is_empty());
     }
 }

@@ -130,7 +130,7 @@ impl Subs {
     }
 
     /// Appends `id`; returns its position.
-    fn push(&mut self, id: SubId) -> u32 {
+    pub(super) fn push(&mut self, id: SubId) -> u32 {
         match self {
             Subs::Many(v) if v.is_empty() => {
                 *self = Subs::One(id);
@@ -149,7 +149,7 @@ impl Subs {
 
     /// Removes the entry at `pos` by moving the last one there; returns the
     /// one that moved.
-    fn swap_remove(&mut self, pos: u32) -> Option<SubId> {
+    pub(super) fn swap_remove(&mut self, pos: u32) -> Option<SubId> {
         match self {
             Subs::One(_) => {
                 *self = Subs::default();

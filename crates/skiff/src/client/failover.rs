@@ -276,6 +276,7 @@ impl Inner {
                 policy: s.opts.policy,
                 queue: s.opts.queue.max(1),
                 credit: s.opts.window.max(1),
+                syntax: s.opts.syntax,
             }
             .encode(&mut out);
             let mut i = s.inbox.lock();

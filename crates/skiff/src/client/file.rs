@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use skiff_proto::record::{self, Next, Skipped};
-use skiff_proto::router::{KindPattern, Pattern, Subject};
+use skiff_proto::router::{CmsgPattern, KindPattern, Pattern, Subject, Syntax};
 use skiff_proto::{wire, Message};
 
 use super::inbox;
@@ -113,9 +113,11 @@ impl FileLog {
     pub(crate) fn subscribe(
         &self,
         inner: Arc<Inner>,
+        syntax: Syntax,
         pattern: &str,
         kind: &str,
     ) -> Result<Subscription, Error> {
+        let filter = Filter::new(syntax, pattern, kind)?;
         let log = FileLog {
             path: self.path.clone(),
             file: Mutex::new(
@@ -125,8 +127,6 @@ impl FileLog {
                     .map_err(Error::io("open the log file"))?,
             ),
         };
-        let pattern = pattern.to_owned();
-        let kind = kind.to_owned();
         let sub_inbox = inbox::shared();
         let weak = Arc::downgrade(&sub_inbox);
         tokio::spawn(async move {
@@ -137,8 +137,6 @@ impl FileLog {
                 match log.read_from(offset, &mut skipped) {
                     Ok((msgs, next)) => {
                         offset = next;
-                        let p = Pattern::new(&pattern).expect("checked");
-                        let k = KindPattern::new(&kind).expect("checked");
                         let mut i = ib.lock();
                         if i.skipped != skipped.records {
                             i.skipped = skipped.records;
@@ -147,9 +145,7 @@ impl FileLog {
                             });
                         }
                         for m in msgs {
-                            let ok = Subject::new(&m.subject).is_ok_and(|s| p.matches(&s))
-                                && k.matches(m.kind.as_deref());
-                            if ok {
+                            if filter.matches(&m) {
                                 i.push(Delivery::new(m, None, 0));
                             }
                         }
@@ -164,6 +160,42 @@ impl FileLog {
             }
         });
         Ok(Subscription::new(inner, 0, sub_inbox, u32::MAX))
+    }
+}
+
+/// A subscription's patterns, parsed once.
+#[derive(Debug)]
+enum Filter {
+    Tokens(String, String),
+    Cmsg(CmsgPattern, CmsgPattern),
+}
+
+impl Filter {
+    fn new(syntax: Syntax, pattern: &str, kind: &str) -> Result<Filter, Error> {
+        Ok(match syntax {
+            Syntax::Tokens => {
+                Pattern::new(pattern)?;
+                KindPattern::new(kind)?;
+                Filter::Tokens(pattern.to_owned(), kind.to_owned())
+            }
+            Syntax::Cmsg => Filter::Cmsg(CmsgPattern::subject(pattern)?, CmsgPattern::kind(kind)?),
+        })
+    }
+
+    fn matches(&self, m: &Message) -> bool {
+        match self {
+            Filter::Tokens(p, k) => {
+                let (p, k) = (
+                    Pattern::new(p).expect("checked"),
+                    KindPattern::new(k).expect("checked"),
+                );
+                Subject::new(&m.subject).is_ok_and(|s| p.matches(&s))
+                    && k.matches(m.kind.as_deref())
+            }
+            Filter::Cmsg(p, k) => {
+                p.matches(&m.subject) && k.matches(m.kind.as_deref().unwrap_or(""))
+            }
+        }
     }
 }
 

@@ -15,7 +15,10 @@ pub(crate) struct Inbox<T> {
     pub(crate) q: VecDeque<T>,
     waker: Option<Waker>,
     pub(crate) closed: bool,
+    /// Held by the consumer's own pause.
     pub(crate) paused: bool,
+    /// Held by the client-wide stop ([`super::Client::stop`]).
+    pub(crate) stopped: bool,
     /// Messages the node dropped for this subscription, as it last said.
     pub(crate) dropped: u64,
     /// Why it closed, if not by the user.
@@ -44,6 +47,7 @@ pub(crate) fn shared<T>() -> Shared<T> {
         waker: None,
         closed: false,
         paused: false,
+        stopped: false,
         dropped: 0,
         error: None,
         gaps: 0,
@@ -101,10 +105,15 @@ impl<T> Inbox<T> {
         self.wake();
     }
 
+    /// Whether items are held back (paused, or the client stopped).
+    pub(crate) fn held(&self) -> bool {
+        self.paused || self.stopped
+    }
+
     /// The next item, or `Ready(None)` once closed and empty; `Pending`
-    /// while paused.
+    /// while held.
     pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if !self.paused {
+        if !self.held() {
             if let Some(t) = self.q.pop_front() {
                 return Poll::Ready(Some(t));
             }

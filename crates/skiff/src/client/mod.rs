@@ -123,6 +123,7 @@ pub use embed::{LocalLink, LocalNode, LocalOutbox, Refusal};
 pub use events::Events;
 pub use file::FileLog;
 pub use skiff_proto::client_frame::{Code, Policy};
+pub use skiff_proto::router::Syntax;
 pub use skiff_proto::stats::NodeStats;
 pub use status::{ClientEvent, Gap, LinkStats};
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
@@ -156,6 +157,8 @@ struct SubEntry {
     /// The node acknowledged it (one still in flight is not restored: its
     /// call fails instead).
     live: bool,
+    /// Held by the client-wide stop ([`Client::stop`]).
+    gated: bool,
 }
 
 /// A cluster membership as the client registered it.
@@ -186,6 +189,8 @@ struct State {
     listeners: Listeners,
     /// Why the node closed this client.
     fatal: Option<(Code, String)>,
+    /// Delivery is stopped client-wide ([`Client::stop`]).
+    stopped: bool,
     /// Errors about publishes, which have no call to return them to.
     async_errors: u64,
     last_async_error: Option<String>,
@@ -358,6 +363,11 @@ impl Client {
     /// buffer is full, refused with [`Error::NodeLost`].
     pub async fn publish(&self, msg: Message) -> Result<(), Error> {
         Subject::new(&msg.subject)?;
+        // A type is checked as a subscription's is: what no one could
+        // subscribe to is refused, not delivered to `*`.
+        if let Some(k) = &msg.kind {
+            skiff_proto::router::check_kind(k)?;
+        }
         if let Backend::File(f) = &self.inner.backend {
             return f.append(&msg);
         }

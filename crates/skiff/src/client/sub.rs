@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use skiff_proto::client_frame::{ClientFrame, Policy};
-use skiff_proto::router::{KindPattern, Pattern};
+use skiff_proto::router::{CmsgPattern, KindPattern, Pattern, Syntax};
 use skiff_proto::Message;
 
 use super::inbox::{self, Shared};
@@ -32,6 +32,9 @@ pub struct SubOptions {
     /// Most messages held in this process before the application takes
     /// them (the credit window).
     pub window: u32,
+    /// The kind of the subject and type patterns: tokens (the default) or
+    /// cMsg's matching over whole strings ([`SubOptions::cmsg`]).
+    pub syntax: Syntax,
 }
 
 impl Default for SubOptions {
@@ -40,6 +43,7 @@ impl Default for SubOptions {
             policy: Policy::DropOldest,
             queue: 65_536,
             window: 4_096,
+            syntax: Syntax::Tokens,
         }
     }
 }
@@ -64,6 +68,22 @@ impl SubOptions {
     pub fn window(mut self, n: u32) -> Self {
         self.window = n;
         self
+    }
+
+    /// Sets the pattern kind.
+    #[must_use]
+    pub fn syntax(mut self, s: Syntax) -> Self {
+        self.syntax = s;
+        self
+    }
+
+    /// Makes the subject and type patterns cMsg patterns: `*` any run of
+    /// characters, `?` one character, `#` a non-negative integer,
+    /// `{i>5 & i<10 | i=20}` an integer in a range
+    /// (see [`skiff_proto::router::cmsg`]).
+    #[must_use]
+    pub fn cmsg(self) -> Self {
+        self.syntax(Syntax::Cmsg)
     }
 }
 
@@ -150,7 +170,7 @@ impl Subscription {
     pub fn try_recv(&mut self) -> Option<Delivery> {
         let (d, credit) = {
             let mut i = self.inbox.lock();
-            if i.paused {
+            if i.held() {
                 return None;
             }
             let d = i.q.pop_front();
@@ -343,10 +363,83 @@ impl Client {
         kind: &str,
         opts: SubOptions,
     ) -> Result<Subscription, Error> {
-        Pattern::new(pattern)?;
-        KindPattern::new(kind)?;
+        self.subscribe_inner(pattern, kind, opts, true).await
+    }
+
+    /// cMsg's `subscribeAndGet`: waits up to `timeout` for the next message
+    /// matching `pattern` and `kind` (of the kind in `opts`), with no
+    /// lasting subscription: the one made for the call ends when it
+    /// returns, whatever the outcome. Only messages published after the
+    /// node holds the interest can match (as for
+    /// [`Client::subscribe_with`]); the client-wide [`Client::stop`] does
+    /// not hold this one back. [`Error::Timeout`] when none came in time.
+    pub async fn subscribe_and_get(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        timeout: std::time::Duration,
+    ) -> Result<Delivery, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let sub = self.subscribe_inner(pattern, kind, opts.window(1), false);
+        let mut sub = tokio::time::timeout_at(deadline, sub)
+            .await
+            .map_err(|_| Error::Timeout)??;
+        match tokio::time::timeout_at(deadline, sub.recv()).await {
+            Ok(Some(d)) => Ok(d),
+            Ok(None) => Err(match sub.error() {
+                Some(reason) => Error::Refused {
+                    code: super::Code::Shutdown,
+                    reason,
+                },
+                None => Error::Closed,
+            }),
+            Err(_) => Err(Error::Timeout),
+        }
+    }
+
+    /// Stops delivery for the whole client (cMsg's `stop`): every
+    /// subscription, callbacks included, and every one made while stopped,
+    /// holds its messages as [`Subscription::pause`] does (its own pause
+    /// and resume still apply on top) until [`Client::start`]. A `file://`
+    /// log's subscriptions are not held.
+    pub fn stop(&self) {
+        self.set_started(false);
+    }
+
+    /// Starts delivery again after [`Client::stop`] (cMsg's `start`); a
+    /// client starts started.
+    pub fn start(&self) {
+        self.set_started(true);
+    }
+
+    /// Whether delivery is on (see [`Client::stop`]).
+    pub fn is_started(&self) -> bool {
+        !self.inner.state.lock().stopped
+    }
+
+    fn set_started(&self, on: bool) {
+        let mut st = self.inner.state.lock();
+        st.stopped = !on;
+        for s in st.subs.values().filter(|s| s.gated) {
+            let mut i = s.inbox.lock();
+            i.stopped = !on;
+            if on {
+                i.wake();
+            }
+        }
+    }
+
+    async fn subscribe_inner(
+        &self,
+        pattern: &str,
+        kind: &str,
+        opts: SubOptions,
+        gated: bool,
+    ) -> Result<Subscription, Error> {
+        check_patterns(opts.syntax, pattern, kind)?;
         if let Backend::File(f) = &self.inner.backend {
-            return f.subscribe(self.inner.clone(), pattern, kind);
+            return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
         }
         let sid = self.inner.next_id();
         let inbox = inbox::shared();
@@ -358,9 +451,11 @@ impl Client {
                     reason: e.clone(),
                 });
             }
+            inbox.lock().stopped = gated && st.stopped;
             st.subs.insert(
                 sid,
                 SubEntry {
+                    gated,
                     inbox: inbox.clone(),
                     pattern: pattern.into(),
                     kind: kind.into(),
@@ -382,6 +477,7 @@ impl Client {
                     policy: opts.policy,
                     queue: opts.queue.max(1),
                     credit: window,
+                    syntax: opts.syntax,
                 },
             )
             .await;
@@ -407,4 +503,18 @@ impl Client {
         let sub = self.subscribe_with(pattern, kind, opts).await?;
         Ok(SubscriptionHandle::spawn(sub, f))
     }
+}
+
+/// Checks a subscription's subject and type patterns, of kind `syntax`.
+pub(crate) fn check_patterns(syntax: Syntax, pattern: &str, kind: &str) -> Result<(), Error> {
+    Pattern::with_syntax(pattern, syntax)?;
+    match syntax {
+        Syntax::Tokens => {
+            KindPattern::new(kind)?;
+        }
+        Syntax::Cmsg => {
+            CmsgPattern::kind(kind)?;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,296 @@
+//! The index of cMsg subscriptions behind [`super::Router`]: a radix trie
+//! over the patterns' leading literals.
+//!
+//! - Each distinct (subject pattern, type pattern) pair is parsed once and
+//!   holds its subscriptions (one inline, more in a vector).
+//! - A pair sits at the trie node of its subject pattern's literal prefix
+//!   (`daq.h` for `daq.h*b.rate`; the root for a pattern that starts with
+//!   a wildcard). Edges are labelled by byte strings and split where two
+//!   prefixes part, so there are at most about twice as many nodes as
+//!   distinct prefixes.
+//! - A message walks down the trie along its subject, once, and runs the
+//!   full matcher only on the pairs it passes: those whose literal prefix
+//!   the subject starts with, each past its prefix. Patterns whose prefix
+//!   the subject does not start with cost nothing.
+
+use rustc_hash::FxHashMap;
+
+use super::cmsg::CmsgPattern;
+use super::trie::Subs;
+use super::SubId;
+
+const ROOT: u32 = 0;
+
+#[derive(Debug, Default)]
+struct Node {
+    /// The bytes of the edge from the parent (empty for the root).
+    label: Box<[u8]>,
+    parent: u32,
+    /// Children by the first byte of their label, sorted.
+    children: Vec<(u8, u32)>,
+    /// Pairs whose prefix ends here.
+    pairs: Vec<u32>,
+}
+
+/// One distinct (subject pattern, type pattern) pair.
+#[derive(Debug)]
+pub(super) struct Pair {
+    pub(super) subject: CmsgPattern,
+    pub(super) kind: CmsgPattern,
+    node: u32,
+    /// Position in its node's `pairs`.
+    at: u32,
+    pub(super) subs: Subs,
+}
+
+#[derive(Debug)]
+pub(super) struct Index {
+    nodes: Vec<Node>,
+    free_nodes: Vec<u32>,
+    pairs: Vec<Option<Pair>>,
+    free_pairs: Vec<u32>,
+    by_text: FxHashMap<(Box<str>, Box<str>), u32>,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            nodes: vec![Node::default()],
+            free_nodes: Vec::new(),
+            pairs: Vec::new(),
+            free_pairs: Vec::new(),
+            by_text: FxHashMap::default(),
+        }
+    }
+}
+
+impl Index {
+    /// Whether no pair is held.
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_text.is_empty()
+    }
+
+    /// Trie nodes in use besides the root, plus pairs held.
+    pub(super) fn node_count(&self) -> usize {
+        self.nodes.len() - 1 - self.free_nodes.len() + self.by_text.len()
+    }
+
+    /// Adds subscription `id`; returns (pair, position in its list).
+    pub(super) fn insert(
+        &mut self,
+        subject: CmsgPattern,
+        kind: CmsgPattern,
+        id: SubId,
+    ) -> (u32, u32) {
+        let key = (Box::from(subject.as_str()), Box::from(kind.as_str()));
+        if let Some(&p) = self.by_text.get(&key) {
+            let pos = self.pair_mut(p).subs.push(id);
+            return (p, pos);
+        }
+        let node = self.node_for(subject.literal_prefix().as_bytes());
+        let at = self.nodes[node as usize].pairs.len() as u32;
+        let mut subs = Subs::default();
+        subs.push(id);
+        let pair = Pair {
+            subject,
+            kind,
+            node,
+            at,
+            subs,
+        };
+        let p = match self.free_pairs.pop() {
+            Some(p) => {
+                self.pairs[p as usize] = Some(pair);
+                p
+            }
+            None => {
+                self.pairs.push(Some(pair));
+                (self.pairs.len() - 1) as u32
+            }
+        };
+        self.nodes[node as usize].pairs.push(p);
+        self.by_text.insert(key, p);
+        (p, 0)
+    }
+
+    fn pair_mut(&mut self, p: u32) -> &mut Pair {
+        self.pairs[p as usize].as_mut().expect("live pair")
+    }
+
+    /// A live pair.
+    pub(super) fn pair(&self, p: u32) -> &Pair {
+        self.pairs[p as usize].as_ref().expect("live pair")
+    }
+
+    /// Every live pair.
+    pub(super) fn pairs(&self) -> impl Iterator<Item = &Pair> + '_ {
+        self.pairs.iter().flatten()
+    }
+
+    /// Removes the subscription at `pos` of pair `p`; returns the one that
+    /// moved into `pos`.
+    pub(super) fn remove(&mut self, p: u32, pos: u32) -> Option<SubId> {
+        let pair = self.pair_mut(p);
+        let moved = pair.subs.swap_remove(pos);
+        if !pair.subs.is_empty() {
+            return moved;
+        }
+        let pair = self.pairs[p as usize].take().expect("live pair");
+        self.free_pairs.push(p);
+        self.by_text.remove(&(
+            Box::from(pair.subject.as_str()),
+            Box::from(pair.kind.as_str()),
+        ));
+        let node = &mut self.nodes[pair.node as usize];
+        node.pairs.swap_remove(pair.at as usize);
+        if let Some(&m) = node.pairs.get(pair.at as usize) {
+            self.pair_mut(m).at = pair.at;
+        }
+        self.prune(pair.node);
+        if self.by_text.is_empty() {
+            *self = Index::default();
+        }
+        moved
+    }
+
+    fn alloc(&mut self, node: Node) -> u32 {
+        match self.free_nodes.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free(&mut self, i: u32) {
+        self.nodes[i as usize] = Node::default();
+        self.free_nodes.push(i);
+    }
+
+    fn child(&self, at: u32, b: u8) -> Option<(usize, u32)> {
+        let ch = &self.nodes[at as usize].children;
+        ch.binary_search_by_key(&b, |e| e.0)
+            .ok()
+            .map(|i| (i, ch[i].1))
+    }
+
+    /// The node for prefix `key`, made (splitting an edge) if needed.
+    fn node_for(&mut self, key: &[u8]) -> u32 {
+        let (mut at, mut rest) = (ROOT, key);
+        while !rest.is_empty() {
+            let Some((slot, c)) = self.child(at, rest[0]) else {
+                let c = self.alloc(Node {
+                    label: rest.into(),
+                    parent: at,
+                    ..Node::default()
+                });
+                let ch = &mut self.nodes[at as usize].children;
+                let i = ch.partition_point(|e| e.0 < rest[0]);
+                ch.insert(i, (rest[0], c));
+                return c;
+            };
+            let label = &self.nodes[c as usize].label;
+            let common = label.iter().zip(rest).take_while(|(a, b)| a == b).count();
+            if common == label.len() {
+                at = c;
+                rest = &rest[common..];
+                continue;
+            }
+            // Split the edge: `at` -> mid (common part) -> c (the rest).
+            let tail: Box<[u8]> = label[common..].into();
+            let mid = self.alloc(Node {
+                label: rest[..common].into(),
+                parent: at,
+                children: vec![(tail[0], c)],
+                pairs: Vec::new(),
+            });
+            let cn = &mut self.nodes[c as usize];
+            cn.label = tail;
+            cn.parent = mid;
+            self.nodes[at as usize].children[slot].1 = mid;
+            at = mid;
+            rest = &rest[common..];
+        }
+        at
+    }
+
+    /// Frees `node` and its ancestors while they hold nothing, and merges
+    /// a node left with one child and no pairs into that child.
+    fn prune(&mut self, mut node: u32) {
+        while node != ROOT {
+            let n = &self.nodes[node as usize];
+            if !n.pairs.is_empty() {
+                return;
+            }
+            match n.children.len() {
+                0 => {
+                    let parent = n.parent;
+                    let first = n.label[0];
+                    let ch = &mut self.nodes[parent as usize].children;
+                    let i = ch.binary_search_by_key(&first, |e| e.0).expect("child");
+                    ch.remove(i);
+                    self.free(node);
+                    node = parent;
+                }
+                1 => {
+                    // Merge: the child takes this node's place.
+                    let (parent, child) = (n.parent, n.children[0].1);
+                    let first = n.label[0];
+                    let mut label = n.label.to_vec();
+                    label.extend_from_slice(&self.nodes[child as usize].label);
+                    let cn = &mut self.nodes[child as usize];
+                    cn.label = label.into();
+                    cn.parent = parent;
+                    let ch = &mut self.nodes[parent as usize].children;
+                    let i = ch.binary_search_by_key(&first, |e| e.0).expect("child");
+                    ch[i].1 = child;
+                    self.free(node);
+                    return;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Calls `f` for the subscriptions of every pair whose subject pattern
+    /// matches `subject` and, unless `kind` is `None` (any type will do),
+    /// whose type pattern matches `kind`; stops early when `f` returns
+    /// false.
+    #[inline]
+    pub(super) fn walk(
+        &self,
+        subject: &str,
+        kind: Option<&str>,
+        f: &mut impl FnMut(&Pair) -> bool,
+    ) {
+        let bytes = subject.as_bytes();
+        let (mut at, mut pos) = (ROOT, 0usize);
+        loop {
+            for &p in &self.nodes[at as usize].pairs {
+                let pair = self.pair(p);
+                let first = usize::from(pos > 0);
+                if pair.subject.matches_from(subject, first, pos)
+                    && kind.is_none_or(|k| pair.kind.matches(k))
+                    && !f(pair)
+                {
+                    return;
+                }
+            }
+            let Some(&b) = bytes.get(pos) else { return };
+            let Some((_, c)) = self.child(at, b) else {
+                return;
+            };
+            let label = &self.nodes[c as usize].label;
+            if !bytes[pos..].starts_with(label) {
+                return;
+            }
+            pos += label.len();
+            at = c;
+        }
+    }
+}
