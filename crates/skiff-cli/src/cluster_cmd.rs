@@ -264,8 +264,10 @@ async fn serve_tunnel(mut t: Tunnel, echo: bool) {
     let id = t.id();
     let back = t.sender();
     while let Some(m) = t.recv().await {
-        let text = String::from_utf8_lossy(&m.payload);
-        outln!("tunnel {id}: {}", text.strip_suffix('\n').unwrap_or(&text));
+        match std::str::from_utf8(&m.payload) {
+            Ok(text) => outln!("tunnel {id}: {}", text.strip_suffix('\n').unwrap_or(text)),
+            Err(_) => outln!("tunnel {id}: ({} bytes, not text)", m.payload.len()),
+        }
         if echo && back.send(Message::new("", m.payload)).await.is_err() {
             break;
         }
