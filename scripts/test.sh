@@ -39,7 +39,7 @@ grep -q "NATS client suites: passed" target/test-nats.txt
 echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
   ip netns del skiff-probe-$$
-  cargo test -p skiff-cli --test netns --test netns_tunnel --test netns_mesh --test netns_reliable --quiet -- --ignored --test-threads=1 2>&1 | tee target/test-netns.txt
+  cargo test -p skiff-cli --test netns --test netns_tunnel --test netns_mesh --test netns_reliable --test netns_scout --quiet -- --ignored --test-threads=1 2>&1 | tee target/test-netns.txt
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi

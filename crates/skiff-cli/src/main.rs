@@ -1,10 +1,14 @@
-//! The `skiff` command line: push and pop on datagram queues, benchmarks,
-//! and a demo that needs nothing else installed.
+//! The `skiff` command line: a node and every pattern against it (pub/sub,
+//! request/reply, clusters, broadcasts, tunnels), queues at an address, a
+//! tunnel pipe, benchmarks, a demo that needs nothing else installed, and
+//! its own shell completions and man page.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use skiff_cli::bench;
 
+mod cluster_cmd;
 mod demo;
+mod docs_cmd;
 mod node_cmd;
 mod out;
 mod queue_cmd;
@@ -12,7 +16,7 @@ mod tunnel_cmd;
 
 /// skiff: messaging middleware for clusters and clouds.
 #[derive(Debug, Parser)]
-#[command(name = "skiff", version, about)]
+#[command(name = "skiff", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,12 +41,26 @@ enum Command {
     Req(node_cmd::ReqArgs),
     /// Answer requests on a subject or as a cluster member.
     Reply(node_cmd::ReplyArgs),
+    /// Join a cluster: print the requests, broadcasts and tunnels that
+    /// reach this member, and answer them.
+    Join(cluster_cmd::JoinArgs),
+    /// Send a message to every member of a cluster.
+    Broadcast(cluster_cmd::BroadcastArgs),
+    /// A pipe through a tunnel to one member of a cluster: standard input
+    /// to it, what it sends back to standard output.
+    Tunnel(cluster_cmd::TunnelArgs),
     /// Print a node's counters: per node, client and subscription.
     Stats(node_cmd::StatsArgs),
     /// A complete exchange on this host, nothing else needed.
     Demo,
     /// Measure skiff's throughput and latency on this machine.
     Bench(bench::BenchArgs),
+    /// Print a shell completion script: `skiff completions bash >
+    /// /etc/bash_completion.d/skiff`.
+    Completions(docs_cmd::CompletionsArgs),
+    /// Print the man page (roff): `skiff man | man -l -`; `--dir DIR`
+    /// writes one page per command.
+    Man(docs_cmd::ManArgs),
 }
 
 fn main() {
@@ -58,9 +76,14 @@ fn main() {
         Command::Sub(a) => node_cmd::subscribe(a),
         Command::Req(a) => node_cmd::request(a),
         Command::Reply(a) => node_cmd::reply(a),
+        Command::Join(a) => cluster_cmd::join(a),
+        Command::Broadcast(a) => cluster_cmd::broadcast(a),
+        Command::Tunnel(a) => cluster_cmd::tunnel(a),
         Command::Stats(a) => node_cmd::stats(a),
         Command::Demo => demo::run(),
         Command::Bench(a) => bench::run(a),
+        Command::Completions(a) => docs_cmd::completions(a, Cli::command()),
+        Command::Man(a) => docs_cmd::man(a, Cli::command()),
     };
     if let Err(e) = result {
         if out::is_broken_pipe(e.as_ref()) {

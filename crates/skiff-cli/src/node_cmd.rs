@@ -13,9 +13,9 @@ use skiff::client::{Client, ClientEvent, Incoming, Policy, SubOptions, Target};
 use skiff::Message;
 use skiff_node::Config;
 
-type Result<T> = std::result::Result<T, Box<dyn Error>>;
+pub(crate) type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     runtime_with(2)
 }
 
@@ -38,12 +38,41 @@ pub(crate) struct NodeLoc {
 }
 
 impl NodeLoc {
-    async fn connect(&self) -> Result<Client> {
-        let loc = self
-            .node
+    /// The locator given, else `$SKIFF_NODE`, else the local node.
+    pub(crate) fn locator(&self) -> String {
+        self.node
             .clone()
             .or_else(|| std::env::var("SKIFF_NODE").ok())
-            .unwrap_or_else(|| "skiff://127.0.0.1:4747".into());
+            .unwrap_or_else(|| "skiff://127.0.0.1:4747".into())
+    }
+
+    /// Connects to a node (or opens a `file://` log, if `file_ok`).
+    /// `mem://` is refused: it names a node inside this process, which a
+    /// lone command would be alone with.
+    pub(crate) async fn connect_for(&self, command: &str, file_ok: bool) -> Result<Client> {
+        let loc = self.locator();
+        let scheme = loc.split_once("://").map(|(s, _)| s);
+        match scheme {
+            Some("mem") => {
+                return Err(format!(
+                    "skiff {command}: {loc} is a node inside this one process, so nothing else could reach it; \
+                     start `skiff node` and use skiff://host:port, unix:///path or shm://name"
+                )
+                .into())
+            }
+            Some("file") if !file_ok => {
+                return Err(format!(
+                    "skiff {command}: {loc} is a log file, not a node; this command needs a node (skiff://, unix://, shm://)"
+                )
+                .into())
+            }
+            _ => {}
+        }
+        if scheme == Some("file") {
+            return Client::connect(&loc)
+                .await
+                .map_err(|e| format!("cannot open the log {loc}: {e}").into());
+        }
         Client::connect(&loc)
             .await
             .map_err(|e| format!("cannot reach the node at {loc}: {e}").into())
@@ -103,13 +132,22 @@ pub(crate) struct NodeArgs {
     #[arg(long, value_name = "N|auto")]
     workers: Option<String>,
     /// Poll the sockets up to this many µs after traffic before sleeping,
-    /// so a quick answer does not have to wake the node (0: off; default
-    /// 50; it adapts to the traffic).
-    #[arg(long, value_name = "MICROS")]
+    /// so a quick answer does not have to wake the node (0: off; the
+    /// default is skiff::spin::DEFAULT_SPIN_US; it adapts to the traffic).
+    #[arg(long, value_name = "MICROS", help = spin_help())]
     spin_us: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
+}
+
+/// `--spin-us`'s help, with the default the node really uses.
+fn spin_help() -> String {
+    format!(
+        "Poll the sockets up to this many µs after traffic before sleeping, so a quick \
+         answer does not have to wake the node (0: off; default {}; it adapts to the traffic)",
+        skiff::spin::DEFAULT_SPIN_US
+    )
 }
 
 /// Runs a node until SIGINT or SIGTERM, then shuts down gracefully.
@@ -194,6 +232,11 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             if let Some(m) = node.broker().mesh() {
                 let v = m.view();
                 eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+                if m.loopback_fallback() {
+                    eprintln!(
+                        "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
+                    );
+                }
             }
         },
         || eprintln!("skiff node: shutting down (draining queues)"),
@@ -220,7 +263,7 @@ pub(crate) struct PubArgs {
 
 pub(crate) fn publish(a: PubArgs) -> Result<()> {
     runtime()?.block_on(async move {
-        let c = a.loc.connect().await?;
+        let c = a.loc.connect_for("pub", true).await?;
         let make = |p: Bytes| {
             let m = Message::new(a.subject.as_str(), p);
             match &a.kind {
@@ -282,7 +325,7 @@ fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
     })
 }
 
-fn show(m: &Message) -> String {
+pub(crate) fn show(m: &Message) -> String {
     let kind = m
         .kind
         .as_deref()
@@ -296,14 +339,32 @@ fn show(m: &Message) -> String {
 }
 
 pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
+    let loc = a.loc.locator();
+    if let Some(path) = loc.strip_prefix("file://") {
+        let path = path.split('?').next().unwrap_or_default();
+        if !std::path::Path::new(path).is_file() {
+            return Err(format!(
+                "no log at {path}: `skiff sub -n file://PATH` reads an existing log (`skiff pub -n file://PATH` writes one)"
+            )
+            .into());
+        }
+    }
     runtime()?.block_on(async move {
-        let c = a.loc.connect().await?;
+        let c = a.loc.connect_for("sub", true).await?;
         let mut opts = SubOptions::default().policy(a.policy).queue(a.queue);
         if a.cmsg {
             opts = opts.cmsg();
         }
         let mut s = c.subscribe_with(&a.pattern, &a.kind, opts).await?;
+        // Scripts wait for this line rather than sleep.
+        eprintln!(
+            "skiff sub: subscribed to {} [{}] at {}",
+            a.pattern,
+            a.kind,
+            a.loc.locator()
+        );
         let mut events = c.events();
+        let mut unanswered = 0u64;
         let mut n = 0u64;
         let mut dropped = 0;
         let mut skipped = 0;
@@ -328,6 +389,13 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
                 );
             }
             outln!("{}", show(&d));
+            if d.is_request() {
+                unanswered += 1;
+                eprintln!(
+                    "skiff sub: a request on {} is not answered ({unanswered} so far): `skiff sub` only prints; answer with `skiff reply`",
+                    d.subject
+                );
+            }
             if s.dropped() != dropped {
                 dropped = s.dropped();
                 eprintln!(
@@ -377,7 +445,7 @@ pub(crate) struct ReqArgs {
     /// Affinity key (clusters).
     #[arg(long)]
     key: Option<String>,
-    /// Seconds to wait.
+    /// How long to wait: seconds (`0.5`) or with a unit (`200ms`, `1s`).
     #[arg(long, default_value = "5", value_parser = crate::bench::parse_secs)]
     timeout: Duration,
     /// Scatter-gather: collect up to this many replies.
@@ -387,7 +455,7 @@ pub(crate) struct ReqArgs {
 
 pub(crate) fn request(a: ReqArgs) -> Result<()> {
     runtime()?.block_on(async move {
-        let c = a.loc.connect().await?;
+        let c = a.loc.connect_for("req", false).await?;
         let target = if a.cluster {
             let t = Target::cluster(a.target.clone());
             match &a.key {
@@ -400,17 +468,41 @@ pub(crate) fn request(a: ReqArgs) -> Result<()> {
         let msg = Message::new("", a.payload.clone());
         match a.many {
             Some(max) => {
-                for r in c.request_many(target, msg, a.timeout, max).await? {
+                let replies = c
+                    .request_many(target, msg, a.timeout, max)
+                    .await
+                    .map_err(|e| no_reply(e, a.timeout))?;
+                if replies.is_empty() {
+                    return Err(
+                        format!("no replies within {:?}: {}", a.timeout, UNANSWERED_HINT).into(),
+                    );
+                }
+                for r in replies {
                     outln!("{}", String::from_utf8_lossy(&r.payload));
                 }
             }
             None => {
-                let r = c.request(target, msg, a.timeout).await?;
+                let r = c
+                    .request(target, msg, a.timeout)
+                    .await
+                    .map_err(|e| no_reply(e, a.timeout))?;
                 outln!("{}", String::from_utf8_lossy(&r.payload));
             }
         }
         Ok(())
     })
+}
+
+/// What a request that nobody answered may have met.
+const UNANSWERED_HINT: &str = "a subscriber may have got the request without answering \
+    (`skiff sub` only prints requests; `skiff reply` answers them)";
+
+/// A request's timeout, said with what may have happened to it.
+fn no_reply(e: skiff::Error, timeout: Duration) -> Box<dyn Error> {
+    match e {
+        skiff::Error::Timeout => format!("no reply within {timeout:?}: {UNANSWERED_HINT}").into(),
+        e => e.into(),
+    }
 }
 
 /// `skiff reply`
@@ -435,7 +527,7 @@ pub(crate) struct ReplyArgs {
 
 pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
     runtime()?.block_on(async move {
-        let c = a.loc.connect().await?;
+        let c = a.loc.connect_for("reply", false).await?;
         let answer = |req: &Message| match &a.payload {
             Some(p) => Message::new("", p.clone()),
             None => Message::new("", req.payload.clone()),
@@ -495,7 +587,7 @@ pub(crate) struct StatsArgs {
 
 pub(crate) fn stats(a: StatsArgs) -> Result<()> {
     runtime()?.block_on(async move {
-        let c = a.loc.connect().await?;
+        let c = a.loc.connect_for("stats", false).await?;
         if a.json {
             outln!("{}", c.stats_json().await?);
             return Ok(());
@@ -508,8 +600,8 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
             let t = &m.stats;
             outln!("mesh {:?}: this node {}, {} member(s) up", m.net, m.me, t.members_up);
             outln!(
-                "      dropped: wrong net {}, malformed {}, unknown sender {}, member limit {}, bad membership {}, rate limited {}, interest limit {}, stale interest {}, bad frames {}, send errors {}",
-                t.wrong_net, t.malformed, t.unknown_sender, t.member_limit, t.bad_membership, t.rate_limited, t.interest_limit, t.stale_interest, m.bad_frames, m.send_errors
+                "      dropped: wrong net {}, malformed {}, unknown sender {}, member limit {}, bad membership {}, rate limited {}, interest limit {}, stale interest {}, bad frames {}, frames too large {}, send errors {}",
+                t.wrong_net, t.malformed, t.unknown_sender, t.member_limit, t.bad_membership, t.rate_limited, t.interest_limit, t.stale_interest, m.bad_frames, t.frames_too_large, m.send_errors
             );
             outln!(
                 "      syncs asked {}, sent {}; scout errors {}, dns errors {}; remote deliveries dropped {}",
@@ -576,6 +668,14 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
             "      published {}, requests {}, replies {}, no responders {}, broadcasts {}, limit hits {}, protocol errors {}, slow consumers {}",
             s.published, s.requests, s.replies, s.no_responders, s.broadcasts, s.limit_hits, s.protocol_errors, s.slow_consumers
         );
+        for cl in &s.cluster_members {
+            let members: Vec<String> = cl
+                .members
+                .iter()
+                .map(|m| format!("{} (capacity {})", m.member, m.capacity))
+                .collect();
+            outln!("cluster {}: {}", cl.name, members.join(", "));
+        }
         for cl in &s.clients {
             if cl.id == c.id() {
                 continue; // this command's own connection

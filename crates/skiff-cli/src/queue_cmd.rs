@@ -10,7 +10,8 @@ use skiff::{locator, Dest, Message, Queue, Value};
 /// Arguments of `skiff push`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct PushArgs {
-    /// Where to send: host:port, optionally #endpoint (e.g. 127.0.0.1:4711#0).
+    /// Where to send: host:port (the port is required), optionally
+    /// #endpoint (e.g. 127.0.0.1:4711#0).
     dest: String,
     /// Messages to send; with none, each line of standard input is one.
     messages: Vec<String>,
@@ -29,9 +30,11 @@ pub(crate) struct PushArgs {
     /// Send each message this many times; `{i}` in the text becomes 0, 1, …
     #[arg(long, default_value_t = 1)]
     count: u64,
-    /// Pause between messages, e.g. 1ms (default: none).
-    #[arg(long)]
-    interval: Option<String>,
+    /// Pause between messages, e.g. 1ms or 0.5 (seconds; default: none).
+    /// Each message then leaves in its own datagram at once: the batching
+    /// options of --from (qthresh, timeout) no longer apply.
+    #[arg(long, value_parser = crate::bench::parse_duration)]
+    interval: Option<Duration>,
     /// Send at most this many messages per second (default: as fast as
     /// pushes go). Pacing keeps a slow receiver from overflowing, so that
     /// what is lost is what the network lost.
@@ -53,9 +56,10 @@ pub(crate) struct PopArgs {
     /// Stop after this many messages.
     #[arg(long)]
     count: Option<u64>,
-    /// Stop when nothing arrived for this long, e.g. 2s (default: never).
-    #[arg(long)]
-    idle: Option<String>,
+    /// Stop when nothing arrived for this long, e.g. 2s or 0.5 (seconds;
+    /// default: never).
+    #[arg(long, value_parser = crate::bench::parse_duration)]
+    idle: Option<Duration>,
     /// Print each message as one JSON object per line.
     #[arg(long)]
     json: bool,
@@ -76,18 +80,50 @@ pub(crate) fn parse_dest(s: &str) -> Result<Dest, Box<dyn std::error::Error>> {
         ),
         None => (s, Dest::ANY),
     };
+    if !has_port(addr) {
+        return Err(format!(
+            "destination {addr:?} has no port: write host:port, e.g. {addr}:4711 (a queue has no default port)"
+        )
+        .into());
+    }
     let addr: SocketAddr = locator::resolve(addr)?;
     Ok(Dest { addr, endpoint })
+}
+
+/// Whether `addr` ends in a port: `host:port` or `[v6]:port` (a bare IPv6
+/// address has colons but no port).
+fn has_port(addr: &str) -> bool {
+    let port_ok = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    match addr.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:").is_some_and(|(_, p)| port_ok(p)),
+        None => {
+            addr.matches(':').count() == 1 && addr.rsplit_once(':').is_some_and(|(_, p)| port_ok(p))
+        }
+    }
 }
 
 pub(crate) fn push(a: PushArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dest = parse_dest(&a.dest)?;
     let q = Queue::bind(&a.from)?;
-    let interval = a
-        .interval
-        .as_deref()
-        .map(|i| locator::parse_duration("interval", i))
-        .transpose()?;
+    let interval = a.interval;
+    if interval.is_some() {
+        let batching = a
+            .from
+            .split_once('?')
+            .map(|(_, q)| {
+                q.split('&')
+                    .filter_map(|kv| kv.split('=').next())
+                    .filter(|k| matches!(*k, "qthresh" | "timeout"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        if !batching.is_empty() {
+            eprintln!(
+                "skiff push: --interval sends each message at once in its own datagram, so {} of --from do(es) not apply",
+                batching.join(" and ")
+            );
+        }
+    }
     let mut base = Message::new(a.subject.as_str(), Bytes::new());
     if let Some(k) = &a.kind {
         base = base.with_kind(k.as_str());
@@ -179,11 +215,7 @@ pub(crate) fn message_json(m: &Message) -> serde_json::Value {
 pub(crate) fn pop(a: PopArgs) -> Result<(), Box<dyn std::error::Error>> {
     let q = Queue::bind(&a.locator)?;
     eprintln!("popping on {}", q.local_addr());
-    let idle = a
-        .idle
-        .as_deref()
-        .map(|i| locator::parse_duration("idle", i))
-        .transpose()?;
+    let idle = a.idle;
     let out = std::io::stdout();
     let mut out = out.lock();
     let mut n = 0u64;

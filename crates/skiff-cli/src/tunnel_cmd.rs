@@ -26,9 +26,10 @@ pub(crate) struct CatArgs {
     /// options of LOCATOR apply when this has none).
     #[arg(long, value_name = "LOCATOR")]
     from: Option<String>,
-    /// How long to wait for the listener to answer, in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    connect_timeout: f64,
+    /// How long to wait for the listener to answer: seconds (`0.5`) or
+    /// with a unit (`200ms`, `10s`).
+    #[arg(long, default_value = "10", value_parser = crate::bench::parse_secs)]
+    connect_timeout: Duration,
     /// Bytes read from stdin per message.
     #[arg(long, default_value_t = 256 << 10)]
     chunk: usize,
@@ -95,9 +96,7 @@ async fn send(a: CatArgs) -> Result<(), Box<dyn Error>> {
         }
     };
     let ep = Endpoint::bind(&from)?;
-    let t = ep
-        .connect(target.bind, Duration::from_secs_f64(a.connect_timeout))
-        .await?;
+    let t = ep.connect(target.bind, a.connect_timeout).await?;
     let started = Instant::now();
     // stdin is read on its own thread; a small channel bounds what waits.
     let depth = if a.lines { 1024 } else { 4 };

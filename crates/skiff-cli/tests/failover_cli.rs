@@ -111,6 +111,8 @@ fn sub_fails_over_when_its_node_is_killed() {
     a.0.wait().unwrap();
     // The subscriber restores its subscription on B by itself.
     wait_subs(&ba, 1);
+    let said = next_line(&err, "subscribed notice");
+    assert!(said.contains("subscribed to fo.>"), "{said}");
     let lost = next_line(&err, "lost notice");
     assert!(lost.contains("lost node") && lost.contains(&aa), "{lost}");
     let over = next_line(&err, "failover notice");

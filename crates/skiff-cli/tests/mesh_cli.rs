@@ -153,7 +153,8 @@ fn three_nodes_route_and_a_client_fails_over_across_the_mesh() {
     // there; B advertises it; A routes to B.
     c.0.kill().unwrap();
     c.0.wait().unwrap();
-    let over = (0..2)
+    // "subscribed", then "lost node", then "failed over".
+    let over = (0..3)
         .map(|_| next_line(&err, "failover notice"))
         .collect::<Vec<_>>();
     assert!(

@@ -504,6 +504,11 @@ impl Config {
                     "" | "none" | "off" => None,
                     v if v.contains("://") => Some(v.to_owned()),
                     v => Some(format!("shm://{v}")),
+                };
+                if let Some(loc) = &self.shm {
+                    skiff::shm::host::check_locator(loc).map_err(|_| {
+                        bad("a shm name of letters, digits, '-', '_' and '.' (e.g. skiff), or shm://NAME?dir=…&ring=…&spin=…")
+                    })?;
                 }
             }
             "wake_latency_us" => {

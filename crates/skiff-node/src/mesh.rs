@@ -160,9 +160,19 @@ pub struct MeshLink {
     best_effort: Vec<String>,
     /// How long a publisher waits for a full `block` link.
     send_deadline: Duration,
+    /// No route led to the first seed or the scouting group, so the node
+    /// took loopback as its identity (only nodes of this host reach it).
+    loopback_fallback: bool,
 }
 
 impl MeshLink {
+    /// Whether the node found no route to its first seed or the scouting
+    /// group and took 127.0.0.1 as its identity: then only nodes on this
+    /// host can reach it (they find each other by scouting on loopback).
+    pub fn loopback_fallback(&self) -> bool {
+        self.loopback_fallback
+    }
+
     /// This node's identity in the mesh.
     pub fn id(&self) -> NodeId {
         self.core.lock().id()

@@ -147,7 +147,9 @@ impl Node {
         let spin = Spin::start(Duration::from_micros(config.spin_us));
         node.spin = spin.clone();
         if let Some(addr) = config.tcp {
-            let l = TcpListener::bind(addr).await?;
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("listen on tcp {addr}: {e}")))?;
             node.tcp = Some(l.local_addr()?);
             set.spawn(stream::accept_tcp(
                 l,
@@ -164,7 +166,9 @@ impl Node {
             }) {
                 let _ = std::fs::remove_file(path);
             }
-            let l = UnixListener::bind(path)?;
+            let l = UnixListener::bind(path).map_err(|e| {
+                io::Error::new(e.kind(), format!("listen on unix {}: {e}", path.display()))
+            })?;
             node.unix = Some(path.clone());
             set.spawn(stream::accept_unix(
                 l,
@@ -192,7 +196,9 @@ impl Node {
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
         }
         if let Some(m) = &config.mesh {
-            let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe()).await?;
+            let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("mesh on udp {}: {e}", m.bind)))?;
             set.spawn(async move {
                 let _ = task.await;
             });

@@ -65,6 +65,9 @@ pub struct NodeStats {
     /// asks for no authentication.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Each cluster with its members (first page only, like `mesh`).
+    #[serde(default)]
+    pub cluster_members: Vec<ClusterStats>,
     /// Per client, in order of id (on a page: those the page holds; a
     /// client cut by the page's end is on the next page too, with the rest
     /// of its subscriptions).
@@ -124,6 +127,25 @@ pub struct ClientStats {
     pub requests_waiting: usize,
     /// Per subscription.
     pub subscriptions: Vec<SubStats>,
+}
+
+/// A cluster and its members, as `skiff stats` lists them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterStats {
+    /// The cluster's name.
+    pub name: String,
+    /// Its members on this node and, through the mesh, on other nodes.
+    pub members: Vec<ClusterMember>,
+}
+
+/// One member of a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterMember {
+    /// `client ID` for a client of this node, `node ADDR` for another node
+    /// of the mesh with members.
+    pub member: String,
+    /// The capacity it advertises.
+    pub capacity: u32,
 }
 
 /// One subscription's counters.

@@ -106,6 +106,9 @@ pub enum LocatorError {
     /// The string has no `scheme://`.
     #[error("locator {0:?} has no scheme; write it as scheme://address, e.g. udp://0.0.0.0:4711")]
     NoScheme(String),
+    /// A node's locator has no `scheme://`.
+    #[error("node locator {0:?} has no scheme; write it as skiff://host:port, unix:///path, shm://name or file:///path")]
+    NoNodeScheme(String),
     /// The scheme is unknown or not usable for this object.
     #[error("scheme {scheme:?} is not accepted here; accepted: {accepted}")]
     Scheme {
@@ -121,6 +124,14 @@ pub enum LocatorError {
         addr: String,
         /// Why it was refused.
         why: String,
+    },
+    /// A name in a locator (such as a node's shm name) is not valid.
+    #[error("name {name:?} is not valid: {why}")]
+    Name {
+        /// The name given.
+        name: String,
+        /// What a name must be.
+        why: &'static str,
     },
     /// An option name is unknown.
     #[error("unknown option {name:?}; accepted options: {accepted}")]
@@ -164,6 +175,7 @@ mod tests {
     fn every_variant_formats() {
         let all = vec![
             Error::Locator(LocatorError::NoScheme("x".into())),
+            Error::Locator(LocatorError::NoNodeScheme("x".into())),
             Error::Locator(LocatorError::Scheme {
                 scheme: "ftp".into(),
                 accepted: "udp",
@@ -171,6 +183,10 @@ mod tests {
             Error::Locator(LocatorError::Address {
                 addr: "x".into(),
                 why: "no port".into(),
+            }),
+            Error::Locator(LocatorError::Name {
+                name: "a/b".into(),
+                why: "one path component",
             }),
             Error::Locator(LocatorError::UnknownOption {
                 name: "q".into(),

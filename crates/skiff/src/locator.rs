@@ -155,21 +155,24 @@ pub fn parse_bytes(name: &str, value: &str) -> Result<usize, LocatorError> {
         .ok_or_else(bad)
 }
 
-/// Parses a duration: `0`, `200ms`, `50us`, `1s`, `2m`.
+/// Parses a duration, the one syntax of every skiff flag and locator
+/// option: a number with a unit (`50us`, `200ms`, `1.5s`, `2m`) or a bare
+/// number of seconds (`0`, `0.5`, `3`).
 pub fn parse_duration(name: &str, value: &str) -> Result<Duration, LocatorError> {
     let bad = || LocatorError::BadValue {
         name: name.to_string(),
         value: value.to_string(),
-        expected: "a duration such as 0, 50us, 200ms or 1s",
+        expected: "a duration such as 0.5 (seconds), 50us, 200ms or 1s",
     };
     let v = value.trim();
-    if v == "0" {
-        return Ok(Duration::ZERO);
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(split) => v.split_at(split),
+        None => (v, "s"),
+    };
+    // Digits and dots only: `f64::from_str` alone would take `inf` or `1e9`.
+    if num.is_empty() || !num.bytes().any(|b| b.is_ascii_digit()) {
+        return Err(bad());
     }
-    let split = v
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .ok_or_else(bad)?;
-    let (num, unit) = v.split_at(split);
     let n: f64 = num.parse().map_err(|_| bad())?;
     let secs = match unit {
         "ns" => n / 1e9,
@@ -296,7 +299,14 @@ mod tests {
             parse_duration("t", "1.5s").unwrap(),
             Duration::from_millis(1500)
         );
-        for bad in ["", "ms", "5", "5h", "-3ms", "1e400s", "NaNs"] {
+        assert_eq!(
+            parse_duration("t", "0.5").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(parse_duration("t", "3").unwrap(), Duration::from_secs(3));
+        for bad in [
+            "", "ms", ".", "5h", "-3ms", "1e400s", "NaNs", "inf", "1e3", "1.2.3s",
+        ] {
             assert!(parse_duration("t", bad).is_err(), "{bad}");
         }
         assert!(parse_bool("b", "yes").unwrap());

@@ -452,18 +452,20 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses a duration in seconds (fractions allowed).
+/// Parses a positive duration for a flag, in skiff's one syntax
+/// ([`skiff::locator::parse_duration`]: `0.5`, `200ms`, `1s`).
 pub fn parse_secs(s: &str) -> Result<Duration, String> {
-    s.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| {
-            format!(
-                "`{s}` is not a duration: expected a positive number of seconds such as 3 or 0.5"
-            )
-        })
+    match skiff::locator::parse_duration("duration", s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!(
+            "`{s}` is not a duration above zero: use seconds such as 3 or 0.5, or a unit: 200ms, 1s"
+        )),
+    }
+}
+
+/// Parses a duration for a flag that takes zero, in skiff's one syntax.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    skiff::locator::parse_duration("duration", s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -488,6 +490,9 @@ mod tests {
     fn durations_parse() {
         assert_eq!(parse_secs("0.5"), Ok(Duration::from_millis(500)));
         assert!(parse_secs("-1").is_err());
+        assert_eq!(parse_secs("200ms"), Ok(Duration::from_millis(200)));
+        assert_eq!(parse_secs("1s"), Ok(Duration::from_secs(1)));
+        assert!(parse_secs("0").is_err());
         assert!(parse_secs("abc").unwrap_err().contains("seconds"));
     }
 

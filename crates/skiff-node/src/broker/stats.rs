@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use skiff_proto::client_frame::{ServerFrame, FRAME_OVERHEAD, STATS_PAGE};
-use skiff_proto::stats::{ClientStats, NodeStats, StatsCursor, SubStats};
+use skiff_proto::stats::{
+    ClientStats, ClusterMember, ClusterStats, NodeStats, StatsCursor, SubStats,
+};
 
 use super::Broker;
 use crate::outbox::ClientOut;
@@ -44,7 +46,16 @@ impl Broker {
             .collect();
         ids.sort_unstable();
         let mut clients: Vec<ClientStats> = Vec::new();
-        let mut size = 0usize;
+        let mut cluster_members = if from.is_none() {
+            cluster_members(&st)
+        } else {
+            Vec::new()
+        };
+        // At most half the page, so that clients still fit beside it.
+        while json_len(&cluster_members) > cap / 2 {
+            cluster_members.pop();
+        }
+        let mut size = json_len(&cluster_members);
         let mut next = None;
         'clients: for id in ids {
             let e = &st.clients[&id];
@@ -127,6 +138,7 @@ impl Broker {
             slow_consumers: c.slow_consumers.load(Relaxed),
             remote_drops: self.remote_drops.load(Relaxed),
             pending_budget_used: self.budget.as_ref().map_or(0, |b| b.used()),
+            cluster_members,
             mesh: if from.is_none() {
                 self.mesh.get().map(|m| m.view())
             } else {
@@ -190,4 +202,34 @@ fn json_len<T: serde::Serialize>(v: &T) -> usize {
     let mut c = Count(0);
     let _ = serde_json::to_writer(&mut c, v);
     c.0
+}
+
+/// Clusters listed in a stats reply, and members listed per cluster (the
+/// counts in [`NodeStats`] cover all of them; the reply stays bounded).
+const LISTED: usize = 64;
+
+/// The first [`LISTED`] clusters, by name, with up to [`LISTED`] of their
+/// members each and their capacities.
+fn cluster_members(st: &super::State) -> Vec<ClusterStats> {
+    let mut names: Vec<&str> = st.clusters.clusters().collect();
+    names.sort_unstable();
+    names.truncate(LISTED);
+    names
+        .into_iter()
+        .map(|name| ClusterStats {
+            name: name.to_owned(),
+            members: st
+                .clusters
+                .members(name)
+                .map(|m| ClusterMember {
+                    member: match st.remote_addrs.get(&m) {
+                        Some(a) if m >= super::REMOTE => format!("node {a}"),
+                        _ => format!("client {m}"),
+                    },
+                    capacity: st.clusters.weight(name, m).map_or(0, |(c, _)| c),
+                })
+                .take(LISTED)
+                .collect(),
+        })
+        .collect()
 }

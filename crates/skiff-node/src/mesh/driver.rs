@@ -58,7 +58,12 @@ pub(crate) async fn start<L: Inbound>(
         },
     )?;
     let seeds = resolve(&settings.seeds);
-    let me = advertise(sock.socket().local_addr()?, &seeds);
+    let (me, loopback_fallback) = advertise(sock.socket().local_addr()?, &seeds);
+    if me.ip().is_loopback() {
+        // Hellos leave on loopback, where the other nodes of this host
+        // listen for them (no route takes them anywhere else).
+        socket2::SockRef::from(sock.socket()).set_multicast_if_v4(&Ipv4Addr::LOCALHOST)?;
+    }
     let config = MeshConfig {
         net: settings.net.clone(),
         max_members: settings.max_members,
@@ -82,6 +87,7 @@ pub(crate) async fn start<L: Inbound>(
         max_payload: broker.limits().max_payload,
         best_effort: settings.best_effort.clone(),
         send_deadline: Duration::from_millis(settings.send_deadline_ms),
+        loopback_fallback,
         tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
             crate::mesh_tunnel::LinkConfig {
                 max_datagram: settings.max_datagram,
@@ -407,10 +413,10 @@ impl<L: Inbound> Driver<L> {
 
 /// The address peers reach this node at: the bound one, or for a wildcard
 /// bind the local address of the route to the first seed (or to the
-/// scouting group), else loopback.
-fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> SocketAddr {
+/// scouting group), else loopback (then `true`: the caller says so).
+fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> (SocketAddr, bool) {
     if !bound.ip().is_unspecified() {
-        return bound;
+        return (bound, false);
     }
     let probe = seeds.first().copied().unwrap_or(SCOUT_GROUP);
     let ip = std::net::UdpSocket::bind("0.0.0.0:0")
@@ -420,9 +426,14 @@ fn advertise(bound: SocketAddr, seeds: &[SocketAddr]) -> SocketAddr {
         })
         .map(|a| a.ip())
         .ok()
-        .filter(|ip| !ip.is_unspecified())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    SocketAddr::new(ip, bound.port())
+        .filter(|ip| !ip.is_unspecified());
+    match ip {
+        Some(ip) => (SocketAddr::new(ip, bound.port()), false),
+        None => (
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), bound.port()),
+            true,
+        ),
+    }
 }
 
 fn resolve(seeds: &[String]) -> Vec<SocketAddr> {
@@ -476,7 +487,15 @@ fn scout_socket() -> std::io::Result<TokioUdpSocket> {
     let IpAddr::V4(g) = SCOUT_GROUP.ip() else {
         unreachable!()
     };
-    s.join_multicast_v4(&g, &Ipv4Addr::UNSPECIFIED)?;
+    // On the interface of the default route, where hellos of nodes with a
+    // routable identity arrive, and on loopback, where those of nodes that
+    // took 127.0.0.1 as identity do (a host with no route at all has only
+    // the latter).
+    let any = s.join_multicast_v4(&g, &Ipv4Addr::UNSPECIFIED);
+    let lo = s.join_multicast_v4(&g, &Ipv4Addr::LOCALHOST);
+    if let (Err(e), Err(_)) = (any, lo) {
+        return Err(e);
+    }
     s.set_multicast_loop_v4(true)?;
     s.set_nonblocking(true)?;
     TokioUdpSocket::from_std(s.into())

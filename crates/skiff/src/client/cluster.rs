@@ -254,32 +254,19 @@ impl Tunnel {
 
     /// Sends one message, waiting for window.
     pub async fn send(&self, msg: Message) -> Result<(), Error> {
-        skiff_proto::wire::check(&msg)?;
-        loop {
-            let n = self.shared.credit_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            {
-                let mut s = self.shared.state.lock();
-                if let Some(node) = &s.lost {
-                    return Err(Error::NodeLost { node: node.clone() });
-                }
-                if s.closed {
-                    return Err(Error::Closed);
-                }
-                if s.credit > 0 {
-                    s.credit -= 1;
-                    break;
-                }
-            }
-            n.await;
+        send_on(&self.inner, self.id, &self.shared, msg).await
+    }
+
+    /// A handle that sends on this tunnel from another task while this
+    /// one waits in [`Tunnel::recv`] (a sender that waits for window while
+    /// its peer waits for it must keep receiving). It sends only while the
+    /// tunnel lives.
+    pub fn sender(&self) -> TunnelSender {
+        TunnelSender {
+            inner: self.inner.clone(),
+            id: self.id,
+            shared: self.shared.clone(),
         }
-        self.inner
-            .send(ClientFrame::TunData {
-                tunnel: self.id,
-                msg,
-            })
-            .await
     }
 
     /// The next message; `None` once the tunnel closed. Takes `&self`, so
@@ -309,6 +296,47 @@ impl Tunnel {
 
     /// Closes the tunnel (dropping does the same).
     pub fn close(self) {}
+}
+
+/// Sends on a [`Tunnel`] from another task (see [`Tunnel::sender`]).
+#[derive(Debug, Clone)]
+pub struct TunnelSender {
+    inner: Arc<Inner>,
+    id: u64,
+    shared: Arc<TunShared>,
+}
+
+impl TunnelSender {
+    /// Sends one message, waiting for window; [`Error::Closed`] once the
+    /// tunnel closed.
+    pub async fn send(&self, msg: Message) -> Result<(), Error> {
+        send_on(&self.inner, self.id, &self.shared, msg).await
+    }
+}
+
+/// Sends `msg` on tunnel `id`, waiting for the peer's window.
+async fn send_on(inner: &Inner, id: u64, shared: &TunShared, msg: Message) -> Result<(), Error> {
+    skiff_proto::wire::check(&msg)?;
+    loop {
+        let n = shared.credit_notify.notified();
+        tokio::pin!(n);
+        n.as_mut().enable();
+        {
+            let mut s = shared.state.lock();
+            if let Some(node) = &s.lost {
+                return Err(Error::NodeLost { node: node.clone() });
+            }
+            if s.closed {
+                return Err(Error::Closed);
+            }
+            if s.credit > 0 {
+                s.credit -= 1;
+                break;
+            }
+        }
+        n.await;
+    }
+    inner.send(ClientFrame::TunData { tunnel: id, msg }).await
 }
 
 impl Drop for Tunnel {

@@ -74,7 +74,8 @@
 //! after which the node is dead, default 600 ms), `reconnect` (default on
 //! with two or more addresses; `reconnect=true` retries a single node),
 //! `reconnect_buffer` (publishes held while no node is reachable, default
-//! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default 1 s),
+//! 1 MiB; 0 refuses them), `connect_timeout` (per attempt, default
+//! [`DEFAULT_CONNECT_TIMEOUT`], 1.5 s),
 //! `spin_us` (poll the connection up to this many µs after a read before
 //! the runtime sleeps, default 100, 0: off; see [`crate::spin`] and
 //! `docs/node.md`).
@@ -118,7 +119,7 @@ use skiff_proto::stats::StatsCursor;
 use skiff_proto::Message;
 use tokio::sync::{mpsc, oneshot};
 
-pub use cluster::{Incoming, Member, Request, Target, Tunnel};
+pub use cluster::{Incoming, Member, Request, Target, Tunnel, TunnelSender};
 pub use embed::{LocalLink, LocalNode, LocalOutbox, Refusal};
 pub use events::Events;
 pub use file::FileLog;
@@ -127,6 +128,7 @@ pub use skiff_proto::router::Syntax;
 pub use skiff_proto::stats::NodeStats;
 pub use status::{ClientEvent, Gap, LinkStats};
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
+pub use target::DEFAULT_CONNECT_TIMEOUT;
 
 use crate::Error;
 use events::Listeners;
@@ -243,7 +245,7 @@ impl Client {
     pub async fn connect(locator: &str) -> Result<Client, Error> {
         let (scheme, rest) = locator
             .split_once("://")
-            .ok_or_else(|| crate::LocatorError::NoScheme(locator.into()))?;
+            .ok_or_else(|| crate::LocatorError::NoNodeScheme(locator.into()))?;
         let rest = rest.split('?').next().unwrap_or("");
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),

@@ -161,11 +161,18 @@ pub(crate) struct Attached {
 /// Attaches to the node at `locator` (`shm://name?dir=…`).
 pub(crate) async fn attach(locator: &str) -> Result<Attached, Error> {
     let place = crate::shm::attach::parse(locator)?;
+    use crate::shm::attach::Rendezvous;
     let rings = crate::shm::attach::client_rendezvous(&place)
         .await
-        .map_err(|reason| Error::Refused {
-            code: Code::Shutdown,
-            reason,
+        .map_err(|e| match e {
+            Rendezvous::NoNode(source) => Error::Io {
+                what: "no node serves shared memory under this name and dir= (start one with `skiff node --shm NAME`); connecting to its socket",
+                source,
+            },
+            Rendezvous::Refused(reason) => Error::Refused {
+                code: Code::Shutdown,
+                reason,
+            },
         })?;
     let tx = Arc::new(ShmTx {
         node: locator.to_owned(),

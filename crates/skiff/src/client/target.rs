@@ -159,6 +159,11 @@ pub(crate) struct NodeTarget {
     pub(crate) opts: LinkOptions,
 }
 
+/// How long one connection attempt to a node may take (`connect_timeout`):
+/// longer than Linux's 1 s SYN retransmission, so that one lost SYN does not
+/// skip a live node.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
+
 const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
@@ -187,7 +192,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping = None;
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
-    let mut connect_timeout = Duration::from_millis(1500);
+    let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
     l.options(OPTIONS, |k, v| {

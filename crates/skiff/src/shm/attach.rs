@@ -98,9 +98,9 @@ pub(crate) fn parse(locator: &str) -> Result<Place, LocatorError> {
     })?;
     let name = &loc.address;
     if !valid_name(name) {
-        return Err(LocatorError::Address {
-            addr: name.clone(),
-            why: "a node's shm name is one path component of letters, digits, '-', '_' and '.', e.g. shm://skiff".into(),
+        return Err(LocatorError::Name {
+            name: name.clone(),
+            why: "a node's shm name is one path component of letters, digits, '-', '_' and '.', e.g. shm://skiff",
         });
     }
     Ok(Place {
@@ -340,11 +340,11 @@ pub(crate) struct ClientRings {
 
 /// Attaches to the node at `place` (see the module doc), within
 /// [`HANDSHAKE`].
-pub(crate) async fn client_rendezvous(place: &Place) -> Result<ClientRings, String> {
+pub(crate) async fn client_rendezvous(place: &Place) -> Result<ClientRings, Rendezvous> {
     let sock = place.dir.join(SOCKET);
     let s = tokio::net::UnixStream::connect(&sock)
         .await
-        .map_err(|e| format!("connect to the node's shm socket {}: {e}", sock.display()))?;
+        .map_err(Rendezvous::NoNode)?;
     let mut s = tokio::io::BufReader::new(s);
     let mut up_file = None;
     let r = tokio::time::timeout(HANDSHAKE, client_lines(&mut s, place, &mut up_file))
@@ -356,7 +356,7 @@ pub(crate) async fn client_rendezvous(place: &Place) -> Result<ClientRings, Stri
             let _ = fs::remove_file(f);
         }
     }
-    let (up, down, client, max_payload) = r?;
+    let (up, down, client, max_payload) = r.map_err(Rendezvous::Refused)?;
     let down_lost = LostHandle(Arc::clone(&down.ring));
     Ok(ClientRings {
         socket: s.into_inner(),
@@ -369,6 +369,16 @@ pub(crate) async fn client_rendezvous(place: &Place) -> Result<ClientRings, Stri
         client,
         max_payload,
     })
+}
+
+/// Why a client's rendezvous with a node failed.
+#[derive(Debug)]
+pub(crate) enum Rendezvous {
+    /// Nothing listens on the node's socket: no node serves this name and
+    /// directory (or it runs as another user).
+    NoNode(io::Error),
+    /// The node answered but the rendezvous failed; why.
+    Refused(String),
 }
 
 type Lines = (Arc<Ring>, super::ring::RingConsumer, u64, u64);

@@ -93,6 +93,12 @@ impl HostSocket {
     }
 }
 
+/// Checks a node's `shm://name?…` locator (name and options) without
+/// creating anything, so that a node can refuse a bad one before it starts.
+pub fn check_locator(locator: &str) -> Result<(), crate::LocatorError> {
+    super::attach::parse(locator).map(|_| ())
+}
+
 /// Removes a node's rendezvous socket and, once nothing else is in it, its
 /// directory (a client still attaching keeps it).
 pub fn unbind(socket: &Path) {
