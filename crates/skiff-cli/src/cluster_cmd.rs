@@ -101,7 +101,7 @@ pub(crate) fn tunnel(a: TunnelArgs) -> Result<()> {
             Some(k) => Target::cluster(a.cluster.clone()).with_key(Bytes::from(k.clone())),
             None => Target::cluster(a.cluster.clone()),
         };
-        let mut t = c.tunnel(target, a.timeout).await?;
+        let t = c.tunnel(target, a.timeout).await?;
         eprintln!(
             "skiff tunnel: open to a member of {} (tunnel {})",
             a.cluster,
@@ -260,7 +260,7 @@ pub(crate) fn join(a: JoinArgs) -> Result<()> {
 
 /// Prints what arrives on a member's tunnel, one line per message, and
 /// with `echo` sends each back.
-async fn serve_tunnel(mut t: Tunnel, echo: bool) {
+async fn serve_tunnel(t: Tunnel, echo: bool) {
     let id = t.id();
     let back = t.sender();
     while let Some(m) = t.recv().await {

@@ -433,7 +433,10 @@ impl Config {
                     }
                     "seeds_dns" => {
                         m.seeds_dns = (!value.is_empty()).then(|| value.to_owned());
-                        if value.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
+                        if value
+                            .rsplit_once(':')
+                            .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+                        {
                             return Err(bad("name:port"));
                         }
                     }
@@ -460,12 +463,13 @@ impl Config {
                             .filter(|s| !s.is_empty())
                             .map(str::to_owned)
                             .collect();
-                        if m
-                            .best_effort
+                        if m.best_effort
                             .iter()
                             .any(|p| skiff_proto::router::Pattern::new(p).is_err())
                         {
-                            return Err(bad("subject patterns, comma-separated (e.g. metrics.>,log.*)"));
+                            return Err(bad(
+                                "subject patterns, comma-separated (e.g. metrics.>,log.*)",
+                            ));
                         }
                     }
                     _ => m.max_datagram = (num()? as usize).clamp(512, 65_000),
@@ -475,26 +479,28 @@ impl Config {
                 self.tcp = if value.is_empty() || value == "none" {
                     None
                 } else {
-                    Some(value.parse().map_err(|_| bad("host:port, e.g. 127.0.0.1:4747, or none"))?)
+                    Some(
+                        value
+                            .parse()
+                            .map_err(|_| bad("host:port, e.g. 127.0.0.1:4747, or none"))?,
+                    )
                 }
             }
-            "nats" => {
-                self.nats = match value.trim() {
-                    "" | "none" | "off" => None,
-                    "on" | "true" | "yes" => {
-                        Some(SocketAddr::from(([127, 0, 0, 1], NATS_PORT)))
-                    }
-                    v => Some(
-                        v.parse()
-                            .or_else(|_| {
-                                v.trim_matches(|c| c == '[' || c == ']')
-                                    .parse::<std::net::IpAddr>()
-                                    .map(|ip| SocketAddr::new(ip, NATS_PORT))
-                            })
-                            .map_err(|_| bad("host:port (e.g. 127.0.0.1:4222), a host (port 4222), on, or none"))?,
-                    ),
-                }
-            }
+            "nats" => self.nats = match value.trim() {
+                "" | "none" | "off" => None,
+                "on" | "true" | "yes" => Some(SocketAddr::from(([127, 0, 0, 1], NATS_PORT))),
+                v => Some(
+                    v.parse()
+                        .or_else(|_| {
+                            v.trim_matches(|c| c == '[' || c == ']')
+                                .parse::<std::net::IpAddr>()
+                                .map(|ip| SocketAddr::new(ip, NATS_PORT))
+                        })
+                        .map_err(|_| {
+                            bad("host:port (e.g. 127.0.0.1:4222), a host (port 4222), on, or none")
+                        })?,
+                ),
+            },
             "unix" => {
                 self.unix = (!value.is_empty() && value != "none").then(|| PathBuf::from(value))
             }
@@ -558,7 +564,8 @@ impl Config {
             "read_timeout_ms" => l.read_timeout_ms = num()?,
             "ping_interval_ms" => l.ping_interval_ms = num()?,
             "max_pings_out" => {
-                l.max_pings_out = u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
+                l.max_pings_out =
+                    u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
             _ => {
                 return Err(ConfigError::Unknown {

@@ -240,8 +240,8 @@ async fn tunnels_cross_nodes_over_associations() {
     // A opens, sends 10,000 numbered messages (ten of 100 KB); the member
     // on C gets them all in order and echoes every thousandth.
     const N: u32 = 10_000;
-    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
-    let mut tc = incoming_tunnel(&member).await;
+    let ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let tc = incoming_tunnel(&member).await;
     let echo = tokio::spawn(async move {
         for i in 0..N {
             let m = tokio::time::timeout(PATIENCE, tc.recv())
@@ -273,7 +273,7 @@ async fn tunnels_cross_nodes_over_associations() {
     tokio::time::timeout(PATIENCE, echo).await.unwrap().unwrap();
 
     // Closing from the member's side ends the opener's end.
-    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
     let tc = incoming_tunnel(&member).await;
     tc.send(Message::new("", "bye")).await.unwrap();
     drop(tc);
@@ -313,7 +313,7 @@ async fn a_tunnel_ends_when_the_other_node_goes() {
     let (a, c) = (client(&nodes[0]).await, client(&nodes[2]).await);
     let member = c.join("tun", 1).await.unwrap();
     wait_for(|| nodes[0].broker().cluster_members("tun") == 1).await;
-    let mut ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
+    let ta = a.tunnel(Target::cluster("tun"), PATIENCE).await.unwrap();
     let tc = incoming_tunnel(&member).await;
     tc.send(Message::new("", "hi")).await.unwrap();
     let m = tokio::time::timeout(PATIENCE, ta.recv())

@@ -282,7 +282,7 @@ async fn tunnel_is_ordered_both_ways(h: H) {
     let server = h.client().await;
     let m = server.join("tun", 1).await.unwrap();
     let srv = tokio::spawn(async move {
-        let Some(Incoming::Tunnel(mut t)) = m.recv().await else {
+        let Some(Incoming::Tunnel(t)) = m.recv().await else {
             panic!("no tunnel");
         };
         // Echo each message back, in order.
@@ -291,7 +291,7 @@ async fn tunnel_is_ordered_both_ways(h: H) {
         }
     });
     let c = h.client().await;
-    let mut t = c
+    let t = c
         .tunnel(Target::cluster("tun"), Duration::from_secs(5))
         .await
         .unwrap();

@@ -557,7 +557,15 @@ impl Broker {
                 syntax,
             } => {
                 let r = self.permit(me, Op::Subscribe, &pattern).and_then(|()| {
-                    self.subscribe(me, sid, (syntax, pattern, kind), policy, queue, credit, None)
+                    self.subscribe(
+                        me,
+                        sid,
+                        (syntax, pattern, kind),
+                        policy,
+                        queue,
+                        credit,
+                        None,
+                    )
                 });
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
