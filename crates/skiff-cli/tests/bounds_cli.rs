@@ -333,29 +333,44 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
     let base = node.rss();
     let mut watcher = node.connect();
     // Eight clients that never read could hold 8 MiB; the budget is 4.
+    // They write until the node holds most of its budget for them (a
+    // loaded machine may be slow to read them: a write that times out is
+    // tried again until then).
+    let done = Arc::new(AtomicBool::new(false));
     let flooders: Vec<_> = (0..8)
         .map(|_| {
             let c = TcpStream::connect(&node.addr).unwrap();
+            let done = done.clone();
             std::thread::spawn(move || {
                 let mut s = c;
                 let mut one = Vec::new();
                 ClientFrame::Ping { corr: 1 }.encode(&mut one);
                 let chunk = one.repeat(64 * 1024 / one.len());
-                s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+                s.set_write_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
                 let mut sent = 0;
-                while sent < 24 << 20 {
-                    match s.write(&chunk) {
-                        Ok(n) => sent += n,
-                        Err(_) => break,
+                while sent < 24 << 20 && !done.load(Ordering::Relaxed) {
+                    if let Ok(n) = s.write(&chunk) {
+                        sent += n;
                     }
                 }
                 s
             })
         })
         .collect();
+    let t = Instant::now();
+    let used = loop {
+        let used = watcher.stats()["pending_budget_used"].as_u64();
+        if used.is_some_and(|u| u > 3 << 20) || t.elapsed() > Duration::from_secs(60) {
+            break used;
+        }
+        let rss = node.rss();
+        assert!(rss < base + RSS_BOUND, "node RSS {} MiB", rss >> 20);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    done.store(true, Ordering::Relaxed);
     let _held: Vec<TcpStream> = flooders.into_iter().map(|t| t.join().unwrap()).collect();
     assert_rss_bounded(&node, base, "eight ping floods");
-    let used = watcher.stats()["pending_budget_used"].as_u64();
     assert!(used.is_some_and(|u| u > 3 << 20), "budget used: {used:?}");
     // A new client is refused, with the reason.
     let mut s = TcpStream::connect(&node.addr).unwrap();
