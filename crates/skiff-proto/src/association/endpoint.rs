@@ -223,6 +223,12 @@ impl Endpoint {
         self.slots.is_empty()
     }
 
+    /// Associations whose close has still to reach their peer
+    /// ([`Association::is_closing`](super::Association::is_closing)).
+    pub fn closing(&self) -> usize {
+        self.slots.values().filter(|s| s.assoc.is_closing()).count()
+    }
+
     /// Accepted associations waiting for the initiator's confirmation.
     pub fn half_open(&self) -> usize {
         self.half_open
