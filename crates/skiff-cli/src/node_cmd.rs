@@ -368,11 +368,24 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let mut n = 0u64;
         let mut dropped = 0;
         let mut skipped = 0;
+        // What the node reports on its own (a gap when a node that sent
+        // messages went down), checked each second.
+        let mut notices = 0;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             let d = tokio::select! {
                 d = s.recv() => d,
                 Some(e) = events.recv() => {
                     report_event(&e);
+                    continue;
+                }
+                _ = tick.tick() => {
+                    if let (k, Some(text)) = c.async_errors() {
+                        if k != notices {
+                            notices = k;
+                            eprintln!("skiff sub: the node says: {text}");
+                        }
+                    }
                     continue;
                 }
             };

@@ -145,6 +145,8 @@ pub(crate) struct Delivered {
     /// Peers whose association failed or who went down, with how many
     /// frames to them may not have arrived.
     pub(crate) lost: Vec<(SocketAddr, u64)>,
+    /// Peers whose association (either way) failed.
+    pub(crate) failed: Vec<SocketAddr>,
 }
 
 /// How the reliable links to peers queue (from the mesh settings).
@@ -717,6 +719,7 @@ pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) -> Delivered {
         }
     }
     for peer in step.failed {
+        d.failed.push(peer);
         let lost = l.tunnels.lock().fail_peer(now, peer, true);
         tell_lost(
             broker,

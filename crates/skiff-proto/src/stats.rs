@@ -202,6 +202,14 @@ pub struct MeshView {
     /// The reliable link to each peer: its send queue and what it lost.
     #[serde(default)]
     pub links: Vec<LinkStats>,
+    /// Frames to peers that may not have arrived (lost with the peer or
+    /// its association; per peer in `links`).
+    #[serde(default)]
+    pub link_lost: u64,
+    /// Gaps told to local subscribers: a peer that had sent messages went
+    /// down or its link failed.
+    #[serde(default)]
+    pub gaps_reported: u64,
 }
 
 /// The reliable link to one peer (node frames over the association this
