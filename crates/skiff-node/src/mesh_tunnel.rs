@@ -157,6 +157,9 @@ pub(crate) struct LinkConfig {
     pub(crate) max_backlog: usize,
     pub(crate) link_bytes: usize,
     pub(crate) link_policy: SendPolicy,
+    /// Seeds the association keys (0: from the process and the clock; a
+    /// simulation passes its own, so that its run is reproducible).
+    pub(crate) seed: u64,
 }
 
 impl Tunnels {
@@ -167,8 +170,12 @@ impl Tunnels {
             max_backlog,
             ..
         } = c;
-        let seed = std::collections::hash_map::RandomState::new()
-            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        let seed = if c.seed != 0 {
+            c.seed
+        } else {
+            std::collections::hash_map::RandomState::new()
+                .hash_one((std::process::id(), std::time::SystemTime::now()))
+        };
         let config = AssociationConfig {
             mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
             max_message: (max_payload as u64) + (64 << 10),
@@ -846,6 +853,10 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) -> Opt
 }
 
 #[cfg(test)]
+#[path = "mesh_sim.rs"]
+mod sim;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -856,6 +867,7 @@ mod tests {
             max_backlog: 1 << 20,
             link_bytes: 8 << 20,
             link_policy: SendPolicy::Block,
+            seed: 0,
         }
     }
 

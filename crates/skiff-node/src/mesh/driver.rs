@@ -95,6 +95,7 @@ pub(crate) async fn start<L: Inbound>(
                 max_backlog: broker.limits().max_pending_bytes,
                 link_bytes: settings.send_queue,
                 link_policy: settings.send_policy,
+                seed: 0,
             },
         )),
     });
