@@ -641,6 +641,10 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     p.far_ahead
                 );
             }
+            outln!(
+                "      links: frames lost {}, gaps reported {}; associations: packets dropped (forged, replayed, malformed) {}, retransmitted {}",
+                m.link_lost, m.gaps_reported, m.tunnels.packets_dropped, m.tunnels.retransmits
+            );
             if !m.links.is_empty() {
                 outln!(
                     "{:<22} {:>11} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",

@@ -68,6 +68,9 @@ use skiff_proto::stats::LinkStats;
 
 /// The association service id of tunnels between nodes ("TUN1").
 const SERVICE: u32 = 0x5455_4e31;
+/// The largest association packet: a mesh datagram (65,000 bytes) less its
+/// envelope.
+const MAX_ASSOC_MTU: usize = 65_000 - ENVELOPE;
 /// Send queues of peers that are gone, kept for their counters, at most.
 const MAX_GONE_LINKS: usize = 1024;
 /// Most tunnels with a remote end on one node.
@@ -120,6 +123,9 @@ pub(crate) struct Tunnels {
     links: FxHashMap<SocketAddr, SendQueue>,
     link_bytes: usize,
     link_policy: SendPolicy,
+    /// Association packet size per peer (its path), and when unknown.
+    mtus: FxHashMap<SocketAddr, usize>,
+    default_mtu: usize,
     max_backlog: usize,
     max_payload: usize,
     buf: Vec<u8>,
@@ -177,7 +183,10 @@ impl Tunnels {
                 .hash_one((std::process::id(), std::time::SystemTime::now()))
         };
         let config = AssociationConfig {
-            mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
+            // As large as a mesh datagram may be: what a set-up proposes is
+            // the initiator's path (`set_path_mtu`), and the smaller side
+            // wins.
+            mtu: MAX_ASSOC_MTU,
             max_message: (max_payload as u64) + (64 << 10),
             idle_timeout: Duration::from_secs(15),
             ..AssociationConfig::default()
@@ -199,6 +208,8 @@ impl Tunnels {
             // A frame as large as a message always fits an empty queue.
             link_bytes: c.link_bytes.max(max_payload + (64 << 10)),
             link_policy: c.link_policy,
+            mtus: FxHashMap::default(),
+            default_mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
             max_backlog,
             max_payload,
             buf: Vec::with_capacity(65_536),
@@ -208,17 +219,58 @@ impl Tunnels {
     }
 
     pub(crate) fn stats(&self) -> TunnelStats {
+        let e = self.assocs.stats();
+        let mut dropped = e.malformed
+            + e.unknown_key
+            + e.wrong_source
+            + e.first_rejected_full
+            + e.first_rejected_half_open
+            + e.first_wrong_service
+            + e.first_not_listening;
+        let mut retransmits = 0;
+        let live = self
+            .out
+            .values()
+            .map(|o| o.assoc)
+            .chain(self.accepted.keys().copied());
+        for h in live {
+            if let Some(a) = self.assocs.get(h) {
+                let s = a.stats();
+                dropped += s.duplicates
+                    + s.out_of_window
+                    + s.ack_of_unsent
+                    + s.malformed
+                    + s.wrong_key
+                    + s.wrong_source
+                    + s.stray
+                    + s.protocol_violations;
+                retransmits += s.retransmits;
+            }
+        }
         TunnelStats {
             open: self.ends.len(),
             associations: self.out.len(),
+            packets_dropped: dropped,
+            retransmits,
             ..self.stats.clone()
         }
     }
 
+    /// The datagram size of the path to `peer` (its MTU, as the mesh
+    /// measured it when the peer came up), for associations opened to it.
+    pub(crate) fn set_path_mtu(&mut self, peer: SocketAddr, mtu: usize) {
+        let ip_udp = if peer.is_ipv4() { 28 } else { 48 };
+        let m = mtu
+            .saturating_sub(ip_udp + ENVELOPE)
+            .clamp(MIN_MTU, MAX_ASSOC_MTU);
+        self.mtus.insert(peer, m);
+    }
+
     /// This node's association to `peer`, opened now if there is none.
     fn out(&mut self, now: Instant, peer: SocketAddr) -> &mut Out {
+        let mtu = Some(self.mtus.get(&peer).copied().unwrap_or(self.default_mtu));
         self.out.entry(peer).or_insert_with(|| Out {
-            assoc: self.assocs.connect(now, peer, SERVICE),
+            assoc: self.assocs.connect_mtu(now, peer, SERVICE, mtu),
             backlog: VecDeque::new(),
             backlog_bytes: 0,
         })

@@ -278,4 +278,14 @@ pub struct TunnelStats {
     pub tunnels_lost: u64,
     /// Association packets the mesh refused to send.
     pub send_refused: u64,
+    /// Association packets dropped on arrival: undecodable, an unknown or
+    /// forged key, the wrong source, refused set-ups, and (on the live
+    /// associations) duplicates and replays, packets outside the window,
+    /// acknowledgements of data never sent.
+    #[serde(default)]
+    pub packets_dropped: u64,
+    /// Association packets retransmitted (loss repaired), on the live
+    /// associations.
+    #[serde(default)]
+    pub retransmits: u64,
 }

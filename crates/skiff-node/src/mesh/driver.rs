@@ -336,6 +336,7 @@ impl<L: Inbound> Driver<L> {
                 }
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
+                        l.tunnels.lock().set_path_mtu(id.addr, mtu);
                         l.core.lock().set_path_mtu(id.addr, mtu);
                     }
                 }
