@@ -128,7 +128,6 @@ pub(crate) struct Tunnels {
     default_mtu: usize,
     max_backlog: usize,
     max_payload: usize,
-    buf: Vec<u8>,
     stats: TunnelStats,
     /// Links whose association failed since the last round, with the
     /// frames that may not have arrived.
@@ -212,7 +211,6 @@ impl Tunnels {
             default_mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
             max_backlog,
             max_payload,
-            buf: Vec::with_capacity(65_536),
             stats: TunnelStats::default(),
             link_lost: Vec::new(),
         }
@@ -285,7 +283,8 @@ impl Tunnels {
         parts: &[&[u8]],
         subject: Option<&str>,
     ) -> Pushed {
-        self.out(now, peer);
+        // The association is opened (if need be) when the queue drains.
+        let _ = now;
         let (bytes, policy) = (self.link_bytes, self.link_policy);
         self.links
             .entry(peer)
@@ -625,7 +624,6 @@ impl Tunnels {
     /// Hands every packet the associations have to the mesh core.
     fn transmit(&mut self, now: Instant, core: &mut Mesh) {
         let mut out = Envelope {
-            buf: &mut self.buf,
             core,
             refused: &mut self.stats.send_refused,
         };
@@ -634,9 +632,11 @@ impl Tunnels {
 }
 
 /// The mesh's [`Outlet`]: each association packet goes into a mesh
-/// datagram (kind 9) to an up member, keeping its `alone` mark.
+/// datagram (kind 9) to an up member, keeping its `alone` mark. The
+/// association writes the packet straight after the datagram's envelope:
+/// no copy. (This is the seam where packets between nodes would be
+/// sealed, were the mesh encrypted.)
 struct Envelope<'a> {
-    buf: &'a mut Vec<u8>,
     core: &'a mut Mesh,
     /// Packets the mesh refused (no such member).
     refused: &'a mut u64,
@@ -648,12 +648,14 @@ impl Outlet for Envelope<'_> {
         now: Instant,
         poll: impl FnOnce(&mut Vec<u8>) -> Option<Transmit>,
     ) -> Option<usize> {
-        self.buf.clear();
-        let t = poll(self.buf)?;
-        let packet = &self.buf[..t.size];
+        let mut d = self.core.assoc_buffer();
+        let Some(t) = poll(&mut d) else {
+            self.core.recycle_assoc_buffer(d);
+            return None;
+        };
         if self
             .core
-            .send_assoc(now, t.destination, packet, t.alone)
+            .send_assoc_datagram(now, t.destination, d, t.alone)
             .is_err()
         {
             *self.refused += 1;
