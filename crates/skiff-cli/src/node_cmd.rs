@@ -368,11 +368,24 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let mut n = 0u64;
         let mut dropped = 0;
         let mut skipped = 0;
+        // What the node reports on its own (a gap when a node that sent
+        // messages went down), checked each second.
+        let mut notices = 0;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             let d = tokio::select! {
                 d = s.recv() => d,
                 Some(e) = events.recv() => {
                     report_event(&e);
+                    continue;
+                }
+                _ = tick.tick() => {
+                    if let (k, Some(text)) = c.async_errors() {
+                        if k != notices {
+                            notices = k;
+                            eprintln!("skiff sub: the node says: {text}");
+                        }
+                    }
                     continue;
                 }
             };
@@ -628,6 +641,10 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     p.far_ahead
                 );
             }
+            outln!(
+                "      links: frames lost {}, gaps reported {}; associations: packets dropped (forged, replayed, malformed) {}, retransmitted {}",
+                m.link_lost, m.gaps_reported, m.tunnels.packets_dropped, m.tunnels.retransmits
+            );
             if !m.links.is_empty() {
                 outln!(
                     "{:<22} {:>11} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",

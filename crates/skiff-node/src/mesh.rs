@@ -132,6 +132,8 @@ struct Counters {
     /// Frames to peers that may not have arrived (lost with the peer or
     /// its association; per peer in the links' `lost`).
     link_lost: AtomicU64,
+    /// Gaps told to local subscribers.
+    gaps: AtomicU64,
     /// The second of the last log line (`note`).
     noted: AtomicU64,
 }
@@ -194,6 +196,8 @@ impl MeshLink {
             dns_errors: c.dns_errors.load(Relaxed),
             peers: m.peer_stats(),
             links: self.tunnels.lock().link_stats(),
+            link_lost: c.link_lost.load(Relaxed),
+            gaps_reported: c.gaps.load(Relaxed),
         }
     }
 

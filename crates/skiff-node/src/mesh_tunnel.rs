@@ -68,6 +68,9 @@ use skiff_proto::stats::LinkStats;
 
 /// The association service id of tunnels between nodes ("TUN1").
 const SERVICE: u32 = 0x5455_4e31;
+/// The largest association packet: a mesh datagram (65,000 bytes) less its
+/// envelope.
+const MAX_ASSOC_MTU: usize = 65_000 - ENVELOPE;
 /// Send queues of peers that are gone, kept for their counters, at most.
 const MAX_GONE_LINKS: usize = 1024;
 /// Most tunnels with a remote end on one node.
@@ -120,9 +123,11 @@ pub(crate) struct Tunnels {
     links: FxHashMap<SocketAddr, SendQueue>,
     link_bytes: usize,
     link_policy: SendPolicy,
+    /// Association packet size per peer (its path), and when unknown.
+    mtus: FxHashMap<SocketAddr, usize>,
+    default_mtu: usize,
     max_backlog: usize,
     max_payload: usize,
-    buf: Vec<u8>,
     stats: TunnelStats,
     /// Links whose association failed since the last round, with the
     /// frames that may not have arrived.
@@ -145,6 +150,8 @@ pub(crate) struct Delivered {
     /// Peers whose association failed or who went down, with how many
     /// frames to them may not have arrived.
     pub(crate) lost: Vec<(SocketAddr, u64)>,
+    /// Peers whose association (either way) failed.
+    pub(crate) failed: Vec<SocketAddr>,
 }
 
 /// How the reliable links to peers queue (from the mesh settings).
@@ -155,6 +162,9 @@ pub(crate) struct LinkConfig {
     pub(crate) max_backlog: usize,
     pub(crate) link_bytes: usize,
     pub(crate) link_policy: SendPolicy,
+    /// Seeds the association keys (0: from the process and the clock; a
+    /// simulation passes its own, so that its run is reproducible).
+    pub(crate) seed: u64,
 }
 
 impl Tunnels {
@@ -165,10 +175,17 @@ impl Tunnels {
             max_backlog,
             ..
         } = c;
-        let seed = std::collections::hash_map::RandomState::new()
-            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        let seed = if c.seed != 0 {
+            c.seed
+        } else {
+            std::collections::hash_map::RandomState::new()
+                .hash_one((std::process::id(), std::time::SystemTime::now()))
+        };
         let config = AssociationConfig {
-            mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
+            // As large as a mesh datagram may be: what a set-up proposes is
+            // the initiator's path (`set_path_mtu`), and the smaller side
+            // wins.
+            mtu: MAX_ASSOC_MTU,
             max_message: (max_payload as u64) + (64 << 10),
             idle_timeout: Duration::from_secs(15),
             ..AssociationConfig::default()
@@ -190,26 +207,68 @@ impl Tunnels {
             // A frame as large as a message always fits an empty queue.
             link_bytes: c.link_bytes.max(max_payload + (64 << 10)),
             link_policy: c.link_policy,
+            mtus: FxHashMap::default(),
+            default_mtu: max_datagram.saturating_sub(ENVELOPE).max(MIN_MTU),
             max_backlog,
             max_payload,
-            buf: Vec::with_capacity(65_536),
             stats: TunnelStats::default(),
             link_lost: Vec::new(),
         }
     }
 
     pub(crate) fn stats(&self) -> TunnelStats {
+        let e = self.assocs.stats();
+        let mut dropped = e.malformed
+            + e.unknown_key
+            + e.wrong_source
+            + e.first_rejected_full
+            + e.first_rejected_half_open
+            + e.first_wrong_service
+            + e.first_not_listening;
+        let mut retransmits = 0;
+        let live = self
+            .out
+            .values()
+            .map(|o| o.assoc)
+            .chain(self.accepted.keys().copied());
+        for h in live {
+            if let Some(a) = self.assocs.get(h) {
+                let s = a.stats();
+                dropped += s.duplicates
+                    + s.out_of_window
+                    + s.ack_of_unsent
+                    + s.malformed
+                    + s.wrong_key
+                    + s.wrong_source
+                    + s.stray
+                    + s.protocol_violations;
+                retransmits += s.retransmits;
+            }
+        }
         TunnelStats {
             open: self.ends.len(),
             associations: self.out.len(),
+            packets_dropped: dropped,
+            retransmits,
             ..self.stats.clone()
         }
     }
 
+    /// The datagram size of the path to `peer` (its MTU, as the mesh
+    /// measured it when the peer came up), for associations opened to it.
+    pub(crate) fn set_path_mtu(&mut self, peer: SocketAddr, mtu: usize) {
+        let ip_udp = if peer.is_ipv4() { 28 } else { 48 };
+        let m = mtu
+            .saturating_sub(ip_udp + ENVELOPE)
+            .clamp(MIN_MTU, MAX_ASSOC_MTU);
+        self.mtus.insert(peer, m);
+    }
+
     /// This node's association to `peer`, opened now if there is none.
     fn out(&mut self, now: Instant, peer: SocketAddr) -> &mut Out {
+        let mtu = Some(self.mtus.get(&peer).copied().unwrap_or(self.default_mtu));
         self.out.entry(peer).or_insert_with(|| Out {
-            assoc: self.assocs.connect(now, peer, SERVICE),
+            assoc: self.assocs.connect_mtu(now, peer, SERVICE, mtu),
             backlog: VecDeque::new(),
             backlog_bytes: 0,
         })
@@ -224,7 +283,8 @@ impl Tunnels {
         parts: &[&[u8]],
         subject: Option<&str>,
     ) -> Pushed {
-        self.out(now, peer);
+        // The association is opened (if need be) when the queue drains.
+        let _ = now;
         let (bytes, policy) = (self.link_bytes, self.link_policy);
         self.links
             .entry(peer)
@@ -564,7 +624,6 @@ impl Tunnels {
     /// Hands every packet the associations have to the mesh core.
     fn transmit(&mut self, now: Instant, core: &mut Mesh) {
         let mut out = Envelope {
-            buf: &mut self.buf,
             core,
             refused: &mut self.stats.send_refused,
         };
@@ -573,9 +632,11 @@ impl Tunnels {
 }
 
 /// The mesh's [`Outlet`]: each association packet goes into a mesh
-/// datagram (kind 9) to an up member, keeping its `alone` mark.
+/// datagram (kind 9) to an up member, keeping its `alone` mark. The
+/// association writes the packet straight after the datagram's envelope:
+/// no copy. (This is the seam where packets between nodes would be
+/// sealed, were the mesh encrypted.)
 struct Envelope<'a> {
-    buf: &'a mut Vec<u8>,
     core: &'a mut Mesh,
     /// Packets the mesh refused (no such member).
     refused: &'a mut u64,
@@ -587,12 +648,14 @@ impl Outlet for Envelope<'_> {
         now: Instant,
         poll: impl FnOnce(&mut Vec<u8>) -> Option<Transmit>,
     ) -> Option<usize> {
-        self.buf.clear();
-        let t = poll(self.buf)?;
-        let packet = &self.buf[..t.size];
+        let mut d = self.core.assoc_buffer();
+        let Some(t) = poll(&mut d) else {
+            self.core.recycle_assoc_buffer(d);
+            return None;
+        };
         if self
             .core
-            .send_assoc(now, t.destination, packet, t.alone)
+            .send_assoc_datagram(now, t.destination, d, t.alone)
             .is_err()
         {
             *self.refused += 1;
@@ -717,6 +780,7 @@ pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) -> Delivered {
         }
     }
     for peer in step.failed {
+        d.failed.push(peer);
         let lost = l.tunnels.lock().fail_peer(now, peer, true);
         tell_lost(
             broker,
@@ -843,6 +907,10 @@ fn act(l: &MeshLink, broker: &impl Inbound, from: SocketAddr, raw: Bytes) -> Opt
 }
 
 #[cfg(test)]
+#[path = "mesh_sim.rs"]
+mod sim;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -853,6 +921,7 @@ mod tests {
             max_backlog: 1 << 20,
             link_bytes: 8 << 20,
             link_policy: SendPolicy::Block,
+            seed: 0,
         }
     }
 

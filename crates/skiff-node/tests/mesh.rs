@@ -532,3 +532,33 @@ async fn a_full_send_queue_drops_counts_and_tells_the_publisher() {
     assert!(n > 0, "the publisher was not told");
     assert!(text.unwrap().contains("send queue is full"));
 }
+
+/// A node that sent messages goes: the subscribers on the other nodes are
+/// told that messages from it may be missing, from the last one received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_are_told_of_a_gap_when_a_publishing_node_goes() {
+    let mut nodes = three(&format!("t-gap-{}", std::process::id())).await;
+    let (b, c) = (client(&nodes[1]).await, client(&nodes[2]).await);
+    let mut sb = b.subscribe("gap.>", "*").await.unwrap();
+    wait_for(|| known_patterns(&nodes[2]) == 1).await;
+    for i in 0..10u32 {
+        c.publish(Message::new("gap.x", i.to_string()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(recv_n(&mut sb, 10).await.len(), 10);
+    assert_eq!(b.async_errors().0, 0);
+    let gone = nodes.pop().unwrap();
+    drop(c);
+    tokio::time::timeout(PATIENCE, gone.shutdown())
+        .await
+        .unwrap();
+    wait_for(|| b.async_errors().0 >= 1).await;
+    let why = b.async_errors().1.unwrap();
+    assert!(
+        why.contains("may be missing") && why.contains("went down"),
+        "{why}"
+    );
+    let v = nodes[1].broker().mesh().unwrap().view();
+    assert_eq!(v.gaps_reported, 1, "{v:?}");
+}

@@ -202,6 +202,14 @@ pub struct MeshView {
     /// The reliable link to each peer: its send queue and what it lost.
     #[serde(default)]
     pub links: Vec<LinkStats>,
+    /// Frames to peers that may not have arrived (lost with the peer or
+    /// its association; per peer in `links`).
+    #[serde(default)]
+    pub link_lost: u64,
+    /// Gaps told to local subscribers: a peer that had sent messages went
+    /// down or its link failed.
+    #[serde(default)]
+    pub gaps_reported: u64,
 }
 
 /// The reliable link to one peer (node frames over the association this
@@ -270,4 +278,14 @@ pub struct TunnelStats {
     pub tunnels_lost: u64,
     /// Association packets the mesh refused to send.
     pub send_refused: u64,
+    /// Association packets dropped on arrival: undecodable, an unknown or
+    /// forged key, the wrong source, refused set-ups, and (on the live
+    /// associations) duplicates and replays, packets outside the window,
+    /// acknowledgements of data never sent.
+    #[serde(default)]
+    pub packets_dropped: u64,
+    /// Association packets retransmitted (loss repaired), on the live
+    /// associations.
+    #[serde(default)]
+    pub retransmits: u64,
 }

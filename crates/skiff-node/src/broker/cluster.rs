@@ -131,6 +131,27 @@ impl Broker {
         }
     }
 
+    /// Messages from the node at `peer` may be missing from `silent` ago
+    /// (the last batch received from it) on: every local client holding
+    /// subscriptions is told with an asynchronous error.
+    pub(crate) fn remote_gap(&self, peer: SocketAddr, silent: std::time::Duration, why: &str) {
+        let since = std::time::SystemTime::now()
+            .checked_sub(silent)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        let text = format!(
+            "messages from node {peer} may be missing: {why}; the gap began with the last message received from it, {silent:?} earlier (unix time {since:.3})"
+        );
+        let st = self.state.lock();
+        for c in st.clients.values().filter(|c| !c.sids.is_empty()) {
+            c.out.control(ServerFrame::Error {
+                corr: crate::ASYNC_ERROR,
+                code: skiff_proto::client_frame::Code::NotFound,
+                text: text.clone(),
+            });
+        }
+    }
+
     /// Members of `cluster` this node routes to: its own clients and, for
     /// each other node with members, one entry. What a request or a
     /// broadcast sent now would reach (the mesh's view of a peer can be a

@@ -80,6 +80,10 @@ impl mesh::Inbound for Broker {
         Broker::remote_down(self, peer)
     }
 
+    fn remote_gap(&self, peer: SocketAddr, silent: std::time::Duration, why: &str) {
+        Broker::remote_gap(self, peer, silent, why)
+    }
+
     fn tunnel_deliver(&self, client: u64, tunnel: u64, frames: Vec<ServerFrame>, ended: bool) {
         Broker::tunnel_deliver(self, client, tunnel, frames, ended)
     }

@@ -95,6 +95,7 @@ pub(crate) async fn start<L: Inbound>(
                 max_backlog: broker.limits().max_pending_bytes,
                 link_bytes: settings.send_queue,
                 link_policy: settings.send_policy,
+                seed: 0,
             },
         )),
     });
@@ -131,6 +132,7 @@ pub(crate) async fn start<L: Inbound>(
         scratch: Vec::new(),
         pubs: Vec::new(),
         events: Vec::new(),
+        last_from: rustc_hash::FxHashMap::default(),
         scout_buf: vec![0u8; 2048],
     };
     let task = tokio::spawn(driver.run(stop));
@@ -158,6 +160,9 @@ struct Driver<L> {
     scratch: Vec<u8>,
     /// A run of publish frames on its way to the broker.
     pubs: Vec<Bytes>,
+    /// When a batch of frames last came from each peer (where a gap
+    /// begins if it dies).
+    last_from: rustc_hash::FxHashMap<SocketAddr, Instant>,
     /// The mesh's events of one turn (kept for its allocation).
     events: Vec<MeshEvent>,
     scout_buf: Vec<u8>,
@@ -223,6 +228,9 @@ impl<L: Inbound> Driver<L> {
             self.publish_run(&*broker).await;
             for (peer, n) in d.lost {
                 self.link_lost(peer, n, "its association failed");
+            }
+            for peer in d.failed {
+                self.gap(&*broker, peer, "its link to this node failed");
             }
             drop(broker);
             self.transmit().await;
@@ -324,9 +332,11 @@ impl<L: Inbound> Driver<L> {
                     broker.remote_down(id.addr);
                     let n = crate::mesh_tunnel::peer_down(l, broker, id.addr);
                     self.link_lost(id.addr, n, "it went down");
+                    self.gap(broker, id.addr, "it went down");
                 }
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
+                        l.tunnels.lock().set_path_mtu(id.addr, mtu);
                         l.core.lock().set_path_mtu(id.addr, mtu);
                     }
                 }
@@ -342,6 +352,7 @@ impl<L: Inbound> Driver<L> {
     /// The frames of one batch from `from` (a datagram or a reliable
     /// link's message): runs of publishes go to the broker together.
     async fn frames(&mut self, broker: &L, from: SocketAddr, frames: Frames) {
+        self.last_from.insert(from, Instant::now());
         for frame in frames {
             if frame.first() == Some(&op::PUB) {
                 self.pubs.push(frame);
@@ -350,6 +361,16 @@ impl<L: Inbound> Driver<L> {
             self.publish_run(broker).await;
             self.link.handle_frame(broker, from, frame);
         }
+    }
+
+    /// Messages from `peer` may be missing (it went down, its link
+    /// failed): local subscribers are told, if it had sent any.
+    fn gap(&mut self, broker: &L, peer: SocketAddr, why: &str) {
+        let Some(last) = self.last_from.remove(&peer) else {
+            return;
+        };
+        self.link.counters.gaps.fetch_add(1, Relaxed);
+        broker.remote_gap(peer, last.elapsed(), why);
     }
 
     /// `n` frames to `peer` may not have arrived: counted and told.

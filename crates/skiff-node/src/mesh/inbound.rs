@@ -75,6 +75,11 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     /// tunnels through [`Inbound::tunnel_deliver`]).
     fn remote_down(&self, peer: SocketAddr);
 
+    /// Messages from `peer` may be missing: it went down, or its link to
+    /// this node failed, `silent` after the last batch received from it.
+    /// Local subscribers are told.
+    fn remote_gap(&self, peer: SocketAddr, silent: std::time::Duration, why: &str);
+
     /// Frames for the local end (`client`) of a tunnel whose other end is
     /// on another node; `ended`: the tunnel is gone.
     fn tunnel_deliver(&self, client: u64, tunnel: u64, frames: Vec<ServerFrame>, ended: bool);

@@ -223,6 +223,12 @@ impl Endpoint {
         self.slots.is_empty()
     }
 
+    /// Associations whose close has still to reach their peer
+    /// ([`Association::is_closing`](super::Association::is_closing)).
+    pub fn closing(&self) -> usize {
+        self.slots.values().filter(|s| s.assoc.is_closing()).count()
+    }
+
     /// Accepted associations waiting for the initiator's confirmation.
     pub fn half_open(&self) -> usize {
         self.half_open
@@ -234,8 +240,25 @@ impl Endpoint {
     /// reports [`Event::Connected`](super::Event::Connected) (or fails) like
     /// any association.
     pub fn connect(&mut self, now: Instant, peer: SocketAddr, service: u32) -> Handle {
+        self.connect_mtu(now, peer, service, None)
+    }
+
+    /// [`Endpoint::connect`] with the datagram size of this path, when the
+    /// caller knows it (the smaller of it and the listener's is used), in
+    /// place of the configured `mtu`.
+    pub fn connect_mtu(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+        service: u32,
+        mtu: Option<usize>,
+    ) -> Handle {
         let key = self.new_key();
-        let assoc = Association::connect(now, self.config.association.clone(), peer, service, key);
+        let mut config = self.config.association.clone();
+        if let Some(m) = mtu {
+            config.mtu = m;
+        }
+        let assoc = Association::connect(now, config, peer, service, key);
         self.slots.insert(
             key,
             Slot {

@@ -42,11 +42,19 @@
 //!   association fails when nothing valid was heard for `idle_timeout`, or
 //!   when data in flight saw no acknowledgement for that long.
 //! - **Close** by sentinels in both directions: each side's sentinel follows
-//!   all its data and is acknowledged like data; the association is closed
-//!   when both sentinels are acknowledged, then lingers for `idle_timeout`
-//!   to acknowledge a retransmitted sentinel (TCP's TIME_WAIT). A side whose
-//!   last acknowledgement never arrives still reports `Closed` when every
-//!   message was acknowledged and only its bare sentinel was not.
+//!   all its data and is acknowledged like data. A side reports `Closed`
+//!   once the peer's stream is complete (its sentinel reached in order) and
+//!   every message of its own was acknowledged; it does not wait for the
+//!   acknowledgement of its own bare sentinel (TCP's LAST_ACK: the
+//!   application has its end of file while the FIN is retransmitted). It
+//!   then lingers for `idle_timeout`, acknowledging a retransmitted
+//!   sentinel (TCP's TIME_WAIT) and sending its own until acknowledged:
+//!   again on every status from the peer that lacks it, not only at a
+//!   retransmission timer that may have backed off. A side whose sentinel
+//!   was acknowledged and that lacks the peer's asks for it with status
+//!   requests from two round trips on ([`Association::is_closing`] says
+//!   whether a close has still to reach the peer, so that a driver about
+//!   to stop can run a little longer).
 //! - **Bad input** (undecodable packets, unknown or forged keys, packets
 //!   from the wrong address, sequence numbers outside the window,
 //!   duplicates, acknowledgements of data never sent) is dropped and counted
@@ -87,6 +95,11 @@ pub use frame::{is_association, peek_key, KIND};
 use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
 use recv::{DataOutcome, RecvState};
 use send::{Rtt, SendState, Tx};
+
+/// The longest a closed end waits, after sending its sentinel, before a
+/// status from the peer that lacks it sends it again (see
+/// `Association::handle_packet`).
+const SENTINEL_RESEND_AGE: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -138,6 +151,8 @@ pub struct Association {
     reset_due: bool,
     close_reason: Option<CloseReason>,
     linger_until: Option<Instant>,
+    /// Status requests sent for the peer's sentinel (see `fin_wait`).
+    fin_probes: u32,
 }
 
 impl Association {
@@ -254,6 +269,7 @@ impl Association {
             reset_due: false,
             close_reason: None,
             linger_until: None,
+            fin_probes: 0,
         }
     }
 
@@ -274,6 +290,16 @@ impl Association {
     /// Whether nothing more will happen: finished and nothing left to send.
     pub fn is_drained(&self) -> bool {
         self.state == State::Drained && !self.reset_due
+    }
+
+    /// Whether a close is under way that has still to reach the peer:
+    /// closing with messages or the sentinel unacknowledged, or closed with
+    /// our bare sentinel not yet acknowledged. A driver that is about to
+    /// stop (its process exiting) keeps running while any association says
+    /// so, for a bounded time, so that the peer's close completes (TCP
+    /// leaves this to the kernel).
+    pub fn is_closing(&self) -> bool {
+        (self.state == State::Established && self.send.close_requested) || self.sentinel_pending()
     }
 
     /// Whether events wait for [`poll_event`](Self::poll_event).
@@ -461,6 +487,25 @@ impl Association {
                 self.events.push_back(Event::Writable);
             }
         }
+        // Closed with our sentinel unacknowledged: the peer is still there
+        // and has not got it (its status says so), so it goes again now
+        // rather than at a retransmission timer that may have backed off
+        // far (an acceptor whose set-up was retransmitted has no RTT).
+        if self.sentinel_pending() && p.status.is_some() {
+            // Not again for the statuses of one burst: at least `min_pto`
+            // since it last went, and a round trip when that is short (an
+            // RTT inflated by a retransmitted set-up must not hold it).
+            let age = self
+                .send
+                .rtt
+                .srtt()
+                .unwrap_or(self.config.min_pto)
+                .min(SENTINEL_RESEND_AGE)
+                .max(self.config.min_pto);
+            if self.send.resend_sentinel(now, age) {
+                self.stats.retransmits += 1;
+            }
+        }
         // The packet's acknowledgement waits for the reply (`hold`), or it
         // is a copy that needs none of its own (`copy`).
         let (mut hold, mut copy) = (false, false);
@@ -572,15 +617,29 @@ impl Association {
             self.send.close_requested = true;
             self.close_reason.get_or_insert(CloseReason::Peer);
         }
-        if self.recv.fin_done && self.send.sentinel_acked() {
+        // Closed once the peer's stream is complete and it has every
+        // message of ours: the acknowledgement of our bare sentinel is not
+        // waited for (TCP's LAST_ACK: the application has its end of file
+        // while the kernel retransmits the FIN). The peer may exit at its
+        // own close, and the acknowledgement of our sentinel with it.
+        if self.recv.fin_done && (self.send.sentinel_acked() || self.send.messages_acked()) {
             let reason = self.close_reason.unwrap_or(CloseReason::Peer);
             self.events.push_back(Event::Closed(reason));
             self.state = State::Closed;
             // Linger as long as the peer may retransmit its sentinel before
-            // it gives up on us (TCP's TIME_WAIT plays this part).
+            // it gives up on us (TCP's TIME_WAIT plays this part), and
+            // send our own sentinel until it is acknowledged.
             self.linger_until = Some(now + self.config.idle_timeout);
-            self.send.rto_deadline = None;
+            if self.send.sentinel_acked() {
+                self.send.rto_deadline = None;
+                self.send.tlp_deadline = None;
+            }
         }
+    }
+
+    /// Closed, and our (bare) sentinel not yet sent or acknowledged.
+    fn sentinel_pending(&self) -> bool {
+        self.state == State::Closed && !self.send.sentinel_acked()
     }
 
     fn fail(&mut self, reason: FailReason) {
@@ -603,6 +662,16 @@ impl Association {
             State::Closed => {
                 if self.linger_until.is_some_and(|t| now >= t) {
                     self.state = State::Drained;
+                } else if self.sentinel_pending() {
+                    // Our sentinel, until the peer acknowledges it.
+                    if self.send.rto_deadline.is_some_and(|t| now >= t) {
+                        if self.send.on_rto(now) > 0 {
+                            self.stats.rto_expired += 1;
+                        }
+                    } else if self.send.tlp_deadline.is_some_and(|t| now >= t) && self.send.on_tlp()
+                    {
+                        self.stats.tail_probes += 1;
+                    }
                 }
             }
             State::Connecting | State::HalfOpen => {
@@ -645,6 +714,10 @@ impl Association {
                 if now >= self.last_sent + self.config.keepalive {
                     self.ping_due = true;
                 }
+                if self.fin_wait().is_some_and(|t| now >= t) {
+                    self.ping_due = true;
+                    self.fin_probes = self.fin_probes.saturating_add(1);
+                }
             }
         }
     }
@@ -664,6 +737,10 @@ impl Association {
             State::Closed => {
                 at(self.linger_until);
                 at(self.ack_at);
+                if self.sentinel_pending() {
+                    at(self.send.rto_deadline);
+                    at(self.send.tlp_deadline);
+                }
             }
             State::Connecting | State::HalfOpen => {
                 at(Some(self.created + self.config.handshake_timeout));
@@ -678,9 +755,33 @@ impl Association {
                 at(self.send.rto_deadline);
                 at(self.send.tlp_deadline);
                 at(self.ack_at);
+                at(self.fin_wait());
             }
         }
         t
+    }
+
+    /// Our sentinel is acknowledged and the peer's, which it sends as soon
+    /// as it has ours, has not come: ask for it (a status request, which a
+    /// closed peer answers by sending its sentinel again) one
+    /// retransmission timeout after the last packet, not at the keepalive.
+    fn fin_wait(&self) -> Option<Instant> {
+        if !self.send.sentinel_acked() || self.recv.fin_done {
+            return None;
+        }
+        // Two round trips, doubling per probe up to 64 times that, never
+        // beyond the RTO (which
+        // earlier losses may have backed off far).
+        let rto = self.send.rtt.rto();
+        let base = self
+            .send
+            .rtt
+            .srtt()
+            .map_or(rto, |s| (2 * s).max(self.config.min_pto));
+        let wait = base
+            .saturating_mul(1 << self.fin_probes.min(6))
+            .min(rto.max(base));
+        Some(self.last_sent + wait)
     }
 
     /// The next event, if any. Taking a message frees its bytes from the
@@ -773,7 +874,7 @@ impl Association {
                 if self.send.unacked() == 0 {
                     self.last_progress = now;
                 }
-                let data = if self.state == State::Closed {
+                let data = if self.state == State::Closed && !self.sentinel_pending() {
                     None
                 } else {
                     let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;

@@ -293,6 +293,12 @@ impl SendState {
             && self.inflight.front().is_some_and(|p| p.chunks.is_empty())
     }
 
+    /// Whether every message was sent and acknowledged: nothing is queued
+    /// and nothing in flight but, perhaps, a bare sentinel (sent or not).
+    pub(super) fn messages_acked(&self) -> bool {
+        self.queue.is_empty() && (self.unacked == 0 || self.only_bare_sentinel_unacked())
+    }
+
     /// Whether a packet (retransmission or new) could be sent now.
     pub(super) fn has_data(&self) -> bool {
         !self.rtx.is_empty() || (self.has_new() && self.next < self.limit())
@@ -347,6 +353,24 @@ impl SendState {
         self.inflight[i].lost = true;
         self.rtx.push_back(self.una + i as u64);
         self.tlp_spent = true;
+        true
+    }
+
+    /// Queues the sentinel for retransmission when it is sent, not
+    /// acknowledged, not already queued, and last went out at least
+    /// `min_age` ago. Returns whether it was queued.
+    pub(super) fn resend_sentinel(&mut self, now: Instant, min_age: Duration) -> bool {
+        let Some(i) = self.sentinel.and_then(|s| s.checked_sub(self.una)) else {
+            return false;
+        };
+        let Some(p) = self.inflight.get_mut(i as usize) else {
+            return false;
+        };
+        if p.acked || p.lost || now.saturating_duration_since(p.sent) < min_age {
+            return false;
+        }
+        p.lost = true;
+        self.rtx.push_back(self.una + i);
         true
     }
 

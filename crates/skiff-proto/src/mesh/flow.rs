@@ -267,6 +267,56 @@ impl Mesh {
         Ok(())
     }
 
+    /// A buffer holding an association datagram's envelope, for the
+    /// caller to append one association packet to and hand back with
+    /// [`Mesh::send_assoc_datagram`]: the packet is written in place, no
+    /// copy.
+    pub fn assoc_buffer(&mut self) -> Vec<u8> {
+        let mut d = self.out.buffer();
+        packet::envelope(&mut d, Kind::Assoc, self.net);
+        d
+    }
+
+    /// Takes back a buffer from [`Mesh::assoc_buffer`] that was not used.
+    pub fn recycle_assoc_buffer(&mut self, d: Vec<u8>) {
+        self.out.recycle(d);
+    }
+
+    /// [`Mesh::send_assoc`] of a datagram built in a buffer from
+    /// [`Mesh::assoc_buffer`] (its envelope, then one packet). Refuses (and
+    /// counts) one too large or a peer that is not up; the buffer is kept
+    /// for reuse either way.
+    pub fn send_assoc_datagram(
+        &mut self,
+        now: Instant,
+        to: SocketAddr,
+        d: Vec<u8>,
+        alone: bool,
+    ) -> Result<(), FrameError> {
+        self.now = self.now.max(now);
+        if d.len() > MAX_DATAGRAM || d.len() <= packet::ENVELOPE {
+            self.stats.frames_too_large += 1;
+            let len = d.len();
+            self.out.recycle(d);
+            return Err(FrameError::TooLarge {
+                len,
+                max: MAX_DATAGRAM - packet::ENVELOPE,
+            });
+        }
+        let Some(p) = self.peers.get_mut(&to).filter(|p| p.up) else {
+            self.out.recycle(d);
+            return Err(FrameError::NotUp(to));
+        };
+        p.stats.sent_datagrams += 1;
+        p.stats.sent_bytes += d.len() as u64;
+        if alone {
+            self.out.push_alone(to, d);
+        } else {
+            self.out.push(to, d);
+        }
+        Ok(())
+    }
+
     /// Whether every up peer's window has room for more data datagrams:
     /// the node holds publishers back while it has none.
     pub fn room(&self) -> bool {

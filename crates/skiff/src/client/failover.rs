@@ -81,7 +81,7 @@ async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: 
     loop {
         let (done, mut writer_done) = oneshot::channel();
         let writer = tokio::spawn(write_loop(tx.clone(), s.w, done));
-        let end = read_session(
+        let (end, last_read) = read_session(
             &weak,
             &tx,
             &mut s.r,
@@ -131,7 +131,16 @@ async fn drive(weak: Weak<Inner>, tx: Arc<StreamTx>, target: NodeTarget, first: 
         let unconfirmed = inner.lost(&tx, &lost, now, why);
         drop(inner);
         if !unconfirmed || open_gap.is_none() {
-            open_gap = Some((lost, now, Instant::now()));
+            // The gap begins with the last bytes read from the lost node,
+            // not when its loss was noticed (a node that went silent was
+            // noticed only at the ping timeout).
+            let silent = last_read.elapsed();
+            let since = Instant::now();
+            open_gap = Some((
+                lost,
+                now.checked_sub(silent).unwrap_or(now),
+                since.checked_sub(silent).unwrap_or(since),
+            ));
         }
         let (from, down_at, down) = open_gap.clone().expect("set");
         let mut at = s.at;

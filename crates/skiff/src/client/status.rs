@@ -13,13 +13,13 @@ pub struct Gap {
     pub from: String,
     /// The node reached.
     pub to: String,
-    /// When the link was declared lost (wall clock).
+    /// When the lost node was last heard from (wall clock): the gap begins
+    /// with the last bytes read from it, not when its loss was noticed.
     pub down_at: SystemTime,
     /// When the new node welcomed the client (wall clock).
     pub up_at: SystemTime,
-    /// How long the client had no node (monotonic clock). The link may
-    /// have died up to `ping_timeout` before `down_at` when the node went
-    /// silent rather than closing.
+    /// How long the client heard from no node (monotonic clock): from the
+    /// last bytes read from the lost node to the new node's welcome.
     pub down_for: Duration,
     /// Connection attempts it took.
     pub attempts: u32,

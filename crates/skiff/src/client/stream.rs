@@ -421,7 +421,8 @@ pub(crate) struct Reading<'a> {
 
 /// Reads and dispatches one connection's frames until it ends; pings the
 /// node when it is silent for `opts.ping`, and gives it up when it stays
-/// silent for `opts.ping_timeout`.
+/// silent for `opts.ping_timeout`. Returns how it ended and when bytes
+/// were last read from the node (where a gap in what it sent begins).
 pub(crate) async fn read_session(
     weak: &Weak<Inner>,
     tx: &StreamTx,
@@ -429,6 +430,20 @@ pub(crate) async fn read_session(
     buf: &mut BytesMut,
     how: Reading<'_>,
     writer_done: &mut oneshot::Receiver<()>,
+) -> (End, std::time::Instant) {
+    let mut last_read = std::time::Instant::now();
+    let end = read_frames(weak, tx, r, buf, how, writer_done, &mut last_read).await;
+    (end, last_read)
+}
+
+async fn read_frames(
+    weak: &Weak<Inner>,
+    tx: &StreamTx,
+    r: &mut ReadHalf,
+    buf: &mut BytesMut,
+    how: Reading<'_>,
+    writer_done: &mut oneshot::Receiver<()>,
+    last_read: &mut std::time::Instant,
 ) -> End {
     let Reading {
         max_payload,
@@ -486,6 +501,7 @@ pub(crate) async fn read_session(
                 Ok(0) => return End::Lost("the node closed the connection".into()),
                 Err(e) => return End::Lost(format!("reading from the node failed: {e}")),
                 Ok(_) => {
+                    *last_read = std::time::Instant::now();
                     if let Some(s) = spin {
                         s.touch();
                     }

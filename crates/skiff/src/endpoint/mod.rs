@@ -477,8 +477,25 @@ impl Endpoint {
     }
 }
 
+/// How long a dropped [`Endpoint`] keeps its driver running while a close
+/// is still on its way to a peer (see [`Endpoint`]'s `Drop`).
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Drop for Endpoint {
+    /// Stops the driver. An association whose close has still to reach its
+    /// peer (our sentinel, or the acknowledgement the peer waits for, not
+    /// through yet; [`skiff_proto::association::Association::is_closing`])
+    /// keeps the driver running for up to three seconds first, so that a
+    /// process that exits right after `close` does not leave its peer
+    /// waiting for its idle timeout (the kernel does this for TCP).
     fn drop(&mut self) {
+        let until = std::time::Instant::now() + CLOSE_LINGER;
+        while self.driver.is_some()
+            && self.shared.core.lock().assocs.closing() > 0
+            && std::time::Instant::now() < until
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake.notify_one();
         if let Some(h) = self.driver.take() {

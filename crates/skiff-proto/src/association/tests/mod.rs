@@ -4,6 +4,7 @@
 //! for the codec ([`malformed`]), and the association endpoint between two
 //! hosts that both initiate and accept ([`endpoint`]).
 
+mod closes;
 mod endpoint;
 mod harness;
 mod malformed;
