@@ -6,6 +6,7 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use skiff_cli::bench;
 
+mod auth_cmd;
 mod cluster_cmd;
 mod demo;
 mod docs_cmd;
@@ -61,6 +62,11 @@ enum Command {
     /// Print the man page (roff): `skiff man | man -l -`; `--dir DIR`
     /// writes one page per command.
     Man(docs_cmd::ManArgs),
+    /// Make an Ed25519 key for a client (`?key=FILE`); prints the public
+    /// key for the node's `[auth]`.
+    Keygen(auth_cmd::KeygenArgs),
+    /// Hash a password read from standard input for the node's `[auth]`.
+    Passwd,
 }
 
 fn main() {
@@ -84,6 +90,8 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Completions(a) => docs_cmd::completions(a, Cli::command()),
         Command::Man(a) => docs_cmd::man(a, Cli::command()),
+        Command::Keygen(a) => auth_cmd::keygen(a),
+        Command::Passwd => auth_cmd::passwd(),
     };
     if let Err(e) = result {
         if out::is_broken_pipe(e.as_ref()) {

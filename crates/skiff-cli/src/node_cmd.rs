@@ -136,6 +136,11 @@ pub(crate) struct NodeArgs {
     /// default is skiff::spin::DEFAULT_SPIN_US; it adapts to the traffic).
     #[arg(long, value_name = "MICROS", help = spin_help())]
     spin_us: Option<String>,
+    /// Clients must give this token (`?token=`); also `SKIFF_TOKEN`,
+    /// which, unlike a flag, other users of the host cannot read in the
+    /// process list. Users and permissions: `[auth]` in the config.
+    #[arg(long, value_name = "TOKEN")]
+    auth_token: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -193,6 +198,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(v) = &a.spin_us {
         cfg.set("spin_us", v)?;
     }
+    if let Some(t) = &a.auth_token {
+        cfg.set("token", t)?;
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -237,6 +245,12 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
                         "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
                     );
                 }
+            }
+            if node.broker().auth().enabled() {
+                eprintln!("skiff node: clients must authenticate");
+            }
+            for w in node.broker().warnings() {
+                eprintln!("skiff node: WARNING: {w}");
             }
         },
         || eprintln!("skiff node: shutting down (draining queues)"),
@@ -676,13 +690,32 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 .collect();
             outln!("cluster {}: {}", cl.name, members.join(", "));
         }
+        for w in &s.warnings {
+            outln!("WARNING: {w}");
+        }
+        if s.auth || s.auth_failures > 0 || s.denied > 0 {
+            outln!(
+                "      auth {}, failed authentications {}, operations denied {}",
+                if s.auth { "on" } else { "off" },
+                s.auth_failures,
+                s.denied
+            );
+        }
+        for u in &s.users {
+            if u.denied_publish + u.denied_subscribe + u.denied_reply + u.denied_join > 0 {
+                outln!(
+                    "user {}: denied publish {}, subscribe {}, reply {}, join {}",
+                    u.name, u.denied_publish, u.denied_subscribe, u.denied_reply, u.denied_join
+                );
+            }
+        }
         for cl in &s.clients {
             if cl.id == c.id() {
                 continue; // this command's own connection
             }
             outln!(
-                "client {} {}: published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
-                cl.id, cl.peer, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
+                "client {} {} ({}): published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
+                cl.id, cl.peer, cl.user, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
             );
             for sub in &cl.subscriptions {
                 outln!(

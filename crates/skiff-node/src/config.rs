@@ -313,6 +313,12 @@ impl Config {
         if let Some(t) = raw.nats {
             c.set("nats", &t)?;
         }
+        if let Err(e) = crate::auth::Auth::new(&c.auth) {
+            return Err(ConfigError::Toml {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
+        }
         if c.spin_us > MAX_SPIN_US {
             return Err(ConfigError::Value {
                 name: "spin_us".into(),

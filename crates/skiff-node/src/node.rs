@@ -195,6 +195,17 @@ impl Node {
             });
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
         }
+        if !node.broker.auth().enabled() {
+            for (what, a) in [("tcp", node.tcp), ("nats", node.nats)] {
+                if let Some(a) = a.filter(|a| !a.ip().is_loopback()) {
+                    node.broker.warn(format!(
+                        "listening on {what} {a}, beyond loopback, without authentication: \
+                         anyone who reaches it can publish, subscribe to everything and answer \
+                         requests (set a token with --auth-token or SKIFF_TOKEN, or users in [auth])"
+                    ));
+                }
+            }
+        }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
                 .await
