@@ -141,6 +141,16 @@ pub(crate) struct NodeArgs {
     /// process list. Users and permissions: `[auth]` in the config.
     #[arg(long, value_name = "TOKEN")]
     auth_token: Option<String>,
+    /// The node's TLS certificate chain (PEM): the TCP listener then
+    /// speaks TLS 1.3 only (clients use `tls://host:port?ca=FILE`).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<String>,
+    /// Require client certificates that chain to this CA (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_ca: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -201,6 +211,15 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(t) = &a.auth_token {
         cfg.set("token", t)?;
     }
+    for (name, v) in [
+        ("tls_cert", &a.tls_cert),
+        ("tls_key", &a.tls_key),
+        ("tls_ca", &a.tls_ca),
+    ] {
+        if let Some(v) = v {
+            cfg.set(name, v)?;
+        }
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -214,7 +233,8 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         &cfg,
         |node| {
             if let Some(a) = node.tcp_addr() {
-                eprintln!("skiff node listening on tcp {a}");
+                let scheme = if node.tls() { "tls" } else { "tcp" };
+                eprintln!("skiff node listening on {scheme} {a}");
             }
             if let Some(a) = node.nats_addr() {
                 eprintln!("skiff node listening for NATS clients on {a}");

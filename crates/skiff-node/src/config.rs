@@ -22,6 +22,9 @@
 //! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
 //! ping_interval_ms = 120000     # ping a client silent this long (0: never)
 //! max_pings_out = 2             # close it after this many unanswered
+//! tls_cert = "node.pem"         # optional: the TCP listener speaks TLS 1.3 only
+//! tls_key = "node.key"
+//! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
 //! ```
@@ -146,6 +149,9 @@ const SPIN_US_EXPECTED: &str = "a whole number of µs from 0 (off) to 1000000";
 const SETTINGS: &[&str] = &[
     "token",
     "auth_timeout_ms",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
     "tcp",
     "unix",
     "shm",
@@ -211,6 +217,14 @@ pub struct Config {
     /// Authentication and permissions (`[auth]`, see [`crate::auth`]);
     /// the default has none.
     pub auth: AuthConfig,
+    /// The node's TLS certificate chain (PEM): with it, the TCP listener
+    /// speaks TLS 1.3 only (clients use `tls://`).
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// A CA (PEM): clients must present a certificate that chains to it
+    /// (mutual TLS).
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -226,6 +240,9 @@ impl Default for Config {
             workers: None,
             spin_us: skiff::spin::DEFAULT_SPIN_US,
             auth: AuthConfig::default(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -288,6 +305,9 @@ impl Config {
             spin_us: Option<u64>,
             #[serde(default)]
             auth: AuthConfig,
+            tls_cert: Option<PathBuf>,
+            tls_key: Option<PathBuf>,
+            tls_ca: Option<PathBuf>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -302,6 +322,9 @@ impl Config {
             workers: raw.workers,
             spin_us: raw.spin_us.unwrap_or(skiff::spin::DEFAULT_SPIN_US),
             auth: raw.auth,
+            tls_cert: raw.tls_cert,
+            tls_key: raw.tls_key,
+            tls_ca: raw.tls_ca,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -398,6 +421,15 @@ impl Config {
                 });
             }
             self.auth.token = Some(Secret::new(value));
+            return Ok(());
+        }
+        if let Some(slot) = match name {
+            "tls_cert" => Some(&mut self.tls_cert),
+            "tls_key" => Some(&mut self.tls_key),
+            "tls_ca" => Some(&mut self.tls_ca),
+            _ => None,
+        } {
+            *slot = (!value.is_empty() && value != "none").then(|| PathBuf::from(value));
             return Ok(());
         }
         if name == "auth_timeout_ms" {

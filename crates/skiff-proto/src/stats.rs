@@ -48,6 +48,10 @@ pub struct NodeStats {
     /// The mesh, when the node is part of one (`skiff stats --mesh`).
     #[serde(default)]
     pub mesh: Option<MeshView>,
+    /// TLS handshakes that failed or ran out of time (e.g. a client
+    /// without the certificate mutual TLS asks for).
+    #[serde(default)]
+    pub tls_failures: u64,
     /// Whether clients must authenticate.
     #[serde(default)]
     pub auth: bool,
