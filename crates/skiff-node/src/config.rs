@@ -22,6 +22,8 @@
 //! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
 //! ping_interval_ms = 120000     # ping a client silent this long (0: never)
 //! max_pings_out = 2             # close it after this many unanswered
+//! max_connections_per_ip = 0    # TCP clients from one address (0: no limit)
+//! max_connection_rate = 0       # TCP connection attempts accepted per second (0: no limit)
 //! tls_cert = "node.pem"         # optional: the TCP listener speaks TLS 1.3 only
 //! tls_key = "node.key"
 //! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
@@ -82,6 +84,13 @@ pub struct Limits {
     /// Pings left unanswered after which the client is closed with an
     /// error naming these settings (nats-server's `max_pings_out`).
     pub max_pings_out: u32,
+    /// Most clients at once from one source address over TCP (0: no
+    /// limit beyond `max_connections`).
+    pub max_connections_per_ip: usize,
+    /// Most TCP connection attempts the node accepts per second (0: no
+    /// limit); past it a connection is closed at once, before any
+    /// handshake (a flood costs the node no TLS or argon2 work).
+    pub max_connection_rate: u32,
 }
 
 /// The default of `max_total_pending_bytes`: half the machine's physical
@@ -118,6 +127,8 @@ impl Default for Limits {
             read_timeout_ms: 10_000,
             ping_interval_ms: 120_000,
             max_pings_out: 2,
+            max_connections_per_ip: 0,
+            max_connection_rate: 0,
         }
     }
 }
@@ -182,6 +193,8 @@ const SETTINGS: &[&str] = &[
     "read_timeout_ms",
     "ping_interval_ms",
     "max_pings_out",
+    "max_connections_per_ip",
+    "max_connection_rate",
 ];
 
 /// A node's configuration.
@@ -601,6 +614,11 @@ impl Config {
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
             "read_timeout_ms" => l.read_timeout_ms = num()?,
             "ping_interval_ms" => l.ping_interval_ms = num()?,
+            "max_connections_per_ip" => l.max_connections_per_ip = num()? as usize,
+            "max_connection_rate" => {
+                l.max_connection_rate =
+                    u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
+            }
             "max_pings_out" => {
                 l.max_pings_out =
                     u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?

@@ -44,20 +44,37 @@ pub(crate) async fn accept_tcp(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let mut conns = JoinSet::new();
+    let admission = super::admit::Admission::new(broker.limits());
     loop {
         tokio::select! {
             r = l.accept() => match r {
                 Ok((s, peer)) => {
+                    let ticket = match admission.admit(peer.ip()) {
+                        Ok(t) => t,
+                        Err(why) => {
+                            broker.limit_hit();
+                            if tls.is_none() {
+                                let (_, w) = s.into_split();
+                                conns.spawn(refuse(w, Code::Limit, why));
+                            }
+                            continue;
+                        }
+                    };
                     let _ = s.set_nodelay(true);
-                    match &tls {
+                    let (broker, stop, spin) = (broker.clone(), stop.clone(), spin.clone());
+                    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &tls {
                         None => {
                             let (r, w) = s.into_split();
-                            conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), None, stop.clone(), spin.clone()));
+                            Box::pin(serve(broker, r, w, format!("tcp:{peer}"), None, stop, spin))
                         }
                         Some(acceptor) => {
-                            conns.spawn(serve_tls(acceptor.clone(), s, broker.clone(), format!("tls:{peer}"), stop.clone(), spin.clone()));
+                            Box::pin(serve_tls(acceptor.clone(), s, broker, format!("tls:{peer}"), stop, spin))
                         }
-                    }
+                    };
+                    conns.spawn(async move {
+                        serving.await;
+                        drop(ticket);
+                    });
                 }
                 // Out of descriptors or similar: back off, keep serving.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
