@@ -33,7 +33,7 @@ enum Command {
     /// on one side, `cat udp://host:4711 < in` on the other.
     Cat(tunnel_cmd::CatArgs),
     /// Run a node: clients attach over TCP and a Unix socket.
-    Node(node_cmd::NodeArgs),
+    Node(Box<node_cmd::NodeArgs>),
     /// Publish messages on a subject through a node.
     Pub(node_cmd::PubArgs),
     /// Subscribe to a subject pattern and print what arrives.
@@ -77,7 +77,7 @@ fn main() {
         Command::Push(a) => queue_cmd::push(a),
         Command::Pop(a) => queue_cmd::pop(a),
         Command::Cat(a) => tunnel_cmd::run(a),
-        Command::Node(a) => node_cmd::node(a),
+        Command::Node(a) => node_cmd::node(*a),
         Command::Pub(a) => node_cmd::publish(a),
         Command::Sub(a) => node_cmd::subscribe(a),
         Command::Req(a) => node_cmd::request(a),

@@ -260,6 +260,12 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             if let Some(m) = node.broker().mesh() {
                 let v = m.view();
                 eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+                if let Some(s) = &v.seal {
+                    eprintln!(
+                        "skiff node: mesh sealed (Noise, ChaCha20-Poly1305); this node's identity key: {}",
+                        s.identity
+                    );
+                }
                 if m.loopback_fallback() {
                     eprintln!(
                         "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
@@ -641,6 +647,13 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 "      syncs asked {}, sent {}; scout errors {}, dns errors {}; remote deliveries dropped {}",
                 t.syncs_requested, t.syncs_sent, m.scout_errors, m.dns_errors, s.remote_drops
             );
+            match &m.seal {
+                Some(k) => outln!(
+                    "      sealed (identity {}): handshakes {}; dropped: replayed {}, forged {}, plain {}, untrusted {}, bad handshakes {}, unknown session {}, queue {}, busy {}",
+                    k.identity, k.handshakes, k.replayed, k.forged, k.plain, k.untrusted, k.bad_handshakes, k.unknown_session, k.queue_drops, k.refused_busy
+                ),
+                None => outln!("      NOT sealed: datagrams between nodes are neither authenticated nor encrypted"),
+            }
             outln!(
                 "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5} {:>9}",
                 "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup", "far ahead"

@@ -163,6 +163,9 @@ const SETTINGS: &[&str] = &[
     "tls_cert",
     "tls_key",
     "tls_ca",
+    "mesh_secret",
+    "mesh_identity",
+    "mesh_trusted_keys",
     "tcp",
     "unix",
     "shm",
@@ -420,9 +423,42 @@ impl Config {
                 | "send_policy"
                 | "send_deadline_ms"
                 | "best_effort"
+                | "mesh_secret"
+                | "mesh_identity"
+                | "mesh_trusted_keys"
         );
         if mesh_field && self.mesh.is_none() {
             self.mesh = Some(MeshSettings::default());
+        }
+        if let Some(m) = self.mesh.as_mut() {
+            match name {
+                "mesh_secret" => {
+                    // A secret: no error may repeat it.
+                    if value.is_empty() || value.len() > crate::auth::MAX_CREDENTIAL {
+                        return Err(ConfigError::Value {
+                            name: name.into(),
+                            value: "***".into(),
+                            expected: "a secret of 1 to 1024 bytes",
+                        });
+                    }
+                    m.secret = Some(Secret::new(value));
+                    return Ok(());
+                }
+                "mesh_identity" => {
+                    m.identity = (!value.is_empty()).then(|| PathBuf::from(value));
+                    return Ok(());
+                }
+                "mesh_trusted_keys" => {
+                    m.trusted_keys = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    return Ok(());
+                }
+                _ => {}
+            }
         }
         if name == "token" || name == "auth_token" {
             // The value is a secret: no error may repeat it.

@@ -226,6 +226,18 @@ impl Node {
                 }
             }
         }
+        if let Some(m) = config
+            .mesh
+            .as_ref()
+            .filter(|m| m.secret.is_none() && m.trusted_keys.is_empty())
+        {
+            node.broker.warn(format!(
+                "the mesh on udp {} is not authenticated or encrypted: any host that reaches it \
+                 with the network name can join, read and inject messages (set mesh_secret or \
+                 mesh_trusted_keys)",
+                m.bind
+            ));
+        }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
                 .await
