@@ -6,6 +6,7 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use skiff_cli::bench;
 
+mod auth_cmd;
 mod cluster_cmd;
 mod demo;
 mod docs_cmd;
@@ -32,7 +33,7 @@ enum Command {
     /// on one side, `cat udp://host:4711 < in` on the other.
     Cat(tunnel_cmd::CatArgs),
     /// Run a node: clients attach over TCP and a Unix socket.
-    Node(node_cmd::NodeArgs),
+    Node(Box<node_cmd::NodeArgs>),
     /// Publish messages on a subject through a node.
     Pub(node_cmd::PubArgs),
     /// Subscribe to a subject pattern and print what arrives.
@@ -61,6 +62,11 @@ enum Command {
     /// Print the man page (roff): `skiff man | man -l -`; `--dir DIR`
     /// writes one page per command.
     Man(docs_cmd::ManArgs),
+    /// Make an Ed25519 key for a client (`?key=FILE`); prints the public
+    /// key for the node's `[auth]`.
+    Keygen(auth_cmd::KeygenArgs),
+    /// Hash a password read from standard input for the node's `[auth]`.
+    Passwd,
 }
 
 fn main() {
@@ -71,7 +77,7 @@ fn main() {
         Command::Push(a) => queue_cmd::push(a),
         Command::Pop(a) => queue_cmd::pop(a),
         Command::Cat(a) => tunnel_cmd::run(a),
-        Command::Node(a) => node_cmd::node(a),
+        Command::Node(a) => node_cmd::node(*a),
         Command::Pub(a) => node_cmd::publish(a),
         Command::Sub(a) => node_cmd::subscribe(a),
         Command::Req(a) => node_cmd::request(a),
@@ -84,6 +90,8 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Completions(a) => docs_cmd::completions(a, Cli::command()),
         Command::Man(a) => docs_cmd::man(a, Cli::command()),
+        Command::Keygen(a) => auth_cmd::keygen(a),
+        Command::Passwd => auth_cmd::passwd(),
     };
     if let Err(e) = result {
         if out::is_broken_pipe(e.as_ref()) {

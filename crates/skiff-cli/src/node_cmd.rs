@@ -136,6 +136,21 @@ pub(crate) struct NodeArgs {
     /// default is skiff::spin::DEFAULT_SPIN_US; it adapts to the traffic).
     #[arg(long, value_name = "MICROS", help = spin_help())]
     spin_us: Option<String>,
+    /// Clients must give this token (`?token=`); also `SKIFF_TOKEN`,
+    /// which, unlike a flag, other users of the host cannot read in the
+    /// process list. Users and permissions: `[auth]` in the config.
+    #[arg(long, value_name = "TOKEN")]
+    auth_token: Option<String>,
+    /// The node's TLS certificate chain (PEM): the TCP listener then
+    /// speaks TLS 1.3 only (clients use `tls://host:port?ca=FILE`).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<String>,
+    /// Require client certificates that chain to this CA (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_ca: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -193,6 +208,18 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     if let Some(v) = &a.spin_us {
         cfg.set("spin_us", v)?;
     }
+    if let Some(t) = &a.auth_token {
+        cfg.set("token", t)?;
+    }
+    for (name, v) in [
+        ("tls_cert", &a.tls_cert),
+        ("tls_key", &a.tls_key),
+        ("tls_ca", &a.tls_ca),
+    ] {
+        if let Some(v) = v {
+            cfg.set(name, v)?;
+        }
+    }
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
@@ -206,7 +233,8 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         &cfg,
         |node| {
             if let Some(a) = node.tcp_addr() {
-                eprintln!("skiff node listening on tcp {a}");
+                let scheme = if node.tls() { "tls" } else { "tcp" };
+                eprintln!("skiff node listening on {scheme} {a}");
             }
             if let Some(a) = node.nats_addr() {
                 eprintln!("skiff node listening for NATS clients on {a}");
@@ -232,11 +260,23 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             if let Some(m) = node.broker().mesh() {
                 let v = m.view();
                 eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+                if let Some(s) = &v.seal {
+                    eprintln!(
+                        "skiff node: mesh sealed (Noise, ChaCha20-Poly1305); this node's identity key: {}",
+                        s.identity
+                    );
+                }
                 if m.loopback_fallback() {
                     eprintln!(
                         "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
                     );
                 }
+            }
+            if node.broker().auth().enabled() {
+                eprintln!("skiff node: clients must authenticate");
+            }
+            for w in node.broker().warnings() {
+                eprintln!("skiff node: WARNING: {w}");
             }
         },
         || eprintln!("skiff node: shutting down (draining queues)"),
@@ -620,6 +660,13 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 "      syncs asked {}, sent {}; scout errors {}, dns errors {}; remote deliveries dropped {}",
                 t.syncs_requested, t.syncs_sent, m.scout_errors, m.dns_errors, s.remote_drops
             );
+            match &m.seal {
+                Some(k) => outln!(
+                    "      sealed (identity {}): handshakes {}; dropped: replayed {}, forged {}, plain {}, untrusted {}, bad handshakes {}, unknown session {}, queue {}, busy {}",
+                    k.identity, k.handshakes, k.replayed, k.forged, k.plain, k.untrusted, k.bad_handshakes, k.unknown_session, k.queue_drops, k.refused_busy
+                ),
+                None => outln!("      NOT sealed: datagrams between nodes are neither authenticated nor encrypted"),
+            }
             outln!(
                 "{:<22} {:>4} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>6} {:>5} {:>9}",
                 "peer", "gen", "state", "patterns", "clusters", "sent", "sent dgram", "recv", "recv dgram", "lost", "dup", "far ahead"
@@ -693,13 +740,32 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 .collect();
             outln!("cluster {}: {}", cl.name, members.join(", "));
         }
+        for w in &s.warnings {
+            outln!("WARNING: {w}");
+        }
+        if s.auth || s.auth_failures > 0 || s.denied > 0 {
+            outln!(
+                "      auth {}, failed authentications {}, operations denied {}",
+                if s.auth { "on" } else { "off" },
+                s.auth_failures,
+                s.denied
+            );
+        }
+        for u in &s.users {
+            if u.denied_publish + u.denied_subscribe + u.denied_reply + u.denied_join > 0 {
+                outln!(
+                    "user {}: denied publish {}, subscribe {}, reply {}, join {}",
+                    u.name, u.denied_publish, u.denied_subscribe, u.denied_reply, u.denied_join
+                );
+            }
+        }
         for cl in &s.clients {
             if cl.id == c.id() {
                 continue; // this command's own connection
             }
             outln!(
-                "client {} {}: published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
-                cl.id, cl.peer, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
+                "client {} {} ({}): published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
+                cl.id, cl.peer, cl.user, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
             );
             for sub in &cl.subscriptions {
                 outln!(

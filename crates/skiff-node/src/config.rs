@@ -22,6 +22,11 @@
 //! read_timeout_ms = 10000       # floor of the time a begun frame has to arrive
 //! ping_interval_ms = 120000     # ping a client silent this long (0: never)
 //! max_pings_out = 2             # close it after this many unanswered
+//! max_connections_per_ip = 0    # TCP clients from one address (0: no limit)
+//! max_connection_rate = 0       # TCP connection attempts accepted per second (0: no limit)
+//! tls_cert = "node.pem"         # optional: the TCP listener speaks TLS 1.3 only
+//! tls_key = "node.key"
+//! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
 //! ```
@@ -79,6 +84,13 @@ pub struct Limits {
     /// Pings left unanswered after which the client is closed with an
     /// error naming these settings (nats-server's `max_pings_out`).
     pub max_pings_out: u32,
+    /// Most clients at once from one source address over TCP (0: no
+    /// limit beyond `max_connections`).
+    pub max_connections_per_ip: usize,
+    /// Most TCP connection attempts the node accepts per second (0: no
+    /// limit); past it a connection is closed at once, before any
+    /// handshake (a flood costs the node no TLS or argon2 work).
+    pub max_connection_rate: u32,
 }
 
 /// The default of `max_total_pending_bytes`: half the machine's physical
@@ -115,6 +127,8 @@ impl Default for Limits {
             read_timeout_ms: 10_000,
             ping_interval_ms: 120_000,
             max_pings_out: 2,
+            max_connections_per_ip: 0,
+            max_connection_rate: 0,
         }
     }
 }
@@ -146,6 +160,12 @@ const SPIN_US_EXPECTED: &str = "a whole number of µs from 0 (off) to 1000000";
 const SETTINGS: &[&str] = &[
     "token",
     "auth_timeout_ms",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "mesh_secret",
+    "mesh_identity",
+    "mesh_trusted_keys",
     "tcp",
     "unix",
     "shm",
@@ -176,6 +196,8 @@ const SETTINGS: &[&str] = &[
     "read_timeout_ms",
     "ping_interval_ms",
     "max_pings_out",
+    "max_connections_per_ip",
+    "max_connection_rate",
 ];
 
 /// A node's configuration.
@@ -211,6 +233,14 @@ pub struct Config {
     /// Authentication and permissions (`[auth]`, see [`crate::auth`]);
     /// the default has none.
     pub auth: AuthConfig,
+    /// The node's TLS certificate chain (PEM): with it, the TCP listener
+    /// speaks TLS 1.3 only (clients use `tls://`).
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// A CA (PEM): clients must present a certificate that chains to it
+    /// (mutual TLS).
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -226,6 +256,9 @@ impl Default for Config {
             workers: None,
             spin_us: skiff::spin::DEFAULT_SPIN_US,
             auth: AuthConfig::default(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -288,6 +321,9 @@ impl Config {
             spin_us: Option<u64>,
             #[serde(default)]
             auth: AuthConfig,
+            tls_cert: Option<PathBuf>,
+            tls_key: Option<PathBuf>,
+            tls_ca: Option<PathBuf>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -302,6 +338,9 @@ impl Config {
             workers: raw.workers,
             spin_us: raw.spin_us.unwrap_or(skiff::spin::DEFAULT_SPIN_US),
             auth: raw.auth,
+            tls_cert: raw.tls_cert,
+            tls_key: raw.tls_key,
+            tls_ca: raw.tls_ca,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -312,6 +351,12 @@ impl Config {
         }
         if let Some(t) = raw.nats {
             c.set("nats", &t)?;
+        }
+        if let Err(e) = crate::auth::Auth::new(&c.auth) {
+            return Err(ConfigError::Toml {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
         }
         if c.spin_us > MAX_SPIN_US {
             return Err(ConfigError::Value {
@@ -378,9 +423,42 @@ impl Config {
                 | "send_policy"
                 | "send_deadline_ms"
                 | "best_effort"
+                | "mesh_secret"
+                | "mesh_identity"
+                | "mesh_trusted_keys"
         );
         if mesh_field && self.mesh.is_none() {
             self.mesh = Some(MeshSettings::default());
+        }
+        if let Some(m) = self.mesh.as_mut() {
+            match name {
+                "mesh_secret" => {
+                    // A secret: no error may repeat it.
+                    if value.is_empty() || value.len() > crate::auth::MAX_CREDENTIAL {
+                        return Err(ConfigError::Value {
+                            name: name.into(),
+                            value: "***".into(),
+                            expected: "a secret of 1 to 1024 bytes",
+                        });
+                    }
+                    m.secret = Some(Secret::new(value));
+                    return Ok(());
+                }
+                "mesh_identity" => {
+                    m.identity = (!value.is_empty()).then(|| PathBuf::from(value));
+                    return Ok(());
+                }
+                "mesh_trusted_keys" => {
+                    m.trusted_keys = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    return Ok(());
+                }
+                _ => {}
+            }
         }
         if name == "token" || name == "auth_token" {
             // The value is a secret: no error may repeat it.
@@ -392,6 +470,15 @@ impl Config {
                 });
             }
             self.auth.token = Some(Secret::new(value));
+            return Ok(());
+        }
+        if let Some(slot) = match name {
+            "tls_cert" => Some(&mut self.tls_cert),
+            "tls_key" => Some(&mut self.tls_key),
+            "tls_ca" => Some(&mut self.tls_ca),
+            _ => None,
+        } {
+            *slot = (!value.is_empty() && value != "none").then(|| PathBuf::from(value));
             return Ok(());
         }
         if name == "auth_timeout_ms" {
@@ -563,6 +650,11 @@ impl Config {
             "drain_timeout_ms" => l.drain_timeout_ms = num()?,
             "read_timeout_ms" => l.read_timeout_ms = num()?,
             "ping_interval_ms" => l.ping_interval_ms = num()?,
+            "max_connections_per_ip" => l.max_connections_per_ip = num()? as usize,
+            "max_connection_rate" => {
+                l.max_connection_rate =
+                    u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
+            }
             "max_pings_out" => {
                 l.max_pings_out =
                     u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?

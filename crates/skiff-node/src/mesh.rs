@@ -50,12 +50,22 @@ use tokio::sync::Notify;
 
 mod driver;
 mod inbound;
+pub(crate) mod seal;
 pub(crate) mod sendq;
 
 pub use sendq::SendPolicy;
 
 pub(crate) use driver::start;
 pub(crate) use inbound::Inbound;
+
+/// The identity (X25519 public key, base64) kept in the key file `path`,
+/// making the file if there is none (as a node with `identity = path`
+/// does): what the other nodes list in their `trusted_keys`.
+pub fn identity_public_key(path: &std::path::Path) -> std::io::Result<String> {
+    use base64::Engine;
+    let private = seal::load_identity(path)?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(seal::public_of(&private)))
+}
 
 /// The scouting multicast group and port.
 pub const SCOUT_GROUP: SocketAddr =
@@ -98,6 +108,16 @@ pub struct MeshSettings {
     /// Subject patterns whose publishes travel best effort (datagrams,
     /// loss counted, never repaired) instead of over the reliable link.
     pub best_effort: Vec<String>,
+    /// The mesh secret: with it (or `trusted_keys`) every datagram between
+    /// nodes is authenticated and encrypted (`mesh/seal.rs`), and only
+    /// nodes that know it join.
+    pub secret: Option<crate::auth::Secret>,
+    /// Identity keys (X25519, base64) of the nodes this one accepts; empty:
+    /// any node that knows the secret.
+    pub trusted_keys: Vec<String>,
+    /// This node's identity key file: read if it exists, else generated
+    /// and written there (mode 0600). `None`: a new key each start.
+    pub identity: Option<std::path::PathBuf>,
 }
 
 impl Default for MeshSettings {
@@ -117,6 +137,9 @@ impl Default for MeshSettings {
             send_policy: SendPolicy::Block,
             send_deadline_ms: 2000,
             best_effort: Vec::new(),
+            secret: None,
+            trusted_keys: Vec::new(),
+            identity: None,
         }
     }
 }
@@ -165,6 +188,8 @@ pub struct MeshLink {
     /// No route led to the first seed or the scouting group, so the node
     /// took loopback as its identity (only nodes of this host reach it).
     loopback_fallback: bool,
+    /// With a sealed mesh: this node's identity and the layer's counters.
+    seal: Option<([u8; 32], std::sync::Arc<seal::SealCounters>)>,
 }
 
 impl MeshLink {
@@ -173,6 +198,12 @@ impl MeshLink {
     /// host can reach it (they find each other by scouting on loopback).
     pub fn loopback_fallback(&self) -> bool {
         self.loopback_fallback
+    }
+
+    /// This node's identity key (X25519 public key) when the mesh is
+    /// sealed.
+    pub fn identity(&self) -> Option<[u8; 32]> {
+        self.seal.as_ref().map(|(k, _)| *k)
     }
 
     /// This node's identity in the mesh.
@@ -198,6 +229,7 @@ impl MeshLink {
             links: self.tunnels.lock().link_stats(),
             link_lost: c.link_lost.load(Relaxed),
             gaps_reported: c.gaps.load(Relaxed),
+            seal: self.seal.as_ref().map(|(id, c)| c.stats(id)),
         }
     }
 

@@ -85,6 +85,8 @@ pub struct Node {
     wake: Option<crate::wake::WakeLatency>,
     /// Polls after traffic (setting `spin_us`).
     spin: Option<Arc<Spin>>,
+    /// Whether the TCP listener speaks TLS.
+    tls: bool,
 }
 
 impl Node {
@@ -107,6 +109,7 @@ impl Node {
             tasks: None,
             wake: None,
             spin: None,
+            tls: false,
         }
     }
 
@@ -146,6 +149,21 @@ impl Node {
         let mut set = JoinSet::new();
         let spin = Spin::start(Duration::from_micros(config.spin_us));
         node.spin = spin.clone();
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => {
+                let c = skiff::tls::server_config(cert, key, config.tls_ca.as_deref())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                Some(tokio_rustls::TlsAcceptor::from(c))
+            }
+            (None, None) if config.tls_ca.is_none() => None,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "TLS needs both tls_cert and tls_key (tls_ca only with them)",
+                ))
+            }
+        };
+        node.tls = tls.is_some();
         if let Some(addr) = config.tcp {
             let l = TcpListener::bind(addr)
                 .await
@@ -156,6 +174,7 @@ impl Node {
                 node.broker.clone(),
                 node.stop.subscribe(),
                 spin.clone(),
+                tls,
             ));
         }
         if let Some(path) = &config.unix {
@@ -195,6 +214,30 @@ impl Node {
             });
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
         }
+        if !node.broker.auth().enabled() {
+            let what = if node.tls { "tls" } else { "tcp" };
+            for (what, a) in [(what, node.tcp), ("nats", node.nats)] {
+                if let Some(a) = a.filter(|a| !a.ip().is_loopback()) {
+                    node.broker.warn(format!(
+                        "listening on {what} {a}, beyond loopback, without authentication: \
+                         anyone who reaches it can publish, subscribe to everything and answer \
+                         requests (set a token with --auth-token or SKIFF_TOKEN, or users in [auth])"
+                    ));
+                }
+            }
+        }
+        if let Some(m) = config
+            .mesh
+            .as_ref()
+            .filter(|m| m.secret.is_none() && m.trusted_keys.is_empty())
+        {
+            node.broker.warn(format!(
+                "the mesh on udp {} is not authenticated or encrypted: any host that reaches it \
+                 with the network name can join, read and inject messages (set mesh_secret or \
+                 mesh_trusted_keys)",
+                m.bind
+            ));
+        }
         if let Some(m) = &config.mesh {
             let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
                 .await
@@ -212,6 +255,11 @@ impl Node {
     /// The wake-up latency the node holds (see [`crate::wake`]), in µs.
     pub fn wake_latency_us(&self) -> Option<u32> {
         self.wake.as_ref().map(crate::wake::WakeLatency::micros)
+    }
+
+    /// Whether the TCP listener speaks TLS (clients use `tls://`).
+    pub fn tls(&self) -> bool {
+        self.tls
     }
 
     /// The TCP address the node listens on.

@@ -402,3 +402,63 @@ async fn a_configuration_error_names_the_file_and_line() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn connections_per_address_and_per_second_are_bounded() {
+    let mut c = Config {
+        tcp: Some("127.0.0.1:0".parse().unwrap()),
+        ..Config::default()
+    };
+    c.set("max_connections_per_ip", "2").unwrap();
+    let node = Node::start(&c).await.unwrap();
+    let l = format!("skiff://{}", node.tcp_addr().unwrap());
+    let a = Client::connect(&l).await.unwrap();
+    let _b = Client::connect(&l).await.unwrap();
+    match Client::connect(&l).await {
+        Err(Error::Refused { code, reason }) => {
+            assert_eq!(code, Code::Limit);
+            assert!(reason.contains("max_connections_per_ip"), "{reason}");
+        }
+        r => panic!("a third connection from one address: {:?}", r.map(|_| ())),
+    }
+    assert_eq!(a.stats().await.unwrap().limit_hits, 1);
+    a.close();
+    drop(a);
+    // Its place comes back once it is gone.
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(c) = Client::connect(&l).await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        again.is_some(),
+        "the closed client's place did not come back"
+    );
+
+    let mut c = Config {
+        tcp: Some("127.0.0.1:0".parse().unwrap()),
+        ..Config::default()
+    };
+    c.set("max_connection_rate", "2").unwrap();
+    let node = Node::start(&c).await.unwrap();
+    let l = format!("skiff://{}", node.tcp_addr().unwrap());
+    let mut refused = 0;
+    let mut kept = Vec::new();
+    for _ in 0..5 {
+        match Client::connect(&l).await {
+            Ok(c) => kept.push(c),
+            Err(Error::Refused {
+                code: Code::Limit,
+                reason,
+            }) => {
+                assert!(reason.contains("max_connection_rate"), "{reason}");
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused >= 2, "{refused} of 5 refused at 2 per second");
+}

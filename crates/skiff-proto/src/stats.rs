@@ -48,6 +48,10 @@ pub struct NodeStats {
     /// The mesh, when the node is part of one (`skiff stats --mesh`).
     #[serde(default)]
     pub mesh: Option<MeshView>,
+    /// TLS handshakes that failed or ran out of time (e.g. a client
+    /// without the certificate mutual TLS asks for).
+    #[serde(default)]
+    pub tls_failures: u64,
     /// Whether clients must authenticate.
     #[serde(default)]
     pub auth: bool,
@@ -210,6 +214,39 @@ pub struct MeshView {
     /// down or its link failed.
     #[serde(default)]
     pub gaps_reported: u64,
+    /// The encryption of the mesh's datagrams, when it is on.
+    #[serde(default)]
+    pub seal: Option<SealStats>,
+}
+
+/// The mesh's sealing layer (Noise handshakes, AEAD datagrams): every
+/// datagram it dropped, by cause.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealStats {
+    /// This node's identity (X25519 public key, base64).
+    pub identity: String,
+    /// Handshakes completed.
+    pub handshakes: u64,
+    /// Data datagrams dropped as replays (a nonce seen, or older than the
+    /// window).
+    pub replayed: u64,
+    /// Data datagrams whose tag did not verify (altered, or sealed with
+    /// other keys).
+    pub forged: u64,
+    /// Plain datagrams dropped (not sealed, other than scouting hellos).
+    pub plain: u64,
+    /// Handshakes refused: the peer's key is not in `trusted_keys`.
+    pub untrusted: u64,
+    /// Handshake messages that did not verify (e.g. another mesh secret)
+    /// or came out of turn.
+    pub bad_handshakes: u64,
+    /// Data for a session this node does not hold (a peer restarted).
+    pub unknown_session: u64,
+    /// Datagrams dropped while waiting for a handshake (too many, or too
+    /// long).
+    pub queue_drops: u64,
+    /// Handshakes not answered: over the rate or the peer limit.
+    pub refused_busy: u64,
 }
 
 /// The reliable link to one peer (node frames over the association this

@@ -25,6 +25,7 @@ pub mod queue;
 pub mod shm;
 pub mod spin;
 mod sys;
+pub mod tls;
 pub mod tunnel;
 pub mod udp;
 

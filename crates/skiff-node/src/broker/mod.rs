@@ -120,6 +120,8 @@ struct Counters {
     slow_consumers: AtomicU64,
     /// Operations refused by a user's permissions.
     denied: AtomicU64,
+    /// TLS handshakes that failed or ran out of time.
+    tls_failures: AtomicU64,
 }
 
 /// The node's state, shared by every connection. See the module

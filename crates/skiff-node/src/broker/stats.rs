@@ -144,6 +144,7 @@ impl Broker {
             } else {
                 None
             },
+            tls_failures: c.tls_failures.load(Relaxed),
             auth: self.auth.enabled(),
             auth_failures: self.auth.failures(),
             denied: c.denied.load(Relaxed),
@@ -172,6 +173,11 @@ impl Broker {
             clients,
             next,
         }
+    }
+
+    /// Counts a TLS handshake that failed or ran out of time.
+    pub fn tls_failure(&self) {
+        self.counters.tls_failures.fetch_add(1, Relaxed);
     }
 
     /// Counts a protocol error (the caller closes the client); for

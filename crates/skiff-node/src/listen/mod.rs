@@ -13,6 +13,7 @@
 //! The mesh ([`crate::mesh`]) is not a client front end: other nodes'
 //! publishes reach the broker through `Broker::publish_remote`.
 
+pub(crate) mod admit;
 pub(crate) mod handshake;
 pub mod mem;
 pub mod nats;

@@ -41,15 +41,40 @@ pub(crate) async fn accept_tcp(
     broker: Arc<Broker>,
     mut stop: watch::Receiver<bool>,
     spin: Option<Arc<Spin>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let mut conns = JoinSet::new();
+    let admission = super::admit::Admission::new(broker.limits());
     loop {
         tokio::select! {
             r = l.accept() => match r {
                 Ok((s, peer)) => {
+                    let ticket = match admission.admit(peer.ip()) {
+                        Ok(t) => t,
+                        Err(why) => {
+                            broker.limit_hit();
+                            if tls.is_none() {
+                                let (_, w) = s.into_split();
+                                conns.spawn(refuse(w, Code::Limit, why));
+                            }
+                            continue;
+                        }
+                    };
                     let _ = s.set_nodelay(true);
-                    let (r, w) = s.into_split();
-                    conns.spawn(serve(broker.clone(), r, w, format!("tcp:{peer}"), None, stop.clone(), spin.clone()));
+                    let (broker, stop, spin) = (broker.clone(), stop.clone(), spin.clone());
+                    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &tls {
+                        None => {
+                            let (r, w) = s.into_split();
+                            Box::pin(serve(broker, r, w, format!("tcp:{peer}"), None, stop, spin))
+                        }
+                        Some(acceptor) => {
+                            Box::pin(serve_tls(acceptor.clone(), s, broker, format!("tls:{peer}"), stop, spin))
+                        }
+                    };
+                    conns.spawn(async move {
+                        serving.await;
+                        drop(ticket);
+                    });
                 }
                 // Out of descriptors or similar: back off, keep serving.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -92,6 +117,29 @@ pub(crate) async fn accept_unix(
 /// `max_connections`, like its socket buffers); one grown past it for a
 /// large frame is charged to the node's budget (`max_total_pending_bytes`).
 const INPUT_FREE: usize = 256 * 1024;
+
+/// Runs the TLS handshake (within the authentication time limit), then
+/// serves the connection. A failed or stalled handshake is counted.
+async fn serve_tls(
+    acceptor: tokio_rustls::TlsAcceptor,
+    s: tokio::net::TcpStream,
+    broker: Arc<Broker>,
+    peer: String,
+    stop: watch::Receiver<bool>,
+    spin: Option<Arc<Spin>>,
+) {
+    let limit = broker.auth().timeout();
+    match tokio::time::timeout(limit, acceptor.accept(s)).await {
+        Ok(Ok(t)) => {
+            let (r, w) = tokio::io::split(t);
+            serve(broker, r, w, peer, None, stop, spin).await
+        }
+        // A client without the certificate asked for, one that does not
+        // speak TLS 1.3, or one that stalled: rustls has answered with an
+        // alert where it could.
+        _ => broker.tls_failure(),
+    }
+}
 
 /// Writes a closing error frame and closes the connection.
 async fn refuse<W: AsyncWrite + Unpin>(mut w: W, code: Code, text: String) {

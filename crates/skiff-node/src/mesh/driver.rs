@@ -57,6 +57,39 @@ pub(crate) async fn start<L: Inbound>(
             ..UdpConfig::default()
         },
     )?;
+    // The sealing layer, when a secret or trusted keys are given: errors
+    // in its keys stop the node here, naming the file or the key.
+    let seal = if settings.secret.is_some() || !settings.trusted_keys.is_empty() {
+        let private = match &settings.identity {
+            Some(p) => super::seal::load_identity(p)?,
+            None => super::seal::generate_identity().0,
+        };
+        let mut trusted = Vec::new();
+        for k in &settings.trusted_keys {
+            trusted.push(super::seal::parse_public(k).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("mesh trusted_keys: {k:?} is not a base64 X25519 public key"),
+                )
+            })?);
+        }
+        Some(super::seal::Seal::new(super::seal::SealConfig::new(
+            settings.secret.as_ref().map(|s| s.expose()),
+            trusted,
+            private,
+            &settings.net,
+        )))
+    } else {
+        None
+    };
+    // A sealed datagram is longer by the seal's overhead: the mesh fills
+    // less, so what goes on the wire stays within max_datagram.
+    let max_datagram = settings.max_datagram
+        - if seal.is_some() {
+            super::seal::OVERHEAD
+        } else {
+            0
+        };
     let seeds = resolve(&settings.seeds);
     let (me, loopback_fallback) = advertise(sock.socket().local_addr()?, &seeds);
     if me.ip().is_loopback() {
@@ -69,7 +102,7 @@ pub(crate) async fn start<L: Inbound>(
         max_members: settings.max_members,
         max_interest: settings.max_interest,
         interest_rate: settings.interest_rate,
-        max_datagram: settings.max_datagram,
+        max_datagram,
         ..MeshConfig::default()
     };
     let now = Instant::now();
@@ -88,9 +121,10 @@ pub(crate) async fn start<L: Inbound>(
         best_effort: settings.best_effort.clone(),
         send_deadline: Duration::from_millis(settings.send_deadline_ms),
         loopback_fallback,
+        seal: seal.as_ref().map(|s| (s.identity(), s.counters())),
         tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(
             crate::mesh_tunnel::LinkConfig {
-                max_datagram: settings.max_datagram,
+                max_datagram,
                 max_payload: broker.limits().max_payload,
                 max_backlog: broker.limits().max_pending_bytes,
                 link_bytes: settings.send_queue,
@@ -126,9 +160,11 @@ pub(crate) async fn start<L: Inbound>(
         dns: settings.seeds_dns.clone(),
         started: now,
         next_hello: now,
+        next_seal_tick: now,
         next_dns: now,
         recv: RecvBatch::new(RECV_SLOTS, 65_536),
         send: SendBatch::new(),
+        seal,
         scratch: Vec::new(),
         pubs: Vec::new(),
         events: Vec::new(),
@@ -151,11 +187,16 @@ struct Driver<L> {
     dns: Option<String>,
     started: Instant,
     next_hello: Instant,
+    /// When the sealing layer's handshakes are next retried.
+    next_seal_tick: Instant,
     next_dns: Instant,
     /// Datagrams are received into its arena and handed on as slices of
     /// it: frames reach the broker with no copy.
     recv: RecvBatch,
     send: SendBatch,
+    /// Seals and opens every datagram between nodes, when the mesh has a
+    /// secret or trusted keys.
+    seal: Option<super::seal::Seal>,
     /// Each datagram from `poll_transmit`, on its way into `send`.
     scratch: Vec<u8>,
     /// A run of publish frames on its way to the broker.
@@ -205,8 +246,12 @@ impl<L: Inbound> Driver<L> {
                     }
                 } => {
                     if let Ok((n, from)) = r {
-                        let d = Bytes::copy_from_slice(&self.scout_buf[..n]);
-                        l.core.lock().handle_datagram(Instant::now(), from, d);
+                        let d = &self.scout_buf[..n];
+                        // A sealed mesh takes nothing plain but hellos.
+                        if self.seal.is_none() || super::seal::is_plain_hello(d) {
+                            let d = Bytes::copy_from_slice(d);
+                            l.core.lock().handle_datagram(Instant::now(), from, d);
+                        }
                     }
                 }
                 _ = sleep => l.core.lock().handle_timeout(Instant::now()),
@@ -253,6 +298,9 @@ impl<L: Inbound> Driver<L> {
         if self.dns.is_some() {
             d = d.min(self.next_dns);
         }
+        if self.seal.as_ref().is_some_and(|s| s.waiting()) {
+            d = d.min(self.next_seal_tick);
+        }
         crate::mesh_tunnel::deadline(&self.link, d)
     }
 
@@ -285,7 +333,14 @@ impl<L: Inbound> Driver<L> {
             for r in self.recv.drain() {
                 let from = r.from;
                 for d in r.into_datagrams() {
-                    m.handle_datagram(now, from, d);
+                    match &mut self.seal {
+                        None => m.handle_datagram(now, from, d),
+                        Some(seal) => {
+                            if let Some(plain) = seal.open(now, from, &d) {
+                                m.handle_datagram(now, from, Bytes::from(plain));
+                            }
+                        }
+                    }
                 }
             }
             // Another receive only if the last one filled every slot (the
@@ -329,6 +384,9 @@ impl<L: Inbound> Driver<L> {
                     capacity,
                 } => broker.remote_cluster(peer, &cluster, capacity),
                 MeshEvent::Down(id) => {
+                    if let Some(s) = &mut self.seal {
+                        s.forget(id.addr);
+                    }
                     broker.remote_down(id.addr);
                     let n = crate::mesh_tunnel::peer_down(l, broker, id.addr);
                     self.link_lost(id.addr, n, "it went down");
@@ -405,11 +463,28 @@ impl<L: Inbound> Driver<L> {
             let mut m = self.link.core.lock();
             let now = Instant::now();
             while let Some(t) = m.poll_transmit(now, &mut self.scratch) {
-                if t.alone {
-                    self.send.push_alone(t.destination, &self.scratch);
-                } else {
-                    self.send.push(t.destination, &self.scratch);
+                let send = &mut self.send;
+                match &mut self.seal {
+                    None if t.alone => send.push_alone(t.destination, &self.scratch),
+                    None => send.push(t.destination, &self.scratch),
+                    Some(seal) => seal.seal(now, t.destination, &self.scratch, |to, d| {
+                        if t.alone {
+                            send.push_alone(to, d)
+                        } else {
+                            send.push(to, d)
+                        }
+                    }),
                 }
+            }
+        }
+        if let Some(seal) = &mut self.seal {
+            let now = Instant::now();
+            if now >= self.next_seal_tick {
+                seal.handle_timeout(now);
+                self.next_seal_tick = now + Duration::from_millis(100);
+            }
+            while let Some((to, d)) = seal.poll_transmit() {
+                self.send.push_alone(to, &d);
             }
         }
         if self.send.is_empty() {

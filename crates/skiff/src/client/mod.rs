@@ -22,6 +22,16 @@
 //!   over** when its node dies (see [`failover`](self#failover)).
 //! - `unix:///path[,/path…]`: a node over a Unix socket (a list fails over
 //!   the same way).
+//! - `tls://host:port[,host:port…]?ca=FILE[&cert=FILE&key=FILE]`: a node
+//!   over TLS 1.3 (rustls), trusting the CA in `ca` (else the system's
+//!   roots); `cert` and `key` (PEM) present a client certificate to a node
+//!   that requires one (mutual TLS). `tls_key=` names the TLS key
+//!   explicitly.
+//! - Credentials, on any of these, when the node asks for them:
+//!   `?token=…`, `?user=…&password=…`, or `?key=FILE` (an Ed25519 private
+//!   key, `skiff keygen`; it signs the node's nonce, so no secret crosses
+//!   the wire; `auth_key=` names it explicitly). `%XX` escapes are decoded
+//!   in token, user and password. They never appear in errors or `Debug`.
 //! - `shm://name[?dir=…&ring=4M&spin=20us]`: a node on this host over
 //!   shared memory (`skiff node --shm name`; the node's socket and the
 //!   rings' files are under `dir/name/`, `dir` as for [`crate::shm`]).
@@ -249,7 +259,7 @@ impl Client {
         let rest = rest.split('?').next().unwrap_or("");
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
-            "skiff" | "tcp" | "unix" => {
+            "skiff" | "tcp" | "unix" | "tls" => {
                 let target = target::parse_target(locator)?;
                 let mut last = None;
                 for (at, addr) in target.addrs.iter().enumerate() {

@@ -218,6 +218,7 @@ pub(crate) fn holds(f: &ClientFrame) -> bool {
 pub(crate) enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 /// The write half of a node connection.
@@ -225,6 +226,7 @@ pub(crate) enum ReadHalf {
 pub(crate) enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 impl AsyncRead for ReadHalf {
@@ -236,6 +238,7 @@ impl AsyncRead for ReadHalf {
         match self.get_mut() {
             ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Unix(r) => Pin::new(r).poll_read(cx, buf),
+            ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -249,6 +252,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Unix(w) => Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
         }
     }
 
@@ -256,6 +260,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(w) => Pin::new(w).poll_flush(cx),
             WriteHalf::Unix(w) => Pin::new(w).poll_flush(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
@@ -263,6 +268,7 @@ impl AsyncWrite for WriteHalf {
         match self.get_mut() {
             WriteHalf::Tcp(w) => Pin::new(w).poll_shutdown(cx),
             WriteHalf::Unix(w) => Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }
@@ -333,6 +339,23 @@ pub(crate) async fn open(addr: &NodeAddr, at: usize, opts: &LinkOptions) -> Resu
                 let _ = s.set_nodelay(true);
                 let (r, w) = s.into_split();
                 (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            NodeAddr::Tls(a) => {
+                let s = connect_tcp(a.as_str())
+                    .await
+                    .map_err(Error::io("connect to node"))?;
+                let _ = s.set_nodelay(true);
+                let cfg = opts.tls.as_ref().ok_or(Error::Closed)?;
+                let name = crate::tls::server_name(a).map_err(|e| Error::Refused {
+                    code: Code::Invalid,
+                    reason: e,
+                })?;
+                let s = tokio_rustls::TlsConnector::from(cfg.0.clone())
+                    .connect(name, s)
+                    .await
+                    .map_err(Error::io("TLS handshake with node"))?;
+                let (r, w) = tokio::io::split(s);
+                (ReadHalf::Tls(r), WriteHalf::Tls(w))
             }
             NodeAddr::Unix(p) => {
                 let s = UnixStream::connect(PathBuf::from(p))

@@ -17,6 +17,8 @@ pub(crate) enum NodeAddr {
     Tcp(String),
     /// A Unix socket path.
     Unix(PathBuf),
+    /// `host:port` over TLS (`tls://`).
+    Tls(String),
 }
 
 impl fmt::Display for NodeAddr {
@@ -24,6 +26,7 @@ impl fmt::Display for NodeAddr {
         match self {
             NodeAddr::Tcp(a) => write!(f, "skiff://{a}"),
             NodeAddr::Unix(p) => write!(f, "unix://{}", p.display()),
+            NodeAddr::Tls(a) => write!(f, "tls://{a}"),
         }
     }
 }
@@ -48,6 +51,27 @@ pub(crate) struct LinkOptions {
     pub(crate) spin: Duration,
     /// What to prove the client's identity with, if the node asks.
     pub(crate) creds: Creds,
+    /// The TLS configuration (`tls://`).
+    pub(crate) tls: Option<TlsClient>,
+}
+
+/// A client's TLS configuration, built when the locator is parsed (so a
+/// bad file is reported then).
+#[derive(Clone)]
+pub(crate) struct TlsClient(pub(crate) std::sync::Arc<crate::tls::ClientConfig>);
+
+impl PartialEq for TlsClient {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TlsClient {}
+
+impl fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TlsClient")
+    }
 }
 
 /// A client's credentials from its locator (`token`, `user` and
@@ -98,14 +122,15 @@ impl Creds {
     }
 
     /// Reads a credential option; `Ok(false)`: not one. Errors never
-    /// repeat a secret.
+    /// repeat a secret. (`key=` naming a PEM file is a TLS client key,
+    /// which the caller takes first.)
     pub(crate) fn option(&mut self, k: &str, v: &str) -> Result<bool, LocatorError> {
         let v = percent_decode(v);
         match k {
             "token" => self.token = Some(v),
             "user" => self.user = Some(v),
             "password" => self.password = Some(v),
-            "key" => {
+            "key" | "auth_key" => {
                 let text = std::fs::read_to_string(&v).map_err(|e| LocatorError::BadValue {
                     name: "key".into(),
                     value: v.clone(),
@@ -164,14 +189,14 @@ pub(crate) struct NodeTarget {
 /// skip a live node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
 /// the link options `reconnect`, `ping`, `ping_timeout`,
 /// `reconnect_buffer`, `connect_timeout` and `spin_us`.
 pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let l: Locator = locator.parse()?;
-    l.expect_scheme("skiff, tcp, unix")?;
+    l.expect_scheme("skiff, tcp, unix, tls")?;
     let mut addrs = Vec::new();
     for a in l.address.split(',') {
         let a = a.trim();
@@ -182,10 +207,10 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
                     .into(),
             });
         }
-        addrs.push(if l.scheme == "unix" {
-            NodeAddr::Unix(a.into())
-        } else {
-            NodeAddr::Tcp(host_port(a)?)
+        addrs.push(match l.scheme.as_str() {
+            "unix" => NodeAddr::Unix(a.into()),
+            "tls" => NodeAddr::Tls(host_port(a)?),
+            _ => NodeAddr::Tcp(host_port(a)?),
         });
     }
     let mut reconnect = None;
@@ -195,11 +220,18 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
+    let (mut ca, mut cert, mut tls_key) = (None::<PathBuf>, None::<PathBuf>, None::<PathBuf>);
     l.options(OPTIONS, |k, v| {
-        if creds.option(k, v)? {
-            return Ok(true);
-        }
+        // `key=` is the TLS client key when it names a PEM file, else the
+        // Ed25519 key that signs the node's challenge.
+        let pem = |v: &str| {
+            std::fs::read(v).is_ok_and(|b| b.trim_ascii_start().starts_with(b"-----BEGIN"))
+        };
         match k {
+            "ca" => ca = Some(v.into()),
+            "cert" => cert = Some(v.into()),
+            "tls_key" => tls_key = Some(v.into()),
+            "key" if pem(v) => tls_key = Some(v.into()),
             "reconnect" => reconnect = Some(parse_bool(k, v)?),
             "ping" => ping = Some(parse_duration(k, v)?),
             "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
@@ -216,10 +248,26 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
                         expected: "a whole number of µs from 0 (off) to 1000000",
                     })?
             }
-            _ => return Ok(false),
+            _ => return creds.option(k, v),
         }
         Ok(true)
     })?;
+    let tls = if l.scheme == "tls" {
+        let cfg = crate::tls::client_config(ca.as_deref(), cert.as_deref(), tls_key.as_deref())
+            .map_err(|why| LocatorError::Address {
+                addr: l.address.clone(),
+                why: format!("TLS: {why}"),
+            })?;
+        Some(TlsClient(cfg))
+    } else if ca.is_some() || cert.is_some() || tls_key.is_some() {
+        return Err(LocatorError::BadValue {
+            name: "ca, cert or key".into(),
+            value: l.scheme.clone(),
+            expected: "the tls:// scheme (certificates are for TLS connections)",
+        });
+    } else {
+        None
+    };
     let reconnect = reconnect.unwrap_or(addrs.len() > 1);
     // Keepalive is on by default only where a lost node is replaced: a
     // lone client keeps the old behaviour (EOF and errors only).
@@ -253,6 +301,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             connect_timeout,
             spin: Duration::from_micros(spin_us),
             creds,
+            tls,
         },
     })
 }
