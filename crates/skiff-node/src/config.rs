@@ -24,6 +24,9 @@
 //! max_pings_out = 2             # close it after this many unanswered
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
+//! [[log]]                       # optional, repeatable: a log file many clients write (`crate::logsink`)
+//! pattern = "logs.>"
+//! path = "/var/log/skiff/app.log"
 //! ```
 
 use std::net::SocketAddr;
@@ -211,6 +214,9 @@ pub struct Config {
     /// Authentication and permissions (`[auth]`, see [`crate::auth`]);
     /// the default has none.
     pub auth: AuthConfig,
+    /// Log sinks (`[[log]]`: cMsg's LogFile subdomain, see
+    /// [`crate::logsink`]).
+    pub log: Vec<crate::logsink::LogSink>,
 }
 
 impl Default for Config {
@@ -226,6 +232,7 @@ impl Default for Config {
             workers: None,
             spin_us: skiff::spin::DEFAULT_SPIN_US,
             auth: AuthConfig::default(),
+            log: Vec::new(),
         }
     }
 }
@@ -288,6 +295,8 @@ impl Config {
             spin_us: Option<u64>,
             #[serde(default)]
             auth: AuthConfig,
+            #[serde(default)]
+            log: Vec<crate::logsink::LogSink>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -302,6 +311,7 @@ impl Config {
             workers: raw.workers,
             spin_us: raw.spin_us.unwrap_or(skiff::spin::DEFAULT_SPIN_US),
             auth: raw.auth,
+            log: raw.log,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -396,6 +406,12 @@ impl Config {
         }
         if name == "auth_timeout_ms" {
             self.auth.timeout_ms = num()?;
+            return Ok(());
+        }
+        if name == "log" {
+            let sink = crate::logsink::LogSink::parse(value)
+                .ok_or_else(|| bad("PATTERN=PATH, e.g. logs.>=/var/log/skiff/app.log"))?;
+            self.log.push(sink);
             return Ok(());
         }
         let l = &mut self.limits;
