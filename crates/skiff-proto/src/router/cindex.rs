@@ -12,6 +12,11 @@
 //!   full matcher only on the pairs it passes: those whose literal prefix
 //!   the subject starts with, each past its prefix. Patterns whose prefix
 //!   the subject does not start with cost nothing.
+//! - The router keeps a second index, in reverse, for patterns that start
+//!   with a wildcard and end with a literal (`*.rate`): keyed by that
+//!   literal suffix, walked along the subject from its end. Only patterns
+//!   with neither a literal start nor a literal end (`*`, `*x*`) sit at the
+//!   forward root and are tried for every message.
 
 use rustc_hash::FxHashMap;
 
@@ -45,6 +50,8 @@ pub(super) struct Pair {
 
 #[derive(Debug)]
 pub(super) struct Index {
+    /// Keyed by literal suffixes, reversed (see the module documentation).
+    reverse: bool,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
     pairs: Vec<Option<Pair>>,
@@ -54,7 +61,15 @@ pub(super) struct Index {
 
 impl Default for Index {
     fn default() -> Self {
+        Index::new(false)
+    }
+}
+
+impl Index {
+    /// An empty index, forward or by reversed suffix.
+    pub(super) fn new(reverse: bool) -> Index {
         Index {
+            reverse,
             nodes: vec![Node::default()],
             free_nodes: Vec::new(),
             pairs: Vec::new(),
@@ -62,9 +77,7 @@ impl Default for Index {
             by_text: FxHashMap::default(),
         }
     }
-}
 
-impl Index {
     /// Whether no pair is held.
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
@@ -88,7 +101,12 @@ impl Index {
             let pos = self.pair_mut(p).subs.push(id);
             return (p, pos);
         }
-        let node = self.node_for(subject.literal_prefix().as_bytes());
+        let node = if self.reverse {
+            let key: Vec<u8> = subject.literal_suffix().bytes().rev().collect();
+            self.node_for(&key)
+        } else {
+            self.node_for(subject.literal_prefix().as_bytes())
+        };
         let at = self.nodes[node as usize].pairs.len() as u32;
         let mut subs = Subs::default();
         subs.push(id);
@@ -149,7 +167,7 @@ impl Index {
         }
         self.prune(pair.node);
         if self.by_text.is_empty() {
-            *self = Index::default();
+            *self = Index::new(self.reverse);
         }
         moved
     }
@@ -268,13 +286,29 @@ impl Index {
         kind: Option<&str>,
         f: &mut impl FnMut(&Pair) -> bool,
     ) {
-        let bytes = subject.as_bytes();
+        let mut rev = [0u8; super::subject::MAX_SUBJECT];
+        let bytes = if self.reverse {
+            let Some(rev) = rev.get_mut(..subject.len()) else {
+                return;
+            };
+            for (r, b) in rev.iter_mut().zip(subject.bytes().rev()) {
+                *r = b;
+            }
+            &rev[..]
+        } else {
+            subject.as_bytes()
+        };
         let (mut at, mut pos) = (ROOT, 0usize);
         loop {
             for &p in &self.nodes[at as usize].pairs {
                 let pair = self.pair(p);
-                let first = usize::from(pos > 0);
-                if pair.subject.matches_from(subject, first, pos)
+                // Forward: past the prefix the walk compared.
+                let (first, from) = if self.reverse || pos == 0 {
+                    (0, 0)
+                } else {
+                    (1, pos)
+                };
+                if pair.subject.matches_from(subject, first, from)
                     && kind.is_none_or(|k| pair.kind.matches(k))
                     && !f(pair)
                 {

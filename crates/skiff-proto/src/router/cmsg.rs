@@ -172,6 +172,17 @@ impl CmsgPattern {
         }
     }
 
+    /// The literal characters every matching text ends with, when the
+    /// pattern ends with a literal and starts with a wildcard (empty
+    /// otherwise): what the router's reverse index keys by.
+    pub fn literal_suffix(&self) -> &str {
+        match (self.elems.first(), self.elems.last()) {
+            (Some(Elem::Lit(_)), _) | (_, None) => "",
+            (_, Some(Elem::Lit(l))) => l,
+            _ => "",
+        }
+    }
+
     /// Whether the pattern has no wildcard (it matches only its own text).
     pub fn is_literal(&self) -> bool {
         self.elems.iter().all(|e| matches!(e, Elem::Lit(_)))
@@ -191,6 +202,20 @@ impl CmsgPattern {
             [Elem::Star] => return true,
             [Elem::Lit(l)] => return text[at..] == **l,
             _ => {}
+        }
+        // Cheap necessary conditions first: the literal end, then every
+        // literal somewhere (the bit-set pass is the costly part).
+        let rest = &text[at..];
+        if let Some(Elem::Lit(l)) = elems.last() {
+            if !rest.ends_with(&**l) {
+                return false;
+            }
+        }
+        if !elems
+            .iter()
+            .all(|e| !matches!(e, Elem::Lit(l) if !rest.contains(&**l)))
+        {
+            return false;
         }
         let words = text.len() / 64 + 1;
         let mut stack = [[0u64; 17]; 2];

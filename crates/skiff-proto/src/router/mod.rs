@@ -137,6 +137,8 @@ struct Slot<S> {
 pub struct Router<S> {
     trie: Trie,
     cmsg: cindex::Index,
+    /// cMsg patterns with no literal start but a literal end, by suffix.
+    cmsg_rev: cindex::Index,
     slots: Vec<Slot<S>>,
     free: Vec<u32>,
     /// The head of each subscriber's list of subscriptions.
@@ -186,6 +188,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
         Router {
             trie: Trie::default(),
             cmsg: cindex::Index::default(),
+            cmsg_rev: cindex::Index::new(true),
             slots: Vec::new(),
             free: Vec::new(),
             heads: FxHashMap::default(),
@@ -213,7 +216,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
     /// held: zero once every subscription is gone (tests use it to show
     /// nothing is left behind).
     pub fn node_count(&self) -> usize {
-        self.trie.node_count() + self.cmsg.node_count()
+        self.trie.node_count() + self.cmsg.node_count() + self.cmsg_rev.node_count()
     }
 
     /// Distinct tokens and types held.
@@ -255,8 +258,15 @@ impl<S: Copy + Eq + Hash> Router<S> {
             let k = CmsgPattern::kind(kind)?;
             let (index, generation) = self.slot();
             let id = SubId::new(index, generation);
-            let (pair, pos) = self.cmsg.insert(p, k, id);
-            self.link(index, sub, pair, NONE, pos, false, true);
+            // `rest` marks the reverse index.
+            let rev = !p.literal_suffix().is_empty();
+            let idx = if rev {
+                &mut self.cmsg_rev
+            } else {
+                &mut self.cmsg
+            };
+            let (pair, pos) = idx.insert(p, k, id);
+            self.link(index, sub, pair, NONE, pos, rev, true);
             return Ok(id);
         }
         let pattern = Pattern::new(pattern)?;
@@ -343,7 +353,12 @@ impl<S: Copy + Eq + Hash> Router<S> {
         self.free.push(index as u32);
         self.len -= 1;
         let moved = if e.cmsg {
-            self.cmsg.remove(e.node, e.pos)
+            let idx = if e.rest {
+                &mut self.cmsg_rev
+            } else {
+                &mut self.cmsg
+            };
+            idx.remove(e.node, e.pos)
         } else {
             self.trie.remove(e.node, e.rest, e.kind, e.pos)
         };
@@ -403,7 +418,8 @@ impl<S: Copy + Eq + Hash> Router<S> {
     pub fn subscription(&self, id: SubId) -> Option<SubInfo<S>> {
         let e = self.entry(id)?;
         Some(if e.cmsg {
-            let pair = self.cmsg.pair(e.node);
+            let idx = if e.rest { &self.cmsg_rev } else { &self.cmsg };
+            let pair = idx.pair(e.node);
             SubInfo {
                 subscriber: e.sub,
                 syntax: Syntax::Cmsg,
@@ -468,13 +484,15 @@ impl<S: Copy + Eq + Hash> Router<S> {
         };
         self.trie
             .walk(ROOT, &buf[..n], kind, &mut |id| f(id, sub_of(id)));
-        if !self.cmsg.is_empty() {
-            self.cmsg.walk(subject.as_str(), Some(text), &mut |pair| {
-                for &id in pair.subs.as_slice() {
-                    f(id, sub_of(id));
-                }
-                true
-            });
+        for idx in [&self.cmsg, &self.cmsg_rev] {
+            if !idx.is_empty() {
+                idx.walk(subject.as_str(), Some(text), &mut |pair| {
+                    for &id in pair.subs.as_slice() {
+                        f(id, sub_of(id));
+                    }
+                    true
+                });
+            }
         }
     }
 
@@ -541,10 +559,14 @@ impl<S: Copy + Eq + Hash> Router<S> {
             return true;
         }
         let mut found = false;
-        self.cmsg.walk(subject.as_str(), None, &mut |_| {
-            found = true;
-            false
-        });
+        for idx in [&self.cmsg, &self.cmsg_rev] {
+            if !found && !idx.is_empty() {
+                idx.walk(subject.as_str(), None, &mut |_| {
+                    found = true;
+                    false
+                });
+            }
+        }
         found
     }
 
@@ -571,11 +593,16 @@ impl<S: Copy + Eq + Hash> Router<S> {
                     subscriptions: n,
                 })
             })
-            .chain(self.cmsg.pairs().map(|p| Interest {
-                syntax: Syntax::Cmsg,
-                pattern: p.subject.as_str().to_owned(),
-                kind: p.kind.as_str().to_owned(),
-                subscriptions: p.subs.len(),
-            }))
+            .chain(
+                self.cmsg
+                    .pairs()
+                    .chain(self.cmsg_rev.pairs())
+                    .map(|p| Interest {
+                        syntax: Syntax::Cmsg,
+                        pattern: p.subject.as_str().to_owned(),
+                        kind: p.kind.as_str().to_owned(),
+                        subscriptions: p.subs.len(),
+                    }),
+            )
     }
 }
