@@ -13,9 +13,11 @@
 //!   comparison at 100,000 subscriptions.
 //! - `cmsg_leading/N`: N cMsg patterns that start with a wildcard and end
 //!   with a literal (`*x7`): the reverse (suffix) index skips them.
-//! - `cmsg_unindexed/N`: N cMsg patterns with a wildcard at both ends
-//!   (`*x7*`), which no index can skip: the one cost that grows with N
-//!   (each is rejected by a substring search before the full matcher).
+//! - `cmsg_inner/N`: N cMsg patterns with a wildcard at both ends and a
+//!   literal inside (`*x7*`): the index by two bytes of a literal skips
+//!   them.
+//! - `cmsg_unindexed/N`: N cMsg patterns with no literal of two bytes
+//!   (`*{i>7}*`), which no index can skip: the one cost that grows with N.
 //!
 //! Run: `cargo bench -p skiff-proto --bench router` (short measurement
 //! times are set below; criterion's command-line flags override them).
@@ -133,12 +135,17 @@ fn cmsg_matching(c: &mut Criterion) {
         });
     }
     g.finish();
-    for (group, shape) in [("cmsg_leading", "*x{}"), ("cmsg_unindexed", "*x{}*")] {
+    let shapes: [(&str, fn(u64) -> String); 3] = [
+        ("cmsg_leading", |i| format!("*x{i}")),
+        ("cmsg_inner", |i| format!("*x{i}*")),
+        ("cmsg_unindexed", |i| format!("*{{i>{i}}}*")),
+    ];
+    for (group, shape) in shapes {
         let mut g = c.benchmark_group(group);
         for n in [100u64, 10_000] {
             let mut r = Router::new();
             for i in 0..n {
-                let p = shape.replace("{}", &i.to_string());
+                let p = shape(i);
                 r.subscribe_as(Syntax::Cmsg, &p, "*", i).unwrap();
             }
             g.bench_with_input(BenchmarkId::from_parameter(n), &r, |b, r| {

@@ -183,6 +183,21 @@ impl CmsgPattern {
         }
     }
 
+    /// The first two bytes of the pattern's longest literal, when it has
+    /// one of two bytes or more: every matching text holds them side by
+    /// side (the router's third index keys by them).
+    pub fn inner_key(&self) -> Option<[u8; 2]> {
+        let longest = self
+            .elems
+            .iter()
+            .filter_map(|e| match e {
+                Elem::Lit(l) => Some(l.as_bytes()),
+                _ => None,
+            })
+            .max_by_key(|l| l.len())?;
+        (longest.len() >= 2).then(|| [longest[0], longest[1]])
+    }
+
     /// Whether the pattern has no wildcard (it matches only its own text).
     pub fn is_literal(&self) -> bool {
         self.elems.iter().all(|e| matches!(e, Elem::Lit(_)))
