@@ -135,7 +135,8 @@ fn cmsg_matching(c: &mut Criterion) {
         });
     }
     g.finish();
-    let shapes: [(&str, fn(u64) -> String); 3] = [
+    type Shape = fn(u64) -> String;
+    let shapes: [(&str, Shape); 3] = [
         ("cmsg_leading", |i| format!("*x{i}")),
         ("cmsg_inner", |i| format!("*x{i}*")),
         ("cmsg_unindexed", |i| format!("*{{i>{i}}}*")),
