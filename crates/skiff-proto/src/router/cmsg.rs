@@ -32,8 +32,8 @@
 //! text can be at (a bit set, no backtracking and no allocation for texts
 //! up to [`MAX_SUBJECT`] bytes): O(pattern elements × text length) plus
 //! the literal comparisons, whatever the input. The router indexes cMsg
-//! patterns by their leading literal so that a message is matched only
-//! against patterns whose literal start it begins with.
+//! patterns by their literal start, end or inner literal (the private
+//! `cindex` module) so that a message is matched only against candidates.
 
 use std::fmt;
 
