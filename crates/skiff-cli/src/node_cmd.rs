@@ -154,6 +154,12 @@ pub(crate) struct NodeArgs {
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
+    /// Append every message published on subjects matching PATTERN to the
+    /// log file PATH, which many clients thus write through the node
+    /// (cMsg's LogFile); read it with `skiff sub -n file://PATH`.
+    /// Repeatable.
+    #[arg(long = "log", value_name = "PATTERN=PATH")]
+    log: Vec<String>,
 }
 
 /// `--spin-us`'s help, with the default the node really uses.
@@ -228,6 +234,9 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     }
     if let Some(s) = &a.shm {
         cfg.set("shm", s)?;
+    }
+    for l in &a.log {
+        cfg.set("log", l)?;
     }
     skiff_node::node::run_until_signal(
         &cfg,

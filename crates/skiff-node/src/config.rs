@@ -29,6 +29,9 @@
 //! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
+//! [[log]]                       # optional, repeatable: a log file many clients write (`crate::logsink`)
+//! pattern = "logs.>"
+//! path = "/var/log/skiff/app.log"
 //! ```
 
 use std::net::SocketAddr;
@@ -241,6 +244,9 @@ pub struct Config {
     /// A CA (PEM): clients must present a certificate that chains to it
     /// (mutual TLS).
     pub tls_ca: Option<PathBuf>,
+    /// Log sinks (`[[log]]`: cMsg's LogFile subdomain, see
+    /// [`crate::logsink`]).
+    pub log: Vec<crate::logsink::LogSink>,
 }
 
 impl Default for Config {
@@ -259,6 +265,7 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            log: Vec::new(),
         }
     }
 }
@@ -324,6 +331,8 @@ impl Config {
             tls_cert: Option<PathBuf>,
             tls_key: Option<PathBuf>,
             tls_ca: Option<PathBuf>,
+            #[serde(default)]
+            log: Vec<crate::logsink::LogSink>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -341,6 +350,7 @@ impl Config {
             tls_cert: raw.tls_cert,
             tls_key: raw.tls_key,
             tls_ca: raw.tls_ca,
+            log: raw.log,
             ..Config::default()
         };
         if let Some(t) = raw.tcp {
@@ -483,6 +493,12 @@ impl Config {
         }
         if name == "auth_timeout_ms" {
             self.auth.timeout_ms = num()?;
+            return Ok(());
+        }
+        if name == "log" {
+            let sink = crate::logsink::LogSink::parse(value)
+                .ok_or_else(|| bad("PATTERN=PATH, e.g. logs.>=/var/log/skiff/app.log"))?;
+            self.log.push(sink);
             return Ok(());
         }
         let l = &mut self.limits;

@@ -35,6 +35,7 @@ pub mod broker;
 pub mod config;
 pub mod embed;
 pub mod listen;
+pub mod logsink;
 pub mod mesh;
 pub mod mesh_tunnel;
 pub mod node;

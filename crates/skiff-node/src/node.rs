@@ -246,6 +246,12 @@ impl Node {
                 let _ = task.await;
             });
         }
+        for sink in &config.log {
+            let client = skiff::client::Client::attach(&node)
+                .map_err(|e| io::Error::other(format!("log sink: {e}")))?;
+            let running = crate::logsink::open(client, sink).await?;
+            set.spawn(crate::logsink::run(running));
+        }
         node.tasks = Some(tokio::spawn(async move {
             while set.join_next().await.is_some() {}
         }));

@@ -462,3 +462,31 @@ async fn connections_per_address_and_per_second_are_bounded() {
     }
     assert!(refused >= 2, "{refused} of 5 refused at 2 per second");
 }
+
+/// A cMsg pattern is checked as one: `orders.*` in cMsg also matches
+/// `orders.secret.x`, so a user whose token rules allow `orders.*` may not
+/// subscribe to it as a cMsg pattern; a literal cMsg pattern is checked as
+/// its subject; an unrestricted user may subscribe to any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmsg_subscriptions_cannot_escape_token_permissions() {
+    use skiff::client::SubOptions;
+    let f = node("").await;
+    let admin = Client::connect(&f.tcp("user=alice&password=pw-alice"))
+        .await
+        .unwrap();
+    let bob = Client::connect(&f.tcp("user=bob&password=pw-bob"))
+        .await
+        .unwrap();
+    let cm = SubOptions::default().cmsg();
+    let _tokens = bob.subscribe("orders.*", "*").await.unwrap();
+    match bob.subscribe_with("orders.*", "*", cm).await {
+        Err(Error::Refused {
+            code: Code::Denied,
+            reason,
+        }) => assert!(reason.contains("orders.*"), "{reason}"),
+        other => panic!("allowed: {:?}", other.map(|_| ())),
+    }
+    let _literal = bob.subscribe_with("orders.new", "*", cm).await.unwrap();
+    assert!(bob.subscribe_with("payroll.x", "*", cm).await.is_err());
+    let _any = admin.subscribe_with("*", "*", cm).await.unwrap();
+}

@@ -7,6 +7,17 @@
 //!   forwarding.
 //! - `subject_new`: validating the subject, paid once per message.
 //! - `pick/{wrr,keyed}/M`: choosing one of M cluster members.
+//! - `cmsg_match/N`: as `match/N`, with N cMsg patterns of the same shapes
+//!   (literal starts, `*`, `?`, `#`, ranges) that do not match and three
+//!   that do; run beside `tokens_match/N` (the `match` set) for the
+//!   comparison at 100,000 subscriptions.
+//! - `cmsg_leading/N`: N cMsg patterns that start with a wildcard and end
+//!   with a literal (`*x7`): the reverse (suffix) index skips them.
+//! - `cmsg_inner/N`: N cMsg patterns with a wildcard at both ends and a
+//!   literal inside (`*x7*`): the index by two bytes of a literal skips
+//!   them.
+//! - `cmsg_unindexed/N`: N cMsg patterns with no literal of two bytes
+//!   (`*{i>7}*`), which no index can skip: the one cost that grows with N.
 //!
 //! Run: `cargo bench -p skiff-proto --bench router` (short measurement
 //! times are set below; criterion's command-line flags override them).
@@ -18,7 +29,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use skiff_proto::router::{Clusters, Router, Subject};
+use skiff_proto::router::{Clusters, Router, Subject, Syntax};
 
 /// A realistic subscription that does not match `orders.eu.created`.
 fn other(i: u64) -> (String, &'static str) {
@@ -72,6 +83,83 @@ fn matching(c: &mut Criterion) {
     });
 }
 
+/// A cMsg subscription that does not match `orders.eu.created`.
+fn other_cmsg(i: u64) -> (String, &'static str) {
+    match i % 10 {
+        0..=3 => (format!("svc.{}.events.{}", i / 100, i % 100), "*"),
+        4 => (format!("svc.{}.ev*.#", i / 100), "*"),
+        5 => (format!("svc.{}.*.{}", i / 100, i % 100), "ev?"),
+        6 => (format!("tenant.t{i}.orders.*"), "*"),
+        7 => (format!("orders.r{i}.*"), "*"),
+        8 => (format!("orders.eu.created.v{{i>{i}}}"), ""),
+        _ => (format!("orders.e{i}?.created"), "*"),
+    }
+}
+
+fn cmsg_router_with(n: u64) -> Router<u64> {
+    let mut r = Router::new();
+    for i in 0..n {
+        let (p, k) = other_cmsg(i);
+        r.subscribe_as(Syntax::Cmsg, &p, k, i % 1000).unwrap();
+    }
+    r.subscribe_as(Syntax::Cmsg, "orders.eu.created", "*", 1)
+        .unwrap();
+    r.subscribe_as(Syntax::Cmsg, "orders.?u.created", "*", 2)
+        .unwrap();
+    r.subscribe_as(Syntax::Cmsg, "orders.*", "*", 3).unwrap();
+    r
+}
+
+fn cmsg_matching(c: &mut Criterion) {
+    let subject = Subject::new("orders.eu.created").unwrap();
+    let mut out = Vec::with_capacity(16);
+    let mut g = c.benchmark_group("tokens_vs_cmsg");
+    for n in [10u64, 100_000] {
+        let t = router_with(n);
+        assert_eq!(t.matches(subject, None, &mut out), 3);
+        g.bench_with_input(BenchmarkId::new("tokens_match", n), &t, |b, r| {
+            b.iter(|| {
+                out.clear();
+                r.matches(black_box(subject), black_box(None), &mut out)
+            })
+        });
+        drop(t);
+        let r = cmsg_router_with(n);
+        out.clear();
+        assert_eq!(r.matches(subject, None, &mut out), 3);
+        g.bench_with_input(BenchmarkId::new("cmsg_match", n), &r, |b, r| {
+            b.iter(|| {
+                out.clear();
+                r.matches(black_box(subject), black_box(None), &mut out)
+            })
+        });
+    }
+    g.finish();
+    type Shape = fn(u64) -> String;
+    let shapes: [(&str, Shape); 3] = [
+        ("cmsg_leading", |i| format!("*x{i}")),
+        ("cmsg_inner", |i| format!("*x{i}*")),
+        ("cmsg_unindexed", |i| format!("*{{i>{i}}}*")),
+    ];
+    for (group, shape) in shapes {
+        let mut g = c.benchmark_group(group);
+        for n in [100u64, 10_000] {
+            let mut r = Router::new();
+            for i in 0..n {
+                let p = shape(i);
+                r.subscribe_as(Syntax::Cmsg, &p, "*", i).unwrap();
+            }
+            g.bench_with_input(BenchmarkId::from_parameter(n), &r, |b, r| {
+                b.iter(|| {
+                    out.clear();
+                    r.matches(black_box(subject), black_box(None), &mut out)
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 fn picking(c: &mut Criterion) {
     let mut g = c.benchmark_group("pick");
     for m in [5u32, 100] {
@@ -103,6 +191,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = matching, picking
+    targets = matching, cmsg_matching, picking
 }
 criterion_main!(benches);

@@ -239,13 +239,17 @@ impl Client {
         policy: &Bound<'_, PyAny>,
         queue: i64,
         window: i64,
+        cmsg: bool,
     ) -> PyResult<CallFuture<Subscription>> {
         let pattern = str_arg("pattern", pattern)?.to_owned();
         let kind = str_arg("type", kind)?.to_owned();
-        let opts = SubOptions::default()
+        let mut opts = SubOptions::default()
             .policy(policy_arg(str_arg("policy", policy)?)?)
             .queue(count_arg("queue", queue)?)
             .window(count_arg("window", window)?);
+        if cmsg {
+            opts = opts.cmsg();
+        }
         let c = self.core.c.clone();
         Ok(Box::pin(async move {
             let s = c.subscribe_with(&pattern, &kind, opts).await?;
@@ -420,8 +424,10 @@ impl Client {
     ///
     /// With `callback`, a thread of its own calls `callback(message)` for
     /// each message (the callback form); the Subscription still pauses,
-    /// resumes and ends it.
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None))]
+    /// resumes and ends it. With `cmsg=True`, `pattern` and `type` are cMsg
+    /// patterns over whole strings (`*` any characters, `?` one, `#` an
+    /// integer, `{i>5 & i<10}` an integer in a range).
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None, cmsg=false))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe(
         &self,
@@ -432,6 +438,7 @@ impl Client {
         queue: i64,
         window: i64,
         callback: Option<&Bound<'_, PyAny>>,
+        cmsg: bool,
     ) -> PyResult<Py<Subscription>> {
         let callback = callback.filter(|c| !c.is_none());
         if let Some(cb) = callback {
@@ -450,6 +457,7 @@ impl Client {
             policy.filter(|t| !t.is_none()).unwrap_or(&dflt),
             queue,
             window,
+            cmsg,
         )?;
         let sub = Py::new(py, run(py, fut)?)?;
         if let Some(cb) = callback {
@@ -460,7 +468,8 @@ impl Client {
     }
 
     /// `subscribe` for asyncio.
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096))]
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, cmsg=false))]
+    #[allow(clippy::too_many_arguments)]
     fn subscribe_async<'py>(
         &self,
         py: Python<'py>,
@@ -469,6 +478,7 @@ impl Client {
         policy: Option<&Bound<'py, PyAny>>,
         queue: i64,
         window: i64,
+        cmsg: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let star = PyString::new(py, "*").into_any();
         let dflt = PyString::new(py, "drop-oldest").into_any();
@@ -478,6 +488,7 @@ impl Client {
             policy.filter(|t| !t.is_none()).unwrap_or(&dflt),
             queue,
             window,
+            cmsg,
         )?;
         run_async(py, fut)
     }

@@ -152,7 +152,8 @@ pub struct Broker {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Publish,
-    Subscribe,
+    /// With the patterns' kind: a cMsg pattern is checked as one.
+    Subscribe(Syntax),
     Reply,
     Join,
 }
@@ -419,7 +420,11 @@ impl Broker {
         let p = &u.permissions;
         let (ok, counter, what) = match op {
             Op::Publish => (p.may_publish(target), &u.denied.publish, "publish to"),
-            Op::Subscribe => (p.may_subscribe(target), &u.denied.subscribe, "subscribe to"),
+            Op::Subscribe(syntax) => (
+                p.may_subscribe_as(syntax, target),
+                &u.denied.subscribe,
+                "subscribe to",
+            ),
             Op::Reply => (p.allow_responses, &u.denied.reply, "reply to requests"),
             Op::Join => (p.may_join(target), &u.denied.join, "join cluster"),
         };
@@ -558,17 +563,19 @@ impl Broker {
                 credit,
                 syntax,
             } => {
-                let r = self.permit(me, Op::Subscribe, &pattern).and_then(|()| {
-                    self.subscribe(
-                        me,
-                        sid,
-                        (syntax, pattern, kind),
-                        policy,
-                        queue,
-                        credit,
-                        None,
-                    )
-                });
+                let r = self
+                    .permit(me, Op::Subscribe(syntax), &pattern)
+                    .and_then(|()| {
+                        self.subscribe(
+                            me,
+                            sid,
+                            (syntax, pattern, kind),
+                            policy,
+                            queue,
+                            credit,
+                            None,
+                        )
+                    });
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
                     Err((code, text)) => ServerFrame::Error {

@@ -12,6 +12,15 @@
 //!   full matcher only on the pairs it passes: those whose literal prefix
 //!   the subject starts with, each past its prefix. Patterns whose prefix
 //!   the subject does not start with cost nothing.
+//! - The router keeps a second index, in reverse, for patterns that start
+//!   with a wildcard and end with a literal (`*.rate`): keyed by that
+//!   literal suffix, walked along the subject from its end.
+//! - And a third for patterns with a wildcard at both ends but a literal of
+//!   two bytes or more inside (`*hall*`): keyed by the first two bytes of
+//!   their longest literal, looked up once for each distinct pair of
+//!   adjacent bytes of the subject.
+//! - Only patterns with none of these (`*`, `*?*`, `*#*`) sit at the
+//!   forward root and are tried for every message.
 
 use rustc_hash::FxHashMap;
 
@@ -43,8 +52,38 @@ pub(super) struct Pair {
     pub(super) subs: Subs,
 }
 
+/// What an index is keyed by (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The literal start.
+    Prefix = 0,
+    /// The literal end, reversed.
+    Suffix = 1,
+    /// Two bytes of the longest literal.
+    Bigram = 2,
+}
+
+impl Mode {
+    /// Every mode, in index order.
+    pub(super) const ALL: [Mode; 3] = [Mode::Prefix, Mode::Suffix, Mode::Bigram];
+
+    /// Which index a pattern goes to.
+    pub(super) fn of(p: &CmsgPattern) -> Mode {
+        if !p.literal_prefix().is_empty() {
+            Mode::Prefix
+        } else if !p.literal_suffix().is_empty() {
+            Mode::Suffix
+        } else if p.inner_key().is_some() {
+            Mode::Bigram
+        } else {
+            Mode::Prefix
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Index {
+    mode: Mode,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
     pairs: Vec<Option<Pair>>,
@@ -52,9 +91,11 @@ pub(super) struct Index {
     by_text: FxHashMap<(Box<str>, Box<str>), u32>,
 }
 
-impl Default for Index {
-    fn default() -> Self {
+impl Index {
+    /// An empty index keyed as `mode` says.
+    pub(super) fn new(mode: Mode) -> Index {
         Index {
+            mode,
             nodes: vec![Node::default()],
             free_nodes: Vec::new(),
             pairs: Vec::new(),
@@ -62,9 +103,7 @@ impl Default for Index {
             by_text: FxHashMap::default(),
         }
     }
-}
 
-impl Index {
     /// Whether no pair is held.
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
@@ -88,7 +127,17 @@ impl Index {
             let pos = self.pair_mut(p).subs.push(id);
             return (p, pos);
         }
-        let node = self.node_for(subject.literal_prefix().as_bytes());
+        let node = match self.mode {
+            Mode::Prefix => self.node_for(subject.literal_prefix().as_bytes()),
+            Mode::Suffix => {
+                let key: Vec<u8> = subject.literal_suffix().bytes().rev().collect();
+                self.node_for(&key)
+            }
+            Mode::Bigram => {
+                let key = subject.inner_key().unwrap_or([0, 0]);
+                self.node_for(&key)
+            }
+        };
         let at = self.nodes[node as usize].pairs.len() as u32;
         let mut subs = Subs::default();
         subs.push(id);
@@ -149,7 +198,7 @@ impl Index {
         }
         self.prune(pair.node);
         if self.by_text.is_empty() {
-            *self = Index::default();
+            *self = Index::new(self.mode);
         }
         moved
     }
@@ -268,13 +317,32 @@ impl Index {
         kind: Option<&str>,
         f: &mut impl FnMut(&Pair) -> bool,
     ) {
-        let bytes = subject.as_bytes();
+        if self.mode == Mode::Bigram {
+            return self.walk_bigrams(subject, kind, f);
+        }
+        let mut rev = [0u8; super::subject::MAX_SUBJECT];
+        let bytes = if self.mode == Mode::Suffix {
+            let Some(rev) = rev.get_mut(..subject.len()) else {
+                return;
+            };
+            for (r, b) in rev.iter_mut().zip(subject.bytes().rev()) {
+                *r = b;
+            }
+            &rev[..]
+        } else {
+            subject.as_bytes()
+        };
         let (mut at, mut pos) = (ROOT, 0usize);
         loop {
             for &p in &self.nodes[at as usize].pairs {
                 let pair = self.pair(p);
-                let first = usize::from(pos > 0);
-                if pair.subject.matches_from(subject, first, pos)
+                // Forward: past the prefix the walk compared.
+                let (first, from) = if self.mode == Mode::Suffix || pos == 0 {
+                    (0, 0)
+                } else {
+                    (1, pos)
+                };
+                if pair.subject.matches_from(subject, first, from)
                     && kind.is_none_or(|k| pair.kind.matches(k))
                     && !f(pair)
                 {
@@ -291,6 +359,50 @@ impl Index {
             }
             pos += label.len();
             at = c;
+        }
+    }
+
+    /// The node whose whole path is `key`, if any.
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let (mut at, mut rest) = (ROOT, key);
+        while !rest.is_empty() {
+            let (_, c) = self.child(at, rest[0])?;
+            let label = &self.nodes[c as usize].label;
+            rest = rest.strip_prefix(&label[..])?;
+            at = c;
+        }
+        Some(at)
+    }
+
+    /// [`Index::walk`] for [`Mode::Bigram`]: each distinct pair of adjacent
+    /// bytes of the subject once, so no pair is visited twice.
+    fn walk_bigrams(&self, subject: &str, kind: Option<&str>, f: &mut impl FnMut(&Pair) -> bool) {
+        let b = subject.as_bytes();
+        let mut keys = [0u16; super::subject::MAX_SUBJECT];
+        let n = b.len().saturating_sub(1).min(keys.len());
+        for (k, w) in keys.iter_mut().zip(b.windows(2)) {
+            *k = u16::from_be_bytes([w[0], w[1]]);
+        }
+        let keys = &mut keys[..n];
+        keys.sort_unstable();
+        let mut last = None;
+        for &k in keys.iter() {
+            if last == Some(k) {
+                continue;
+            }
+            last = Some(k);
+            let Some(node) = self.find(&k.to_be_bytes()) else {
+                continue;
+            };
+            for &p in &self.nodes[node as usize].pairs {
+                let pair = self.pair(p);
+                if pair.subject.matches(subject)
+                    && kind.is_none_or(|k| pair.kind.matches(k))
+                    && !f(pair)
+                {
+                    return;
+                }
+            }
         }
     }
 }

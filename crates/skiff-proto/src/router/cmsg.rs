@@ -32,8 +32,8 @@
 //! text can be at (a bit set, no backtracking and no allocation for texts
 //! up to [`MAX_SUBJECT`] bytes): O(pattern elements × text length) plus
 //! the literal comparisons, whatever the input. The router indexes cMsg
-//! patterns by their leading literal so that a message is matched only
-//! against patterns whose literal start it begins with.
+//! patterns by their literal start, end or inner literal (the private
+//! `cindex` module) so that a message is matched only against candidates.
 
 use std::fmt;
 
@@ -172,6 +172,32 @@ impl CmsgPattern {
         }
     }
 
+    /// The literal characters every matching text ends with, when the
+    /// pattern ends with a literal and starts with a wildcard (empty
+    /// otherwise): what the router's reverse index keys by.
+    pub fn literal_suffix(&self) -> &str {
+        match (self.elems.first(), self.elems.last()) {
+            (Some(Elem::Lit(_)), _) | (_, None) => "",
+            (_, Some(Elem::Lit(l))) => l,
+            _ => "",
+        }
+    }
+
+    /// The first two bytes of the pattern's longest literal, when it has
+    /// one of two bytes or more: every matching text holds them side by
+    /// side (the router's third index keys by them).
+    pub fn inner_key(&self) -> Option<[u8; 2]> {
+        let longest = self
+            .elems
+            .iter()
+            .filter_map(|e| match e {
+                Elem::Lit(l) => Some(l.as_bytes()),
+                _ => None,
+            })
+            .max_by_key(|l| l.len())?;
+        (longest.len() >= 2).then(|| [longest[0], longest[1]])
+    }
+
     /// Whether the pattern has no wildcard (it matches only its own text).
     pub fn is_literal(&self) -> bool {
         self.elems.iter().all(|e| matches!(e, Elem::Lit(_)))
@@ -191,6 +217,20 @@ impl CmsgPattern {
             [Elem::Star] => return true,
             [Elem::Lit(l)] => return text[at..] == **l,
             _ => {}
+        }
+        // Cheap necessary conditions first: the literal end, then every
+        // literal somewhere (the bit-set pass is the costly part).
+        let rest = &text[at..];
+        if let Some(Elem::Lit(l)) = elems.last() {
+            if !rest.ends_with(&**l) {
+                return false;
+            }
+        }
+        if !elems
+            .iter()
+            .all(|e| !matches!(e, Elem::Lit(l) if !rest.contains(&**l)))
+        {
+            return false;
         }
         let words = text.len() / 64 + 1;
         let mut stack = [[0u64; 17]; 2];

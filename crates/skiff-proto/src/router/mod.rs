@@ -83,7 +83,8 @@ impl fmt::Display for SubId {
 struct Entry<S> {
     sub: S,
     node: u32,
-    /// Interned exact type, or [`NONE`] for `*`.
+    /// Interned exact type, or [`NONE`] for `*`; for a cMsg subscription,
+    /// which of the cMsg indexes holds it.
     kind: u32,
     /// Position in its leaf list.
     pos: u32,
@@ -136,7 +137,9 @@ struct Slot<S> {
 #[derive(Debug)]
 pub struct Router<S> {
     trie: Trie,
-    cmsg: cindex::Index,
+    /// cMsg patterns: by literal start, by literal end, by a two-byte
+    /// piece of a literal in the middle (see the `cindex` module).
+    cmsg: [cindex::Index; 3],
     slots: Vec<Slot<S>>,
     free: Vec<u32>,
     /// The head of each subscriber's list of subscriptions.
@@ -185,7 +188,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
     pub fn new() -> Router<S> {
         Router {
             trie: Trie::default(),
-            cmsg: cindex::Index::default(),
+            cmsg: cindex::Mode::ALL.map(cindex::Index::new),
             slots: Vec::new(),
             free: Vec::new(),
             heads: FxHashMap::default(),
@@ -213,7 +216,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
     /// held: zero once every subscription is gone (tests use it to show
     /// nothing is left behind).
     pub fn node_count(&self) -> usize {
-        self.trie.node_count() + self.cmsg.node_count()
+        self.trie.node_count() + self.cmsg.iter().map(|c| c.node_count()).sum::<usize>()
     }
 
     /// Distinct tokens and types held.
@@ -255,8 +258,10 @@ impl<S: Copy + Eq + Hash> Router<S> {
             let k = CmsgPattern::kind(kind)?;
             let (index, generation) = self.slot();
             let id = SubId::new(index, generation);
-            let (pair, pos) = self.cmsg.insert(p, k, id);
-            self.link(index, sub, pair, NONE, pos, false, true);
+            // `kind` names the index.
+            let which = cindex::Mode::of(&p) as usize;
+            let (pair, pos) = self.cmsg[which].insert(p, k, id);
+            self.link(index, sub, pair, which as u32, pos, false, true);
             return Ok(id);
         }
         let pattern = Pattern::new(pattern)?;
@@ -343,7 +348,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
         self.free.push(index as u32);
         self.len -= 1;
         let moved = if e.cmsg {
-            self.cmsg.remove(e.node, e.pos)
+            self.cmsg[e.kind as usize].remove(e.node, e.pos)
         } else {
             self.trie.remove(e.node, e.rest, e.kind, e.pos)
         };
@@ -403,7 +408,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
     pub fn subscription(&self, id: SubId) -> Option<SubInfo<S>> {
         let e = self.entry(id)?;
         Some(if e.cmsg {
-            let pair = self.cmsg.pair(e.node);
+            let pair = self.cmsg[e.kind as usize].pair(e.node);
             SubInfo {
                 subscriber: e.sub,
                 syntax: Syntax::Cmsg,
@@ -468,13 +473,15 @@ impl<S: Copy + Eq + Hash> Router<S> {
         };
         self.trie
             .walk(ROOT, &buf[..n], kind, &mut |id| f(id, sub_of(id)));
-        if !self.cmsg.is_empty() {
-            self.cmsg.walk(subject.as_str(), Some(text), &mut |pair| {
-                for &id in pair.subs.as_slice() {
-                    f(id, sub_of(id));
-                }
-                true
-            });
+        for idx in &self.cmsg {
+            if !idx.is_empty() {
+                idx.walk(subject.as_str(), Some(text), &mut |pair| {
+                    for &id in pair.subs.as_slice() {
+                        f(id, sub_of(id));
+                    }
+                    true
+                });
+            }
         }
     }
 
@@ -541,10 +548,14 @@ impl<S: Copy + Eq + Hash> Router<S> {
             return true;
         }
         let mut found = false;
-        self.cmsg.walk(subject.as_str(), None, &mut |_| {
-            found = true;
-            false
-        });
+        for idx in &self.cmsg {
+            if !found && !idx.is_empty() {
+                idx.walk(subject.as_str(), None, &mut |_| {
+                    found = true;
+                    false
+                });
+            }
+        }
         found
     }
 
@@ -571,7 +582,7 @@ impl<S: Copy + Eq + Hash> Router<S> {
                     subscriptions: n,
                 })
             })
-            .chain(self.cmsg.pairs().map(|p| Interest {
+            .chain(self.cmsg.iter().flat_map(|c| c.pairs()).map(|p| Interest {
                 syntax: Syntax::Cmsg,
                 pattern: p.subject.as_str().to_owned(),
                 kind: p.kind.as_str().to_owned(),

@@ -528,3 +528,25 @@ proptest! {
         prop_assert!(r.is_empty());
     }
 }
+
+#[test]
+fn cmsg_patterns_in_each_index_match_once() {
+    let mut r = Router::new();
+    let prefix = r.subscribe_as(Syntax::Cmsg, "ab*", "*", 1).unwrap();
+    let suffix = r.subscribe_as(Syntax::Cmsg, "*.ab", "*", 2).unwrap();
+    let inner = r.subscribe_as(Syntax::Cmsg, "*ab*", "*", 3).unwrap();
+    let none = r.subscribe_as(Syntax::Cmsg, "*?*", "*", 4).unwrap();
+    // `ab` three times in the subject: each subscription still once.
+    assert_eq!(
+        ids(&r, "ab.ab.ab", None),
+        sorted(vec![prefix, suffix, inner, none])
+    );
+    assert_eq!(ids(&r, "x.ab", None), sorted(vec![suffix, inner, none]));
+    assert_eq!(ids(&r, "xaby", None), sorted(vec![inner, none]));
+    assert_eq!(ids(&r, "xy", None), vec![none]);
+    assert!(r.has_interest(subj("xaby")));
+    for id in [prefix, suffix, inner, none] {
+        r.unsubscribe(id);
+    }
+    assert_eq!(r.node_count(), 0);
+}

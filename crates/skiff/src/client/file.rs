@@ -81,6 +81,31 @@ impl FileLog {
             .map_err(Error::io("append to the log file"))
     }
 
+    /// Appends messages as consecutive records with one write (the node's
+    /// log sinks: one writer, whole records); returns how many.
+    pub fn append_batch<'a>(
+        &self,
+        msgs: impl IntoIterator<Item = &'a Message>,
+    ) -> Result<usize, Error> {
+        let mut buf = Vec::new();
+        let mut n = 0;
+        for m in msgs {
+            wire::check(m)?;
+            record::encode(&mut buf, m);
+            n += 1;
+        }
+        self.file
+            .lock()
+            .write_all(&buf)
+            .map_err(Error::io("append to the log file"))?;
+        Ok(n)
+    }
+
+    /// The log's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     /// Reads every record from `offset`, skipping damage (counted in
     /// `skipped`, whose offsets are then the file's); returns the messages
     /// and the offset to go on from.
