@@ -35,6 +35,16 @@ echo "== NATS clients (nats-py, nats.go, nats.js from their registries) against 
 cargo build --quiet -p skiff-cli
 tests/nats/run.sh 2>&1 | tee target/test-nats.txt
 grep -q "NATS client suites: passed" target/test-nats.txt
+echo "== python (skiff-py: pytest against mem:// and real skiff node processes)"
+# The extension is built in debug (overflow checks on), the same way the
+# README installs it: maturin develop into a virtual environment.
+py_venv=target/py-venv
+[ -x "$py_venv/bin/python" ] || python3 -m venv "$py_venv"
+"$py_venv/bin/pip" install -q --disable-pip-version-check maturin pytest pytest-asyncio
+VIRTUAL_ENV="$PWD/$py_venv" PATH="$PWD/$py_venv/bin:$PATH" \
+  "$py_venv/bin/maturin" develop -q -m crates/skiff-py/Cargo.toml
+SKIFF_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/skiff" \
+  "$py_venv/bin/python" -m pytest -q -p no:cacheprovider crates/skiff-py/tests 2>&1 | tee target/test-python.txt
 : > target/test-netns.txt
 echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
@@ -77,8 +87,8 @@ fi
 echo "== deployment files (static)"; deploy/check.sh
 count() { grep -Eo "[0-9]+ $1" "$2" | awk '{s+=$1} END {print s+0}'; }
 ns_run=$(( $(count passed target/test-netns.txt) + $(count failed target/test-netns.txt) ))
-passed=$(( $(count passed target/test-output.txt) + $(count passed target/test-netns.txt) ))
-failed=$(( $(count failed target/test-output.txt) + $(count failed target/test-netns.txt) ))
+passed=$(( $(count passed target/test-output.txt) + $(count passed target/test-netns.txt) + $(count passed target/test-python.txt) ))
+failed=$(( $(count failed target/test-output.txt) + $(count failed target/test-netns.txt) + $(count failed target/test-python.txt) ))
 # Ignored tests that the namespace run then ran are not skipped.
 skipped=$(( $(count ignored target/test-output.txt) - ns_run ))
 echo "tests: $passed passed, $failed failed, $skipped skipped"

@@ -939,10 +939,11 @@ impl Subscription {
         slf
     }
 
+    /// Iteration ends when the subscription ends, for whatever reason
+    /// (`next()` raises with the reason instead).
     fn __next__(&self, py: Python<'_>) -> PyResult<Message> {
         match self.next_inner(py, None)? {
             Some(Got::One(d)) => Ok(Message::delivery(d, &self.core.client)),
-            Some(Got::Ended(Some(why))) => Err(ended_error(Some(why))),
             _ => Err(PyStopIteration::new_err(())),
         }
     }

@@ -1,0 +1,147 @@
+"""Python with other processes: the Rust CLI as publisher and
+subscriber, failover between two node processes, Ctrl-C interrupting a
+blocking wait."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+
+import skiff
+from conftest import skiff_bin
+
+
+def test_python_publishes_rust_cli_subscribes(node, cli):
+    subj = "ip" + uuid.uuid4().hex[:8]
+    sub = subprocess.Popen(
+        [skiff_bin(), "sub", "-n", node.locator, f"{subj}.>", "--count", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    with skiff.connect(node.locator) as c:
+        # Until the CLI's subscription is in the node, publishes find nobody.
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            subs = [s for cl in c.stats()["clients"] for s in cl.get("subscriptions", [])]
+            if any(subj in str(s) for s in subs):
+                break
+            time.sleep(0.05)
+        for i in range(3):
+            c.publish(f"{subj}.x", f"from python {i}".encode(), type="py")
+        c.flush()
+    out, err = sub.communicate(timeout=20)
+    assert sub.returncode == 0, err
+    assert out.splitlines() == [f"{subj}.x [py] from python {i}" for i in range(3)]
+
+
+def test_rust_cli_publishes_and_requests_python_answers(node, cli):
+    subj = "ir" + uuid.uuid4().hex[:8]
+    with skiff.connect(node.locator) as c:
+        sub = c.subscribe(f"{subj}.data")
+        svc = c.subscribe(f"{subj}.svc")
+
+        def serve():
+            for r in svc:
+                r.respond(b"python says " + r.data)
+
+        threading.Thread(target=serve, daemon=True).start()
+        r = cli("pub", "-n", node.locator, f"{subj}.data", "from rust", "--count", "2", "--type", "rs")
+        assert r.returncode == 0, r.stderr
+        for _ in range(2):
+            m = sub.next(timeout=10)
+            assert (m.data, m.type) == (b"from rust", "rs")
+        r = cli("req", "-n", node.locator, f"{subj}.svc", "hi")
+        assert r.returncode == 0, r.stderr
+        assert "python says hi" in r.stdout
+
+
+def test_failover_to_the_second_node(make_node):
+    a, b = make_node(), make_node()
+    subj = "fo" + uuid.uuid4().hex[:8]
+    with skiff.connect(f"skiff://{a.addr},{b.addr}", ping="100ms", ping_timeout="400ms") as c:
+        sub = c.subscribe(subj)
+        c.publish(subj, b"before")
+        assert sub.next(timeout=5).data == b"before"
+        a.kill()
+        # Publish until the client is on b and the message comes back.
+        deadline = time.time() + 20
+        got = None
+        while time.time() < deadline and got is None:
+            try:
+                c.publish(subj, b"after")
+                got = sub.next(timeout=0.5)
+            except (skiff.TimeoutError, skiff.NodeLost):
+                continue
+        assert got is not None and got.data == b"after"
+        assert got.gap is not None and b.addr in got.gap["to"]
+        assert c.link_stats()["failovers"] == 1
+        assert sub.gaps == 1
+
+
+CTRL_C = textwrap.dedent(
+    """
+    import sys, skiff
+    c = skiff.connect("mem://ctrlc")
+    sub = c.subscribe("never")
+    print("waiting", flush=True)
+    try:
+        sub.next()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("what", ["next", "request"])
+def test_ctrl_c_interrupts_a_blocking_wait(what):
+    code = CTRL_C if what == "next" else CTRL_C.replace(
+        "sub.next()", "s2 = c.subscribe('svc'); c.request('svc', b'', timeout=600)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 3, (out, err)
+    assert "interrupted" in out
+    assert time.monotonic() - t0 < 5
+
+
+MEMORY = textwrap.dedent(
+    """
+    import resource, skiff, sys
+    N = int(sys.argv[1])
+    c = skiff.connect("mem://memory")
+    sub = c.subscribe("m", policy="block")
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    payload = b"x" * 64
+    marks = []
+    for i in range(N):
+        c.publish("m", payload)
+        m = sub.next(timeout=10)
+        m.data; m.view
+        if i in (N // 10, N - 1):
+            marks.append(rss())
+    print(marks[0], marks[1])
+    """
+)
+
+
+def test_memory_held_flat_over_a_million_messages():
+    n = int(os.environ.get("SKIFF_PY_MEMORY_MESSAGES", "1000000"))
+    r = subprocess.run([sys.executable, "-c", MEMORY, str(n)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    first, last = map(int, r.stdout.split())
+    # After a tenth of the run everything is warm; the rest must not grow
+    # (a leak of even 8 bytes per message would add megabytes).
+    assert last - first < 4 << 20, f"RSS grew {last - first} bytes over {n - n // 10} messages"
