@@ -145,3 +145,25 @@ def test_memory_held_flat_over_a_million_messages():
     # After a tenth of the run everything is warm; the rest must not grow
     # (a leak of even 8 bytes per message would add megabytes).
     assert last - first < 4 << 20, f"RSS grew {last - first} bytes over {n - n // 10} messages"
+
+
+def test_interpreter_exit_flushes_and_closes_cleanly(node):
+    subj = "ex" + uuid.uuid4().hex[:8]
+    code = textwrap.dedent(
+        f"""
+        import threading, skiff
+        c = skiff.connect({node.locator!r})
+        s = c.subscribe("{subj}.idle")
+        threading.Thread(target=lambda: [m for m in s], daemon=True).start()
+        for i in range(1000):
+            c.publish("{subj}", str(i).encode())
+        # no flush, no close: the interpreter's exit does both
+        """
+    )
+    with skiff.connect(node.locator) as c:
+        sub = c.subscribe(subj)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr == ""
+        got = [int(sub.next(timeout=10).data) for _ in range(1000)]
+        assert got == list(range(1000))
