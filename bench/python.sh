@@ -25,7 +25,7 @@ nats-server -a 127.0.0.1 -p "$nport" >/dev/null 2>&1 & nats=$!
 trap 'kill $node $nats 2>/dev/null' EXIT
 sleep 1
 echo "machine: $(nproc) CPUs, $(uname -r); load: $(uptime)" >&2
-echo "peers: nats-server $(nats-server --version | awk '{print $2}'), nats-py $("$venv/bin/python" -c 'import nats; print(nats.__version__)' 2>/dev/null || echo ?), pyzmq $("$venv/bin/python" -c 'import zmq; print(zmq.__version__)')" >&2
+echo "peers: nats-server $(nats-server --version | awk '{print $2}'), nats-py $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("nats-py"))'), pyzmq $("$venv/bin/python" -c 'import zmq; print(zmq.__version__)'), skiff $(git rev-parse --short HEAD)" >&2
 "$venv/bin/python" bench/python_bench.py "skiff://127.0.0.1:$port" "nats://127.0.0.1:$nport" "$n"
 echo "Rust client through the same node (skiff bench pubsub, 1x1):" >&2
 "$skiff" bench pubsub --node "skiff://127.0.0.1:$port" --shapes 1x1 --sizes 8,256 --json

@@ -119,7 +119,10 @@ fn register(c: skiff::Client) -> Client {
     let mut live = LIVE.lock();
     live.retain(|w| w.strong_count() > 0);
     live.push(Arc::downgrade(&core));
-    Client { core }
+    Client {
+        core,
+        last_subject: Mutex::new(bytestring::ByteString::new()),
+    }
 }
 
 /// Connects to a node (see `skiff.connect`).
@@ -158,6 +161,9 @@ pub(crate) fn connect_async<'py>(
 #[pyfunction]
 pub(crate) fn shutdown(py: Python<'_>) {
     let live: Vec<Arc<Core>> = LIVE.lock().drain(..).filter_map(|w| w.upgrade()).collect();
+    if live.is_empty() {
+        return;
+    }
     py.detach(|| {
         crate::rt().block_on(async {
             for core in &live {
@@ -212,9 +218,21 @@ fn target(name: &str, cluster: bool, key: Option<&Bound<'_, PyAny>>) -> PyResult
 #[derive(Debug)]
 pub(crate) struct Client {
     core: Arc<Core>,
+    /// The last subject published: a publisher that repeats its subject
+    /// shares one copy of it instead of allocating one per message.
+    last_subject: Mutex<bytestring::ByteString>,
 }
 
 impl Client {
+    /// `s` as a subject, shared with the previous publish when equal.
+    fn subject(&self, s: &str) -> bytestring::ByteString {
+        let mut last = self.last_subject.lock();
+        if &**last != s {
+            *last = s.into();
+        }
+        last.clone()
+    }
+
     fn publish_fut(
         &self,
         subject: &Bound<'_, PyAny>,
@@ -335,7 +353,7 @@ impl Client {
             .filter(|k| !k.is_none())
             .map(|t| str_arg("type", t))
             .transpose()?;
-        let m = build(&cluster, data, kind, fields)?;
+        let m = build(cluster.as_str(), data, kind, fields)?;
         let c = self.core.c.clone();
         Ok(Box::pin(async move { c.broadcast(&cluster, m).await }))
     }
@@ -360,7 +378,7 @@ impl Client {
         r#type: Option<&Bound<'_, PyAny>>,
         fields: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let subject = str_arg("subject", subject)?;
+        let subject = self.subject(str_arg("subject", subject)?);
         let kind = r#type
             .filter(|k| !k.is_none())
             .map(|t| str_arg("type", t))

@@ -97,7 +97,7 @@ pub(crate) fn fields_arg(fields: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Fiel
 
 /// A message from Python arguments.
 pub(crate) fn build(
-    subject: &str,
+    subject: impl Into<bytestring::ByteString>,
     data: &Bound<'_, PyAny>,
     kind: Option<&str>,
     fields: Option<&Bound<'_, PyAny>>,
@@ -307,7 +307,7 @@ impl Message {
         fields: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let kind = r#type.map(|t| str_arg("type", t)).transpose()?;
-        let m = build(&self.msg().subject, data, kind, fields)?;
+        let m = build(self.msg().subject.clone(), data, kind, fields)?;
         let mut fut = self.answer(m)?;
         if let std::task::Poll::Ready(r) = poll_once(fut.as_mut()) {
             return r.py();
@@ -328,7 +328,7 @@ impl Message {
         fields: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let kind = r#type.map(|t| str_arg("type", t)).transpose()?;
-        let m = build(&self.msg().subject, data, kind, fields)?;
+        let m = build(self.msg().subject.clone(), data, kind, fields)?;
         let fut = self.answer(m)?;
         pyo3_async_runtimes::tokio::future_into_py(py, async move { fut.await.py() })
     }
