@@ -15,7 +15,7 @@ if ! command -v nats-server >/dev/null; then
   echo "installing nats-server (apt)..." >&2
   apt-get install -y -q nats-server >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q nats-server >/dev/null; }
 fi
-VIRTUAL_ENV="$PWD/$venv" PATH="$PWD/$venv/bin:$PATH" "$venv/bin/maturin" develop -q --release -m crates/skiff-py/Cargo.toml
+VIRTUAL_ENV="$PWD/$venv" PATH="$PWD/$venv/bin:$PATH" "$venv/bin/maturin" develop -q --release -m crates/skiff-py/Cargo.toml >&2
 cargo build -q --release -p skiff-cli
 skiff="${CARGO_TARGET_DIR:-$PWD/target}/release/skiff"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
