@@ -9,6 +9,7 @@ fuzz_secs=${1:-${SKIFF_FUZZ_SECONDS:-15}}
 need_apt=()
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
+command -v openssl >/dev/null || need_apt+=(openssl) # the TLS interop test runs openssl s_client
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} from Debian"
   if [ "$(id -u)" = 0 ]; then

@@ -73,8 +73,14 @@ func (w where) String() string {
 	return fmt.Sprintf("pub=%s sub=%s", w.pub, strings.Join(w.subs, ","))
 }
 
+// connect dials url; with NATS_CA set (a PEM file) the connection is TLS
+// and trusts that CA (bench/security.sh).
 func connect(url string) *nats.Conn {
-	nc, err := nats.Connect(url)
+	var opts []nats.Option
+	if ca := os.Getenv("NATS_CA"); ca != "" {
+		opts = append(opts, nats.RootCAs(ca))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		die(fmt.Errorf("%s: %w", url, err))
 	}

@@ -490,3 +490,40 @@ async fn cmsg_subscriptions_cannot_escape_token_permissions() {
     assert!(bob.subscribe_with("payroll.x", "*", cm).await.is_err());
     let _any = admin.subscribe_with("*", "*", cm).await.unwrap();
 }
+
+#[tokio::test]
+async fn shared_memory_clients_are_their_uid_or_refused() {
+    let (uid, _) = uid_gid();
+    for mapped in [true, false] {
+        let dir = temp_dir("auth-shm");
+        let users = if mapped {
+            format!("[[auth.users]]\nname = \"local\"\nuid = {uid}\n")
+        } else {
+            format!(
+                "[[auth.users]]\nname = \"other\"\nuid = {}\n",
+                uid.wrapping_add(1)
+            )
+        };
+        let text = format!(
+            "tcp = \"none\"\nshm = \"shm://n?dir={}\"\n[auth]\ntoken = \"t\"\n{users}",
+            dir.0.display()
+        );
+        let config = Config::from_toml(&text, std::path::Path::new("shm.toml")).unwrap();
+        let node = Node::start(&config).await.unwrap();
+        let r = Client::connect(&format!("shm://n?dir={}", dir.0.display())).await;
+        if mapped {
+            let c = r.unwrap();
+            let s = c.stats().await.unwrap();
+            let me = s.clients.iter().find(|cl| cl.id == c.id()).unwrap();
+            assert_eq!(me.user, "local");
+        } else {
+            let e = match r {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("an unmapped shm client was attached"),
+            };
+            assert!(e.contains("authentication failed"), "{e}");
+            assert_eq!(node.broker().auth().failures(), 1);
+        }
+        drop(node);
+    }
+}

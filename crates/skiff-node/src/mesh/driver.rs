@@ -394,6 +394,15 @@ impl<L: Inbound> Driver<L> {
                 }
                 MeshEvent::Up(id) => {
                     if let Some(mtu) = path_mtu(id.addr) {
+                        // Sealed datagrams are longer by the seal's
+                        // overhead: the mesh and the tunnels fill that
+                        // much less.
+                        let seal = if self.seal.is_some() {
+                            super::seal::OVERHEAD
+                        } else {
+                            0
+                        };
+                        let mtu = mtu.saturating_sub(seal);
                         l.tunnels.lock().set_path_mtu(id.addr, mtu);
                         l.core.lock().set_path_mtu(id.addr, mtu);
                     }
