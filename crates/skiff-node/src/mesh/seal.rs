@@ -309,7 +309,10 @@ pub(crate) struct Seal {
     counters: Arc<SealCounters>,
     /// Handshake answers sent in the current second.
     answered: (u64, u32),
+    /// A sealed data datagram on its way out.
     scratch: Vec<u8>,
+    /// Handshake messages being written.
+    hs_buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for Seal {
@@ -341,7 +344,8 @@ impl Seal {
             out: VecDeque::new(),
             counters: Arc::default(),
             answered: (0, 0),
-            scratch: vec![0; 65_535],
+            scratch: Vec::with_capacity(65_536),
+            hs_buf: vec![0; 1024],
         }
     }
 
@@ -387,7 +391,11 @@ impl Seal {
         }
         let peer = self.peers.entry(dest).or_default();
         if let Some(s) = peer.sessions.first_mut() {
-            let mut d = header(T_DATA);
+            // Into the one scratch buffer: no allocation per datagram.
+            let d = &mut self.scratch;
+            d.clear();
+            d.extend_from_slice(&MAGIC);
+            d.extend_from_slice(&[VERSION, T_DATA]);
             d.extend_from_slice(&s.remote.to_le_bytes());
             d.extend_from_slice(&s.next_nonce.to_le_bytes());
             let at = d.len();
@@ -396,7 +404,7 @@ impl Seal {
                 Ok(n) => {
                     s.next_nonce += 1;
                     d.truncate(at + n);
-                    push(dest, &d);
+                    push(dest, d);
                 }
                 Err(_) => {
                     self.counters.queue_drops.fetch_add(1, Relaxed);
@@ -433,10 +441,10 @@ impl Seal {
         };
         let mut d = header(T_HELLO1);
         d.extend_from_slice(&idx.to_le_bytes());
-        let Ok(n) = hs.write_message(&[], &mut self.scratch) else {
+        let Ok(n) = hs.write_message(&[], &mut self.hs_buf) else {
             return;
         };
-        d.extend_from_slice(&self.scratch[..n]);
+        d.extend_from_slice(&self.hs_buf[..n]);
         let peer = self.peers.entry(dest).or_default();
         if let Some((old, _, _)) = peer.initiating.take() {
             self.index.remove(&old);
@@ -560,7 +568,7 @@ impl Seal {
             self.counters.bad_handshakes.fetch_add(1, Relaxed);
             return;
         }
-        let Ok(n) = hs.write_message(&[], &mut self.scratch) else {
+        let Ok(n) = hs.write_message(&[], &mut self.hs_buf) else {
             self.counters.bad_handshakes.fetch_add(1, Relaxed);
             return;
         };
@@ -569,7 +577,7 @@ impl Seal {
         let mut reply = header(T_HELLO2);
         reply.extend_from_slice(&ours.to_le_bytes());
         reply.extend_from_slice(&their.to_le_bytes());
-        reply.extend_from_slice(&self.scratch[..n]);
+        reply.extend_from_slice(&self.hs_buf[..n]);
         let peer = self.peers.entry(from).or_default();
         if let Some((old, _, _)) = peer.responding.take() {
             self.index.remove(&old);
@@ -609,13 +617,13 @@ impl Seal {
             self.counters.untrusted.fetch_add(1, Relaxed);
             return;
         }
-        let Ok(n) = hs.write_message(&[], &mut self.scratch) else {
+        let Ok(n) = hs.write_message(&[], &mut self.hs_buf) else {
             self.index.remove(&idx);
             return;
         };
         let mut m3 = header(T_HELLO3);
         m3.extend_from_slice(&their.to_le_bytes());
-        m3.extend_from_slice(&self.scratch[..n]);
+        m3.extend_from_slice(&self.hs_buf[..n]);
         self.out.push_back((from, m3));
         self.establish(now, from, idx, their, hs);
     }
