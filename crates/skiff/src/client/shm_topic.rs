@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use skiff_proto::client_frame::{Decoder, ServerFrame, FRAME_OVERHEAD};
 use skiff_proto::credits::Flow;
+use skiff_proto::wire::decode_message_into;
+use skiff_proto::Message;
 
 use super::inbox::{self, Shared};
 use super::sub::{Delivery, Subscription};
@@ -116,9 +118,18 @@ fn deliver(
     let before = i.q.len();
     let r = loop {
         match dec.split(rest) {
-            Ok(Some(body)) => match ServerFrame::decode(body, max_payload) {
-                Ok(ServerFrame::Msg { msg, .. }) => i.q.push_back(Delivery::new(msg, None, 0)),
-                Ok(_) => {}
+            // A message is decoded straight into its place in the queue
+            // (its payload a slice of the ring), as from a socket.
+            Ok(Some(body)) => match ServerFrame::msg_header(&body) {
+                Ok(Some((_, _, at))) => {
+                    i.q.push_back(Delivery::new(Message::default(), None, 0));
+                    let d = i.q.back_mut().expect("just pushed");
+                    if let Err(e) = decode_message_into(&body, at, max_payload, &mut d.msg) {
+                        i.q.pop_back();
+                        break Err(e.to_string());
+                    }
+                }
+                Ok(None) => {}
                 Err(e) => break Err(e.to_string()),
             },
             Ok(None) => break Ok(()),
