@@ -60,7 +60,7 @@ pub struct TopicAsk {
 impl TopicAsk {
     /// Parses the request line (total: anything else is an error that
     /// says what was expected).
-    pub(crate) fn parse(line: &str) -> Result<TopicAsk, String> {
+    pub fn parse(line: &str) -> Result<TopicAsk, String> {
         let bad = || format!("expected {TOPIC_HELLO:?} <credits|overwrite> <pattern> <type>");
         let rest = line.strip_prefix(TOPIC_HELLO).ok_or_else(bad)?;
         let mut w = rest.split(' ').filter(|w| !w.is_empty());
@@ -81,7 +81,8 @@ impl TopicAsk {
         })
     }
 
-    fn line(&self) -> String {
+    /// The request line.
+    pub fn line(&self) -> String {
         let flow = match self.flow {
             Flow::Credits => "credits",
             Flow::Overwrite => "overwrite",
