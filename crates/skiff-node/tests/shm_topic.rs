@@ -175,3 +175,26 @@ async fn bad_topic_requests_are_refused() {
     publisher.flush().await.unwrap();
     assert_eq!(recv_n(&mut ok, 1).await[0].payload, "x");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_requests_are_checked_as_shm_clients_are() {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let config = skiff_node::Config::from_toml(
+        &format!(
+            "[auth]\ntoken = \"t\"\n[[auth.users]]\nname = \"local\"\nuid = {uid}\n[auth.users.permissions]\nsubscribe = {{ allow = [\"ok.>\"] }}\n"
+        ),
+        std::path::Path::new("topic-auth.toml"),
+    )
+    .unwrap();
+    let h = H::with(Kind::Shm, config).await;
+    let c = h.client().await;
+    let opts = SubOptions::default().shared_buffer(Flow::Credits);
+    let mut ok = c.subscribe_with("ok.>", "*", opts).await.unwrap();
+    let e = c.subscribe_with("other.>", "*", opts).await.unwrap_err();
+    assert!(e.to_string().contains("not permitted"), "{e}");
+    assert_eq!(h.shm.as_ref().unwrap().topic_stats().refused, 1);
+    c.publish(Message::new("ok.x", "y")).await.unwrap();
+    c.flush().await.unwrap();
+    assert_eq!(recv_n(&mut ok, 1).await[0].payload, "y");
+}
