@@ -77,7 +77,8 @@ pub struct PubsubParams {
     pub shared_buffer: Option<skiff::shm::Flow>,
 }
 
-fn parse_flow(s: &str) -> Result<skiff::shm::Flow, String> {
+/// Parses a buffer's flow: `credits` or `overwrite`.
+pub fn parse_flow(s: &str) -> Result<skiff::shm::Flow, String> {
     match s {
         "credits" => Ok(skiff::shm::Flow::Credits),
         "overwrite" => Ok(skiff::shm::Flow::Overwrite),
