@@ -366,6 +366,12 @@ pub(crate) struct SubArgs {
     /// Queue bound in the node, in messages.
     #[arg(long, default_value_t = 65_536)]
     queue: u32,
+    /// With `-n shm://…`: read the node's one buffer of this topic, shared
+    /// with the host's other subscribers, in place (RBMQ's broker of
+    /// buffers): `credits` (the buffer waits for its slowest reader) or
+    /// `overwrite` (a reader a buffer behind loses what was overwritten).
+    #[arg(long, value_name = "FLOW", value_parser = crate::bench::pubsub::parse_flow, conflicts_with = "cmsg")]
+    shared_buffer: Option<skiff::shm::Flow>,
 }
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
@@ -403,6 +409,12 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
         let mut opts = SubOptions::default().policy(a.policy).queue(a.queue);
         if a.cmsg {
             opts = opts.cmsg();
+        }
+        if let Some(flow) = a.shared_buffer {
+            if !a.loc.locator().starts_with("shm://") {
+                return Err("--shared-buffer needs a node over shared memory (-n shm://NAME)".into());
+            }
+            opts = opts.shared_buffer(flow);
         }
         let mut s = c.subscribe_with(&a.pattern, &a.kind, opts).await?;
         // Scripts wait for this line rather than sleep.

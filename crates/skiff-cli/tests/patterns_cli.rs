@@ -164,3 +164,46 @@ fn tunnel_to_an_empty_cluster_says_no_responders() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no responders"), "{err}");
 }
+
+#[test]
+fn sub_reads_the_nodes_shared_buffer_of_its_topic() {
+    let dir = std::env::temp_dir().join(format!("skiff-topic-cli-{}", std::process::id()));
+    let shm = format!("shm://topics?dir={}", dir.display());
+    let node = start_node(&["--shm", &shm], "listening on shm");
+    let mut subs = Vec::new();
+    for _ in 0..2 {
+        let mut s = skiff()
+            .args(["sub", "-n", &shm, "tb.>", "--count", "2"])
+            .args(["--shared-buffer", "credits"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_line(
+            s.stderr.take().unwrap(),
+            "subscribed to tb.>",
+            Duration::from_secs(20),
+        );
+        subs.push(s);
+    }
+    // One topic in the node for the two: one subscription.
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&["stats", "-n", &node.loc, "--json"])).unwrap();
+    assert_eq!(v["subscriptions"], 1, "{v}");
+    run(&["pub", "-n", &node.loc, "tb.a", "one"]);
+    run(&["pub", "-n", &shm, "tb.b", "two"]);
+    for mut s in subs {
+        let out = read_all(s.stdout.take().unwrap());
+        assert!(s.wait().unwrap().success());
+        assert_eq!(out, "tb.a one\ntb.b two\n");
+    }
+    // Over TCP there is no shared buffer to read.
+    let out = skiff()
+        .args(["sub", "-n", &node.loc, "x", "--shared-buffer", "credits"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shm://"));
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -71,6 +71,19 @@ pub struct PubsubParams {
     /// `1x1-latency` row per size).
     #[arg(long)]
     pub latency: bool,
+    /// Subscribers over shm:// read the node's one buffer of the topic
+    /// (RBMQ's broker of buffers) with this flow: credits or overwrite.
+    #[arg(long, value_name = "FLOW", value_parser = parse_flow)]
+    pub shared_buffer: Option<skiff::shm::Flow>,
+}
+
+/// Parses a buffer's flow: `credits` or `overwrite`.
+pub fn parse_flow(s: &str) -> Result<skiff::shm::Flow, String> {
+    match s {
+        "credits" => Ok(skiff::shm::Flow::Credits),
+        "overwrite" => Ok(skiff::shm::Flow::Overwrite),
+        _ => Err(format!("`{s}`: expected credits or overwrite")),
+    }
 }
 
 /// Where publishers (requesters) and subscribers (responders) connect,
@@ -239,8 +252,13 @@ impl Session {
         ))?;
         self.skiff_time += t.elapsed();
         row.mode = shape.to_owned();
+        let shared = match self.params.shared_buffer {
+            Some(skiff::shm::Flow::Credits) => " shared-buffer=credits",
+            Some(skiff::shm::Flow::Overwrite) => " shared-buffer=overwrite",
+            None => "",
+        };
         row.options = Some(format!(
-            "{} policy={}{note}",
+            "{} policy={}{shared}{note}",
             self.places.describe(),
             self.policy.name()
         ));
@@ -329,12 +347,16 @@ async fn skiff_shape(
     let last = Arc::new(parking_last::Last::default());
     let mut sub_clients = Vec::new();
     let mut readers = Vec::new();
-    let opts = SubOptions::default()
+    let plain = SubOptions::default()
         .policy(policy)
         .queue(65_536)
         .window(8192);
     for i in 0..subs {
         let url = places.subscriber(i).to_string();
+        let opts = match a.shared_buffer {
+            Some(flow) if url.starts_with("shm://") => plain.shared_buffer(flow),
+            _ => plain,
+        };
         let (c, mut s) = sub_rt
             .spawn(async move {
                 let c = Client::connect(&url).await?;

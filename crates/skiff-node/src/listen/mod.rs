@@ -18,6 +18,7 @@ pub(crate) mod handshake;
 pub mod mem;
 pub mod nats;
 pub mod shm;
+pub mod shm_topic;
 pub(crate) mod stream;
 
 use std::sync::Arc;

@@ -43,11 +43,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use skiff::shm::host::{self, HostReader, HostSocket, HostWriter, Rendezvous};
+use skiff::shm::host::{self, Hello, HostReader, HostSocket, HostWriter, Rendezvous};
 use skiff::shm::BufferError;
 use skiff_proto::client_frame::{Code, FRAME_OVERHEAD};
 use tokio::runtime::Handle;
 
+use super::shm_topic::{self, TopicPlace, TopicStats, Topics};
 use crate::broker::Broker;
 use crate::outbox::ClientOut;
 use crate::session::Session;
@@ -89,6 +90,8 @@ struct Counters {
 #[derive(Debug, Default)]
 struct Shared {
     c: Counters,
+    /// The buffers of topics for the host's subscribers.
+    topics: Arc<Topics>,
     /// The data areas of the attached clients' rings as mapped here (by
     /// client id).
     rings: Mutex<Vec<(u64, Range<usize>)>>,
@@ -119,8 +122,13 @@ impl ShmListener {
         let sock = HostSocket::bind(locator)?;
         let spin = sock.spin();
         let (dir, socket) = (sock.dir().to_owned(), sock.socket().to_owned());
+        let place = TopicPlace {
+            dir: dir.clone(),
+            ring: sock.ring_size(),
+            spin,
+        };
         let shared = Arc::new(Shared::default());
-        let task = handle.spawn(accept(sock, broker, spin, shared.clone()));
+        let task = handle.spawn(accept(sock, broker, spin, shared.clone(), place));
         Ok(ShmListener {
             dir,
             socket,
@@ -149,6 +157,11 @@ impl ShmListener {
         }
     }
 
+    /// The counters of the topic buffers (see [`shm_topic`]).
+    pub fn topic_stats(&self) -> TopicStats {
+        self.shared.topics.stats()
+    }
+
     /// Whether `addr` lies in the data area of an attached client's ring
     /// as this process maps it (diagnostics and tests: a payload at such an
     /// address reached the broker without a copy).
@@ -168,13 +181,47 @@ impl Drop for ShmListener {
     }
 }
 
-async fn accept(sock: HostSocket, broker: Arc<Broker>, spin: Duration, shared: Arc<Shared>) {
+async fn accept(
+    sock: HostSocket,
+    broker: Arc<Broker>,
+    spin: Duration,
+    shared: Arc<Shared>,
+    place: TopicPlace,
+) {
     loop {
         match sock.accept().await {
             Ok(r) => {
-                tokio::spawn(attach_one(r, broker.clone(), spin, shared.clone()));
+                tokio::spawn(route(
+                    r,
+                    broker.clone(),
+                    spin,
+                    shared.clone(),
+                    place.clone(),
+                ));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// A connection to the socket: a client attaching, or a subscriber asking
+/// for a topic's buffer.
+async fn route(
+    mut r: Rendezvous,
+    broker: Arc<Broker>,
+    spin: Duration,
+    shared: Arc<Shared>,
+    place: TopicPlace,
+) {
+    match r.hello().await {
+        Ok(Hello::Client) => attach_one(r, broker, spin, shared).await,
+        Ok(Hello::Topic(ask)) => {
+            let topics = shared.topics.clone();
+            shm_topic::serve(r, ask, broker, topics, place).await
+        }
+        Err(why) => {
+            shared.c.refused.fetch_add(1, Relaxed);
+            r.refuse(&why).await;
         }
     }
 }

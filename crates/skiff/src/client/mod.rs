@@ -113,6 +113,8 @@ mod request;
 // Not in the loom build, which leaves out the shm transport.
 #[cfg(not(skiff_loom))]
 mod shm_link;
+#[cfg(not(skiff_loom))]
+mod shm_topic;
 mod status;
 mod stream;
 mod sub;

@@ -42,9 +42,29 @@ const HIGH_WATER: usize = 1 << 20;
 /// does not take its frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// Publishes of at most this many payload bytes are encoded at once into
+/// a run of frames (a copy of the payload, but no clone of the message to
+/// move to the writer thread and drop there); larger ones are queued and
+/// encoded straight into the ring (the payload written once).
+const ENCODE_NOW: usize = 512;
+
+/// Most bytes of one run of publishes encoded at once.
+const RUN: usize = 64 << 10;
+
+/// What waits for the writer thread.
+#[derive(Debug)]
+// Frames are queued by value, as before runs existed: a box would cost an
+// allocation per frame.
+#[allow(clippy::large_enum_variant)]
+enum Pending {
+    Frame(ClientFrame),
+    /// Whole encoded publish frames, in order.
+    Encoded(Vec<u8>),
+}
+
 #[derive(Debug, Default)]
 struct TxQ {
-    frames: VecDeque<ClientFrame>,
+    frames: VecDeque<Pending>,
     bytes: usize,
     closed: Option<Instant>,
     lost: Option<String>,
@@ -88,7 +108,7 @@ impl ShmTx {
         };
         q.bytes += cost(&f);
         let wake = q.frames.is_empty();
-        q.frames.push_back(f);
+        q.frames.push_back(Pending::Frame(f));
         drop(q);
         if wake {
             self.wake_writer.notify_one();
@@ -117,11 +137,54 @@ impl ShmTx {
 
     /// Queues a publish if there is room now.
     pub(crate) fn try_publish(&self, msg: &Message) -> Option<Result<(), Error>> {
+        if msg.payload.len() <= ENCODE_NOW {
+            return self.try_encode(msg);
+        }
         match self.push(&mut Some(ClientFrame::Pub(msg.clone())), true) {
             Ok(true) => Some(Ok(())),
             Ok(false) => None,
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// Encodes a small publish at the end of the queue's last run of
+    /// encoded frames (or a new one) if there is room now.
+    fn try_encode(&self, msg: &Message) -> Option<Result<(), Error>> {
+        let mut q = self.q.lock();
+        if q.lost.is_some() {
+            return Some(Err(Error::NodeLost {
+                node: self.node.clone(),
+            }));
+        }
+        if q.closed.is_some() {
+            return Some(Err(Error::Closed));
+        }
+        if q.bytes >= HIGH_WATER {
+            return None;
+        }
+        let n = pub_frame_len(msg);
+        let wake = q.frames.is_empty();
+        let run = match q.frames.back_mut() {
+            Some(Pending::Encoded(v)) if v.len() + n <= RUN => v,
+            _ => {
+                q.frames
+                    .push_back(Pending::Encoded(Vec::with_capacity(RUN.min(n * 64))));
+                match q.frames.back_mut() {
+                    Some(Pending::Encoded(v)) => v,
+                    _ => unreachable!("just pushed"),
+                }
+            }
+        };
+        let at = run.len();
+        run.resize(at + n, 0);
+        let ok = encode_pub_into(&mut run[at..], msg);
+        debug_assert!(ok, "sized by pub_frame_len");
+        q.bytes += n;
+        drop(q);
+        if wake {
+            self.wake_writer.notify_one();
+        }
+        Some(Ok(()))
     }
 
     /// The application closes the client: the writer flushes what is
@@ -299,14 +362,29 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
         tx.space.notify_waiters();
         for f in batch.drain(..) {
             match f {
-                ClientFrame::Pub(m) => {
+                Pending::Frame(ClientFrame::Pub(m)) => {
                     let n = pub_frame_len(&m);
                     items.push(Item::Pub(m, n));
                 }
-                other => {
+                Pending::Frame(other) => {
                     let s = scratch.len();
                     other.encode(&mut scratch);
                     items.push(Item::Enc(s..scratch.len()));
+                }
+                Pending::Encoded(v) => {
+                    // Whole frames, cut to fit segments.
+                    let base = scratch.len();
+                    scratch.extend_from_slice(&v);
+                    let mut at = 0;
+                    while at < v.len() {
+                        let end = crate::shm::attach::whole_frames(&v, at, max_seg);
+                        debug_assert!(end > at, "frames encoded here are whole");
+                        if end == at {
+                            break;
+                        }
+                        items.push(Item::Enc(base + at..base + end));
+                        at = end;
+                    }
                 }
             }
         }

@@ -35,6 +35,10 @@ pub struct SubOptions {
     /// The kind of the subject and type patterns: tokens (the default) or
     /// cMsg's matching over whole strings ([`SubOptions::cmsg`]).
     pub syntax: Syntax,
+    /// Over `shm://`: read the topic from the node's one buffer of it,
+    /// shared with the host's other subscribers (see
+    /// [`SubOptions::shared_buffer`]).
+    pub shared: Option<skiff_proto::credits::Flow>,
 }
 
 impl Default for SubOptions {
@@ -44,6 +48,7 @@ impl Default for SubOptions {
             queue: 65_536,
             window: 4_096,
             syntax: Syntax::Tokens,
+            shared: None,
         }
     }
 }
@@ -84,6 +89,23 @@ impl SubOptions {
     #[must_use]
     pub fn cmsg(self) -> Self {
         self.syntax(Syntax::Cmsg)
+    }
+
+    /// Over `shm://` (RBMQ's broker of buffers): the node keeps one buffer
+    /// per topic (this pattern and type) for the subscribers of its host,
+    /// writes each message into it once, and every such subscriber reads
+    /// it there in place. `Flow::Credits`: the buffer waits for its slowest
+    /// reader (the node's queue for the topic and its `policy` take the
+    /// rest); `Flow::Overwrite`: a reader that falls a buffer behind loses
+    /// what was overwritten (counted in `dropped`). Such a subscription
+    /// gets published messages only (a request on the topic is not
+    /// delivered to it), has no node-side counters of its own and is not
+    /// held by [`Client::stop`]. Ignored over other transports and with
+    /// cMsg patterns.
+    #[must_use]
+    pub fn shared_buffer(mut self, flow: skiff_proto::credits::Flow) -> Self {
+        self.shared = Some(flow);
+        self
     }
 }
 
@@ -440,6 +462,21 @@ impl Client {
         check_patterns(opts.syntax, pattern, kind)?;
         if let Backend::File(f) = &self.inner.backend {
             return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
+        }
+        #[cfg(not(skiff_loom))]
+        if let (Some(flow), Some(loc), Syntax::Tokens) = (opts.shared, self.node(), opts.syntax) {
+            if loc.starts_with("shm://") {
+                return super::shm_topic::subscribe(
+                    self.inner.clone(),
+                    &loc,
+                    pattern,
+                    kind,
+                    flow,
+                    opts.window,
+                    self.max_payload(),
+                )
+                .await;
+            }
         }
         let sid = self.inner.next_id();
         let inbox = inbox::shared();

@@ -134,8 +134,20 @@ pub(crate) fn create_ring(
     capacity: u64,
     id: BufferId,
 ) -> Result<(Arc<Ring>, PathBuf), BufferError> {
+    create_ring_with(dir, name, capacity, id, 1, Flow::Credits)
+}
+
+/// [`create_ring`] with `consumers` reader slots and `flow`.
+pub(crate) fn create_ring_with(
+    dir: &Path,
+    name: &str,
+    capacity: u64,
+    id: BufferId,
+    consumers: u32,
+    flow: Flow,
+) -> Result<(Arc<Ring>, PathBuf), BufferError> {
     let records = (capacity / 64).clamp(64, 4096);
-    let layout = Layout::new(capacity, records, 1, Flow::Credits)
+    let layout = Layout::new(capacity, records, consumers, flow)
         .map_err(|e| BufferError::Usage { id, why: e.0 })?;
     let path = dir.join(name);
     let f = File::options()
@@ -183,6 +195,22 @@ pub(crate) fn data_range(ring: &Ring) -> std::ops::Range<usize> {
     start..start + ring.layout.geom.capacity() as usize
 }
 
+/// The end of the longest run of whole frames (`| len u32 | body |`) in
+/// `buf` from `at` that fits in `max_seg` bytes (at least one frame, if
+/// one is whole); `at` when none is.
+pub(crate) fn whole_frames(buf: &[u8], at: usize, max_seg: usize) -> usize {
+    let mut end = at;
+    while end + 4 <= buf.len() {
+        let len = u32::from_le_bytes(buf[end..end + 4].try_into().expect("4 bytes"));
+        let next = end + 4 + len as usize;
+        if next > buf.len() || (end > at && next - at > max_seg) {
+            break;
+        }
+        end = next;
+    }
+    end
+}
+
 /// Whether a segment is padding (see the module doc).
 pub(crate) fn is_pad(seg: &[u8]) -> bool {
     seg.len() < 4 || seg[..4] == [0; 4]
@@ -216,6 +244,11 @@ impl FrameWriter {
             cap,
             pads: 0,
         }
+    }
+
+    /// The ring's data area as this process maps it.
+    pub(crate) fn data_range(&self) -> std::ops::Range<usize> {
+        data_range(&self.prod.ring)
     }
 
     /// The largest segment this writer makes of several frames.

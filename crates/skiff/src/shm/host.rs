@@ -74,6 +74,11 @@ impl HostSocket {
         self.place.spin
     }
 
+    /// The ring size clients ask for by default (`ring=`).
+    pub fn ring_size(&self) -> u64 {
+        self.place.ring
+    }
+
     /// The socket's path.
     pub fn socket(&self) -> &Path {
         &self.socket
@@ -89,6 +94,7 @@ impl HostSocket {
             pid,
             ids: cred.map(|c| (c.uid(), c.gid())),
             place: self.place.clone(),
+            greeted: false,
         })
     }
 }
@@ -116,6 +122,18 @@ pub struct Rendezvous {
     /// The client's (uid, gid), from the kernel (`SO_PEERCRED`).
     ids: Option<(u32, u32)>,
     place: Place,
+    /// Its first line was read ([`Rendezvous::hello`]).
+    greeted: bool,
+}
+
+/// What a connection to the node's socket asks for (its first line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hello {
+    /// A client attaching (`SKIFF-SHM 1`): go on with [`Rendezvous::run`].
+    Client,
+    /// A subscriber of the host asking for the node's buffer of a topic
+    /// (`SKIFF-TOPIC 1 …`): answer with [`Rendezvous::serve_topic`].
+    Topic(super::topic::TopicAsk),
 }
 
 /// Why a rendezvous failed: the reason (sent to the client as `ERR`), and
@@ -149,6 +167,54 @@ impl Rendezvous {
     /// (the kernel's word, not the client's).
     pub fn peer_ids(&self) -> Option<(u32, u32)> {
         self.ids
+    }
+
+    /// Reads the first line (within the handshake's time): what the
+    /// connection asks for.
+    pub async fn hello(&mut self) -> Result<Hello, String> {
+        let line = tokio::time::timeout(attach::HANDSHAKE, attach::read_line(&mut self.s))
+            .await
+            .map_err(|_| "the rendezvous took too long".to_string())?
+            .map_err(|e| e.to_string())?;
+        self.greeted = true;
+        if line == HELLO {
+            return Ok(Hello::Client);
+        }
+        super::topic::TopicAsk::parse(&line).map(Hello::Topic)
+    }
+
+    /// Answers a topic request with the topic's ring file `name` (in the
+    /// attachment directory) and waits, within the handshake's time, for
+    /// the subscriber to say it attached. The returned watch ends when
+    /// the subscriber's end of the socket closes (it left or died).
+    pub async fn serve_topic(mut self, name: &str, max_frame: u64) -> Result<TopicWatch, String> {
+        let r = tokio::time::timeout(attach::HANDSHAKE, async {
+            attach::write_line(self.s.get_mut(), &format!("TOPIC {name} {max_frame}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let line = attach::read_line(&mut self.s)
+                .await
+                .map_err(|e| e.to_string())?;
+            if line == "OK" {
+                Ok(())
+            } else {
+                Err(format!("expected OK, got {line:?}"))
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err("the rendezvous took too long".into()));
+        match r {
+            Ok(()) => Ok(TopicWatch { s: self.s }),
+            Err(e) => {
+                let _ = attach::write_line(self.s.get_mut(), &format!("ERR {e}")).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuses a topic request, telling the subscriber why.
+    pub async fn refuse(mut self, why: &str) {
+        let _ = attach::write_line(self.s.get_mut(), &format!("ERR {why}")).await;
     }
 
     /// Runs the rendezvous, bounded by a deadline: makes the node→client
@@ -215,11 +281,13 @@ impl Rendezvous {
         };
         let s = &mut self.s;
         let place = &self.place;
-        let hello = attach::read_line(s)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if hello != HELLO {
-            return Err(fail(format!("expected {HELLO:?}")));
+        if !self.greeted {
+            let hello = attach::read_line(s)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            if hello != HELLO {
+                return Err(fail(format!("expected {HELLO:?}")));
+            }
         }
         let down_name = format!("n{}-{seq}.down", std::process::id());
         let cap = attach::capacity(place.ring, max_frame);
@@ -254,6 +322,20 @@ impl Rendezvous {
                 attached: Some(id),
             })?;
         Ok((up, down))
+    }
+}
+
+/// The socket of a topic's subscriber: its end is the subscriber's end.
+#[derive(Debug)]
+pub struct TopicWatch {
+    s: BufReader<UnixStream>,
+}
+
+impl TopicWatch {
+    /// Waits until the subscriber's end of the socket closes.
+    pub async fn closed(&mut self) {
+        let mut b = [0u8; 64];
+        while let Ok(1..) = self.s.read(&mut b).await {}
     }
 }
 
@@ -300,6 +382,17 @@ pub struct HostReader {
 }
 
 impl HostReader {
+    /// Reads `cons` in place (a topic's subscriber does, as the node reads
+    /// a client's ring).
+    pub(crate) fn over(cons: RingConsumer) -> HostReader {
+        let ring = Arc::clone(&cons.ring);
+        HostReader {
+            cons,
+            release: Arc::default(),
+            ring,
+        }
+    }
+
     /// The data area of the client's ring as this process maps it.
     pub fn data_range(&self) -> Range<usize> {
         attach::data_range(&self.ring)
@@ -365,6 +458,60 @@ impl HostReader {
         }
     }
 
+    /// As [`HostReader::next`], but `Ok(None)` also after a second with
+    /// nothing (the caller looks around, then calls again).
+    pub(crate) fn next_once(
+        &mut self,
+        spin: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Segment>, BufferError> {
+        let deadline = std::time::Instant::now() + attach::IDLE_CHECK;
+        loop {
+            let free = self.release.take();
+            if free > 0 {
+                self.cons.consume(free)?;
+            }
+            if stop() || std::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let release = &self.release;
+            let Some(d) = self
+                .cons
+                .next_or(Some(deadline), spin, attach::IDLE_CHECK, || {
+                    release.ready() || stop()
+                })?
+            else {
+                continue;
+            };
+            // SAFETY: as in `next`: the segment is consumed only once the
+            // last `Bytes` of it and of every earlier one is dropped.
+            let pinned = unsafe { self.cons.pin(d.start, d.len) };
+            let bytes = match pinned {
+                Some(p) => {
+                    let idx = self.release.push(d.len);
+                    Bytes::from_owner(SegOwner {
+                        bytes: p,
+                        idx,
+                        release: self.release.clone(),
+                        ring: self.ring.clone(),
+                    })
+                }
+                None => {
+                    let mut v = Vec::new();
+                    self.cons.copy(d.seg, d.start, d.len, &mut v);
+                    let idx = self.release.push(d.len);
+                    self.release.done(idx);
+                    Bytes::from(v)
+                }
+            };
+            if attach::is_pad(&bytes) {
+                continue;
+            }
+            let in_place = in_ring(&self.ring, &bytes);
+            return Ok(Some(Segment { bytes, in_place }));
+        }
+    }
+
     /// The reader is done: tells a live client that nothing more is read,
     /// and keeps the ring attached while segments are still referred to.
     pub fn finish(self) {
@@ -373,6 +520,11 @@ impl HostReader {
         }
         self.release.retire(self.cons);
     }
+}
+
+/// Whether `b` lies in `ring`'s data area (it was read in place).
+fn in_ring(ring: &Ring, b: &[u8]) -> bool {
+    attach::data_range(ring).contains(&(b.as_ptr() as usize))
 }
 
 /// Segments of the client's ring still referred to, oldest first: their
@@ -486,15 +638,7 @@ impl HostWriter {
         let max_seg = self.w.max_segment();
         let mut at = 0;
         while at < buf.len() {
-            let mut end = at;
-            while end + 4 <= buf.len() {
-                let len = u32::from_le_bytes(buf[end..end + 4].try_into().expect("4 bytes"));
-                let next = end + 4 + len as usize;
-                if next > buf.len() || (end > at && next - at > max_seg) {
-                    break;
-                }
-                end = next;
-            }
+            let end = attach::whole_frames(buf, at, max_seg);
             if end == at {
                 break;
             }

@@ -74,6 +74,7 @@ mod sync;
 mod sys;
 #[cfg(not(skiff_loom))]
 mod tcp;
+pub mod topic;
 
 #[cfg(not(skiff_loom))]
 pub use buffer::{InSegment, InStats, Input, OutStats, Output, SegmentMut};

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# 1→N fan-out through one node, over TCP clients, shm clients, and shm
+# clients reading the node's shared buffer of the topic (RBMQ's broker of
+# buffers), back to back in one run:
+#
+#   bench/shm_fanout.sh [extra `skiff bench pubsub` options]
+#
+# Builds skiff (release), starts `skiff node --tcp … --shm …`, and prints
+# one table per kind of client (N = 1, 4, 16; 8 B and 256 B) with the
+# machine's load, ready for bench/RESULTS.md. SKIFF=path uses that binary.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+target=${CARGO_TARGET_DIR:-$root/target}
+if [ -z "${SKIFF:-}" ]; then
+    cargo build --release -p skiff-cli --bin skiff >&2
+    SKIFF="$target/release/skiff"
+fi
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+name="fanout$$"
+"$SKIFF" node --tcp "127.0.0.1:$port" --shm "$name" --no-mesh 2>/dev/null &
+node=$!
+trap 'kill -INT $node 2>/dev/null; wait $node 2>/dev/null || true' EXIT
+for _ in $(seq 1 50); do [ -S "/dev/shm/skiff/$name/node.sock" ] && break; sleep 0.1; done
+common=(--shapes 1x1,1x4,1x16 --sizes 8,256 "$@")
+echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+for kind in tcp shm shm-shared; do
+    case $kind in
+        tcp) args=(--node "skiff://127.0.0.1:$port") ;;
+        shm) args=(--node "shm://$name") ;;
+        shm-shared) args=(--node "shm://$name" --shared-buffer credits) ;;
+    esac
+    echo "== $kind: skiff bench pubsub ${args[*]} ${common[*]}"
+    "$SKIFF" bench pubsub "${args[@]}" "${common[@]}"
+done

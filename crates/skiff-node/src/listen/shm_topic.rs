@@ -1,0 +1,260 @@
+//! The node's buffers of topics for its shared-memory subscribers (RBMQ's
+//! broker of buffers; the ring and the rendezvous are
+//! `skiff::shm::topic`). A subscriber of the host asks on the node's
+//! socket for a topic (subject pattern, type pattern, credits or
+//! overwrite); the first such request creates the topic:
+//!
+//! - a ring file in the attachment directory with room for
+//!   `skiff::shm::topic::TOPIC_READERS` readers;
+//! - the topic's own client of the broker with one subscription to the
+//!   pattern (policy `block` with credits: the topic rides its slowest
+//!   reader and back-pressures publishers; `drop-oldest` with overwrite,
+//!   whose ring never waits), so the broker routes each message to the
+//!   topic once, however many readers it has;
+//! - a writer thread that copies what the broker queued for the topic
+//!   into the ring, whole frames per segment: one copy per message for
+//!   every subscriber of the host together.
+//!
+//! Later requests for the same topic share it. Each subscriber's socket
+//! stays open; when the last one closes (its subscriber left or died), the
+//! topic is removed: the broker's client detached, the ring closed and its
+//! file removed. A request is checked as an shm client's attachment is:
+//! with authentication on, its uid or gid must map to a user allowed to
+//! subscribe to the pattern. Requests are bounded (the rendezvous lines, the handshake
+//! time, the topics: at most [`MAX_TOPICS`]); a bad one is refused with
+//! `ERR`, never the node.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use skiff::shm::host::Rendezvous;
+use skiff::shm::topic::{TopicAsk, TopicRing};
+use skiff::shm::Flow;
+use skiff_proto::client_frame::{ClientFrame, Policy, FRAME_OVERHEAD};
+use skiff_proto::router::{KindPattern, Pattern, Syntax};
+use tokio::runtime::Handle;
+
+use crate::broker::Broker;
+use crate::outbox::ClientOut;
+
+/// Most topics a node keeps buffers for at once.
+pub const MAX_TOPICS: usize = 1024;
+/// The topic's subscription id in its own client.
+const SID: u64 = 1;
+/// Messages the topic's queue in the broker holds (its ring holds more).
+const QUEUE: u32 = 65_536;
+
+/// Counters of the topic buffers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicStats {
+    /// Topics with a buffer now.
+    pub topics: u64,
+    /// Subscriptions served from them now.
+    pub readers: u64,
+    /// Topic requests refused (bad lines, limits, failures).
+    pub refused: u64,
+    /// Bytes of frames written into topic rings (once per message, for
+    /// all readers).
+    pub bytes_written: u64,
+}
+
+#[derive(Debug)]
+struct Topic {
+    name: String,
+    readers: u64,
+    out: Arc<ClientOut>,
+}
+
+/// The node's topics (one per listener).
+#[derive(Debug, Default)]
+pub(crate) struct Topics {
+    map: Mutex<HashMap<TopicAsk, Topic>>,
+    seq: AtomicU64,
+    refused: AtomicU64,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Topics {
+    pub(crate) fn stats(&self) -> TopicStats {
+        let m = self.map.lock();
+        TopicStats {
+            topics: m.len() as u64,
+            readers: m.values().map(|t| t.readers).sum(),
+            refused: self.refused.load(Relaxed),
+            bytes_written: self.bytes.load(Relaxed),
+        }
+    }
+}
+
+/// Where topic rings go and how they are sized.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicPlace {
+    pub(crate) dir: PathBuf,
+    pub(crate) ring: u64,
+    pub(crate) spin: Duration,
+}
+
+/// Serves one topic request (see the module doc), until its subscriber's
+/// socket closes.
+pub(crate) async fn serve(
+    r: Rendezvous,
+    ask: TopicAsk,
+    broker: Arc<Broker>,
+    topics: Arc<Topics>,
+    place: TopicPlace,
+) {
+    let max_frame = (broker.limits().max_payload + FRAME_OVERHEAD) as u64;
+    // As for an shm client: the requester is the user its uid or gid maps
+    // to, and must be allowed to subscribe to the topic's pattern.
+    let user = match r.peer_ids() {
+        Some((uid, gid)) => broker.auth().local_user(uid, gid),
+        None => broker.auth().local_user(u32::MAX, u32::MAX),
+    };
+    let allowed = match &user {
+        None => {
+            broker.auth().count_failure();
+            Err(crate::auth::AuthError::Refused.to_string())
+        }
+        Some(u) if !u.permissions.may_subscribe(&ask.pattern) => {
+            Err(format!("not permitted to subscribe to {}", ask.pattern))
+        }
+        Some(_) => Ok(()),
+    };
+    if let Err(why) = allowed {
+        topics.refused.fetch_add(1, Relaxed);
+        r.refuse(&why).await;
+        return;
+    }
+    let name = match join(&ask, &broker, &topics, &place, max_frame) {
+        Ok(name) => name,
+        Err(why) => {
+            topics.refused.fetch_add(1, Relaxed);
+            r.refuse(&why).await;
+            return;
+        }
+    };
+    match r.serve_topic(&name, max_frame).await {
+        Ok(mut watch) => watch.closed().await,
+        Err(_) => {
+            topics.refused.fetch_add(1, Relaxed);
+        }
+    }
+    leave(&ask, &broker, &topics);
+}
+
+/// Counts a reader of `ask`'s topic in, creating the topic first if need
+/// be; returns its ring file's name.
+fn join(
+    ask: &TopicAsk,
+    broker: &Arc<Broker>,
+    topics: &Arc<Topics>,
+    place: &TopicPlace,
+    max_frame: u64,
+) -> Result<String, String> {
+    Pattern::new(&ask.pattern).map_err(|e| e.to_string())?;
+    KindPattern::new(&ask.kind).map_err(|e| e.to_string())?;
+    let mut map = topics.map.lock();
+    if let Some(t) = map.get_mut(ask) {
+        t.readers += 1;
+        return Ok(t.name.clone());
+    }
+    if map.len() >= MAX_TOPICS {
+        return Err(format!("the node keeps at most {MAX_TOPICS} topic buffers"));
+    }
+    let name = format!(
+        "t{}-{}.topic",
+        std::process::id(),
+        topics.seq.fetch_add(1, Relaxed)
+    );
+    let ring = TopicRing::create(
+        &place.dir, &name, place.ring, max_frame, ask.flow, place.spin,
+    )
+    .map_err(|e| e.to_string())?;
+    let out = broker
+        .attach(format!("shm-topic:{} [{}]", ask.pattern, ask.kind))
+        .map_err(|f| f.text)?;
+    let policy = match ask.flow {
+        Flow::Credits => Policy::Block,
+        Flow::Overwrite => Policy::DropOldest,
+    };
+    let sub = ClientFrame::Sub {
+        sid: SID,
+        pattern: ask.pattern.clone(),
+        kind: ask.kind.clone(),
+        policy,
+        queue: QUEUE,
+        credit: u32::MAX,
+        syntax: Syntax::Tokens,
+    };
+    if let Err(f) = broker.handle_control(&out, sub) {
+        broker.detach(out.id, None);
+        ring.close();
+        return Err(f.text);
+    }
+    let (o, bytes, handle) = (out.clone(), topics.bytes.clone(), Handle::current());
+    let spawned = std::thread::Builder::new()
+        .name(format!("skiff-shm-topic-{}", out.id))
+        .spawn(move || write_topic(ring, o, handle, bytes));
+    if spawned.is_err() {
+        broker.detach(out.id, None);
+        return Err("no thread for the topic".into());
+    }
+    map.insert(
+        ask.clone(),
+        Topic {
+            name: name.clone(),
+            readers: 1,
+            out,
+        },
+    );
+    Ok(name)
+}
+
+/// Counts a reader of `ask`'s topic out; the last one removes the topic.
+fn leave(ask: &TopicAsk, broker: &Broker, topics: &Topics) {
+    let mut map = topics.map.lock();
+    let Some(t) = map.get_mut(ask) else { return };
+    t.readers -= 1;
+    if t.readers == 0 {
+        let t = map.remove(ask).expect("present");
+        drop(map);
+        // Its writer sees the client closed, closes the ring and removes
+        // the file.
+        broker.detach(t.out.id, None);
+    }
+}
+
+/// The topic's writer thread: what the broker queued for the topic, into
+/// its ring; credit back to the topic's subscription as frames leave.
+fn write_topic(mut ring: TopicRing, out: Arc<ClientOut>, handle: Handle, bytes: Arc<AtomicU64>) {
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut go = || !out.is_closed();
+    while handle.block_on(out.next_encoded(&mut buf)) {
+        if ring.write_frames(&buf, &mut go).is_err() {
+            break;
+        }
+        bytes.fetch_add(buf.len() as u64, Relaxed);
+        let frames = count_frames(&buf);
+        out.credit(SID, frames);
+        buf.clear();
+        if buf.capacity() > 4 << 20 {
+            buf = Vec::with_capacity(64 * 1024);
+        }
+    }
+    ring.close();
+}
+
+/// Whole frames in `buf` (`| len u32 | body |`…).
+fn count_frames(buf: &[u8]) -> u32 {
+    let (mut at, mut n) = (0usize, 0u32);
+    while at + 4 <= buf.len() {
+        let len = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+        at += 4 + len;
+        n = n.saturating_add(1);
+    }
+    n
+}

@@ -1,0 +1,143 @@
+//! A subscription served from the node's buffer of its topic
+//! ([`crate::shm::topic`], RBMQ's broker of buffers): over `shm://`, with
+//! [`super::SubOptions::shared_buffer`], the node writes each message of
+//! the topic once into one ring that every subscriber of the host reads in
+//! place; the subscription's messages are slices of that ring.
+//!
+//! One thread per such subscription reads the ring: it decodes the frames
+//! of each segment (bounded, as any frame from a node), puts the messages
+//! into the subscription's inbox under one lock, and waits while the inbox
+//! holds the subscription's window (credits then hold the ring, and the
+//! node's queue for the topic, back). It ends when the subscription is
+//! dropped (seen within a second) or the node ends the topic, and its end
+//! closes the socket, which tells the node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skiff_proto::client_frame::{Decoder, ServerFrame, FRAME_OVERHEAD};
+use skiff_proto::credits::Flow;
+use skiff_proto::wire::decode_message_into;
+use skiff_proto::Message;
+
+use super::inbox::{self, Shared};
+use super::sub::{Delivery, Subscription};
+use super::Inner;
+use crate::shm::topic::{TopicAsk, TopicReader, TopicSeg};
+use crate::shm::BufferError;
+use crate::Error;
+
+/// Subscribes `inner`, attached at `locator` (`shm://…`), to `pattern` and
+/// `kind` through the node's buffer of that topic, with `flow`.
+pub(crate) async fn subscribe(
+    inner: Arc<Inner>,
+    locator: &str,
+    pattern: &str,
+    kind: &str,
+    flow: Flow,
+    window: u32,
+    max_payload: usize,
+) -> Result<Subscription, Error> {
+    let place = crate::shm::attach::parse(locator)?;
+    let ask = TopicAsk {
+        flow,
+        pattern: pattern.into(),
+        kind: kind.into(),
+    };
+    let reader = TopicReader::open(&place, &ask)
+        .await
+        .map_err(|why| Error::Io {
+            what: "subscribe through the node's buffer of the topic",
+            source: std::io::Error::other(why),
+        })?;
+    let box_ = inbox::shared();
+    let weak = Arc::downgrade(&box_);
+    let window = window.max(1) as usize;
+    std::thread::Builder::new()
+        .name("skiff-shm-topic".into())
+        .spawn(move || read_topic(reader, &weak, max_payload, window))
+        .map_err(Error::io("start the topic reader thread"))?;
+    // No sid of the node's: the node holds the topic's one subscription.
+    Ok(Subscription::new(inner, 0, box_, u32::MAX))
+}
+
+/// The reader thread (see the module doc).
+fn read_topic(
+    mut r: TopicReader,
+    weak: &std::sync::Weak<parking_lot::Mutex<inbox::Inbox<Delivery>>>,
+    max_payload: usize,
+    window: usize,
+) {
+    let dec = Decoder::new(r.max_frame.min((max_payload + FRAME_OVERHEAD) as u64) as usize);
+    let gone = || weak.strong_count() == 0;
+    let end: Option<String> = loop {
+        // The window: wait while the application has this many waiting.
+        loop {
+            let Some(b) = weak.upgrade() else { return };
+            if b.lock().q.len() < window {
+                break;
+            }
+            drop(b);
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        match r.next(&gone) {
+            Ok(TopicSeg::Frames(mut rest)) => {
+                let Some(b) = weak.upgrade() else { return };
+                if let Err(e) = deliver(&b, &dec, &mut rest, max_payload) {
+                    break Some(format!("bad frame in the node's topic buffer: {e}"));
+                }
+            }
+            Ok(TopicSeg::Lost(n)) => {
+                let Some(b) = weak.upgrade() else { return };
+                b.lock().dropped += n;
+            }
+            Ok(TopicSeg::Idle) => {
+                if gone() {
+                    return;
+                }
+            }
+            Err(BufferError::Closed { .. }) => break Some("the node ended the topic".into()),
+            Err(e) => break Some(format!("the node's topic buffer failed: {e}")),
+        }
+    };
+    if let Some(b) = weak.upgrade() {
+        b.lock().close(end);
+    }
+}
+
+/// Decodes the frames of one segment into the inbox, under one lock with
+/// one wake-up. Only messages are for the subscriber (the node's own
+/// frames to the topic, such as its welcome, are skipped).
+fn deliver(
+    b: &Shared<Delivery>,
+    dec: &Decoder,
+    rest: &mut bytes::Bytes,
+    max_payload: usize,
+) -> Result<(), String> {
+    let mut i = b.lock();
+    let before = i.q.len();
+    let r = loop {
+        match dec.split(rest) {
+            // A message is decoded straight into its place in the queue
+            // (its payload a slice of the ring), as from a socket.
+            Ok(Some(body)) => match ServerFrame::msg_header(&body) {
+                Ok(Some((_, _, at))) => {
+                    i.q.push_back(Delivery::new(Message::default(), None, 0));
+                    let d = i.q.back_mut().expect("just pushed");
+                    if let Err(e) = decode_message_into(&body, at, max_payload, &mut d.msg) {
+                        i.q.pop_back();
+                        break Err(e.to_string());
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => break Err(e.to_string()),
+            },
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e.to_string()),
+        }
+    };
+    if i.q.len() > before {
+        i.wake();
+    }
+    r
+}

@@ -1,0 +1,16 @@
+//! The topic request line a subscriber sends on the node's shm socket
+//! (`skiff::shm::topic::TopicAsk`), on arbitrary text: never panics, and
+//! what parses prints back as a line that parses to the same request.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use skiff::shm::topic::TopicAsk;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(line) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(ask) = TopicAsk::parse(line) {
+        assert_eq!(TopicAsk::parse(&ask.line()), Ok(ask));
+    }
+});
