@@ -35,6 +35,8 @@ fn refused_class(code: Code) -> &'static str {
         Code::Shutdown => "ConnectionClosed",
         Code::NotFound => "NotFound",
         Code::Protocol => "ProtocolError",
+        Code::Auth => "AuthenticationFailed",
+        Code::Denied => "PermissionDenied",
         _ => "Refused",
     }
 }

@@ -167,3 +167,42 @@ def test_interpreter_exit_flushes_and_closes_cleanly(node):
         assert r.stderr == ""
         got = [int(sub.next(timeout=10).data) for _ in range(1000)]
         assert got == list(range(1000))
+
+
+def test_credentials_and_permissions(tmp_path):
+    from conftest import Node
+
+    h = subprocess.run([skiff_bin(), "passwd"], input="pw-alice\n", capture_output=True, text=True, timeout=30)
+    assert h.returncode == 0, h.stderr
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(
+        textwrap.dedent(
+            f"""
+            [auth]
+            token = "tok-123"
+            [[auth.users]]
+            name = "alice"
+            {h.stdout.strip()}
+            [auth.users.permissions]
+            publish = {{ allow = ["orders.>"] }}
+            subscribe = {{ allow = ["orders.>"] }}
+            """
+        )
+    )
+    n = Node("--config", str(cfg))
+    try:
+        with pytest.raises(skiff.AuthenticationFailed) as e:
+            skiff.connect(n.locator).flush(timeout=5)
+        assert isinstance(e.value, PermissionError)
+        with pytest.raises(skiff.AuthenticationFailed):
+            skiff.connect(n.locator, user="alice", password="wrong").flush(timeout=5)
+        with skiff.connect(n.locator, token="tok-123") as c:
+            c.flush(timeout=5)
+        with skiff.connect(n.locator, user="alice", password="pw-alice") as c:
+            with pytest.raises(skiff.PermissionDenied):
+                c.subscribe("status.x")
+            sub = c.subscribe("orders.>")
+            c.publish("orders.1", b"ok")
+            assert sub.next(timeout=5).data == b"ok"
+    finally:
+        n.kill()

@@ -21,6 +21,7 @@ are flushed and closed.
 import atexit as _atexit
 
 from skiff._errors import (
+    AuthenticationFailed,
     ConnectionClosed,
     InvalidName,
     IoError,
@@ -64,6 +65,7 @@ __all__ = [
     "TimeoutError",
     "NoResponders",
     "PermissionDenied",
+    "AuthenticationFailed",
     "ConnectionClosed",
     "NodeLost",
     "SlowConsumer",

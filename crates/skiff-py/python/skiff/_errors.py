@@ -15,6 +15,7 @@ __all__ = [
     "TimeoutError",
     "NoResponders",
     "PermissionDenied",
+    "AuthenticationFailed",
     "ConnectionClosed",
     "NodeLost",
     "SlowConsumer",
@@ -54,6 +55,14 @@ class PermissionDenied(Refused, builtins.PermissionError):
     """The node does not allow this client the call (authorization)."""
 
     code = "permission"
+
+
+class AuthenticationFailed(PermissionDenied):
+    """The node refused this client's credentials, or asked for some
+    (``token=``, ``user=`` and ``password=``, ``key=`` options of
+    ``connect``)."""
+
+    code = "auth"
 
 
 class LimitExceeded(Refused):
