@@ -139,6 +139,12 @@ async fn kind_is_per_subscription(h: H) {
     assert_eq!(subjects(recv_n(&mut cmsg, 1).await), ["run.1"]);
     quiet(&mut tokens).await;
     quiet(&mut cmsg).await;
+    // Stats say which kind each subscription is.
+    let st = c.stats().await.unwrap();
+    let me = st.clients.iter().find(|x| x.id == c.id()).unwrap();
+    let mut kinds: Vec<(u64, bool)> = me.subscriptions.iter().map(|s| (s.sid, s.cmsg)).collect();
+    kinds.sort();
+    assert_eq!(kinds, [(tokens.id(), false), (cmsg.id(), true)]);
     // A type no subscription could name is refused on publish, as on
     // subscribe.
     for bad in ["*", "a b", "t\u{7}"] {

@@ -161,6 +161,9 @@ pub struct SubStats {
     pub pattern: String,
     /// Type pattern.
     pub kind: String,
+    /// Both patterns are cMsg patterns (absent: tokens).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cmsg: bool,
     /// Slow-consumer policy.
     pub policy: String,
     /// Queue counters.

@@ -84,11 +84,12 @@ impl Broker {
             };
             let head = json_len(&cl) + 1;
             let mut first = true;
-            for (&sid, (_, policy, pattern, kind, _)) in sids {
+            for (&sid, (_, policy, pattern, kind, syntax)) in sids {
                 let sub = SubStats {
                     sid,
                     pattern: pattern.clone(),
                     kind: kind.clone(),
+                    cmsg: *syntax == skiff_proto::router::Syntax::Cmsg,
                     policy: policy.name().into(),
                     counters: e.out.sub_counters(sid).unwrap_or_default(),
                 };

@@ -218,18 +218,33 @@ impl CmsgPattern {
             [Elem::Lit(l)] => return text[at..] == **l,
             _ => {}
         }
-        // Cheap necessary conditions first: the literal end, then every
-        // literal somewhere (the bit-set pass is the costly part).
+        // Cheap necessary conditions first: the literal end, every literal
+        // somewhere, the least length, a digit for an integer (the bit-set
+        // pass is the costly part).
         let rest = &text[at..];
         if let Some(Elem::Lit(l)) = elems.last() {
             if !rest.ends_with(&**l) {
                 return false;
             }
         }
-        if !elems
-            .iter()
-            .all(|e| !matches!(e, Elem::Lit(l) if !rest.contains(&**l)))
-        {
+        let (mut need, mut int) = (0, false);
+        for e in elems {
+            match e {
+                Elem::Lit(l) => {
+                    if !rest.contains(&**l) {
+                        return false;
+                    }
+                    need += l.len();
+                }
+                Elem::One => need += 1,
+                Elem::Int(_) => {
+                    need += 1;
+                    int = true;
+                }
+                Elem::Star => {}
+            }
+        }
+        if need > rest.len() || (int && !rest.bytes().any(|b| b.is_ascii_digit())) {
             return false;
         }
         let words = text.len() / 64 + 1;
