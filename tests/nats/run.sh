@@ -49,6 +49,7 @@ start() {
   local name=$1; shift
   local t n
   t=$(port); n=$(port)
+  : >"$tmp/$name.log"
   "$SKIFF" node --tcp "127.0.0.1:$t" --nats "127.0.0.1:$n" "$@" >"$tmp/$name.log" 2>&1 &
   local pid=$!
   disown "$pid"
@@ -69,6 +70,23 @@ ma=$(uport); mb=$(uport)
 start A --mesh "127.0.0.1:$ma" --net "nats-$$" --no-scout
 start B --mesh "127.0.0.1:$mb" --net "nats-$$" --no-scout --seeds "127.0.0.1:$ma"
 export SKIFF NATS_A=$A_NATS NATS_B=$B_NATS SKIFF_A=$A_TCP SKIFF_B=$B_TCP
+
+# E: a node with users (a token; alice by password, allowed to publish only
+# under alice.; svc by the test-only nkey in tests/nats/go/main.go).
+cat >"$tmp/auth.toml" <<'TOML'
+[auth]
+token = "tok"
+[[auth.users]]
+name = "alice"
+password_hash = "$argon2id$v=19$m=19456,t=2,p=1$dGLlLtIADVUAFiboW/gV8Q$tXRL14ioOZylc3/KwFLU8yeCO/DcIADfYRY1X++nAPs"
+[auth.users.permissions]
+publish = { allow = ["alice.>"] }
+[[auth.users]]
+name = "svc"
+public_key = "UBQQ2KVTSNUWYGO7OIAY2BALDUNRVQUFNNDDBH2ZPRMJFWCJL22TSWCS"
+TOML
+start E --config "$tmp/auth.toml"
+export NATS_AUTH=$E_NATS
 
 failed=0
 for c in "${clients[@]}"; do

@@ -285,3 +285,90 @@ async fn requests_no_responders_and_skiff_clients() {
     assert_eq!(&got.payload[..], b"ans");
     n.shutdown().await;
 }
+
+/// A node with a token user and a password user who may publish only
+/// under `alice.` and subscribe to nothing under `secret.`.
+async fn auth_node() -> Node {
+    let toml = format!(
+        r#"
+[auth]
+token = "tok"
+timeout_ms = 500
+[[auth.users]]
+name = "alice"
+password_hash = "{}"
+[auth.users.permissions]
+publish = {{ allow = ["alice.>"] }}
+subscribe = {{ allow = [">"], deny = ["secret.>"] }}
+"#,
+        skiff_node::auth::hash_password("alice-pw")
+    );
+    let mut c = Config::from_toml(&toml, std::path::Path::new("test.toml")).unwrap();
+    c.tcp = Some("127.0.0.1:0".parse().unwrap());
+    c.nats = Some("127.0.0.1:0".parse().unwrap());
+    Node::start(&c).await.unwrap()
+}
+
+#[tokio::test]
+async fn auth_token_password_and_permissions() {
+    let n = auth_node().await;
+    // INFO asks for authentication and carries a nonce.
+    let mut c = Raw::open(&n).await;
+    c.expect("\r\n").await;
+    let info = {
+        let s = TcpStream::connect(n.nats_addr().unwrap()).await.unwrap();
+        let mut r = Raw {
+            s,
+            seen: Vec::new(),
+        };
+        r.expect("\r\n").await
+    };
+    assert!(
+        info.contains("\"auth_required\":true") && info.contains("\"nonce\":"),
+        "{info}"
+    );
+
+    // No credentials, wrong ones, or anything before CONNECT: refused.
+    for first in [
+        "CONNECT {}\r\n",
+        "CONNECT {\"auth_token\":\"nope\"}\r\n",
+        "CONNECT {\"user\":\"alice\",\"pass\":\"nope\"}\r\n",
+        "SUB x 1\r\n",
+        "PING\r\n",
+    ] {
+        let mut c = Raw::open(&n).await;
+        c.send(first).await;
+        let all = c.closed().await;
+        assert!(
+            all.contains("-ERR 'Authorization Violation'"),
+            "{first:?}: {all}"
+        );
+    }
+    // Silence past the deadline.
+    let mut c = Raw::open(&n).await;
+    let all = c.closed().await;
+    assert!(all.contains("-ERR 'Authentication Timeout'"), "{all}");
+
+    // The token.
+    let mut c = Raw::open(&n).await;
+    c.send("CONNECT {\"auth_token\":\"tok\"}\r\nSUB secret.x 1\r\nPING\r\n")
+        .await;
+    c.expect("PONG\r\n").await;
+
+    // The password, with its permissions.
+    let mut a = Raw::open(&n).await;
+    a.send("CONNECT {\"user\":\"alice\",\"pass\":\"alice-pw\"}\r\nSUB secret.> 1\r\n")
+        .await;
+    a.expect("-ERR 'Permissions Violation for Subscription to \"secret.>\" (sid \"1\")'\r\n")
+        .await;
+    a.send("SUB alice.in 2\r\nPUB secret.x 1\r\nz\r\n").await;
+    a.expect("-ERR 'Permissions Violation for Publish to \"secret.x\"'\r\n")
+        .await;
+    a.send("PUB alice.in 2\r\nok\r\n").await;
+    a.expect("MSG alice.in 2 2\r\nok\r\n").await;
+    // The token user heard nothing of alice's refused publish.
+    c.send("PING\r\n").await;
+    let seen = c.expect("PONG\r\n").await;
+    assert!(!seen.contains("MSG"), "{seen}");
+    n.shutdown().await;
+}

@@ -46,6 +46,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +64,7 @@ use skiff_proto::nats::{self, ConnectOptions, Op, Parser, MAX_CONTROL_LINE};
 use skiff_proto::router::{Pattern, Subject};
 use skiff_proto::{Field, Message, Value};
 
+use crate::auth::{Auth, Credentials, PublicKey, Secret, User};
 use crate::broker::{Broker, Published};
 use crate::outbox::ClientOut;
 use crate::session::{Input, Session};
@@ -89,6 +91,9 @@ pub(crate) struct NatsListener {
     pub(crate) broker: Arc<Broker>,
     pub(crate) addr: SocketAddr,
     pub(crate) server_id: String,
+    /// The node's users ([`crate::auth`]); every client is anonymous
+    /// when it has none.
+    pub(crate) auth: Arc<Auth>,
 }
 
 /// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
@@ -217,6 +222,10 @@ async fn serve<R, W>(
         shared: Mutex::new(Shared::default()),
         wake: Notify::new(),
     });
+    let auth = this.auth.enabled().then(|| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
+    });
     {
         let mut info = Vec::new();
         let host = this.addr.ip().to_string();
@@ -235,9 +244,9 @@ async fn serve<R, W>(
                 max_payload: limits.max_payload as u64,
                 client_id: out.id,
                 client_ip: &client_ip,
-                auth_required: false,
+                auth_required: auth.is_some(),
                 tls_required: false,
-                nonce: None,
+                nonce: auth.as_deref(),
             },
         );
         conn.say(&info);
@@ -259,7 +268,13 @@ async fn serve<R, W>(
         next_rid: 1,
         order: VecDeque::new(),
         groups: FxHashMap::default(),
+        auth: this.auth.clone(),
+        nonce: auth.clone(),
+        user: User::anonymous(),
     };
+    // A node with users: the client must authenticate in time.
+    let auth_deadline = tokio::time::sleep(this.auth.timeout());
+    tokio::pin!(auth_deadline);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error: Option<&'static str> = None;
     let keepalive = limits.ping_interval_ms > 0;
@@ -284,6 +299,11 @@ async fn serve<R, W>(
             },
             _ = out.closed() => break,
             _ = stop.changed() => break,
+            _ = &mut auth_deadline, if reader.nonce.is_some() => {
+                this.auth.count_failure();
+                error = Some("Authentication Timeout");
+                break;
+            }
             _ = &mut timer, if begun.is_some() => {
                 broker.limit_hit();
                 error = Some("Stale Connection");
@@ -357,6 +377,12 @@ struct Reader {
     order: VecDeque<(u64, Instant)>,
     /// Queue groups this client is in → its subscriptions in each.
     groups: FxHashMap<Arc<str>, u32>,
+    auth: Arc<Auth>,
+    /// The nonce sent in `INFO` while the client has not authenticated
+    /// (`None` once it has, or when the node has no users).
+    nonce: Option<String>,
+    /// Who the client is, and what it may do.
+    user: Arc<User>,
 }
 
 impl Reader {
@@ -373,6 +399,12 @@ impl Reader {
                     return Err(e.text());
                 }
             };
+            if self.nonce.is_some() && !matches!(op, Op::Connect(_)) {
+                // nats-server: anything before CONNECT on a node with
+                // users is an authorization violation.
+                self.auth.count_failure();
+                return Err("Authorization Violation");
+            }
             let ok = self.opts.verbose;
             match op {
                 Op::Pub {
@@ -394,6 +426,9 @@ impl Reader {
                         self.broker.protocol_error();
                         e.text()
                     })?;
+                    if let Some(nonce) = self.nonce.take() {
+                        self.user = authenticate(&self.auth, &o, nonce).await?;
+                    }
                     self.out.set_no_echo(!o.echo);
                     {
                         let mut sh = self.conn.shared.lock();
@@ -454,6 +489,20 @@ impl Reader {
             self.broker.limit_hit();
             return Ok(());
         };
+        let p = &self.user.permissions;
+        let allowed = if subject_str.starts_with(REPLY_PREFIX) {
+            p.allow_responses || p.may_publish(&subject_str)
+        } else {
+            p.may_publish(&subject_str)
+        };
+        if !allowed {
+            self.user.denied.publish.fetch_add(1, Relaxed);
+            self.conn.err(&format!(
+                "Permissions Violation for Publish to {:?}",
+                &*subject_str
+            ));
+            return Ok(());
+        }
         // A reply to a request a NATS client was handed.
         if let Some(token) = subject_str
             .strip_prefix(REPLY_PREFIX)
@@ -633,6 +682,18 @@ impl Reader {
                 return false;
             }
         };
+        if !self.user.permissions.may_subscribe(&pattern) {
+            self.user.denied.subscribe.fetch_add(1, Relaxed);
+            let sid = String::from_utf8_lossy(&sid);
+            self.conn.err(&match &group {
+                Some(g) => format!(
+                    "Permissions Violation for Subscription to {pattern:?} using queue {:?} (sid {sid:?})",
+                    &**g
+                ),
+                None => format!("Permissions Violation for Subscription to {pattern:?} (sid {sid:?})"),
+            });
+            return false;
+        }
         if self.by_sid.contains_key(&sid) {
             // nats-server keeps the first subscription of a sid.
             return true;
@@ -664,7 +725,11 @@ impl Reader {
                 if let Some(g) = group {
                     let n = self.groups.entry(g.clone()).or_default();
                     *n += 1;
-                    if *n == 1 {
+                    if *n == 1 && !self.user.permissions.may_join(&g) {
+                        // Still a queue subscriber; not a cluster member
+                        // for skiff's cluster requests.
+                        self.user.denied.join.fetch_add(1, Relaxed);
+                    } else if *n == 1 {
                         let _ = self.broker.handle_control(
                             &self.out,
                             ClientFrame::Join {
@@ -720,6 +785,64 @@ impl Reader {
             }
         }
     }
+}
+
+/// Checks `CONNECT`'s credentials against the node's users (off the
+/// runtime's threads: a password costs an argon2 verification). `Err`:
+/// close with this `-ERR` text.
+async fn authenticate(
+    auth: &Arc<Auth>,
+    o: &ConnectOptions,
+    nonce: String,
+) -> Result<Arc<User>, &'static str> {
+    let creds = credentials(o).ok_or_else(|| {
+        auth.count_failure();
+        "Authorization Violation"
+    })?;
+    let auth = auth.clone();
+    tokio::task::spawn_blocking(move || auth.verify(&creds, nonce.as_bytes()))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or("Authorization Violation")
+}
+
+/// The credentials in `CONNECT`: a key and its signature, a user and
+/// password, a token, or none; `None` when they do not decode (a JWT,
+/// which this node does not take, or a bad key or signature).
+fn credentials(o: &ConnectOptions) -> Option<Credentials> {
+    use base64::Engine;
+    if o.jwt.is_some() {
+        return None;
+    }
+    if let Some(nkey) = &o.nkey {
+        if nkey.len() != 56 || !nkey.starts_with('U') {
+            return None;
+        }
+        let key = PublicKey::parse(nkey)?;
+        let sig = o.sig.as_deref()?;
+        if sig.len() > 128 {
+            return None;
+        }
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sig.trim_end_matches('='))
+            .or_else(|_| base64::engine::general_purpose::STANDARD.decode(sig))
+            .ok()?;
+        return Some(Credentials::Signature {
+            public_key: key.0,
+            signature: sig.try_into().ok()?,
+        });
+    }
+    if let (Some(user), Some(pass)) = (&o.user, &o.pass) {
+        return Some(Credentials::Password {
+            user: user.clone(),
+            password: Secret::new(pass.clone()),
+        });
+    }
+    if let Some(t) = &o.auth_token {
+        return Some(Credentials::Token(Secret::new(t.clone())));
+    }
+    Some(Credentials::None)
 }
 
 fn field(key: bytestring::ByteString, value: Bytes) -> Field {
