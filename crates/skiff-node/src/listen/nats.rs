@@ -59,14 +59,16 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{
+    req_flags, simple_message, ClientFrame, Code, Policy, ServerFrame,
+};
 use skiff_proto::nats::{self, ConnectOptions, Op, Parser, MAX_CONTROL_LINE};
 use skiff_proto::router::{Pattern, Subject};
 use skiff_proto::{Field, Message, Value};
 
 use crate::auth::{Auth, Credentials, PublicKey, Secret, User};
 use crate::broker::{Broker, Published};
-use crate::outbox::ClientOut;
+use crate::outbox::{Body, ClientOut, Sink};
 use crate::session::{Input, Session};
 
 /// The header that carries a skiff message's type.
@@ -869,38 +871,37 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     conn: Arc<Conn>,
     mut w: W,
 ) {
-    let mut frames = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut scratch = Scratch::default();
+    let mut republish = Vec::new();
+    let mut ended = Vec::new();
     loop {
-        let more = tokio::select! {
-            more = out.next_batch(&mut frames) => more,
-            _ = conn.wake.notified() => true,
-        };
+        tokio::select! {
+            _ = out.ready() => {}
+            _ = conn.wake.notified() => {}
+        }
         let direct = std::mem::take(&mut conn.shared.lock().direct);
         // Frames queued before a line the reader wrote (a `PONG` after
         // the publishes before its `PING`) go first.
-        out.take(&mut frames);
-        let mut republish = Vec::new();
-        let mut ended = Vec::new();
         {
             let mut sh = conn.shared.lock();
-            for f in frames.drain(..) {
-                encode(
-                    &mut sh,
-                    f,
-                    &mut buf,
-                    &mut scratch,
-                    &mut republish,
-                    &mut ended,
-                );
+            let mut sink = Nats {
+                sh: &mut sh,
+                out: &mut buf,
+                s: &mut scratch,
+                republish: &mut republish,
+                ended: &mut ended,
+            };
+            out.take_into(&mut sink);
+            if let Some(f) = out.take_closing() {
+                sink.frame(f);
             }
         }
         buf.extend_from_slice(&direct);
         for (sid, n) in scratch.credit.drain() {
             out.credit(sid, n);
         }
-        for id in ended {
+        for id in ended.drain(..) {
             end_sub(&broker, &out, &conn, id);
         }
         if !buf.is_empty() {
@@ -913,10 +914,10 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 buf = Vec::with_capacity(64 * 1024);
             }
         }
-        for msg in republish {
+        for msg in republish.drain(..) {
             let _ = super::handle(&broker, &out, ClientFrame::Pub(msg)).await;
         }
-        if !more {
+        if out.is_closed() && out.is_drained() {
             break;
         }
     }
@@ -935,112 +936,158 @@ struct Scratch {
     credit: FxHashMap<u64, u32>,
 }
 
-/// Appends the NATS form of frame `f`.
-fn encode(
-    sh: &mut Shared,
-    f: ServerFrame,
-    out: &mut Vec<u8>,
-    s: &mut Scratch,
-    republish: &mut Vec<Message>,
-    ended: &mut Vec<u64>,
-) {
-    match f {
-        ServerFrame::Msg { sid, token, msg } => {
-            *s.credit.entry(sid).or_default() += 1;
-            let headers = sh.headers;
-            let Some(sub) = sh.subs.get_mut(&sid) else {
+/// Encodes what the outbox hands out as NATS protocol.
+struct Nats<'a> {
+    sh: &'a mut Shared,
+    out: &'a mut Vec<u8>,
+    s: &'a mut Scratch,
+    /// Replies for nobody here: published to their reply subjects.
+    republish: &'a mut Vec<Message>,
+    /// Subscriptions that reached their `UNSUB` count.
+    ended: &'a mut Vec<u64>,
+}
+
+/// Bytes written for one socket write before the writer writes them.
+const BATCH_BYTES: usize = 256 * 1024;
+
+impl Sink for Nats<'_> {
+    fn full(&self) -> bool {
+        self.out.len() >= BATCH_BYTES
+    }
+
+    fn msg(&mut self, sid: u64, token: u64, body: Body) {
+        *self.s.credit.entry(sid).or_default() += 1;
+        let headers = self.sh.headers;
+        let Some(sub) = self.sh.subs.get_mut(&sid) else {
+            return;
+        };
+        if sub.max.is_some_and(|m| sub.delivered >= m) {
+            return;
+        }
+        sub.delivered += 1;
+        if sub.max == Some(sub.delivered) {
+            self.ended.push(sid);
+        }
+        self.s.reply.clear();
+        if token != 0 {
+            let _ = write!(self.s.reply, "{REPLY_PREFIX}{token}");
+        }
+        // The common message (a subject and a payload) straight from its
+        // encoding; others decoded.
+        let raw = match &body {
+            Body::Small { len, buf } => &buf[..usize::from(*len)],
+            Body::Raw(b) => &b[..],
+            Body::Val(m) => {
+                message(
+                    self.out,
+                    m,
+                    m.subject.as_bytes(),
+                    &sub.sid,
+                    &self.s.reply,
+                    headers,
+                    &mut self.s.headers,
+                );
                 return;
-            };
-            if sub.max.is_some_and(|m| sub.delivered >= m) {
-                return;
             }
-            sub.delivered += 1;
-            if sub.max == Some(sub.delivered) {
-                ended.push(sid);
-            }
-            s.reply.clear();
-            if token != 0 {
-                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
-            }
-            message(
-                out,
-                &msg,
-                msg.subject.as_bytes(),
+        };
+        if let Some((subject, len)) = simple_message(raw, usize::MAX) {
+            let payload = &raw[raw.len() - len..];
+            nats::encode_msg(
+                self.out,
+                subject.as_bytes(),
                 &sub.sid,
-                &s.reply,
+                self.s.reply.as_bytes(),
+                payload,
+            );
+            return;
+        }
+        if let Ok(m) = skiff_proto::wire::decode_message(&Bytes::copy_from_slice(raw), usize::MAX) {
+            message(
+                self.out,
+                &m,
+                m.subject.as_bytes(),
+                &sub.sid,
+                &self.s.reply,
                 headers,
-                &mut s.headers,
+                &mut self.s.headers,
             );
         }
-        ServerFrame::Request {
-            token,
-            cluster,
-            msg,
-        } => {
-            let headers = sh.headers;
-            if let Some(sub) = sh
-                .subs
-                .values()
-                .find(|x| x.group.as_deref() == Some(&*cluster))
-            {
-                s.reply.clear();
-                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
-                message(
-                    out,
-                    &msg,
-                    msg.subject.as_bytes(),
-                    &sub.sid,
-                    &s.reply,
-                    headers,
-                    &mut s.headers,
-                );
-            }
-        }
-        ServerFrame::Bcast { cluster, msg } => {
-            let headers = sh.headers;
-            if let Some(sub) = sh
-                .subs
-                .values()
-                .find(|x| x.group.as_deref() == Some(&*cluster))
-            {
-                message(
-                    out,
-                    &msg,
-                    msg.subject.as_bytes(),
-                    &sub.sid,
-                    "",
-                    headers,
-                    &mut s.headers,
-                );
-            }
-        }
-        ServerFrame::Reply { rid, msg } => {
-            let Some(reply) = sh.requests.get(&rid).cloned() else {
-                return;
-            };
-            if !to_inbox(sh, out, &reply, &msg, s) {
-                if let Ok(subject) = bytestring::ByteString::try_from(reply) {
-                    republish.push(Message { subject, ..msg });
+    }
+
+    fn frame(&mut self, f: ServerFrame) {
+        let (sh, out, s) = (&mut *self.sh, &mut *self.out, &mut *self.s);
+        match f {
+            ServerFrame::Msg { sid, token, msg } => self.msg(sid, token, Body::value(msg)),
+            ServerFrame::Request {
+                token,
+                cluster,
+                msg,
+            } => {
+                let headers = sh.headers;
+                if let Some(sub) = sh
+                    .subs
+                    .values()
+                    .find(|x| x.group.as_deref() == Some(&*cluster))
+                {
+                    s.reply.clear();
+                    let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
+                    message(
+                        out,
+                        &msg,
+                        msg.subject.as_bytes(),
+                        &sub.sid,
+                        &s.reply,
+                        headers,
+                        &mut s.headers,
+                    );
                 }
             }
-        }
-        ServerFrame::ReqDone { rid, code } => {
-            let Some(reply) = sh.requests.remove(&rid) else {
-                return;
-            };
-            if code == Code::NoResponders && sh.no_responders {
-                s.headers.clear();
-                nats::write_headers(&mut s.headers, Some((503, "")), []);
-                let h = std::mem::take(&mut s.headers);
-                for_inbox(sh, &reply, |sid| {
-                    nats::encode_hmsg(out, &reply, sid, b"", &h, b"");
-                });
-                s.headers = h;
+            ServerFrame::Bcast { cluster, msg } => {
+                let headers = sh.headers;
+                if let Some(sub) = sh
+                    .subs
+                    .values()
+                    .find(|x| x.group.as_deref() == Some(&*cluster))
+                {
+                    message(
+                        out,
+                        &msg,
+                        msg.subject.as_bytes(),
+                        &sub.sid,
+                        "",
+                        headers,
+                        &mut s.headers,
+                    );
+                }
             }
+            ServerFrame::Reply { rid, msg } => {
+                let Some(reply) = sh.requests.get(&rid).cloned() else {
+                    return;
+                };
+                if !to_inbox(sh, out, &reply, &msg, s) {
+                    if let Ok(subject) = bytestring::ByteString::try_from(reply) {
+                        self.republish.push(Message { subject, ..msg });
+                    }
+                }
+            }
+            ServerFrame::ReqDone { rid, code } => {
+                let Some(reply) = sh.requests.remove(&rid) else {
+                    return;
+                };
+                if code == Code::NoResponders && sh.no_responders {
+                    s.headers.clear();
+                    nats::write_headers(&mut s.headers, Some((503, "")), []);
+                    let h = std::mem::take(&mut s.headers);
+                    for_inbox(sh, &reply, |sid| {
+                        nats::encode_hmsg(out, &reply, sid, b"", &h, b"");
+                    });
+                    s.headers = h;
+                }
+            }
+            // Acks, pongs, drop reports (counted in stats), errors (the
+            // reader says what a NATS client is told), tunnels, stats.
+            _ => {}
         }
-        // Acks, pongs, drop reports (counted in stats), errors (the
-        // reader says what a NATS client is told), tunnels, stats.
-        _ => {}
     }
 }
 
