@@ -834,3 +834,29 @@ mod tests {
         assert_eq!(t.workers(), 2);
     }
 }
+
+#[cfg(test)]
+mod nats_setting {
+    use super::*;
+
+    #[test]
+    fn nats_from_every_source() {
+        let mut c = Config::default();
+        assert_eq!(c.nats, None);
+        c.set("nats", "0.0.0.0").unwrap();
+        assert_eq!(c.nats, Some(SocketAddr::from(([0, 0, 0, 0], NATS_PORT))));
+        c.set("nats", "127.0.0.1:5222").unwrap();
+        assert_eq!(c.nats.unwrap().port(), 5222);
+        c.set("nats", "on").unwrap();
+        assert_eq!(c.nats, Some(SocketAddr::from(([127, 0, 0, 1], 4222))));
+        c.set("nats", "off").unwrap();
+        assert_eq!(c.nats, None);
+        assert!(c.set("nats", "nowhere:x").is_err());
+        c.apply_env([("SKIFF_NATS".to_string(), "[::1]".to_string())])
+            .unwrap();
+        assert_eq!(c.nats, Some("[::1]:4222".parse().unwrap()));
+        let t =
+            Config::from_toml("nats = \"127.0.0.1:4333\"", std::path::Path::new("x.toml")).unwrap();
+        assert_eq!(t.nats.unwrap().port(), 4333);
+    }
+}

@@ -372,3 +372,63 @@ async fn auth_token_password_and_permissions() {
     assert!(!seen.contains("MSG"), "{seen}");
     n.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_slow_consumer_is_closed_and_counted_as_nats_server_does() {
+    let n = node(|c| c.limits.max_pending_bytes = 64 * 1024).await;
+    let mut slow = Raw::open(&n).await;
+    slow.send("SUB s 1\r\nPING\r\n").await;
+    slow.expect("PONG\r\n").await;
+    // It reads nothing more; a fast publisher fills what the node holds
+    // for it.
+    let mut fast = Raw::open(&n).await;
+    let msg = format!("PUB s 1000\r\n{}\r\n", "x".repeat(1000));
+    for _ in 0..50 {
+        fast.send(&msg.repeat(200)).await;
+        if n.broker().stats().slow_consumers > 0 {
+            break;
+        }
+    }
+    assert!(n.broker().stats().slow_consumers >= 1);
+    // Closed without an -ERR (nats-server closes a slow consumer; an
+    // -ERR would stop clients from reconnecting).
+    let all = slow.closed().await;
+    assert!(
+        !all.contains("-ERR"),
+        "{}",
+        &all[all.len().saturating_sub(200)..]
+    );
+    // The publisher is unharmed.
+    fast.send("PING\r\n").await;
+    fast.expect("PONG\r\n").await;
+    n.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_queue_group_is_a_skiff_cluster() {
+    let n = node(|_| {}).await;
+    let mut c = Raw::open(&n).await;
+    c.send("SUB work.* grp 5\r\nPING\r\n").await;
+    c.expect("PONG\r\n").await;
+    let loc = format!("skiff://{}", n.tcp_addr().unwrap());
+    let skiff = skiff::client::Client::connect(&loc).await.unwrap();
+    let req = tokio::spawn(async move {
+        skiff
+            .request(
+                skiff::client::Target::cluster("grp"),
+                Message::new("work.a", "job"),
+                Duration::from_secs(5),
+            )
+            .await
+    });
+    let line = c.expect("\r\njob\r\n").await;
+    assert!(line.contains("MSG work.a 5 _SKIFF_REPLY."), "{line}");
+    let reply = line
+        .split_whitespace()
+        .find(|w| w.starts_with("_SKIFF_REPLY."))
+        .unwrap()
+        .to_owned();
+    c.send(&format!("PUB {reply} 4\r\ndone\r\n")).await;
+    assert_eq!(&req.await.unwrap().unwrap().payload[..], b"done");
+    n.shutdown().await;
+}
