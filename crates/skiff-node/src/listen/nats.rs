@@ -676,9 +676,7 @@ impl Reader {
         };
         let group: Option<Arc<str>> = match queue.as_deref().map(std::str::from_utf8) {
             None => None,
-            Some(Ok(g)) if nats::valid_literal_subject(g.as_bytes()) && !g.contains('.') => {
-                Some(g.into())
-            }
+            Some(Ok(g)) if nats::valid_literal_subject(g.as_bytes()) => Some(g.into()),
             Some(_) => {
                 self.conn.err("Invalid Queue Name");
                 return false;
