@@ -375,7 +375,11 @@ async fn auth_token_password_and_permissions() {
 
 #[tokio::test]
 async fn a_slow_consumer_is_closed_and_counted_as_nats_server_does() {
-    let n = node(|c| c.limits.max_pending_bytes = 64 * 1024).await;
+    let n = node(|c| {
+        c.limits.max_pending_bytes = 64 * 1024;
+        c.limits.write_deadline_ms = 300;
+    })
+    .await;
     let mut slow = Raw::open(&n).await;
     slow.send("SUB s 1\r\nPING\r\n").await;
     slow.expect("PONG\r\n").await;
@@ -383,8 +387,13 @@ async fn a_slow_consumer_is_closed_and_counted_as_nats_server_does() {
     // for it.
     let mut fast = Raw::open(&n).await;
     let msg = format!("PUB s 1000\r\n{}\r\n", "x".repeat(1000));
-    for _ in 0..50 {
-        fast.send(&msg.repeat(200)).await;
+    // Its publisher waits while the queue is full (nats-server stalls a
+    // fast producer), until the write deadline closes the consumer.
+    let batch = msg.repeat(200);
+    for _ in 0..200 {
+        tokio::time::timeout(PATIENCE, fast.send(&batch))
+            .await
+            .expect("the publisher goes on once the slow consumer is closed");
         if n.broker().stats().slow_consumers > 0 {
             break;
         }

@@ -30,10 +30,12 @@
 //!   is the header [`TYPE_HEADER`], a header block's status line the
 //!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
 //!   not strings reach NATS clients as text (bytes as `0x` and hex);
-//! - a slow consumer: NATS subscriptions take the node's pending-bytes
-//!   bound (`max_pending_bytes`) with policy `disconnect`, so a client
-//!   that does not keep up is closed, counted in `slow_consumers`, as
-//!   nats-server closes it at its `max_pending`.
+//! - a slow consumer, as nats-server treats one: NATS subscriptions take
+//!   the node's pending-bytes bound (`max_pending_bytes`) with policy
+//!   `block`, so a publisher waits (nats-server stalls a fast producer)
+//!   while a subscriber's queue is full, and a client that takes no bytes
+//!   for `write_deadline_ms` while the node has some for it is closed
+//!   (with no `-ERR`) and counted in `slow_consumers`.
 //!
 //! Limits: the control line ([`MAX_CONTROL_LINE`]) and payload
 //! (`max_payload`, headers included) are checked before anything is
@@ -492,11 +494,13 @@ impl Reader {
             return Ok(());
         };
         let p = &self.user.permissions;
-        let allowed = if subject_str.starts_with(REPLY_PREFIX) {
-            p.allow_responses || p.may_publish(&subject_str)
-        } else {
-            p.may_publish(&subject_str)
-        };
+        let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
+        let allowed = open
+            || if subject_str.starts_with(REPLY_PREFIX) {
+                p.allow_responses || p.may_publish(&subject_str)
+            } else {
+                p.may_publish(&subject_str)
+            };
         if !allowed {
             self.user.denied.publish.fetch_add(1, Relaxed);
             self.conn.err(&format!(
@@ -530,7 +534,12 @@ impl Reader {
                 // The simple encoding, as `client_frame::simple_message`
                 // reads it: subject flag, subject, payload.
                 let a = &mut self.arena;
-                a.reserve(subject.len() + payload.len() + 21);
+                let need = subject.len() + payload.len() + 21;
+                if a.capacity() - a.len() < need {
+                    // A fresh block for many messages (what was split off
+                    // stays with the messages that hold it).
+                    a.reserve(need.max(64 * 1024));
+                }
                 a.put_u8(1);
                 skiff_proto::varint::put_buf(a, subject.len() as u64);
                 a.extend_from_slice(&subject);
@@ -704,7 +713,10 @@ impl Reader {
             id,
             pattern.clone(),
             group.clone(),
-            Policy::Disconnect,
+            // nats-server stalls a fast producer while a subscriber's
+            // buffer is nearly full, and closes a subscriber that stops
+            // taking bytes (the write deadline, in the writer).
+            Policy::Block,
             u32::MAX,
             u32::MAX,
         );
@@ -903,7 +915,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             end_sub(&broker, &out, &conn, id);
         }
         if !buf.is_empty() {
-            if w.write_all(&buf).await.is_err() {
+            let deadline = broker.limits().write_deadline_ms;
+            let wrote = if deadline == 0 {
+                w.write_all(&buf).await
+            } else {
+                match tokio::time::timeout(Duration::from_millis(deadline), w.write_all(&buf)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        // nats-server's write deadline: a slow consumer,
+                        // closed (with no -ERR) and counted.
+                        broker.slow_consumer(out.id);
+                        return;
+                    }
+                }
+            };
+            if wrote.is_err() {
                 broker.detach(out.id, None);
                 return;
             }
