@@ -24,10 +24,12 @@ trap cleanup EXIT
 install() {
   case $1 in
     py)
-      if [ ! -x "$cache/venv/bin/python" ] || ! "$cache/venv/bin/python" -c 'import nats' 2>/dev/null; then
+      if ! PYTHONPATH="$cache/pylib" python3 -c 'import nats' 2>/dev/null; then
         echo "   installing nats-py (PyPI)"
-        python3 -m venv "$cache/venv"
-        "$cache/venv/bin/pip" install -q 'nats-py>=2.9,<3'
+        # Into a directory of its own (no venv module needed, nothing
+        # installed into the system's Python).
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
+          --target "$cache/pylib" 'nats-py>=2.9,<3'
       fi ;;
     go)
       echo "   building the nats.go suite (Go module proxy)"
@@ -94,7 +96,7 @@ for c in "${clients[@]}"; do
   export NATS_C=$C_NATS NATS_D=$D_NATS KILL_C=$C_PID
   echo "== NATS client: $c"
   case $c in
-    py) timeout 120 "$cache/venv/bin/python" "$here/py/suite.py" || failed=1 ;;
+    py) PYTHONPATH="$cache/pylib" timeout 120 python3 "$here/py/suite.py" || failed=1 ;;
     go) timeout 120 "$cache/natsgo-suite" || failed=1 ;;
     js) NODE_PATH="$cache/js/node_modules" timeout 120 node "$here/js/suite.cjs" || failed=1 ;;
   esac
