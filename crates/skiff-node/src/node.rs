@@ -215,6 +215,7 @@ impl Node {
                     crate::auth::Auth::new(&config.auth)
                         .map_err(|e| io::Error::other(format!("[auth]: {e}")))?,
                 ),
+                spin: spin.clone(),
             });
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
         }

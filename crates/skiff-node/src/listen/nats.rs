@@ -98,6 +98,8 @@ pub(crate) struct NatsListener {
     /// The node's users ([`crate::auth`]); every client is anonymous
     /// when it has none.
     pub(crate) auth: Arc<Auth>,
+    /// Polls after traffic (setting `spin_us`), as the stream listeners.
+    pub(crate) spin: Option<Arc<skiff::spin::Spin>>,
 }
 
 /// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
@@ -299,7 +301,12 @@ async fn serve<R, W>(
         tokio::select! {
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(_) => heard = true,
+                Ok(_) => {
+                    heard = true;
+                    if let Some(s) = &this.spin {
+                        s.touch();
+                    }
+                }
             },
             _ = out.closed() => break,
             _ = stop.changed() => break,
