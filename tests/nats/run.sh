@@ -24,10 +24,12 @@ trap cleanup EXIT
 install() {
   case $1 in
     py)
-      if [ ! -x "$cache/venv/bin/python" ] || ! "$cache/venv/bin/python" -c 'import nats' 2>/dev/null; then
+      if ! PYTHONPATH="$cache/pylib" python3 -c 'import nats' 2>/dev/null; then
         echo "   installing nats-py (PyPI)"
-        python3 -m venv "$cache/venv"
-        "$cache/venv/bin/pip" install -q 'nats-py>=2.9,<3'
+        # Into a directory of its own (no venv module needed, nothing
+        # installed into the system's Python).
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
+          --target "$cache/pylib" 'nats-py>=2.9,<3'
       fi ;;
     go)
       echo "   building the nats.go suite (Go module proxy)"
@@ -49,6 +51,7 @@ start() {
   local name=$1; shift
   local t n
   t=$(port); n=$(port)
+  : >"$tmp/$name.log"
   "$SKIFF" node --tcp "127.0.0.1:$t" --nats "127.0.0.1:$n" "$@" >"$tmp/$name.log" 2>&1 &
   local pid=$!
   disown "$pid"
@@ -70,13 +73,30 @@ start A --mesh "127.0.0.1:$ma" --net "nats-$$" --no-scout
 start B --mesh "127.0.0.1:$mb" --net "nats-$$" --no-scout --seeds "127.0.0.1:$ma"
 export SKIFF NATS_A=$A_NATS NATS_B=$B_NATS SKIFF_A=$A_TCP SKIFF_B=$B_TCP
 
+# E: a node with users (a token; alice by password, allowed to publish only
+# under alice.; svc by the test-only nkey in tests/nats/go/main.go).
+cat >"$tmp/auth.toml" <<'TOML'
+[auth]
+token = "tok"
+[[auth.users]]
+name = "alice"
+password_hash = "$argon2id$v=19$m=19456,t=2,p=1$dGLlLtIADVUAFiboW/gV8Q$tXRL14ioOZylc3/KwFLU8yeCO/DcIADfYRY1X++nAPs"
+[auth.users.permissions]
+publish = { allow = ["alice.>"] }
+[[auth.users]]
+name = "svc"
+public_key = "UBQQ2KVTSNUWYGO7OIAY2BALDUNRVQUFNNDDBH2ZPRMJFWCJL22TSWCS"
+TOML
+start E --config "$tmp/auth.toml"
+export NATS_AUTH=$E_NATS
+
 failed=0
 for c in "${clients[@]}"; do
   start C; start D
   export NATS_C=$C_NATS NATS_D=$D_NATS KILL_C=$C_PID
   echo "== NATS client: $c"
   case $c in
-    py) timeout 120 "$cache/venv/bin/python" "$here/py/suite.py" || failed=1 ;;
+    py) PYTHONPATH="$cache/pylib" timeout 120 python3 "$here/py/suite.py" || failed=1 ;;
     go) timeout 120 "$cache/natsgo-suite" || failed=1 ;;
     js) NODE_PATH="$cache/js/node_modules" timeout 120 node "$here/js/suite.cjs" || failed=1 ;;
   esac

@@ -27,6 +27,7 @@
 //! tls_cert = "node.pem"         # optional: the TCP listener speaks TLS 1.3 only
 //! tls_key = "node.key"
 //! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
+//! write_deadline_ms = 10000     # a NATS client taking nothing this long is a slow consumer
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
 //! [[log]]                       # optional, repeatable: a log file many clients write (`crate::logsink`)
@@ -94,6 +95,10 @@ pub struct Limits {
     /// limit); past it a connection is closed at once, before any
     /// handshake (a flood costs the node no TLS or argon2 work).
     pub max_connection_rate: u32,
+    /// How long, in ms, a NATS client may take no bytes while the node
+    /// has some for it before it is closed as a slow consumer
+    /// (nats-server's `write_deadline`); 0: no deadline.
+    pub write_deadline_ms: u64,
 }
 
 /// The default of `max_total_pending_bytes`: half the machine's physical
@@ -132,6 +137,7 @@ impl Default for Limits {
             max_pings_out: 2,
             max_connections_per_ip: 0,
             max_connection_rate: 0,
+            write_deadline_ms: 10_000,
         }
     }
 }
@@ -201,6 +207,7 @@ const SETTINGS: &[&str] = &[
     "max_pings_out",
     "max_connections_per_ip",
     "max_connection_rate",
+    "write_deadline_ms",
 ];
 
 /// A node's configuration.
@@ -671,6 +678,7 @@ impl Config {
                 l.max_connection_rate =
                     u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
             }
+            "write_deadline_ms" => l.write_deadline_ms = num()?,
             "max_pings_out" => {
                 l.max_pings_out =
                     u32::try_from(num()?).map_err(|_| bad("a number up to 2^32 - 1"))?
@@ -832,5 +840,31 @@ mod tests {
         }
         let t = Config::from_toml("workers = 2", std::path::Path::new("w.toml")).unwrap();
         assert_eq!(t.workers(), 2);
+    }
+}
+
+#[cfg(test)]
+mod nats_setting {
+    use super::*;
+
+    #[test]
+    fn nats_from_every_source() {
+        let mut c = Config::default();
+        assert_eq!(c.nats, None);
+        c.set("nats", "0.0.0.0").unwrap();
+        assert_eq!(c.nats, Some(SocketAddr::from(([0, 0, 0, 0], NATS_PORT))));
+        c.set("nats", "127.0.0.1:5222").unwrap();
+        assert_eq!(c.nats.unwrap().port(), 5222);
+        c.set("nats", "on").unwrap();
+        assert_eq!(c.nats, Some(SocketAddr::from(([127, 0, 0, 1], 4222))));
+        c.set("nats", "off").unwrap();
+        assert_eq!(c.nats, None);
+        assert!(c.set("nats", "nowhere:x").is_err());
+        c.apply_env([("SKIFF_NATS".to_string(), "[::1]".to_string())])
+            .unwrap();
+        assert_eq!(c.nats, Some("[::1]:4222".parse().unwrap()));
+        let t =
+            Config::from_toml("nats = \"127.0.0.1:4333\"", std::path::Path::new("x.toml")).unwrap();
+        assert_eq!(t.nats.unwrap().port(), 4333);
     }
 }

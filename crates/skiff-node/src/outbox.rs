@@ -247,10 +247,17 @@ struct Outbox {
     delivered: u64,
 }
 
-/// Where [`ClientOut::drain`] puts what it takes.
-trait Sink {
+/// Where a client's writer puts the frames it takes
+/// ([`ClientOut::take_into`]): a front end with an encoding of its own
+/// (the NATS listener) writes each as it comes, with no frame built for a
+/// message.
+pub trait Sink {
+    /// A control frame.
     fn frame(&mut self, f: ServerFrame);
+    /// A message for subscription `sid` (`token`: a request to answer, or
+    /// 0), as it was queued.
     fn msg(&mut self, sid: u64, token: u64, body: Body);
+    /// Whether the batch is large enough to write now.
     fn full(&self) -> bool;
 }
 
@@ -740,6 +747,39 @@ impl ClientOut {
         let start = out.len();
         self.drain(&mut Enc(out, start));
         out.len() > start
+    }
+
+    /// Waits until there is a frame to take, or the client is closed.
+    pub async fn ready(&self) {
+        loop {
+            let n = self.ready.notified();
+            {
+                let o = self.inner.lock();
+                if !o.control.is_empty()
+                    || !o.ready.is_empty()
+                    || !o.drop_reports.is_empty()
+                    || self.is_closed()
+                {
+                    return;
+                }
+            }
+            n.await;
+        }
+    }
+
+    /// Moves ready frames (up to what `sink` calls a batch) into `sink`
+    /// without waiting.
+    pub fn take_into<S: Sink>(&self, sink: &mut S) {
+        self.drain(sink);
+    }
+
+    /// The frame to send last once the client is closed, if any (handed
+    /// out once).
+    pub fn take_closing(&self) -> Option<ServerFrame> {
+        if !self.is_closed() {
+            return None;
+        }
+        self.inner.lock().closing.take()
     }
 
     fn drain<S: Sink>(&self, out: &mut S) {

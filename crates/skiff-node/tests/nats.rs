@@ -285,3 +285,159 @@ async fn requests_no_responders_and_skiff_clients() {
     assert_eq!(&got.payload[..], b"ans");
     n.shutdown().await;
 }
+
+/// A node with a token user and a password user who may publish only
+/// under `alice.` and subscribe to nothing under `secret.`.
+async fn auth_node() -> Node {
+    let toml = format!(
+        r#"
+[auth]
+token = "tok"
+timeout_ms = 500
+[[auth.users]]
+name = "alice"
+password_hash = "{}"
+[auth.users.permissions]
+publish = {{ allow = ["alice.>"] }}
+subscribe = {{ allow = [">"], deny = ["secret.>"] }}
+"#,
+        skiff_node::auth::hash_password("alice-pw")
+    );
+    let mut c = Config::from_toml(&toml, std::path::Path::new("test.toml")).unwrap();
+    c.tcp = Some("127.0.0.1:0".parse().unwrap());
+    c.nats = Some("127.0.0.1:0".parse().unwrap());
+    Node::start(&c).await.unwrap()
+}
+
+#[tokio::test]
+async fn auth_token_password_and_permissions() {
+    let n = auth_node().await;
+    // INFO asks for authentication and carries a nonce.
+    let mut c = Raw::open(&n).await;
+    c.expect("\r\n").await;
+    let info = {
+        let s = TcpStream::connect(n.nats_addr().unwrap()).await.unwrap();
+        let mut r = Raw {
+            s,
+            seen: Vec::new(),
+        };
+        r.expect("\r\n").await
+    };
+    assert!(
+        info.contains("\"auth_required\":true") && info.contains("\"nonce\":"),
+        "{info}"
+    );
+
+    // No credentials, wrong ones, or anything before CONNECT: refused.
+    for first in [
+        "CONNECT {}\r\n",
+        "CONNECT {\"auth_token\":\"nope\"}\r\n",
+        "CONNECT {\"user\":\"alice\",\"pass\":\"nope\"}\r\n",
+        "SUB x 1\r\n",
+        "PING\r\n",
+    ] {
+        let mut c = Raw::open(&n).await;
+        c.send(first).await;
+        let all = c.closed().await;
+        assert!(
+            all.contains("-ERR 'Authorization Violation'"),
+            "{first:?}: {all}"
+        );
+    }
+    // Silence past the deadline.
+    let mut c = Raw::open(&n).await;
+    let all = c.closed().await;
+    assert!(all.contains("-ERR 'Authentication Timeout'"), "{all}");
+
+    // The token.
+    let mut c = Raw::open(&n).await;
+    c.send("CONNECT {\"auth_token\":\"tok\"}\r\nSUB secret.x 1\r\nPING\r\n")
+        .await;
+    c.expect("PONG\r\n").await;
+
+    // The password, with its permissions.
+    let mut a = Raw::open(&n).await;
+    a.send("CONNECT {\"user\":\"alice\",\"pass\":\"alice-pw\"}\r\nSUB secret.> 1\r\n")
+        .await;
+    a.expect("-ERR 'Permissions Violation for Subscription to \"secret.>\" (sid \"1\")'\r\n")
+        .await;
+    a.send("SUB alice.in 2\r\nPUB secret.x 1\r\nz\r\n").await;
+    a.expect("-ERR 'Permissions Violation for Publish to \"secret.x\"'\r\n")
+        .await;
+    a.send("PUB alice.in 2\r\nok\r\n").await;
+    a.expect("MSG alice.in 2 2\r\nok\r\n").await;
+    // The token user heard nothing of alice's refused publish.
+    c.send("PING\r\n").await;
+    let seen = c.expect("PONG\r\n").await;
+    assert!(!seen.contains("MSG"), "{seen}");
+    n.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_consumer_is_closed_and_counted_as_nats_server_does() {
+    let n = node(|c| {
+        c.limits.max_pending_bytes = 64 * 1024;
+        c.limits.write_deadline_ms = 300;
+    })
+    .await;
+    let mut slow = Raw::open(&n).await;
+    slow.send("SUB s 1\r\nPING\r\n").await;
+    slow.expect("PONG\r\n").await;
+    // It reads nothing more; a fast publisher fills what the node holds
+    // for it.
+    let mut fast = Raw::open(&n).await;
+    let msg = format!("PUB s 1000\r\n{}\r\n", "x".repeat(1000));
+    // Its publisher waits while the queue is full (nats-server stalls a
+    // fast producer), until the write deadline closes the consumer.
+    let batch = msg.repeat(200);
+    for _ in 0..200 {
+        tokio::time::timeout(PATIENCE, fast.send(&batch))
+            .await
+            .expect("the publisher goes on once the slow consumer is closed");
+        if n.broker().stats().slow_consumers > 0 {
+            break;
+        }
+    }
+    assert!(n.broker().stats().slow_consumers >= 1);
+    // Closed without an -ERR (nats-server closes a slow consumer; an
+    // -ERR would stop clients from reconnecting).
+    let all = slow.closed().await;
+    assert!(
+        !all.contains("-ERR"),
+        "{}",
+        &all[all.len().saturating_sub(200)..]
+    );
+    // The publisher is unharmed.
+    fast.send("PING\r\n").await;
+    fast.expect("PONG\r\n").await;
+    n.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_queue_group_is_a_skiff_cluster() {
+    let n = node(|_| {}).await;
+    let mut c = Raw::open(&n).await;
+    c.send("SUB work.* grp 5\r\nPING\r\n").await;
+    c.expect("PONG\r\n").await;
+    let loc = format!("skiff://{}", n.tcp_addr().unwrap());
+    let skiff = skiff::client::Client::connect(&loc).await.unwrap();
+    let req = tokio::spawn(async move {
+        skiff
+            .request(
+                skiff::client::Target::cluster("grp"),
+                Message::new("work.a", "job"),
+                Duration::from_secs(5),
+            )
+            .await
+    });
+    let line = c.expect("\r\njob\r\n").await;
+    assert!(line.contains("MSG work.a 5 _SKIFF_REPLY."), "{line}");
+    let reply = line
+        .split_whitespace()
+        .find(|w| w.starts_with("_SKIFF_REPLY."))
+        .unwrap()
+        .to_owned();
+    c.send(&format!("PUB {reply} 4\r\ndone\r\n")).await;
+    assert_eq!(&req.await.unwrap().unwrap().payload[..], b"done");
+    n.shutdown().await;
+}

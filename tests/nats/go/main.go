@@ -19,7 +19,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
+
+// A key made for this test alone (its public key is in tests/nats/run.sh).
+const testSeed = "SUAABDEBMY4Z2O3ZGTY5S5UAXNLXIXG2RIOFW6XUCF2BMOIWV4HWYU2CGU"
 
 var passed int
 
@@ -249,6 +253,54 @@ func reconnect() {
 	nc.Close()
 }
 
+// auth: NATS_AUTH is a node with users (see tests/nats/run.sh).
+func auth() {
+	url := os.Getenv("NATS_AUTH")
+	_, err := nats.Connect(url)
+	check(err != nil && strings.Contains(strings.ToLower(err.Error()), "authorization violation"), "no credentials refused: %v", err)
+	_, err = nats.Connect(url, nats.Token("nope"))
+	check(err != nil, "a wrong token refused")
+	_, err = nats.Connect(url, nats.UserInfo("alice", "nope"))
+	check(err != nil, "a wrong password refused")
+
+	tok, err := nats.Connect(url, nats.Token("tok"))
+	must(err)
+	_, got := collect(tok, "alice.>", "")
+
+	denied := make(chan error, 4)
+	alice, err := nats.Connect(url, nats.UserInfo("alice", "alice-pw"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, e error) { denied <- e }))
+	must(err)
+	must(alice.Publish("alice.x", []byte("ok")))
+	must(alice.Publish("bob.x", []byte("no")))
+	must(alice.Flush())
+	select {
+	case e := <-denied:
+		check(strings.Contains(e.Error(), "Permissions Violation for Publish"), "permission error: %v", e)
+	case <-time.After(5 * time.Second):
+		check(false, "no permissions violation reported")
+	}
+	until(func() bool { return got.n() == 1 }, "alice's allowed publish")
+	check(!alice.IsClosed(), "a permissions violation does not close the connection")
+
+	kp, err := nkeys.FromSeed([]byte(testSeed))
+	must(err)
+	pub, _ := kp.PublicKey()
+	svc, err := nats.Connect(url, nats.Nkey(pub, kp.Sign))
+	check(err == nil, "nkey (Ed25519 nonce signature) accepted: %v", err)
+	must(svc.Publish("alice.svc", []byte("k")))
+	until(func() bool { return got.n() == 2 }, "the nkey user's publish")
+	other, _ := nkeys.CreateUser()
+	opub, _ := other.PublicKey()
+	_, err = nats.Connect(url, nats.Nkey(opub, other.Sign))
+	check(err != nil, "an unknown key refused")
+	_, err = nats.Connect(url, nats.Nkey(pub, other.Sign))
+	check(err != nil, "a signature by another key refused")
+	svc.Close()
+	alice.Close()
+	tok.Close()
+}
+
 func main() {
 	nc, err := nats.Connect(os.Getenv("NATS_A"))
 	must(err)
@@ -256,6 +308,7 @@ func main() {
 	interop(nc)
 	nc.Close()
 	mesh()
+	auth()
 	reconnect()
 	fmt.Printf("nats.go: %d checks passed\n", passed)
 }

@@ -150,6 +150,27 @@ async function mesh() {
   await b.close();
 }
 
+async function auth() {
+  const url = E.NATS_AUTH;
+  for (const bad of [{}, { token: "nope" }, { user: "alice", pass: "nope" }]) {
+    let refused = false;
+    try {
+      const nc = await connect({ servers: url, reconnect: false, ...bad });
+      await nc.close();
+    } catch (e) {
+      refused = true;
+    }
+    check(refused, `refused: ${JSON.stringify(bad)}`);
+  }
+  const tok = await connect({ servers: url, token: "tok" });
+  const [, got] = await collect(tok, "alice.>");
+  const alice = await connect({ servers: url, user: "alice", pass: "alice-pw" });
+  alice.publish("alice.js", enc.encode("ok"));
+  await until(() => got.length === 1, "alice's publish");
+  await alice.close();
+  await tok.close();
+}
+
 async function reconnect() {
   const nc = await connect({ servers: [E.NATS_C, E.NATS_D], noRandomize: true, reconnectTimeWait: 100, maxReconnectAttempts: 50 });
   const [, got] = await collect(nc, "js.re");
@@ -171,6 +192,7 @@ async function reconnect() {
   await interop(nc);
   await nc.close();
   await mesh();
+  await auth();
   await reconnect();
   console.log(`nats.js: ${passed} checks passed`);
   process.exit(0);

@@ -204,6 +204,28 @@ async def mesh():
     await b.close()
 
 
+async def quiet(e):
+    """nats-py prints every error it meets unless given a callback."""
+
+
+async def auth():
+    url = E["NATS_AUTH"]
+    for bad in [{}, {"token": "nope"}, {"user": "alice", "password": "nope"}]:
+        try:
+            nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, error_cb=quiet, **bad)
+            await nc.close()
+            check(False, f"refused: {bad}")
+        except Exception:
+            check(True, "refused")
+    tok = await nats.connect(url, token="tok")
+    _, got = await collect(tok, "alice.>")
+    alice = await nats.connect(url, user="alice", password="alice-pw")
+    await alice.publish("alice.py", b"ok")
+    await until(lambda: got, "alice's publish")
+    await alice.close()
+    await tok.close()
+
+
 async def reconnect():
     reconnected = asyncio.Event()
 
@@ -211,7 +233,7 @@ async def reconnect():
         reconnected.set()
 
     nc = await nats.connect(servers=[E["NATS_C"], E["NATS_D"]], dont_randomize=True,
-                            reconnected_cb=on_reconnect, reconnect_time_wait=0.1, max_reconnect_attempts=50)
+                            reconnected_cb=on_reconnect, error_cb=quiet, reconnect_time_wait=0.1, max_reconnect_attempts=50)
     _, got = await collect(nc, "py.re")
     os.kill(int(E["KILL_C"]), signal.SIGKILL)
     await asyncio.wait_for(reconnected.wait(), 10)
@@ -227,6 +249,7 @@ async def main():
     await skiff_interop(nc)
     await nc.close()
     await mesh()
+    await auth()
     await reconnect()
     print(f"nats-py: {passed} checks passed", flush=True)
 

@@ -434,6 +434,13 @@ impl Broker {
         (n, kill)
     }
 
+    /// Closes `client` as a slow consumer (counted), as a subscription
+    /// with policy `disconnect` is closed; for a front end that finds it
+    /// so on its own (the NATS listener's write deadline).
+    pub(crate) fn slow_consumer(&self, client: u64) {
+        self.kill_slow(vec![client]);
+    }
+
     pub(super) fn kill_slow(&self, kill: Vec<u64>) {
         for k in kill {
             self.counters.slow_consumers.fetch_add(1, Relaxed);

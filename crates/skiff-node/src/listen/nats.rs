@@ -30,10 +30,12 @@
 //!   is the header [`TYPE_HEADER`], a header block's status line the
 //!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
 //!   not strings reach NATS clients as text (bytes as `0x` and hex);
-//! - a slow consumer: NATS subscriptions take the node's pending-bytes
-//!   bound (`max_pending_bytes`) with policy `disconnect`, so a client
-//!   that does not keep up is closed, counted in `slow_consumers`, as
-//!   nats-server closes it at its `max_pending`.
+//! - a slow consumer, as nats-server treats one: NATS subscriptions take
+//!   the node's pending-bytes bound (`max_pending_bytes`) with policy
+//!   `block`, so a publisher waits (nats-server stalls a fast producer)
+//!   while a subscriber's queue is full, and a client that takes no bytes
+//!   for `write_deadline_ms` while the node has some for it is closed
+//!   (with no `-ERR`) and counted in `slow_consumers`.
 //!
 //! Limits: the control line ([`MAX_CONTROL_LINE`]) and payload
 //! (`max_payload`, headers included) are checked before anything is
@@ -46,6 +48,7 @@
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,13 +61,16 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use skiff_proto::client_frame::{req_flags, ClientFrame, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{
+    req_flags, simple_message, ClientFrame, Code, Policy, ServerFrame,
+};
 use skiff_proto::nats::{self, ConnectOptions, Op, Parser, MAX_CONTROL_LINE};
 use skiff_proto::router::{Pattern, Subject};
 use skiff_proto::{Field, Message, Value};
 
+use crate::auth::{Auth, Credentials, PublicKey, Secret, User};
 use crate::broker::{Broker, Published};
-use crate::outbox::ClientOut;
+use crate::outbox::{Body, ClientOut, Sink};
 use crate::session::{Input, Session};
 
 /// The header that carries a skiff message's type.
@@ -89,6 +95,11 @@ pub(crate) struct NatsListener {
     pub(crate) broker: Arc<Broker>,
     pub(crate) addr: SocketAddr,
     pub(crate) server_id: String,
+    /// The node's users ([`crate::auth`]); every client is anonymous
+    /// when it has none.
+    pub(crate) auth: Arc<Auth>,
+    /// Polls after traffic (setting `spin_us`), as the stream listeners.
+    pub(crate) spin: Option<Arc<skiff::spin::Spin>>,
 }
 
 /// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
@@ -217,6 +228,10 @@ async fn serve<R, W>(
         shared: Mutex::new(Shared::default()),
         wake: Notify::new(),
     });
+    let auth = this.auth.enabled().then(|| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
+    });
     {
         let mut info = Vec::new();
         let host = this.addr.ip().to_string();
@@ -235,9 +250,9 @@ async fn serve<R, W>(
                 max_payload: limits.max_payload as u64,
                 client_id: out.id,
                 client_ip: &client_ip,
-                auth_required: false,
+                auth_required: auth.is_some(),
                 tls_required: false,
-                nonce: None,
+                nonce: auth.as_deref(),
             },
         );
         conn.say(&info);
@@ -259,7 +274,13 @@ async fn serve<R, W>(
         next_rid: 1,
         order: VecDeque::new(),
         groups: FxHashMap::default(),
+        auth: this.auth.clone(),
+        nonce: auth.clone(),
+        user: User::anonymous(),
     };
+    // A node with users: the client must authenticate in time.
+    let auth_deadline = tokio::time::sleep(this.auth.timeout());
+    tokio::pin!(auth_deadline);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error: Option<&'static str> = None;
     let keepalive = limits.ping_interval_ms > 0;
@@ -280,10 +301,20 @@ async fn serve<R, W>(
         tokio::select! {
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(_) => heard = true,
+                Ok(_) => {
+                    heard = true;
+                    if let Some(s) = &this.spin {
+                        s.touch();
+                    }
+                }
             },
             _ = out.closed() => break,
             _ = stop.changed() => break,
+            _ = &mut auth_deadline, if reader.nonce.is_some() => {
+                this.auth.count_failure();
+                error = Some("Authentication Timeout");
+                break;
+            }
             _ = &mut timer, if begun.is_some() => {
                 broker.limit_hit();
                 error = Some("Stale Connection");
@@ -357,6 +388,12 @@ struct Reader {
     order: VecDeque<(u64, Instant)>,
     /// Queue groups this client is in → its subscriptions in each.
     groups: FxHashMap<Arc<str>, u32>,
+    auth: Arc<Auth>,
+    /// The nonce sent in `INFO` while the client has not authenticated
+    /// (`None` once it has, or when the node has no users).
+    nonce: Option<String>,
+    /// Who the client is, and what it may do.
+    user: Arc<User>,
 }
 
 impl Reader {
@@ -373,6 +410,12 @@ impl Reader {
                     return Err(e.text());
                 }
             };
+            if self.nonce.is_some() && !matches!(op, Op::Connect(_)) {
+                // nats-server: anything before CONNECT on a node with
+                // users is an authorization violation.
+                self.auth.count_failure();
+                return Err("Authorization Violation");
+            }
             let ok = self.opts.verbose;
             match op {
                 Op::Pub {
@@ -394,6 +437,9 @@ impl Reader {
                         self.broker.protocol_error();
                         e.text()
                     })?;
+                    if let Some(nonce) = self.nonce.take() {
+                        self.user = authenticate(&self.auth, &o, nonce).await?;
+                    }
                     self.out.set_no_echo(!o.echo);
                     {
                         let mut sh = self.conn.shared.lock();
@@ -454,6 +500,22 @@ impl Reader {
             self.broker.limit_hit();
             return Ok(());
         };
+        let p = &self.user.permissions;
+        let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
+        let allowed = open
+            || if subject_str.starts_with(REPLY_PREFIX) {
+                p.allow_responses || p.may_publish(&subject_str)
+            } else {
+                p.may_publish(&subject_str)
+            };
+        if !allowed {
+            self.user.denied.publish.fetch_add(1, Relaxed);
+            self.conn.err(&format!(
+                "Permissions Violation for Publish to {:?}",
+                &*subject_str
+            ));
+            return Ok(());
+        }
         // A reply to a request a NATS client was handed.
         if let Some(token) = subject_str
             .strip_prefix(REPLY_PREFIX)
@@ -479,7 +541,12 @@ impl Reader {
                 // The simple encoding, as `client_frame::simple_message`
                 // reads it: subject flag, subject, payload.
                 let a = &mut self.arena;
-                a.reserve(subject.len() + payload.len() + 21);
+                let need = subject.len() + payload.len() + 21;
+                if a.capacity() - a.len() < need {
+                    // A fresh block for many messages (what was split off
+                    // stays with the messages that hold it).
+                    a.reserve(need.max(64 * 1024));
+                }
                 a.put_u8(1);
                 skiff_proto::varint::put_buf(a, subject.len() as u64);
                 a.extend_from_slice(&subject);
@@ -625,14 +692,24 @@ impl Reader {
         };
         let group: Option<Arc<str>> = match queue.as_deref().map(std::str::from_utf8) {
             None => None,
-            Some(Ok(g)) if nats::valid_literal_subject(g.as_bytes()) && !g.contains('.') => {
-                Some(g.into())
-            }
+            Some(Ok(g)) if nats::valid_literal_subject(g.as_bytes()) => Some(g.into()),
             Some(_) => {
                 self.conn.err("Invalid Queue Name");
                 return false;
             }
         };
+        if !self.user.permissions.may_subscribe(&pattern) {
+            self.user.denied.subscribe.fetch_add(1, Relaxed);
+            let sid = String::from_utf8_lossy(&sid);
+            self.conn.err(&match &group {
+                Some(g) => format!(
+                    "Permissions Violation for Subscription to {pattern:?} using queue {:?} (sid {sid:?})",
+                    &**g
+                ),
+                None => format!("Permissions Violation for Subscription to {pattern:?} (sid {sid:?})"),
+            });
+            return false;
+        }
         if self.by_sid.contains_key(&sid) {
             // nats-server keeps the first subscription of a sid.
             return true;
@@ -643,7 +720,10 @@ impl Reader {
             id,
             pattern.clone(),
             group.clone(),
-            Policy::Disconnect,
+            // nats-server stalls a fast producer while a subscriber's
+            // buffer is nearly full, and closes a subscriber that stops
+            // taking bytes (the write deadline, in the writer).
+            Policy::Block,
             u32::MAX,
             u32::MAX,
         );
@@ -664,7 +744,11 @@ impl Reader {
                 if let Some(g) = group {
                     let n = self.groups.entry(g.clone()).or_default();
                     *n += 1;
-                    if *n == 1 {
+                    if *n == 1 && !self.user.permissions.may_join(&g) {
+                        // Still a queue subscriber; not a cluster member
+                        // for skiff's cluster requests.
+                        self.user.denied.join.fetch_add(1, Relaxed);
+                    } else if *n == 1 {
                         let _ = self.broker.handle_control(
                             &self.out,
                             ClientFrame::Join {
@@ -722,6 +806,64 @@ impl Reader {
     }
 }
 
+/// Checks `CONNECT`'s credentials against the node's users (off the
+/// runtime's threads: a password costs an argon2 verification). `Err`:
+/// close with this `-ERR` text.
+async fn authenticate(
+    auth: &Arc<Auth>,
+    o: &ConnectOptions,
+    nonce: String,
+) -> Result<Arc<User>, &'static str> {
+    let creds = credentials(o).ok_or_else(|| {
+        auth.count_failure();
+        "Authorization Violation"
+    })?;
+    let auth = auth.clone();
+    tokio::task::spawn_blocking(move || auth.verify(&creds, nonce.as_bytes()))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or("Authorization Violation")
+}
+
+/// The credentials in `CONNECT`: a key and its signature, a user and
+/// password, a token, or none; `None` when they do not decode (a JWT,
+/// which this node does not take, or a bad key or signature).
+fn credentials(o: &ConnectOptions) -> Option<Credentials> {
+    use base64::Engine;
+    if o.jwt.is_some() {
+        return None;
+    }
+    if let Some(nkey) = &o.nkey {
+        if nkey.len() != 56 || !nkey.starts_with('U') {
+            return None;
+        }
+        let key = PublicKey::parse(nkey)?;
+        let sig = o.sig.as_deref()?;
+        if sig.len() > 128 {
+            return None;
+        }
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sig.trim_end_matches('='))
+            .or_else(|_| base64::engine::general_purpose::STANDARD.decode(sig))
+            .ok()?;
+        return Some(Credentials::Signature {
+            public_key: key.0,
+            signature: sig.try_into().ok()?,
+        });
+    }
+    if let (Some(user), Some(pass)) = (&o.user, &o.pass) {
+        return Some(Credentials::Password {
+            user: user.clone(),
+            password: Secret::new(pass.clone()),
+        });
+    }
+    if let Some(t) = &o.auth_token {
+        return Some(Credentials::Token(Secret::new(t.clone())));
+    }
+    Some(Credentials::None)
+}
+
 fn field(key: bytestring::ByteString, value: Bytes) -> Field {
     Field {
         key,
@@ -746,42 +888,56 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     conn: Arc<Conn>,
     mut w: W,
 ) {
-    let mut frames = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut scratch = Scratch::default();
+    let mut republish = Vec::new();
+    let mut ended = Vec::new();
     loop {
-        let more = tokio::select! {
-            more = out.next_batch(&mut frames) => more,
-            _ = conn.wake.notified() => true,
-        };
+        tokio::select! {
+            _ = out.ready() => {}
+            _ = conn.wake.notified() => {}
+        }
         let direct = std::mem::take(&mut conn.shared.lock().direct);
         // Frames queued before a line the reader wrote (a `PONG` after
         // the publishes before its `PING`) go first.
-        out.take(&mut frames);
-        let mut republish = Vec::new();
-        let mut ended = Vec::new();
         {
             let mut sh = conn.shared.lock();
-            for f in frames.drain(..) {
-                encode(
-                    &mut sh,
-                    f,
-                    &mut buf,
-                    &mut scratch,
-                    &mut republish,
-                    &mut ended,
-                );
+            let mut sink = Nats {
+                sh: &mut sh,
+                out: &mut buf,
+                s: &mut scratch,
+                republish: &mut republish,
+                ended: &mut ended,
+            };
+            out.take_into(&mut sink);
+            if let Some(f) = out.take_closing() {
+                sink.frame(f);
             }
         }
         buf.extend_from_slice(&direct);
         for (sid, n) in scratch.credit.drain() {
             out.credit(sid, n);
         }
-        for id in ended {
+        for id in ended.drain(..) {
             end_sub(&broker, &out, &conn, id);
         }
         if !buf.is_empty() {
-            if w.write_all(&buf).await.is_err() {
+            let deadline = broker.limits().write_deadline_ms;
+            let wrote = if deadline == 0 {
+                w.write_all(&buf).await
+            } else {
+                match tokio::time::timeout(Duration::from_millis(deadline), w.write_all(&buf)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        // nats-server's write deadline: a slow consumer,
+                        // closed (with no -ERR) and counted.
+                        broker.slow_consumer(out.id);
+                        return;
+                    }
+                }
+            };
+            if wrote.is_err() {
                 broker.detach(out.id, None);
                 return;
             }
@@ -790,10 +946,10 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 buf = Vec::with_capacity(64 * 1024);
             }
         }
-        for msg in republish {
+        for msg in republish.drain(..) {
             let _ = super::handle(&broker, &out, ClientFrame::Pub(msg)).await;
         }
-        if !more {
+        if out.is_closed() && out.is_drained() {
             break;
         }
     }
@@ -812,112 +968,158 @@ struct Scratch {
     credit: FxHashMap<u64, u32>,
 }
 
-/// Appends the NATS form of frame `f`.
-fn encode(
-    sh: &mut Shared,
-    f: ServerFrame,
-    out: &mut Vec<u8>,
-    s: &mut Scratch,
-    republish: &mut Vec<Message>,
-    ended: &mut Vec<u64>,
-) {
-    match f {
-        ServerFrame::Msg { sid, token, msg } => {
-            *s.credit.entry(sid).or_default() += 1;
-            let headers = sh.headers;
-            let Some(sub) = sh.subs.get_mut(&sid) else {
+/// Encodes what the outbox hands out as NATS protocol.
+struct Nats<'a> {
+    sh: &'a mut Shared,
+    out: &'a mut Vec<u8>,
+    s: &'a mut Scratch,
+    /// Replies for nobody here: published to their reply subjects.
+    republish: &'a mut Vec<Message>,
+    /// Subscriptions that reached their `UNSUB` count.
+    ended: &'a mut Vec<u64>,
+}
+
+/// Bytes written for one socket write before the writer writes them.
+const BATCH_BYTES: usize = 256 * 1024;
+
+impl Sink for Nats<'_> {
+    fn full(&self) -> bool {
+        self.out.len() >= BATCH_BYTES
+    }
+
+    fn msg(&mut self, sid: u64, token: u64, body: Body) {
+        *self.s.credit.entry(sid).or_default() += 1;
+        let headers = self.sh.headers;
+        let Some(sub) = self.sh.subs.get_mut(&sid) else {
+            return;
+        };
+        if sub.max.is_some_and(|m| sub.delivered >= m) {
+            return;
+        }
+        sub.delivered += 1;
+        if sub.max == Some(sub.delivered) {
+            self.ended.push(sid);
+        }
+        self.s.reply.clear();
+        if token != 0 {
+            let _ = write!(self.s.reply, "{REPLY_PREFIX}{token}");
+        }
+        // The common message (a subject and a payload) straight from its
+        // encoding; others decoded.
+        let raw = match &body {
+            Body::Small { len, buf } => &buf[..usize::from(*len)],
+            Body::Raw(b) => &b[..],
+            Body::Val(m) => {
+                message(
+                    self.out,
+                    m,
+                    m.subject.as_bytes(),
+                    &sub.sid,
+                    &self.s.reply,
+                    headers,
+                    &mut self.s.headers,
+                );
                 return;
-            };
-            if sub.max.is_some_and(|m| sub.delivered >= m) {
-                return;
             }
-            sub.delivered += 1;
-            if sub.max == Some(sub.delivered) {
-                ended.push(sid);
-            }
-            s.reply.clear();
-            if token != 0 {
-                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
-            }
-            message(
-                out,
-                &msg,
-                msg.subject.as_bytes(),
+        };
+        if let Some((subject, len)) = simple_message(raw, usize::MAX) {
+            let payload = &raw[raw.len() - len..];
+            nats::encode_msg(
+                self.out,
+                subject.as_bytes(),
                 &sub.sid,
-                &s.reply,
+                self.s.reply.as_bytes(),
+                payload,
+            );
+            return;
+        }
+        if let Ok(m) = skiff_proto::wire::decode_message(&Bytes::copy_from_slice(raw), usize::MAX) {
+            message(
+                self.out,
+                &m,
+                m.subject.as_bytes(),
+                &sub.sid,
+                &self.s.reply,
                 headers,
-                &mut s.headers,
+                &mut self.s.headers,
             );
         }
-        ServerFrame::Request {
-            token,
-            cluster,
-            msg,
-        } => {
-            let headers = sh.headers;
-            if let Some(sub) = sh
-                .subs
-                .values()
-                .find(|x| x.group.as_deref() == Some(&*cluster))
-            {
-                s.reply.clear();
-                let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
-                message(
-                    out,
-                    &msg,
-                    msg.subject.as_bytes(),
-                    &sub.sid,
-                    &s.reply,
-                    headers,
-                    &mut s.headers,
-                );
-            }
-        }
-        ServerFrame::Bcast { cluster, msg } => {
-            let headers = sh.headers;
-            if let Some(sub) = sh
-                .subs
-                .values()
-                .find(|x| x.group.as_deref() == Some(&*cluster))
-            {
-                message(
-                    out,
-                    &msg,
-                    msg.subject.as_bytes(),
-                    &sub.sid,
-                    "",
-                    headers,
-                    &mut s.headers,
-                );
-            }
-        }
-        ServerFrame::Reply { rid, msg } => {
-            let Some(reply) = sh.requests.get(&rid).cloned() else {
-                return;
-            };
-            if !to_inbox(sh, out, &reply, &msg, s) {
-                if let Ok(subject) = bytestring::ByteString::try_from(reply) {
-                    republish.push(Message { subject, ..msg });
+    }
+
+    fn frame(&mut self, f: ServerFrame) {
+        let (sh, out, s) = (&mut *self.sh, &mut *self.out, &mut *self.s);
+        match f {
+            ServerFrame::Msg { sid, token, msg } => self.msg(sid, token, Body::value(msg)),
+            ServerFrame::Request {
+                token,
+                cluster,
+                msg,
+            } => {
+                let headers = sh.headers;
+                if let Some(sub) = sh
+                    .subs
+                    .values()
+                    .find(|x| x.group.as_deref() == Some(&*cluster))
+                {
+                    s.reply.clear();
+                    let _ = write!(s.reply, "{REPLY_PREFIX}{token}");
+                    message(
+                        out,
+                        &msg,
+                        msg.subject.as_bytes(),
+                        &sub.sid,
+                        &s.reply,
+                        headers,
+                        &mut s.headers,
+                    );
                 }
             }
-        }
-        ServerFrame::ReqDone { rid, code } => {
-            let Some(reply) = sh.requests.remove(&rid) else {
-                return;
-            };
-            if code == Code::NoResponders && sh.no_responders {
-                s.headers.clear();
-                nats::write_headers(&mut s.headers, Some((503, "")), []);
-                let h = std::mem::take(&mut s.headers);
-                for_inbox(sh, &reply, |sid| {
-                    nats::encode_hmsg(out, &reply, sid, b"", &h, b"");
-                });
-                s.headers = h;
+            ServerFrame::Bcast { cluster, msg } => {
+                let headers = sh.headers;
+                if let Some(sub) = sh
+                    .subs
+                    .values()
+                    .find(|x| x.group.as_deref() == Some(&*cluster))
+                {
+                    message(
+                        out,
+                        &msg,
+                        msg.subject.as_bytes(),
+                        &sub.sid,
+                        "",
+                        headers,
+                        &mut s.headers,
+                    );
+                }
             }
+            ServerFrame::Reply { rid, msg } => {
+                let Some(reply) = sh.requests.get(&rid).cloned() else {
+                    return;
+                };
+                if !to_inbox(sh, out, &reply, &msg, s) {
+                    if let Ok(subject) = bytestring::ByteString::try_from(reply) {
+                        self.republish.push(Message { subject, ..msg });
+                    }
+                }
+            }
+            ServerFrame::ReqDone { rid, code } => {
+                let Some(reply) = sh.requests.remove(&rid) else {
+                    return;
+                };
+                if code == Code::NoResponders && sh.no_responders {
+                    s.headers.clear();
+                    nats::write_headers(&mut s.headers, Some((503, "")), []);
+                    let h = std::mem::take(&mut s.headers);
+                    for_inbox(sh, &reply, |sid| {
+                        nats::encode_hmsg(out, &reply, sid, b"", &h, b"");
+                    });
+                    s.headers = h;
+                }
+            }
+            // Acks, pongs, drop reports (counted in stats), errors (the
+            // reader says what a NATS client is told), tunnels, stats.
+            _ => {}
         }
-        // Acks, pongs, drop reports (counted in stats), errors (the
-        // reader says what a NATS client is told), tunnels, stats.
-        _ => {}
     }
 }
 

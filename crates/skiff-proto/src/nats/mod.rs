@@ -364,8 +364,9 @@ fn size(d: &[u8]) -> Option<u64> {
 }
 
 /// A client's `CONNECT` options (the fields this server acts on; others
-/// are ignored, as nats-server ignores unknown ones).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+/// are ignored, as nats-server ignores unknown ones). `Debug` hides the
+/// secrets.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(default)]
 pub struct ConnectOptions {
     /// Answer every operation with `+OK`.
@@ -403,6 +404,29 @@ pub struct ConnectOptions {
 
 fn yes() -> bool {
     true
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |o: &Option<String>| o.as_ref().map(|_| "***");
+        f.debug_struct("ConnectOptions")
+            .field("verbose", &self.verbose)
+            .field("pedantic", &self.pedantic)
+            .field("echo", &self.echo)
+            .field("headers", &self.headers)
+            .field("no_responders", &self.no_responders)
+            .field("name", &self.name)
+            .field("lang", &self.lang)
+            .field("version", &self.version)
+            .field("protocol", &self.protocol)
+            .field("auth_token", &hidden(&self.auth_token))
+            .field("user", &self.user)
+            .field("pass", &hidden(&self.pass))
+            .field("nkey", &self.nkey)
+            .field("sig", &hidden(&self.sig))
+            .field("jwt", &hidden(&self.jwt))
+            .finish()
+    }
 }
 
 impl ConnectOptions {

@@ -163,6 +163,12 @@ fn connect_options() {
         ConnectOptions::parse(br#"{"headers":true,"no_responders":true,"echo":false}"#).unwrap();
     assert!(!o.headers && !o.no_responders && !o.echo);
     assert!(ConnectOptions::parse(b"{nope").is_err());
+    let o = ConnectOptions::parse(br#"{"pass":"hunter2","auth_token":"t0k"}"#).unwrap();
+    let shown = format!("{o:?}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("t0k"),
+        "{shown}"
+    );
 }
 
 #[test]
