@@ -293,8 +293,7 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
         |node| {
             if let Some(a) = node.tcp_addr() {
                 let scheme = if node.tls() { "tls" } else { "tcp" };
-                eprintln!("skiff node listening on {scheme} {a}");
-                tracing::info!("skiff node listening on tcp {a}");
+                tracing::info!("skiff node listening on {scheme} {a}");
             }
             if let Some(a) = node.nats_addr() {
                 tracing::info!("skiff node listening for NATS clients on {a}");
@@ -322,14 +321,13 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
             }
             if let Some(m) = node.broker().mesh() {
                 let v = m.view();
-                eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+                tracing::info!("skiff node in mesh {:?} as {}", v.net, v.me);
                 if let Some(s) = &v.seal {
-                    eprintln!(
+                    tracing::info!(
                         "skiff node: mesh sealed (Noise, ChaCha20-Poly1305); this node's identity key: {}",
                         s.identity
                     );
                 }
-                tracing::info!("skiff node in mesh {:?} as {}", v.net, v.me);
                 if m.loopback_fallback() {
                     tracing::warn!(
                         "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
@@ -337,10 +335,11 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
                 }
             }
             if node.broker().auth().enabled() {
-                eprintln!("skiff node: clients must authenticate");
+                tracing::info!("skiff node: clients must authenticate");
             }
             for w in node.broker().warnings() {
-                eprintln!("skiff node: WARNING: {w}");
+                skiff_node::logging::counted();
+                tracing::warn!("skiff node: WARNING: {w}");
             }
         },
         || {},
