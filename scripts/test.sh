@@ -29,8 +29,20 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-echo "== cargo test"
+echo "== python: prometheus-client from PyPI (the monitoring tests parse /metrics with it)"
 mkdir -p target
+if ! target/py-prom/bin/python -c 'import prometheus_client' 2>/dev/null; then
+  if python3 -m venv target/py-prom >/dev/null 2>&1; then
+    target/py-prom/bin/pip install -q prometheus-client
+  else
+    echo "   no venv module: installing with pip --user"
+    rm -rf target/py-prom
+    python3 -m pip install -q --user prometheus-client
+    mkdir -p target/py-prom/bin && ln -sf "$(command -v python3)" target/py-prom/bin/python
+  fi
+fi
+export SKIFF_TEST_PYTHON="$PWD/target/py-prom/bin/python"
+echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
 echo "== NATS clients (nats-py, nats.go, nats.js from their registries) against skiff's NATS listener"
 cargo build --quiet -p skiff-cli

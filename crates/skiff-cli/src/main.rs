@@ -13,6 +13,7 @@ mod docs_cmd;
 mod node_cmd;
 mod out;
 mod queue_cmd;
+mod top;
 mod tunnel_cmd;
 
 /// skiff: messaging middleware for clusters and clouds.
@@ -52,6 +53,11 @@ enum Command {
     Tunnel(cluster_cmd::TunnelArgs),
     /// Print a node's counters: per node, client and subscription.
     Stats(node_cmd::StatsArgs),
+    /// A live view of a node: clients, rates, pending, drops, slow
+    /// consumers, mesh peers.
+    Top(top::TopArgs),
+    /// Ask a node on this host to reread its configuration file.
+    Reload(node_cmd::ReloadArgs),
     /// A complete exchange on this host, nothing else needed.
     Demo,
     /// Measure skiff's throughput and latency on this machine.
@@ -73,6 +79,13 @@ fn main() {
     // `mem://` (the demo, `--node mem://`) attaches to a node in this process.
     skiff_node::embed::install();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Node(_)) {
+        // What the libraries log (warnings: a torn log cut, a driver
+        // stopped), on standard error; `skiff node` sets up its own.
+        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+        let _ = skiff_node::logging::init(&filter, skiff_node::logging::Format::Text)
+            .or_else(|_| skiff_node::logging::init("warn", skiff_node::logging::Format::Text));
+    }
     let result = match cli.command {
         Command::Push(a) => queue_cmd::push(a),
         Command::Pop(a) => queue_cmd::pop(a),
@@ -86,6 +99,8 @@ fn main() {
         Command::Broadcast(a) => cluster_cmd::broadcast(a),
         Command::Tunnel(a) => cluster_cmd::tunnel(a),
         Command::Stats(a) => node_cmd::stats(a),
+        Command::Top(a) => top::run(a),
+        Command::Reload(a) => node_cmd::reload(a),
         Command::Demo => demo::run(),
         Command::Bench(a) => bench::run(a),
         Command::Completions(a) => docs_cmd::completions(a, Cli::command()),

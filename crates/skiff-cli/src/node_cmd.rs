@@ -80,7 +80,7 @@ impl NodeLoc {
 }
 
 /// `skiff node`
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub(crate) struct NodeArgs {
     /// TOML configuration file (see docs/node.md); `SKIFF_*` variables
     /// and flags override it.
@@ -151,6 +151,20 @@ pub(crate) struct NodeArgs {
     /// Require client certificates that chain to this CA (mutual TLS).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_ca: Option<String>,
+    /// Log filter: a level (error, warn, info, debug, trace) or
+    /// directives such as `skiff_node=debug,info` [default: $RUST_LOG,
+    /// else info].
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, value_name = "text|json")]
+    log_format: Option<String>,
+    /// Serve the HTTP monitoring endpoints (/healthz, /varz, /connz,
+    /// /subsz, /meshz, /metrics) on this address, e.g. 127.0.0.1:8222
+    /// (keep it on loopback or a private network: it is not
+    /// authenticated). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    monitor: Option<String>,
     /// Any setting as name=value, e.g. `--set max_payload=65536`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     set: Vec<String>,
@@ -171,8 +185,9 @@ fn spin_help() -> String {
     )
 }
 
-/// Runs a node until SIGINT or SIGTERM, then shuts down gracefully.
-pub(crate) fn node(a: NodeArgs) -> Result<()> {
+/// The node's configuration from its file, `SKIFF_*` variables, `RUST_LOG`
+/// and flags (each over the one before); run again on reload.
+fn node_config(a: &NodeArgs) -> std::result::Result<Config, skiff_node::ConfigError> {
     let mut cfg = match &a.config {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
@@ -229,7 +244,11 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     for kv in &a.set {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| format!("--set {kv:?}: expected NAME=VALUE"))?;
+            .ok_or_else(|| skiff_node::ConfigError::Value {
+                name: "--set".into(),
+                value: kv.clone(),
+                expected: "NAME=VALUE",
+            })?;
         cfg.set(k.trim(), v.trim())?;
     }
     if let Some(s) = &a.shm {
@@ -238,57 +257,92 @@ pub(crate) fn node(a: NodeArgs) -> Result<()> {
     for l in &a.log {
         cfg.set("log", l)?;
     }
-    skiff_node::node::run_until_signal(
+    for (name, v) in [
+        ("log_level", &a.log_level),
+        ("log_format", &a.log_format),
+        ("monitor", &a.monitor),
+    ] {
+        if let Some(v) = v {
+            cfg.set(name, v)?;
+        }
+    }
+    // RUST_LOG when nothing else names a filter.
+    if let (None, Ok(v)) = (&cfg.log_level, std::env::var("RUST_LOG")) {
+        if !v.trim().is_empty() {
+            cfg.set("log_level", &v)?;
+        }
+    }
+    Ok(cfg)
+}
+
+/// Runs a node until SIGINT or SIGTERM, then shuts down gracefully;
+/// SIGHUP (or `skiff reload`) rereads the configuration.
+pub(crate) fn node(a: NodeArgs) -> Result<()> {
+    let cfg = node_config(&a)?;
+    skiff_node::logging::init(
+        cfg.log_level
+            .as_deref()
+            .unwrap_or(skiff_node::logging::DEFAULT_FILTER),
+        cfg.log_format,
+    )?;
+    let again = a.clone();
+    let source: skiff_node::node::ConfigSource = Box::new(move || node_config(&again));
+    skiff_node::node::run_with_reload(
         &cfg,
+        a.config.is_some().then_some(source),
         |node| {
             if let Some(a) = node.tcp_addr() {
                 let scheme = if node.tls() { "tls" } else { "tcp" };
-                eprintln!("skiff node listening on {scheme} {a}");
+                tracing::info!("skiff node listening on {scheme} {a}");
             }
             if let Some(a) = node.nats_addr() {
-                eprintln!("skiff node listening for NATS clients on {a}");
+                tracing::info!("skiff node listening for NATS clients on {a}");
             }
-            eprintln!("skiff node serving with {} worker thread(s)", cfg.workers());
+            if let Some(m) = node.monitor_addr() {
+                tracing::info!("skiff node monitoring on http://{m}");
+            }
+            tracing::info!("skiff node serving with {} worker thread(s)", cfg.workers());
             let max = node.broker().limits().max_connections;
             if max < cfg.limits.max_connections {
-                eprintln!(
+                tracing::warn!(
                     "skiff node: max_connections lowered to {max}, below the open-file limit"
                 );
             }
             if let Some(us) = node.wake_latency_us() {
-                eprintln!(
+                tracing::info!(
                     "skiff node holds a CPU wake-up latency of {us} µs (PM QoS, while it runs)"
                 );
             }
             if let Some(p) = node.unix_path() {
-                eprintln!("skiff node listening on unix {}", p.display());
+                tracing::info!("skiff node listening on unix {}", p.display());
             }
             if let (Some(loc), Some(l)) = (&cfg.shm, node.shm()) {
-                eprintln!("skiff node listening on {loc} ({})", l.dir().display());
+                tracing::info!("skiff node listening on {loc} ({})", l.dir().display());
             }
             if let Some(m) = node.broker().mesh() {
                 let v = m.view();
-                eprintln!("skiff node in mesh {:?} as {}", v.net, v.me);
+                tracing::info!("skiff node in mesh {:?} as {}", v.net, v.me);
                 if let Some(s) = &v.seal {
-                    eprintln!(
+                    tracing::info!(
                         "skiff node: mesh sealed (Noise, ChaCha20-Poly1305); this node's identity key: {}",
                         s.identity
                     );
                 }
                 if m.loopback_fallback() {
-                    eprintln!(
+                    tracing::warn!(
                         "skiff node: no route to the first seed or the scouting group, so this node took 127.0.0.1 as its identity: only nodes on this host can reach it (give --mesh ADDR:PORT to choose the address)"
                     );
                 }
             }
             if node.broker().auth().enabled() {
-                eprintln!("skiff node: clients must authenticate");
+                tracing::info!("skiff node: clients must authenticate");
             }
             for w in node.broker().warnings() {
-                eprintln!("skiff node: WARNING: {w}");
+                skiff_node::logging::counted();
+                tracing::warn!("skiff node: WARNING: {w}");
             }
         },
-        || eprintln!("skiff node: shutting down (draining queues)"),
+        || {},
     )?;
     Ok(())
 }
@@ -642,6 +696,26 @@ pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
             }
         }
         c.flush().await?;
+        Ok(())
+    })
+}
+
+/// `skiff reload`
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReloadArgs {
+    #[command(flatten)]
+    loc: NodeLoc,
+}
+
+/// Asks a node on this host to reread its configuration file (as SIGHUP
+/// does); the node's log says what changed and what needs a restart.
+pub(crate) fn reload(a: ReloadArgs) -> Result<()> {
+    runtime()?.block_on(async move {
+        let c = a.loc.connect_for("reload", false).await?;
+        c.reload()
+            .await
+            .map_err(|e| format!("the node did not reload: {e}"))?;
+        outln!("reloaded (the node's log says what changed)");
         Ok(())
     })
 }

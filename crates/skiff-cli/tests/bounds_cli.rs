@@ -56,7 +56,7 @@ impl Node {
             .expect("spawn skiff node");
         let mut err = BufReader::new(child.stderr.take().unwrap());
         let mut seen = String::new();
-        while !seen.contains("tcp") {
+        while !seen.contains("listening on tcp") {
             let mut line = String::new();
             assert!(err.read_line(&mut line).unwrap() > 0, "node exited: {seen}");
             seen += &line;

@@ -40,7 +40,7 @@ fn start_node() -> Node {
         .expect("spawn skiff node");
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut seen = String::new();
-    while !seen.contains("unix") {
+    while !seen.contains("listening on unix") {
         let mut line = String::new();
         assert!(err.read_line(&mut line).unwrap() > 0, "node exited: {seen}");
         seen += &line;

@@ -10,6 +10,9 @@
 //! wake_latency_us = 0           # optional: keep idle CPUs this quick to wake (see `wake`)
 //! workers = 1                   # optional: threads serving clients (default: CPUs - 1)
 //! spin_us = 100                 # poll this long after traffic before sleeping (0: off; see `spin`)
+//! log_level = "info"            # level or RUST_LOG-style directives (default: $RUST_LOG, else info)
+//! log_format = "text"           # or "json": one object per line
+//! monitor = "127.0.0.1:8222"    # optional: the HTTP monitoring listener (docs/monitoring.md)
 //! [limits]
 //! max_subject = 256             # bytes
 //! max_payload = 1048576         # bytes
@@ -182,6 +185,9 @@ const SETTINGS: &[&str] = &[
     "wake_latency_us",
     "workers",
     "spin_us",
+    "log_level",
+    "log_format",
+    "monitor",
     "mesh",
     "net",
     "seeds",
@@ -254,6 +260,15 @@ pub struct Config {
     /// Log sinks (`[[log]]`: cMsg's LogFile subdomain, see
     /// [`crate::logsink`]).
     pub log: Vec<crate::logsink::LogSink>,
+    /// The log's filter: a level (`info`) or directives
+    /// (`skiff_node=debug,warn`); `None`: `RUST_LOG`, else `info`. Changes
+    /// on reload.
+    pub log_level: Option<String>,
+    /// How log lines are written (text or JSON).
+    pub log_format: crate::logging::Format,
+    /// Where the HTTP monitoring listener listens (`/healthz`, `/varz`,
+    /// `/connz`, `/subsz`, `/meshz`, `/metrics`); `None`: no listener.
+    pub monitor: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -273,6 +288,9 @@ impl Default for Config {
             tls_key: None,
             tls_ca: None,
             log: Vec::new(),
+            log_level: None,
+            log_format: crate::logging::Format::Text,
+            monitor: None,
         }
     }
 }
@@ -340,6 +358,9 @@ impl Config {
             tls_ca: Option<PathBuf>,
             #[serde(default)]
             log: Vec<crate::logsink::LogSink>,
+            log_level: Option<String>,
+            log_format: Option<String>,
+            monitor: Option<String>,
         }
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: path.to_owned(),
@@ -374,6 +395,15 @@ impl Config {
                 path: path.to_owned(),
                 message: e.to_string(),
             });
+        }
+        for (name, v) in [
+            ("log_level", raw.log_level),
+            ("log_format", raw.log_format),
+            ("monitor", raw.monitor),
+        ] {
+            if let Some(v) = v {
+                c.set(name, &v)?;
+            }
         }
         if c.spin_us > MAX_SPIN_US {
             return Err(ConfigError::Value {
@@ -663,6 +693,29 @@ impl Config {
                     .filter(|&v| v <= MAX_SPIN_US)
                     .ok_or_else(|| bad(SPIN_US_EXPECTED))?
             }
+            "log_level" => {
+                self.log_level = if value.trim().is_empty() {
+                    None
+                } else {
+                    crate::logging::check_filter(value.trim()).map_err(|_| {
+                        bad("a level (error, warn, info, debug, trace) or directives such as skiff_node=debug,info")
+                    })?;
+                    Some(value.trim().to_owned())
+                }
+            }
+            "log_format" => {
+                self.log_format =
+                    crate::logging::Format::parse(value).ok_or_else(|| bad("text or json"))?
+            }
+            "monitor" => {
+                self.monitor = match value.trim() {
+                    "" | "none" | "off" => None,
+                    v => Some(
+                        v.parse()
+                            .map_err(|_| bad("host:port, e.g. 127.0.0.1:8222, or off"))?,
+                    ),
+                }
+            }
             "max_subject" => l.max_subject = num()? as usize,
             "max_payload" => l.max_payload = num()? as usize,
             "max_subscriptions" => l.max_subscriptions = num()? as usize,
@@ -823,6 +876,32 @@ mod tests {
             c.limits.frame_deadline(MIN_READ_RATE as usize),
             Duration::from_millis(1500)
         );
+    }
+
+    #[test]
+    fn log_and_monitor_from_toml_env_and_flags() {
+        let mut c = Config::from_toml(
+            "log_level = \"warn\"\nlog_format = \"json\"\nmonitor = \"127.0.0.1:8222\"\n",
+            std::path::Path::new("l.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.log_level.as_deref(), Some("warn"));
+        assert_eq!(c.log_format, crate::logging::Format::Json);
+        assert_eq!(c.monitor, Some("127.0.0.1:8222".parse().unwrap()));
+        c.apply_env([("SKIFF_LOG_LEVEL".into(), "skiff_node=debug,info".into())])
+            .unwrap();
+        assert_eq!(c.log_level.as_deref(), Some("skiff_node=debug,info"));
+        c.set("monitor", "off").unwrap();
+        assert_eq!(c.monitor, None);
+        for (name, v) in [
+            ("log_format", "xml"),
+            ("monitor", "8222"),
+            ("log_level", "x=["),
+        ] {
+            let e = c.set(name, v).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
+        assert_eq!(Config::default().monitor, None, "off by default");
     }
 
     #[test]

@@ -35,11 +35,14 @@ pub mod broker;
 pub mod config;
 pub mod embed;
 pub mod listen;
+pub mod logging;
 pub mod logsink;
 pub mod mesh;
 pub mod mesh_tunnel;
+pub mod monitor;
 pub mod node;
 pub mod outbox;
+pub mod reload;
 pub mod session;
 pub mod wake;
 

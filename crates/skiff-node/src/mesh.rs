@@ -261,14 +261,15 @@ impl MeshLink {
         }
     }
 
-    /// A log line on standard error, at most one a second (drops and
-    /// losses are counted in full in `skiff stats --mesh`).
+    /// A warning in the log, at most one a second (drops and losses are
+    /// counted in full in `skiff stats --mesh`).
     pub(crate) fn note(&self, what: std::fmt::Arguments<'_>) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         if self.counters.noted.swap(now, Relaxed) != now {
-            eprintln!("skiff node: mesh: {what}");
+            crate::logging::counted();
+            tracing::warn!("mesh: {what}");
         }
     }
 

@@ -70,6 +70,12 @@ fn trim_freed_memory() {
 /// How often the node looks whether clients left (and trims, if so).
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The most clients the open-file limit leaves room for (raising the
+/// soft limit to the hard one first), `None` if it cannot be read.
+pub(crate) fn connection_room() -> Option<usize> {
+    raise_nofile_limit().map(|fds| (fds.saturating_sub(FD_RESERVE) as usize).max(1))
+}
+
 /// A running node: its listeners and connections run as tokio tasks on the
 /// runtime that started it.
 #[derive(Debug)]
@@ -87,6 +93,12 @@ pub struct Node {
     spin: Option<Arc<Spin>>,
     /// Whether the TCP listener speaks TLS.
     tls: bool,
+    /// What `/healthz` reports, and the monitoring listener's address.
+    health: Arc<crate::monitor::Health>,
+    monitor: Option<SocketAddr>,
+    /// Stops the monitoring listener: after the drain, so `/healthz`
+    /// answers 503 during it.
+    monitor_stop: watch::Sender<bool>,
 }
 
 impl Node {
@@ -99,6 +111,7 @@ impl Node {
 
     fn with_broker(broker: Broker) -> Node {
         let (stop, _) = watch::channel(false);
+        let (monitor_stop, _) = watch::channel(false);
         Node {
             broker: Arc::new(broker),
             tcp: None,
@@ -110,6 +123,9 @@ impl Node {
             wake: None,
             spin: None,
             tls: false,
+            health: Arc::new(crate::monitor::Health::default()),
+            monitor: None,
+            monitor_stop,
         }
     }
 
@@ -138,6 +154,22 @@ impl Node {
         let auth = crate::auth::Auth::new(&config.auth)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut node = Node::with_broker(Broker::with_auth(config.limits.clone(), Arc::new(auth)));
+        crate::monitor::log_start(config);
+        let mut set = JoinSet::new();
+        // The monitor first: `/healthz` says 503 until the rest is up.
+        if let Some(addr) = config.monitor {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("monitor {addr}: {e}")))?;
+            let a = l.local_addr()?;
+            node.monitor = Some(a);
+            tracing::info!(addr = %a, "listening: monitor (http)");
+            set.spawn(crate::monitor::serve(
+                l,
+                crate::monitor::Monitor::new(node.broker.clone(), node.health.clone(), config),
+                node.monitor_stop.subscribe(),
+            ));
+        }
         if let Some(us) = config.wake_latency_us {
             node.wake = Some(crate::wake::WakeLatency::request(us).map_err(|e| {
                 io::Error::new(
@@ -146,7 +178,6 @@ impl Node {
                 )
             })?);
         }
-        let mut set = JoinSet::new();
         let spin = Spin::start(Duration::from_micros(config.spin_us));
         node.spin = spin.clone();
         let tls = match (&config.tls_cert, &config.tls_key) {
@@ -169,6 +200,7 @@ impl Node {
                 .await
                 .map_err(|e| io::Error::new(e.kind(), format!("listen on tcp {addr}: {e}")))?;
             node.tcp = Some(l.local_addr()?);
+            tracing::info!(addr = %l.local_addr()?, "listening: clients over tcp");
             set.spawn(stream::accept_tcp(
                 l,
                 node.broker.clone(),
@@ -189,6 +221,7 @@ impl Node {
                 io::Error::new(e.kind(), format!("listen on unix {}: {e}", path.display()))
             })?;
             node.unix = Some(path.clone());
+            tracing::info!(path = %path.display(), "listening: clients over a unix socket");
             set.spawn(stream::accept_unix(
                 l,
                 node.broker.clone(),
@@ -199,6 +232,7 @@ impl Node {
         if let Some(loc) = &config.shm {
             let l = ShmListener::start(node.broker.clone(), loc)
                 .map_err(|e| io::Error::other(format!("shm {loc}: {e}")))?;
+            tracing::info!(locator = %loc, dir = %l.dir().display(), "listening: clients over shared memory");
             node.shm = Some(l);
         }
         if let Some(addr) = config.nats {
@@ -244,9 +278,11 @@ impl Node {
             ));
         }
         if let Some(m) = &config.mesh {
-            let (_, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
+            let (link, task) = crate::mesh::start(m, &node.broker, node.stop.subscribe())
                 .await
                 .map_err(|e| io::Error::new(e.kind(), format!("mesh on udp {}: {e}", m.bind)))?;
+            let v = link.view();
+            tracing::info!(me = %v.me, net = %v.net, seeds = ?m.seeds, seeds_dns = ?m.seeds_dns, scout = m.scout, "joining the mesh");
             set.spawn(async move {
                 let _ = task.await;
             });
@@ -257,6 +293,11 @@ impl Node {
             let running = crate::logsink::open(client, sink).await?;
             set.spawn(crate::logsink::run(running));
         }
+        set.spawn(crate::monitor::watchdog(
+            node.broker.clone(),
+            node.stop.subscribe(),
+        ));
+        node.health.set_listening(config.mesh.as_ref());
         node.tasks = Some(tokio::spawn(async move {
             while set.join_next().await.is_some() {}
         }));
@@ -271,6 +312,11 @@ impl Node {
     /// Whether the TCP listener speaks TLS (clients use `tls://`).
     pub fn tls(&self) -> bool {
         self.tls
+    }
+
+    /// The monitoring listener's address (`--monitor`).
+    pub fn monitor_addr(&self) -> Option<SocketAddr> {
+        self.monitor
     }
 
     /// The TCP address the node listens on.
@@ -313,20 +359,46 @@ impl Node {
     /// for them has been handed to their connections, then closes every
     /// client with a `shutdown` error frame.
     pub async fn shutdown(mut self) {
+        let limits = self.broker.limits();
+        tracing::info!(
+            clients = self.broker.client_count(),
+            drain_timeout_ms = limits.drain_timeout_ms,
+            "shutting down: refusing new clients, draining queues, leaving the mesh"
+        );
+        self.health.set_stopping();
         self.broker.begin_shutdown();
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + self.broker.limits().drain_timeout();
         while !self.broker.drained() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        if self.broker.drained() {
+            tracing::info!("queues drained");
+        } else {
+            let pending: usize = self
+                .broker
+                .stats()
+                .clients
+                .iter()
+                .map(|c| c.pending_bytes)
+                .sum();
+            crate::logging::counted();
+            tracing::warn!(
+                pending_bytes = pending,
+                drain_timeout_ms = limits.drain_timeout_ms,
+                "drain deadline passed: closing clients with bytes still queued"
+            );
+        }
         self.broker
             .close_all(Code::Shutdown, "the node is shutting down");
+        let _ = self.monitor_stop.send(true);
         if let Some(t) = self.tasks.take() {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
         if let Some(p) = &self.unix {
             let _ = std::fs::remove_file(p);
         }
+        tracing::info!("stopped");
     }
 }
 
@@ -336,6 +408,23 @@ impl Node {
 /// serves (to say where), `stopping` when a signal arrives.
 pub fn run_until_signal(
     config: &Config,
+    ready: impl FnOnce(&Node),
+    stopping: impl FnOnce(),
+) -> io::Result<()> {
+    run_with_reload(config, None, ready, stopping)
+}
+
+/// Rebuilds the configuration for a reload: rereads the file and applies
+/// what overrides it (environment, flags), as at start.
+pub type ConfigSource = Box<dyn Fn() -> Result<Config, crate::ConfigError> + Send + Sync>;
+
+/// [`run_until_signal`], and on SIGHUP (or a client's `Reload` frame,
+/// `skiff reload`) rebuilds the configuration from `source` and applies
+/// what can change while the node runs ([`crate::reload`]). A second
+/// SIGINT or SIGTERM during the graceful shutdown exits at once.
+pub fn run_with_reload(
+    config: &Config,
+    source: Option<ConfigSource>,
     ready: impl FnOnce(&Node),
     stopping: impl FnOnce(),
 ) -> io::Result<()> {
@@ -349,14 +438,34 @@ pub fn run_until_signal(
             // gracefully, not kill the process.
             let mut term = signal(SignalKind::terminate())?;
             let mut int = signal(SignalKind::interrupt())?;
+            let mut hup = signal(SignalKind::hangup())?;
             let node = Node::start(config).await?;
+            let reload = source.map(|s| {
+                // What runs: the limits as the node capped them.
+                let mut running = config.clone();
+                running.limits = (*node.broker.limits()).clone();
+                let r = Arc::new(crate::reload::Reloader::new(s, running, node.broker.clone()));
+                let r2 = r.clone();
+                node.broker.set_reloader(Box::new(move || r2.reload()));
+                r
+            });
             ready(&node);
             let mut tick = tokio::time::interval(TRIM_EVERY);
             let mut left = node.broker().clients_left();
-            loop {
+            let why = loop {
                 tokio::select! {
-                    _ = int.recv() => break,
-                    _ = term.recv() => break,
+                    _ = int.recv() => break "SIGINT",
+                    _ = term.recv() => break "SIGTERM",
+                    _ = hup.recv() => match &reload {
+                        Some(r) => {
+                            tracing::info!("SIGHUP: reloading the configuration");
+                            let _ = r.reload();
+                        }
+                        None => {
+                            crate::logging::counted();
+                            tracing::warn!("SIGHUP: this node has no configuration file to reload (started without --config)");
+                        }
+                    },
                     _ = tick.tick() => {
                         let now = node.broker().clients_left();
                         if now != left {
@@ -365,11 +474,24 @@ pub fn run_until_signal(
                         }
                     }
                 }
-            }
+            };
+            tracing::info!(signal = why, "signal received");
             stopping();
-            node.shutdown().await;
+            let shutdown = node.shutdown();
+            tokio::pin!(shutdown);
+            tokio::select! {
+                _ = &mut shutdown => {}
+                _ = int.recv() => exit_now("SIGINT"),
+                _ = term.recv() => exit_now("SIGTERM"),
+            }
             Ok(())
         })
+}
+
+/// A second signal during the graceful shutdown: exit without waiting.
+fn exit_now(signal: &str) -> ! {
+    tracing::warn!(signal, "second signal during shutdown: exiting at once");
+    std::process::exit(1)
 }
 
 impl Drop for Node {
@@ -378,6 +500,7 @@ impl Drop for Node {
             s.close();
         }
         let _ = self.stop.send(true);
+        let _ = self.monitor_stop.send(true);
         self.broker
             .close_all(Code::Shutdown, "the node was dropped");
     }

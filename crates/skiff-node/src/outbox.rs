@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -279,6 +279,10 @@ pub struct ClientOut {
     restricted: Option<Arc<crate::auth::User>>,
     /// The client does not want its own publishes (NATS `echo: false`).
     no_echo: AtomicBool,
+    /// Bytes read from and written to the client's connection, counted
+    /// by stream listeners once per read and write.
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
 }
 
 impl Drop for ClientOut {
@@ -304,6 +308,8 @@ impl ClientOut {
             budget,
             restricted: None,
             no_echo: AtomicBool::new(false),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
         }
     }
 
@@ -844,10 +850,12 @@ impl ClientOut {
         }
     }
 
-    /// Whether nothing is queued (a draining shutdown waits for this).
+    /// Whether nothing is queued (a draining shutdown waits for this):
+    /// no control frame, and no message in any subscription, including
+    /// those waiting for the client's credit (not in `ready`).
     pub fn is_drained(&self) -> bool {
         let o = self.inner.lock();
-        o.control.is_empty() && o.ready.is_empty()
+        o.control.is_empty() && o.ready.is_empty() && o.subs.values().all(|s| s.q.is_empty())
     }
 
     /// Marks the client closed: the writer sends `code`/`text` (if any)
@@ -892,6 +900,24 @@ impl ClientOut {
             dropped: s.dropped,
             credit: s.credit,
         })
+    }
+
+    /// Counts `n` bytes read from the client's connection.
+    pub(crate) fn count_in(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts `n` bytes written to the client's connection.
+    pub(crate) fn count_out(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// (bytes read, bytes written) on the client's connection.
+    pub(crate) fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes_in.load(Ordering::Relaxed),
+            self.bytes_out.load(Ordering::Relaxed),
+        )
     }
 
     /// (pending bytes, messages delivered, control frames dropped).

@@ -41,6 +41,18 @@ pub struct NodeStats {
     /// Messages from other nodes dropped because a subscription was full.
     #[serde(default)]
     pub remote_drops: u64,
+    /// Messages handed to clients' connections since the start (clients
+    /// gone included).
+    #[serde(default)]
+    pub delivered: u64,
+    /// Messages subscriptions' policies dropped since the start (clients
+    /// gone included).
+    #[serde(default)]
+    pub dropped: u64,
+    /// Broadcasts and tunnel frames not queued for a client over its
+    /// pending bytes, since the start (clients gone included).
+    #[serde(default)]
+    pub dropped_control: u64,
     /// Bytes the clients hold reserved from the node's budget of pending
     /// bytes (`max_total_pending_bytes`; 0 without one).
     #[serde(default)]
@@ -119,6 +131,16 @@ pub struct ClientStats {
     /// Who it authenticated as (`anonymous` without authentication).
     #[serde(default)]
     pub user: String,
+    /// When it connected, in ms since the Unix epoch (0 from a node that
+    /// does not say).
+    #[serde(default)]
+    pub since_unix_ms: u64,
+    /// Bytes read from its connection (TCP and Unix-socket clients).
+    #[serde(default)]
+    pub bytes_in: u64,
+    /// Bytes written to its connection (TCP and Unix-socket clients).
+    #[serde(default)]
+    pub bytes_out: u64,
     /// Messages it published.
     pub published: u64,
     /// Messages delivered to it.

@@ -15,7 +15,7 @@ use crate::mesh::{self, MeshLink};
 use crate::outbox::ClientOut;
 
 impl mesh::Inbound for Broker {
-    fn limits(&self) -> &Limits {
+    fn limits(&self) -> Arc<Limits> {
         Broker::limits(self)
     }
 

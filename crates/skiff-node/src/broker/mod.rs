@@ -71,6 +71,8 @@ struct ClientEntry {
     published: u64,
     /// Who the client authenticated as.
     user: Arc<User>,
+    /// When it attached (for `/connz`).
+    since: std::time::SystemTime,
 }
 
 #[derive(Debug)]
@@ -122,6 +124,11 @@ struct Counters {
     denied: AtomicU64,
     /// TLS handshakes that failed or ran out of time.
     tls_failures: AtomicU64,
+    /// What clients gone had delivered and dropped (node totals are
+    /// these plus the clients attached).
+    departed_delivered: AtomicU64,
+    departed_dropped: AtomicU64,
+    departed_dropped_control: AtomicU64,
 }
 
 /// The node's state, shared by every connection. See the module
@@ -129,7 +136,8 @@ struct Counters {
 #[derive(Debug)]
 pub struct Broker {
     state: Mutex<State>,
-    limits: Limits,
+    /// Swapped whole by a reload ([`Broker::set_limits`]).
+    limits: arc_swap::ArcSwap<Limits>,
     next_client: AtomicU64,
     counters: Counters,
     shutting_down: AtomicBool,
@@ -146,6 +154,9 @@ pub struct Broker {
     warnings: Mutex<Vec<String>>,
     /// Turns of the queue groups' round robin.
     group_turn: AtomicU64,
+    /// Rereads the configuration and applies it (`Reload`); set by the
+    /// node that owns the configuration file.
+    reloader: OnceLock<ReloadHook>,
 }
 
 /// An operation a user's permissions may refuse.
@@ -157,6 +168,19 @@ pub(crate) enum Op {
     Reply,
     Join,
 }
+
+/// The installed [`Reloader`] (opaque to `Debug`).
+struct ReloadHook(Reloader);
+
+impl std::fmt::Debug for ReloadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadHook")
+    }
+}
+
+/// What a `Reload` frame runs: `Ok` with a summary of what changed, or
+/// the reason the configuration was refused.
+pub type Reloader = Box<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// Why a frame could not be handled: the client is closed with this error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,7 +209,7 @@ impl Broker {
             }),
             budget: (limits.max_total_pending_bytes > 0)
                 .then(|| Arc::new(Budget::new(limits.max_total_pending_bytes))),
-            limits,
+            limits: arc_swap::ArcSwap::from_pointee(limits),
             next_client: AtomicU64::new(1),
             counters: Counters::default(),
             shutting_down: AtomicBool::new(false),
@@ -193,7 +217,21 @@ impl Broker {
             mesh: OnceLock::new(),
             remote_drops: AtomicU64::new(0),
             group_turn: AtomicU64::new(0),
+            reloader: OnceLock::new(),
         }
+    }
+
+    /// Installs what a `Reload` frame runs (once).
+    pub fn set_reloader(&self, f: Reloader) {
+        let _ = self.reloader.set(ReloadHook(f));
+    }
+
+    /// Replaces the limits in force (a reload). Checks made from now on
+    /// use the new ones; a client's pending-bytes bound and frame size
+    /// bound are set when it attaches, so those apply to clients attaching
+    /// after, and `max_total_pending_bytes` needs a restart.
+    pub fn set_limits(&self, limits: Limits) {
+        self.limits.store(Arc::new(limits));
     }
 
     /// Connects the broker to the mesh (once): local interest is
@@ -224,8 +262,8 @@ impl Broker {
     }
 
     /// The limits in force.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
+    pub fn limits(&self) -> Arc<Limits> {
+        self.limits.load_full()
     }
 
     /// The users, for front ends to authenticate clients with.
@@ -259,6 +297,25 @@ impl Broker {
     /// permissions, and queues its `Welcome`; refuses when the connection
     /// limit is reached or the node is shutting down.
     pub fn attach_as(&self, peer: String, user: Arc<User>) -> Result<Arc<ClientOut>, Fatal> {
+        let name = user.name.clone();
+        let r = self.attach_inner(peer.clone(), user);
+        match &r {
+            Ok(out) => {
+                tracing::info!(client = out.id, peer = %peer, user = %name, "client connected")
+            }
+            Err(f) => crate::warn_every!(
+                "refused client",
+                peer = %peer,
+                user = %name,
+                reason = %f.text,
+                "client refused"
+            ),
+        }
+        r
+    }
+
+    fn attach_inner(&self, peer: String, user: Arc<User>) -> Result<Arc<ClientOut>, Fatal> {
+        let limits = self.limits.load();
         if self.shutting_down.load(Relaxed) {
             return Err(Fatal {
                 code: Code::Shutdown,
@@ -266,13 +323,13 @@ impl Broker {
             });
         }
         let mut st = self.state.lock();
-        if st.clients.len() >= self.limits.max_connections {
+        if st.clients.len() >= limits.max_connections {
             self.counters.limit_hits.fetch_add(1, Relaxed);
             return Err(Fatal {
                 code: Code::Limit,
                 text: format!(
                     "the node already has {} clients (max_connections)",
-                    self.limits.max_connections
+                    limits.max_connections
                 ),
             });
         }
@@ -282,17 +339,17 @@ impl Broker {
                 code: Code::Limit,
                 text: format!(
                     "the node holds {} bytes for its clients (max_total_pending_bytes)",
-                    self.limits.max_total_pending_bytes
+                    limits.max_total_pending_bytes
                 ),
             });
         }
         let id = self.next_client.fetch_add(1, Relaxed);
         let out = Arc::new(
-            ClientOut::new(id, self.limits.max_pending_bytes, self.budget.clone()).with_user(&user),
+            ClientOut::new(id, limits.max_pending_bytes, self.budget.clone()).with_user(&user),
         );
         out.control(ServerFrame::Welcome {
             client: id,
-            max_payload: self.limits.max_payload as u64,
+            max_payload: limits.max_payload as u64,
         });
         st.clients.insert(
             id,
@@ -305,6 +362,7 @@ impl Broker {
                 tunnels: FxHashSet::default(),
                 published: 0,
                 user,
+                since: std::time::SystemTime::now(),
             },
         );
         self.counters.connections_total.fetch_add(1, Relaxed);
@@ -328,6 +386,26 @@ impl Broker {
         let Some(c) = st.clients.remove(&client) else {
             return;
         };
+        match &error {
+            Some((code, text)) => {
+                tracing::info!(client, peer = %c.peer, code = ?code, reason = %text, "client left")
+            }
+            None => {
+                tracing::info!(client, peer = %c.peer, reason = "closed by the client", "client left")
+            }
+        }
+        let (_, delivered, dropped_control) = c.out.counters();
+        let dropped: u64 = c
+            .sids
+            .keys()
+            .filter_map(|sid| c.out.sub_counters(*sid))
+            .map(|k| k.dropped)
+            .sum();
+        let k = &self.counters;
+        k.departed_delivered.fetch_add(delivered, Relaxed);
+        k.departed_dropped.fetch_add(dropped, Relaxed);
+        k.departed_dropped_control
+            .fetch_add(dropped_control, Relaxed);
         c.out.close(error);
         st.router.remove_subscriber(client);
         for (_, (id, _, pattern, kind, syntax)) in c.sids {
@@ -446,6 +524,7 @@ impl Broker {
 
     fn limit(&self, text: String) -> (Code, String) {
         self.counters.limit_hits.fetch_add(1, Relaxed);
+        warn_limit(&text);
         (Code::Limit, text)
     }
 
@@ -469,17 +548,18 @@ impl Broker {
         payload: usize,
         subject_needed: bool,
     ) -> Result<(), (Code, String)> {
-        if payload > self.limits.max_payload {
+        let limits = self.limits.load();
+        if payload > limits.max_payload {
             return Err(self.limit(format!(
                 "payload of {} bytes is over the node's limit of {} (max_payload)",
-                payload, self.limits.max_payload
+                payload, limits.max_payload
             )));
         }
-        if subject.len() > self.limits.max_subject {
+        if subject.len() > limits.max_subject {
             return Err(self.limit(format!(
                 "subject of {} bytes is over the node's limit of {} (max_subject)",
                 subject.len(),
-                self.limits.max_subject
+                limits.max_subject
             )));
         }
         if subject_needed {
@@ -640,7 +720,61 @@ impl Broker {
                     text: "an Auth frame after the handshake".into(),
                 })
             }
+            F::Reload { corr } => me.control(self.reload(me.id, corr)),
         }
         Ok(())
     }
+
+    /// Runs the node's reloader for client `id` (`Reload`), if the
+    /// client is on this host.
+    fn reload(&self, id: u64, corr: u64) -> ServerFrame {
+        let peer = self
+            .state
+            .lock()
+            .clients
+            .get(&id)
+            .map(|c| c.peer.clone())
+            .unwrap_or_default();
+        let refuse = |code, text: String| ServerFrame::Error { corr, code, text };
+        if !is_local(&peer) {
+            crate::warn_every!("reload refused", client = id, peer = %peer, "reload refused: not a client on this host");
+            return refuse(
+                Code::Invalid,
+                format!("reload is taken only from clients on the node's host, not {peer}"),
+            );
+        }
+        let Some(f) = self.reloader.get() else {
+            return refuse(
+                Code::Invalid,
+                "this node has no configuration file to reload".into(),
+            );
+        };
+        tracing::info!(client = id, peer = %peer, "reload asked by a client");
+        match (f.0)() {
+            Ok(_) => ServerFrame::Ack { corr },
+            Err(e) => refuse(Code::Invalid, e),
+        }
+    }
+}
+
+/// Whether a client's `peer` (as the listeners name it) is on this host:
+/// a Unix socket, shared memory, in process, or TCP from a loopback
+/// address.
+fn is_local(peer: &str) -> bool {
+    if let Some(a) = peer.strip_prefix("tcp:") {
+        return a
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback() || a.ip().to_canonical().is_loopback());
+    }
+    peer.starts_with("unix:") || peer.starts_with("shm") || peer.starts_with("mem")
+}
+
+/// Logs a limit reached (at most once a second per limit): the limit is
+/// the name in the text's last parentheses.
+fn warn_limit(text: &str) {
+    let cause = text
+        .rsplit_once('(')
+        .and_then(|(_, r)| r.split_once(')'))
+        .map_or("limit", |(name, _)| name);
+    crate::warn_every!(cause, reason = %text, "limit reached");
 }

@@ -103,11 +103,11 @@ impl Broker {
         credit: u32,
         group: Option<Arc<str>>,
     ) -> Result<(), (Code, String)> {
-        if pattern.len() > self.limits.max_subject {
+        if pattern.len() > self.limits.load().max_subject {
             return Err(self.limit(format!(
                 "pattern of {} bytes is over the node's limit of {} (max_subject)",
                 pattern.len(),
-                self.limits.max_subject
+                self.limits.load().max_subject
             )));
         }
         let mut st = self.state.lock();
@@ -115,10 +115,10 @@ impl Broker {
         let Some(c) = st.clients.get_mut(&me.id) else {
             return Err((Code::NotFound, "client is closing".into()));
         };
-        if c.sids.len() >= self.limits.max_subscriptions {
+        if c.sids.len() >= self.limits.load().max_subscriptions {
             return Err(self.limit(format!(
                 "the client already holds {} subscriptions (max_subscriptions)",
-                self.limits.max_subscriptions
+                self.limits.load().max_subscriptions
             )));
         }
         if c.sids.contains_key(&sid) {
@@ -261,6 +261,7 @@ impl Broker {
         let mut i = 0;
         while i < batch.len() {
             {
+                let max_payload = self.limits.load().max_payload;
                 let mut st = self.state.lock();
                 let st = &mut *st;
                 let mut prev: Option<usize> = None;
@@ -273,10 +274,10 @@ impl Broker {
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
                     let p = &batch[i];
                     i += 1;
-                    let (subject, kind, payload) = p.parts(self.limits.max_payload);
+                    let (subject, kind, payload) = p.parts(max_payload);
                     let same = !grouped
                         && prev.is_some_and(|q| {
-                            let (s, k, _) = batch[q].parts(self.limits.max_payload);
+                            let (s, k, _) = batch[q].parts(max_payload);
                             s == subject && k == kind
                         });
                     // A subject seen just before was checked and matched.
@@ -329,7 +330,7 @@ impl Broker {
                 }
             }
             if let (Some(m), false) = (forward, fwd.is_empty()) {
-                let max = self.limits.max_payload;
+                let max = self.limits.load().max_payload;
                 let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
                     let (subject, kind, _) = p.parts(max);

@@ -200,17 +200,17 @@ impl Broker {
                 let Some(c) = st.clients.get(&me.id) else {
                     return Err(Refused::Gone);
                 };
-                if c.requests.len() >= self.limits.max_requests {
+                if c.requests.len() >= self.limits.load().max_requests {
                     let (code, text) = self.limit(format!(
                         "the client already has {} requests awaiting replies (max_requests)",
-                        self.limits.max_requests
+                        self.limits.load().max_requests
                     ));
                     return Err(Refused::Limit(code, text));
                 }
                 (me.id, rid, None)
             }
             Origin::Node(from, theirs) => {
-                if st.pending.len() >= self.limits.max_requests {
+                if st.pending.len() >= self.limits.load().max_requests {
                     // The other node is told none was reached.
                     self.counters.limit_hits.fetch_add(1, Relaxed);
                     return Err(Refused::Busy);

@@ -18,7 +18,7 @@ impl Broker {
     /// inside the frame bound of the client, which takes frames up to
     /// `max_payload + FRAME_OVERHEAD`.
     pub(super) fn stats_reply(&self, me: &Arc<ClientOut>, corr: u64, from: Option<StatsCursor>) {
-        let cap = STATS_PAGE.min(self.limits.max_payload + FRAME_OVERHEAD / 2);
+        let cap = STATS_PAGE.min(self.limits.load().max_payload + FRAME_OVERHEAD / 2);
         let page = self.stats_page(from, cap);
         let json = serde_json::to_string(&page).unwrap_or_default();
         me.control(ServerFrame::Stats { corr, json });
@@ -71,10 +71,17 @@ impl Broker {
             }
             sids.sort_unstable_by_key(|(&sid, _)| sid);
             let (pending_bytes, delivered, dropped_control) = e.out.counters();
+            let (bytes_in, bytes_out) = e.out.bytes();
             let mut cl = ClientStats {
                 id,
                 peer: e.peer.clone(),
                 user: e.user.name.clone(),
+                since_unix_ms: e
+                    .since
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                bytes_in,
+                bytes_out,
                 published: e.published,
                 delivered,
                 pending_bytes,
@@ -82,7 +89,9 @@ impl Broker {
                 requests_waiting: e.requests.len(),
                 subscriptions: Vec::new(),
             };
-            let head = json_len(&cl) + 1;
+            // Whole stats (no page bound) need no sizes.
+            let whole = cap == usize::MAX;
+            let head = if whole { 0 } else { json_len(&cl) + 1 };
             let mut first = true;
             for (&sid, (_, policy, pattern, kind, syntax)) in sids {
                 let sub = SubStats {
@@ -93,7 +102,7 @@ impl Broker {
                     policy: policy.name().into(),
                     counters: e.out.sub_counters(sid).unwrap_or_default(),
                 };
-                let n = json_len(&sub) + 1 + if first { head } else { 0 };
+                let n = if whole { 0 } else { json_len(&sub) + 1 } + if first { head } else { 0 };
                 let empty = clients.is_empty() && cl.subscriptions.is_empty();
                 if size.saturating_add(n) > cap && !empty {
                     next = Some(StatsCursor {
@@ -122,7 +131,26 @@ impl Broker {
             }
             clients.push(cl);
         }
+        let (mut delivered, mut dropped, mut dropped_control) = (
+            c.departed_delivered.load(Relaxed),
+            c.departed_dropped.load(Relaxed),
+            c.departed_dropped_control.load(Relaxed),
+        );
+        for e in st.clients.values() {
+            let (_, d, dc) = e.out.counters();
+            delivered += d;
+            dropped_control += dc;
+            dropped += e
+                .sids
+                .keys()
+                .filter_map(|sid| e.out.sub_counters(*sid))
+                .map(|k| k.dropped)
+                .sum::<u64>();
+        }
         NodeStats {
+            delivered,
+            dropped,
+            dropped_control,
             uptime_s: self.started.elapsed().as_secs_f64(),
             connections: st.clients.len(),
             connections_total: c.connections_total.load(Relaxed),

@@ -313,7 +313,7 @@ fn read_up(
     spin: Duration,
 ) {
     let mut session =
-        Session::new(broker.limits(), "client").count_frames_into(shared.c.frames.clone());
+        Session::new(&broker.limits(), "client").count_frames_into(shared.c.frames.clone());
     let c = &shared.c;
     let error: Option<(Code, String)> = loop {
         let seg = match up.next(spin, &|| out.is_closed()) {

@@ -44,7 +44,7 @@ pub(crate) async fn accept_tcp(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let mut conns = JoinSet::new();
-    let admission = super::admit::Admission::new(broker.limits());
+    let admission = super::admit::Admission::new(&broker.limits());
     loop {
         tokio::select! {
             r = l.accept() => match r {
@@ -83,6 +83,9 @@ pub(crate) async fn accept_tcp(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+    // Closed now: a client connecting during the drain is refused at
+    // once rather than left in the backlog.
+    drop(l);
     while conns.join_next().await.is_some() {}
 }
 
@@ -110,6 +113,9 @@ pub(crate) async fn accept_unix(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+    // Closed now: a client connecting during the drain is refused at
+    // once rather than left in the backlog.
+    drop(l);
     while conns.join_next().await.is_some() {}
 }
 
@@ -176,14 +182,17 @@ pub(crate) async fn serve<R, W>(
     };
     let user = match user {
         Ok(u) => u,
-        Err((code, text)) => return refuse(w, code, text).await,
+        Err((code, text)) => {
+            crate::warn_every!("refused authentication", peer = %peer, reason = %text, "authentication refused");
+            return refuse(w, code, text).await;
+        }
     };
     let out = match broker.attach_as(peer, user) {
         Ok(out) => out,
         Err(f) => return refuse(w, f.code, f.text).await,
     };
     let writer = tokio::spawn(write_loop(out.clone(), w));
-    let mut session = Session::new(broker.limits(), "connection");
+    let mut session = Session::new(&broker.limits(), "connection");
     let mut error = None;
     // The frame left partly read in `buf`, if any: (frames read before it,
     // its length once known, when it began); `timer` fires at its deadline.
@@ -200,6 +209,7 @@ pub(crate) async fn serve<R, W>(
     let (mut heard, mut pings_out) = (false, 0u32);
     // Bytes of the receive buffer charged to the node's budget.
     let mut charged = 0;
+    let mut closed_by_node = false;
     loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(64 * 1024);
@@ -207,15 +217,21 @@ pub(crate) async fn serve<R, W>(
         tokio::select! {
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {
+                Ok(n) => {
+                    out.count_in(n);
                     heard = true;
                     if let Some(s) = &spin {
                         s.touch();
                     }
                 }
             },
-            _ = out.closed() => break,
-            _ = stop.changed() => break,
+            _ = out.closed() => {
+                closed_by_node = true;
+                break;
+            }
+            // Shutting down: go on reading (the client's credit lets the
+            // node drain what it holds for it) until the node closes it.
+            r = stop.changed(), if !*stop.borrow() => if r.is_ok() { continue } else { break },
             _ = &mut timer, if partial.is_some() => {
                 let (_, len, begun) = partial.expect("armed");
                 broker.limit_hit();
@@ -268,14 +284,31 @@ pub(crate) async fn serve<R, W>(
         }
     }
     out.hold_input(0);
-    if *stop.borrow() && error.is_none() {
-        // Shutting down: the node drains, then closes every client.
-        let _ = writer.await;
-        return;
-    }
+    // (Closed by the node, as a shutdown's drain ends: already detached,
+    // and detaching again does nothing.)
     broker.detach(out.id, error);
     let _ = writer.await;
+    if closed_by_node {
+        // Read what the client still sends until it closes too (briefly):
+        // closing a socket with unread bytes resets it, and a reset can
+        // discard what the client has not read yet (the last messages,
+        // the closing error frame).
+        let _ = tokio::time::timeout(LINGER, async {
+            loop {
+                buf.clear();
+                match r.read_buf(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+    }
 }
+
+/// How long a connection the node closed is read after, waiting for the
+/// client to close its side.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Keeps `partial` and `timer` up to date with what is left in `buf` once
 /// every whole frame was taken: no deadline when it is empty; a new one
@@ -317,6 +350,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(out: Arc<ClientOut>, mut w: W) {
             if w.write_all(&buf).await.is_err() {
                 return;
             }
+            out.count_out(buf.len());
             buf.clear();
         }
         if buf.capacity() > 4 << 20 {

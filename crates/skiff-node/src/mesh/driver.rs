@@ -257,6 +257,7 @@ impl<L: Inbound> Driver<L> {
                 _ = sleep => l.core.lock().handle_timeout(Instant::now()),
                 _ = l.wake.notified() => {}
                 _ = stop.changed() => {
+                    tracing::info!("leaving the mesh");
                     l.core.lock().leave(Instant::now());
                     self.transmit().await;
                     return;
@@ -387,12 +388,19 @@ impl<L: Inbound> Driver<L> {
                     if let Some(s) = &mut self.seal {
                         s.forget(id.addr);
                     }
+                    crate::logging::counted();
+                    tracing::warn!(peer = %id.addr, generation = id.gen, "mesh member down");
                     broker.remote_down(id.addr);
                     let n = crate::mesh_tunnel::peer_down(l, broker, id.addr);
                     self.link_lost(id.addr, n, "it went down");
                     self.gap(broker, id.addr, "it went down");
                 }
+                MeshEvent::Suspect(id) => {
+                    crate::logging::counted();
+                    tracing::warn!(peer = %id.addr, generation = id.gen, "mesh member suspected down (not answering probes)");
+                }
                 MeshEvent::Up(id) => {
+                    tracing::info!(peer = %id.addr, generation = id.gen, "mesh member up");
                     if let Some(mtu) = path_mtu(id.addr) {
                         // Sealed datagrams are longer by the seal's
                         // overhead: the mesh and the tunnels fill that

@@ -21,7 +21,7 @@ use crate::outbox::ClientOut;
 pub(crate) trait Inbound: Send + Sync + 'static {
     /// The node's limits (payload size, pending bytes) the mesh checks
     /// frames and sizes tunnels by.
-    fn limits(&self) -> &Limits;
+    fn limits(&self) -> Arc<Limits>;
 
     /// Takes the mesh's command side once it is up: from now on local
     /// interest and traffic to other nodes go through `link`.

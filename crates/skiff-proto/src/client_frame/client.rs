@@ -93,6 +93,7 @@ impl ClientFrame {
             F::TunClose { tunnel } => Enc::new(out, op::TUN_CLOSE).v(*tunnel).end(),
             F::Stats { corr } => Enc::new(out, op::STATS).v(*corr).end(),
             F::Ping { corr } => Enc::new(out, op::PING).v(*corr).end(),
+            F::Reload { corr } => Enc::new(out, op::RELOAD).v(*corr).end(),
             F::StatsFrom { corr, from } => Enc::new(out, op::STATS_FROM)
                 .v(*corr)
                 .v(from.client)
@@ -190,6 +191,7 @@ impl ClientFrame {
             },
             op::STATS => F::Stats { corr: r.v("corr")? },
             op::PING => F::Ping { corr: r.v("corr")? },
+            op::RELOAD => F::Reload { corr: r.v("corr")? },
             op::STATS_FROM => F::StatsFrom {
                 corr: r.v("corr")?,
                 from: {

@@ -23,7 +23,7 @@
 //! s:cluster`, `Bcast s:cluster [msg]`, `TunOpen v:corr s:cluster s:key
 //! v:window`, `TunData v:tunnel [msg]`, `TunCredit v:tunnel v:n`, `TunClose
 //! v:tunnel`, `Stats v:corr`, `Ping v:corr`, `StatsFrom v:corr v:client
-//! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]).
+//! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]), `Reload v:corr`.
 //!
 //! Node → client ([`ServerFrame`]): `Welcome v:client v:max_payload`,
 //! `Ack v:corr`, `Error v:corr v:code s:text` (corr 0: about the
@@ -346,6 +346,14 @@ pub enum ClientFrame {
     },
     /// The answer to the node's `Challenge`: who the client is.
     Auth(Proof),
+    /// Ask the node to reread its configuration file and apply what can
+    /// change while it runs (`skiff reload`); answered with `Ack`, or
+    /// `Error` with the reason the file was refused. Nodes take it only
+    /// from clients on the same host.
+    Reload {
+        /// Echoed in the answer.
+        corr: u64,
+    },
 }
 
 /// Longest secret, user name or nonce in a handshake frame, in bytes.
@@ -540,6 +548,9 @@ mod op {
     pub(super) const PING: u8 = 16;
     pub(super) const STATS_FROM: u8 = 17;
     pub(super) const AUTH: u8 = 18;
+    /// Out of the run of the others, so frames added elsewhere meanwhile
+    /// do not collide with it.
+    pub(super) const RELOAD: u8 = 40;
 
     pub(super) const WELCOME: u8 = 64;
     pub(super) const ACK: u8 = 65;

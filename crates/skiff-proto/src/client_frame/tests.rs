@@ -73,6 +73,7 @@ fn client_frames() -> Vec<ClientFrame> {
         F::TunClose { tunnel: 1 },
         F::Stats { corr: 5 },
         F::Ping { corr: 6 },
+        F::Reload { corr: 9 },
         F::StatsFrom {
             corr: 7,
             from: crate::stats::StatsCursor {

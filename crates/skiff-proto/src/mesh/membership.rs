@@ -205,6 +205,16 @@ impl Mesh {
         }
     }
 
+    /// The members SWIM suspects now (alive to it until declared down).
+    pub(super) fn suspects(&self) -> Vec<SocketAddr> {
+        self.membership
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() == foca::State::Suspect)
+            .map(|m| m.id().addr)
+            .collect()
+    }
+
     /// Fires the foca timers due at `now`.
     pub(super) fn membership_timeout(&mut self, now: Instant) {
         while let Some(Reverse((at, n))) = self.membership.timers.peek().copied() {
@@ -229,8 +239,12 @@ impl Mesh {
             d.extend_from_slice(&data);
             self.out.push(to.addr, d);
         }
-        let m = &mut self.membership;
-        while let Some((after, t)) = m.rt.to_schedule() {
+        while let Some((after, t)) = self.membership.rt.to_schedule() {
+            // Foca arms this timer when it starts suspecting a member.
+            if let foca::Timer::ChangeSuspectToDown { member_id, .. } = &t {
+                self.events.push_back(MeshEvent::Suspect(*member_id));
+            }
+            let m = &mut self.membership;
             let n = m.next_timer;
             m.next_timer += 1;
             m.timers.push(Reverse((self.now + after, n)));

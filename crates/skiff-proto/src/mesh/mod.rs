@@ -129,6 +129,9 @@ pub enum MeshEvent {
     Up(NodeId),
     /// A member was declared down; its interest is gone.
     Down(NodeId),
+    /// A member did not answer probes and is suspected down (SWIM): it is
+    /// declared down unless it refutes the suspicion in time.
+    Suspect(NodeId),
     /// A peer's capacity in a cluster changed (0: it has no members).
     Cluster {
         /// The peer's mesh address.
@@ -266,6 +269,7 @@ impl Mesh {
 
     /// Every peer known, up or down, sorted by address.
     pub fn peer_stats(&self) -> Vec<PeerStats> {
+        let suspects = self.suspects();
         let mut v: Vec<PeerStats> = self
             .peers
             .values()
@@ -281,6 +285,7 @@ impl Mesh {
                     lost: l.lost,
                     duplicates: l.duplicates + l.stale,
                     far_ahead: l.far_ahead,
+                    suspect: p.up && suspects.contains(&p.id.addr),
                     ..p.stats.clone()
                 }
             })

@@ -48,6 +48,10 @@ pub struct PeerStats {
     pub gen: u64,
     /// Up (true) or down.
     pub up: bool,
+    /// Up but suspected down by SWIM (not answering probes): declared
+    /// down unless it refutes the suspicion in time.
+    #[serde(default)]
+    pub suspect: bool,
     /// Patterns it advertises.
     pub patterns: usize,
     /// Clusters it has members in.
@@ -83,6 +87,7 @@ impl PeerStats {
             addr: id.addr,
             gen: id.gen,
             up: false,
+            suspect: false,
             patterns: 0,
             clusters: 0,
             version: 0,

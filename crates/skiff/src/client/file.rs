@@ -56,9 +56,11 @@ impl FileLog {
             let cut = cut_torn_tail(&mut file);
             lock::shared(&file);
             match cut {
-                Ok(Some((at, len))) => eprintln!(
-                    "skiff: {}: cut a torn record of {len} byte(s) at offset {at} off the end of the log",
-                    path.display()
+                Ok(Some((at, len))) => tracing::warn!(
+                    path = %path.display(),
+                    offset = at,
+                    bytes = len,
+                    "cut a torn record off the end of the log"
                 ),
                 Ok(None) => {}
                 Err(e) => return Err(e),

@@ -451,6 +451,19 @@ impl Client {
         }
     }
 
+    /// Asks the node to reread its configuration file and apply what can
+    /// change while it runs (what `skiff reload` and SIGHUP do). The node
+    /// takes it only from a client on its own host; an error says why the
+    /// node refused (its log says what changed).
+    pub async fn reload(&self) -> Result<(), Error> {
+        let corr = self.inner.next_id();
+        let rx = self.inner.waiter(&mut self.inner.state.lock(), corr);
+        self.inner
+            .call(rx, ClientFrame::Reload { corr })
+            .await
+            .map(|_| ())
+    }
+
     /// Waits until the node has handled everything this client sent before.
     pub async fn flush(&self) -> Result<(), Error> {
         if self.inner.link.is_none() {

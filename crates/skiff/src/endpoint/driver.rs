@@ -38,7 +38,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        eprintln!("skiff: endpoint driver stopped: {e}");
+        tracing::error!(error = %e, "endpoint driver stopped");
     }
     shared.core.lock().stop();
 }
