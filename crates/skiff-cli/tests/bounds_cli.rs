@@ -342,7 +342,9 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
             let c = TcpStream::connect(&node.addr).unwrap();
             // A small receive buffer: the pongs pile up in the node, not
             // in this socket (loopback buffers grow to megabytes).
-            socket2::SockRef::from(&c).set_recv_buffer_size(4096).unwrap();
+            socket2::SockRef::from(&c)
+                .set_recv_buffer_size(4096)
+                .unwrap();
             let done = done.clone();
             std::thread::spawn(move || {
                 let mut s = c;
