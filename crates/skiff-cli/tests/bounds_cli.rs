@@ -493,3 +493,63 @@ fn frames_being_read_count_against_the_node_budget() {
     let st = node.connect().stats();
     assert!(st["limit_hits"].as_u64().unwrap() >= closed, "{st}");
 }
+
+#[test]
+fn replies_with_guessed_tokens_do_not_reach_the_requester() {
+    // A responder that answers after 300 ms; meanwhile another client
+    // sends replies for the first 100,000 tokens. Tokens were counted up
+    // from 1 (the forged reply won); now they are random.
+    let node = Node::start();
+    let mut responder = node.connect();
+    responder.send(&ClientFrame::Sub {
+        sid: 1,
+        pattern: "svc".into(),
+        kind: "*".into(),
+        policy: Policy::DropNewest,
+        queue: 16,
+        credit: 16,
+        syntax: skiff_proto::router::Syntax::Tokens,
+    });
+    assert!(matches!(responder.next(), ServerFrame::Ack { corr: 1 }));
+    let mut requester = node.connect();
+    requester.send(&ClientFrame::Req {
+        rid: 7,
+        flags: 0,
+        max: 1,
+        target: "svc".into(),
+        key: Bytes::new(),
+        msg: Message::new("svc", &b"ask"[..]),
+    });
+    let token = loop {
+        if let ServerFrame::Msg { token, .. } = responder.next() {
+            break token;
+        }
+    };
+    let mut forger = node.connect();
+    let mut b = Vec::new();
+    for t in 0..100_000u64 {
+        ClientFrame::Reply {
+            token: t,
+            msg: Message::new("svc", &b"forged"[..]),
+        }
+        .encode(&mut b);
+    }
+    forger.s.write_all(&b).unwrap();
+    forger.ping(1);
+    std::thread::sleep(Duration::from_millis(300));
+    responder.send(&ClientFrame::Reply {
+        token,
+        msg: Message::new("svc", &b"real"[..]),
+    });
+    loop {
+        if let ServerFrame::Reply { rid, msg } = requester.next() {
+            assert_eq!(rid, 7);
+            assert_eq!(
+                &msg.payload[..],
+                b"real",
+                "a forged reply reached the requester"
+            );
+            break;
+        }
+    }
+}

@@ -100,7 +100,10 @@ struct State {
     clusters: Clusters<u64>,
     load: FxHashMap<u64, u32>,
     pending: FxHashMap<u64, Pending>,
-    next_token: u64,
+    /// Draws request tokens: random, so that a client cannot guess the
+    /// token of a request it was not given and answer it (a forged reply);
+    /// made on the first request.
+    tokens: Option<rand::rngs::StdRng>,
     tunnels: FxHashMap<u64, (u64, u64)>,
     next_tunnel: u64,
     /// Mesh peers as cluster members: address ↔ member id (≥ [`REMOTE`]).
@@ -203,7 +206,6 @@ impl Broker {
             auth,
             warnings: Mutex::new(Vec::new()),
             state: Mutex::new(State {
-                next_token: 1,
                 next_tunnel: 1,
                 ..State::default()
             }),

@@ -7,6 +7,7 @@
 //! wait for a full `block` subscription; another node's reaches local
 //! responders only, never waits, and is answered with how many it reached.
 
+use rand::RngExt;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -218,8 +219,13 @@ impl Broker {
                 (0, 0, Some((from, theirs)))
             }
         };
-        let token = st.next_token;
-        st.next_token += 1;
+        let rng = st.tokens.get_or_insert_with(token_rng);
+        let token = loop {
+            let t: u64 = rng.random();
+            if t != 0 && !st.pending.contains_key(&t) {
+                break t;
+            }
+        };
         if let Some(c) = st.clients.get_mut(&requester) {
             c.requests.insert(rid, token);
         }
@@ -423,4 +429,20 @@ pub(super) fn forget_queued(st: &State, token: u64, members: &[u64]) {
             c.out.forget_request(token);
         }
     }
+}
+
+/// The generator of request tokens: ChaCha seeded from the OS (or, where
+/// that fails, from the clock and process id, still unpredictable to a
+/// client across the network).
+fn token_rng() -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    let mut seed = [0u8; 32];
+    if getrandom::fill(&mut seed).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        seed[..16].copy_from_slice(&t.to_le_bytes());
+        seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    rand::rngs::StdRng::from_seed(seed)
 }
