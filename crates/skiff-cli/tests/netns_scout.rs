@@ -57,7 +57,7 @@ fn two_scouting_nodes_on_loopback_find_each_other() {
         let said = wait_line(
             c.stderr.take().unwrap(),
             "127.0.0.1 as its identity",
-            Duration::from_secs(20),
+            Duration::from_secs(60),
         );
         assert!(said.contains("in mesh"), "{said}");
         nodes.push(c);

@@ -61,27 +61,30 @@ pub(crate) fn wait_line(err: ChildStderr, until: &str, limit: Duration) -> Strin
     let (tx, rx) = mpsc::channel();
     let awaited = until.to_owned();
     let until = until.to_owned();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let so_far = seen.clone();
     std::thread::spawn(move || {
         let mut r = BufReader::new(err);
-        let mut seen = String::new();
         loop {
             let mut line = String::new();
             if r.read_line(&mut line).unwrap_or(0) == 0 {
-                let _ = tx.send(Err(seen));
+                let _ = tx.send(Err(()));
                 return;
             }
-            seen += &line;
+            seen.lock().unwrap().push_str(&line);
             if line.contains(&until) {
-                let _ = tx.send(Ok(seen));
+                let _ = tx.send(Ok(()));
                 break;
             }
         }
         let _ = std::io::copy(&mut r, &mut std::io::sink());
     });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(seen)) => seen,
-        Ok(Err(seen)) => panic!("ended before a line with {awaited:?}: {seen}"),
-        Err(_) => panic!("no line with {awaited:?} within {limit:?}"),
+    let r = rx.recv_timeout(limit);
+    let seen = so_far.lock().unwrap().clone();
+    match r {
+        Ok(Ok(())) => seen,
+        Ok(Err(())) => panic!("ended before a line with {awaited:?}: {seen}"),
+        Err(_) => panic!("no line with {awaited:?} within {limit:?}; it said: {seen}"),
     }
 }
 
