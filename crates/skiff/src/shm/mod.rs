@@ -74,6 +74,7 @@ mod sync;
 mod sys;
 #[cfg(not(skiff_loom))]
 mod tcp;
+#[cfg(not(skiff_loom))]
 pub mod topic;
 
 #[cfg(not(skiff_loom))]
