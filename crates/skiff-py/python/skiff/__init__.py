@@ -20,26 +20,8 @@ are flushed and closed.
 
 import atexit as _atexit
 
-from skiff._errors import (
-    AuthenticationFailed,
-    ConnectionClosed,
-    InvalidName,
-    IoError,
-    LimitExceeded,
-    LocatorError,
-    NodeLost,
-    NoResponders,
-    NotFound,
-    PeerLost,
-    PermissionDenied,
-    ProtocolError,
-    Refused,
-    SkiffError,
-    SlowConsumer,
-    TimeoutError,
-    UsageError,
-    WouldBlock,
-)
+from skiff import _errors
+from skiff._errors import *  # noqa: F401,F403 (every exception, listed once in _errors)
 from skiff._io import TunnelFile
 from skiff._skiff import (
     Client,
@@ -61,24 +43,6 @@ __all__ = [
     "Tunnel",
     "TunnelFile",
     "Queue",
-    "SkiffError",
-    "TimeoutError",
-    "NoResponders",
-    "PermissionDenied",
-    "AuthenticationFailed",
-    "ConnectionClosed",
-    "NodeLost",
-    "SlowConsumer",
-    "Refused",
-    "LimitExceeded",
-    "NotFound",
-    "InvalidName",
-    "LocatorError",
-    "UsageError",
-    "ProtocolError",
-    "IoError",
-    "WouldBlock",
-    "PeerLost",
-]
+] + _errors.__all__
 
 _atexit.register(_shutdown)
