@@ -252,6 +252,28 @@ impl FrameWriter {
     }
 
     /// The largest segment this writer makes of several frames.
+    /// Copies `buf`, a run of whole encoded frames (a 4-byte
+    /// little-endian length, then the body), into the ring in segments of
+    /// whole frames, waiting for room while `go` says to.
+    pub(crate) fn write_frames(
+        &mut self,
+        buf: &[u8],
+        go: &mut dyn FnMut() -> bool,
+    ) -> Result<(), BufferError> {
+        let max_seg = self.max_segment();
+        let mut at = 0;
+        while at < buf.len() {
+            let end = whole_frames(buf, at, max_seg);
+            if end == at {
+                break;
+            }
+            let chunk = &buf[at..end];
+            self.write(chunk.len(), go, |s| s.copy_from_slice(chunk))?;
+            at = end;
+        }
+        Ok(())
+    }
+
     pub(crate) fn max_segment(&self) -> usize {
         (self.cap / 2) as usize
     }

@@ -635,19 +635,7 @@ impl HostWriter {
         buf: &[u8],
         go: &mut dyn FnMut() -> bool,
     ) -> Result<(), BufferError> {
-        let max_seg = self.w.max_segment();
-        let mut at = 0;
-        while at < buf.len() {
-            let end = attach::whole_frames(buf, at, max_seg);
-            if end == at {
-                break;
-            }
-            let chunk = &buf[at..end];
-            self.w
-                .write(chunk.len(), go, |s| s.copy_from_slice(chunk))?;
-            at = end;
-        }
-        Ok(())
+        self.w.write_frames(buf, go)
     }
 
     /// Closes the ring: a live client reads what was written, then learns

@@ -146,19 +146,7 @@ impl TopicRing {
         buf: &[u8],
         go: &mut dyn FnMut() -> bool,
     ) -> Result<(), BufferError> {
-        let max_seg = self.w.max_segment();
-        let mut at = 0;
-        while at < buf.len() {
-            let end = attach::whole_frames(buf, at, max_seg);
-            if end == at {
-                break;
-            }
-            let chunk = &buf[at..end];
-            self.w
-                .write(chunk.len(), go, |s| s.copy_from_slice(chunk))?;
-            at = end;
-        }
-        Ok(())
+        self.w.write_frames(buf, go)
     }
 
     /// Closes the ring (readers read what was written, then learn the
