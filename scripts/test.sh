@@ -43,7 +43,10 @@ if ! target/py-prom/bin/python -c 'import prometheus_client' 2>/dev/null; then
 fi
 export SKIFF_TEST_PYTHON="$PWD/target/py-prom/bin/python"
 echo "== cargo test"
-cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
+# Built first, then run under a deadline: a test that hangs (a deadlock)
+# fails the run in minutes instead of stalling it until CI gives up.
+cargo test --workspace --quiet --no-run
+timeout --kill-after=10s "${SKIFF_TEST_DEADLINE:-20m}" cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
 echo "== NATS clients (nats-py, nats.go, nats.js from their registries) against skiff's NATS listener"
 cargo build --quiet -p skiff-cli
 tests/nats/run.sh 2>&1 | tee target/test-nats.txt
@@ -62,7 +65,7 @@ SKIFF_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/skiff" \
 echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
   ip netns del skiff-probe-$$
-  cargo test -p skiff-cli --test netns --test netns_tunnel --test netns_mesh --test netns_reliable --test netns_scout --quiet -- --ignored --test-threads=1 2>&1 | tee target/test-netns.txt
+  timeout --kill-after=10s "${SKIFF_TEST_DEADLINE:-20m}" cargo test -p skiff-cli --test netns --test netns_tunnel --test netns_mesh --test netns_reliable --test netns_scout --quiet -- --ignored --test-threads=1 2>&1 | tee target/test-netns.txt
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi

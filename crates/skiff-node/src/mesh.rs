@@ -241,7 +241,12 @@ impl MeshLink {
 
     /// What `skiff stats --mesh` shows.
     pub fn view(&self) -> MeshView {
-        let tunnels = self.tunnel_stats();
+        // Lock order: `tunnels` before `core`, never the other way (the
+        // mesh task holds `tunnels` while it hands packets to `core`).
+        let (tunnels, links) = {
+            let t = self.tunnels.lock();
+            (t.stats(), t.link_stats())
+        };
         let m = self.core.lock();
         let c = &self.counters;
         MeshView {
@@ -254,7 +259,7 @@ impl MeshLink {
             scout_errors: c.scout_errors.load(Relaxed),
             dns_errors: c.dns_errors.load(Relaxed),
             peers: m.peer_stats(),
-            links: self.tunnels.lock().link_stats(),
+            links,
             link_lost: c.link_lost.load(Relaxed),
             gaps_reported: c.gaps.load(Relaxed),
             seal: self.seal.as_ref().map(|(id, c)| c.stats(id)),

@@ -749,10 +749,6 @@ impl MeshLink {
         drop(t);
         self.wake.notify_one();
     }
-
-    pub(crate) fn tunnel_stats(&self) -> TunnelStats {
-        self.tunnels.lock().stats()
-    }
 }
 
 // ---- the mesh task's side (no lock held on entry) ----
