@@ -69,8 +69,8 @@ if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi
-echo "== soak (three meshed nodes, 60 s; an hour by hand: scripts/soak.sh 3600)"
-scripts/soak.sh "${SKIFF_SOAK_SECONDS:-60}" 2>&1 | tee target/soak.txt
+echo "== soak (three meshed nodes, 2 min; an hour by hand: scripts/soak.sh 3600)"
+scripts/soak.sh "${SKIFF_SOAK_SECONDS:-120}" 2>&1 | tee target/soak.txt
 echo "== loom (the shared-memory ring's orderings, model-checked)"
 # Its own cfg and target directory (see crates/skiff/src/shm/loom.rs).
 RUSTFLAGS="--cfg skiff_loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/loom" \
