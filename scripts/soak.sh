@@ -10,7 +10,7 @@
 #
 #   scripts/soak.sh DURATION_SECONDS [RATE_PER_SECOND]
 #
-# CI runs it for 60 s (scripts/test.sh); by hand: `scripts/soak.sh 3600`.
+# CI runs it for 2 minutes (scripts/test.sh); by hand: `scripts/soak.sh 3600`.
 # SKIFF=path picks the binary (default: a debug build of this tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
