@@ -78,7 +78,7 @@ fn run(args: &[&str]) -> String {
 }
 
 /// Waits until the stats of the node at `addr` satisfy `f`.
-fn wait_stats(addr: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+fn wait_stats(addr: &str, what: &str, mut f: impl FnMut(&serde_json::Value) -> bool) {
     let t = Instant::now();
     loop {
         let s = run(&["stats", "-n", &format!("skiff://{addr}"), "--json"]);
@@ -188,4 +188,80 @@ fn three_nodes_route_and_a_client_fails_over_across_the_mesh() {
     wait_stats(&aa, "C down", |v| {
         v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
     });
+}
+
+fn signal(p: &Proc, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid, with no memory involved.
+    let r = unsafe { libc::kill(p.0.id() as libc::pid_t, sig) };
+    assert_eq!(r, 0, "kill {sig}");
+}
+
+/// The generation B knows A by (0 when A is not up there).
+fn generation_of(v: &serde_json::Value, mesh: &str) -> u64 {
+    v["mesh"]["peers"].as_array().map_or(0, |ps| {
+        ps.iter()
+            .filter(|p| p["up"].as_bool() == Some(true) && p["addr"].as_str() == Some(mesh))
+            .map(|p| p["gen"].as_u64().unwrap_or(0))
+            .sum()
+    })
+}
+
+/// A node that was declared down while it was alive (stopped past the
+/// failure detector's patience, then resumed) rejoins with a new
+/// generation, and its reliable link to the others restarts: what it
+/// publishes afterwards arrives. (Before, the peer kept acknowledging the
+/// old association's frames and dropped them as stray: nothing more
+/// arrived from that node, ever.)
+#[test]
+fn a_node_declared_down_while_alive_rejoins_and_its_messages_flow_again() {
+    let net = format!("cli-rejoin-{}", std::process::id());
+    let (a, aa, am) = start_node(&net, "");
+    let (_b, ba, _) = start_node(&net, &am);
+    for n in [&aa, &ba] {
+        wait_stats(n, "one member up", |v| {
+            v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
+        });
+    }
+    let mut sub = Proc(
+        skiff()
+            .args(["sub", "-n", &format!("skiff://{ba}"), "rj.>"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = lines(sub.0.stdout.take().unwrap());
+    wait_stats(&aa, "interest from B", |v| remote_patterns(v) == 1);
+    run(&["pub", "-n", &format!("skiff://{aa}"), "rj.before", "x"]);
+    assert_eq!(next_line(&out, "before the stop"), "rj.before x");
+    let mut gen = 0;
+    wait_stats(&ba, "A's generation", |v| {
+        gen = generation_of(v, &am);
+        gen != 0
+    });
+
+    // Stopped well past probe_period + suspect_to_down: B declares A down.
+    signal(&a, libc::SIGSTOP);
+    wait_stats(&ba, "A declared down", |v| generation_of(v, &am) == 0);
+    signal(&a, libc::SIGCONT);
+    wait_stats(&ba, "A up again, with a new generation", |v| {
+        let g = generation_of(v, &am);
+        g != 0 && g != gen
+    });
+    wait_stats(&aa, "interest from B again", |v| remote_patterns(v) == 1);
+    for i in 0..20 {
+        run(&[
+            "pub",
+            "-n",
+            &format!("skiff://{aa}"),
+            &format!("rj.after.{i}"),
+            "y",
+        ]);
+    }
+    for i in 0..20 {
+        assert_eq!(
+            next_line(&out, "after the rejoin"),
+            format!("rj.after.{i} y")
+        );
+    }
 }

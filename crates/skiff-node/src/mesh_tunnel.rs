@@ -480,6 +480,41 @@ impl Tunnels {
         (self.fail_peer(now, peer, false), lost)
     }
 
+    /// This node was declared down and rejoined with a new generation:
+    /// its peers gave up their associations with it, and drop what arrives
+    /// on the old ones. So every association this node opened is aborted
+    /// (the peer is sent a reset), its tunnels end, and each link goes on
+    /// with its queued frames over a fresh association; the frames in
+    /// flight on the old one may be lost (counted in `link_lost`).
+    fn restart_links(&mut self, now: Instant) -> Vec<Lost> {
+        let peers: Vec<SocketAddr> = self.out.keys().copied().collect();
+        let mut lost = Vec::new();
+        for peer in peers {
+            let o = self.out.remove(&peer).expect("listed");
+            if let Some(a) = self.assocs.association(o.assoc) {
+                if let Some(q) = self.links.get_mut(&peer) {
+                    q.acked(a.buffered());
+                }
+                a.abort();
+                // Its events are read now, so that the endpoint forgets it
+                // once the reset is out.
+                while a.poll_event().is_some() {}
+            }
+            if let Some(q) = self.links.get_mut(&peer) {
+                let n = q.lose_in_flight();
+                if n > 0 {
+                    self.link_lost.push((peer, n));
+                }
+            }
+            self.stats.backlog_drops += o.backlog.len() as u64;
+            lost.extend(self.fail_peer(now, peer, false));
+        }
+        for (_, live) in self.accepted.values_mut() {
+            *live = false;
+        }
+        lost
+    }
+
     /// An association packet from an up member.
     pub(crate) fn handle_packet(&mut self, now: Instant, from: SocketAddr, packet: Bytes) {
         // The endpoint routes it (set-ups, either side's associations) and
@@ -530,11 +565,14 @@ impl Tunnels {
             };
             let peer = a.peer();
             if let Some(&(_, live)) = accepted.get(&h) {
-                let mut gone = false;
+                let (mut gone, mut stray) = (false, false);
                 while let Some(e) = a.poll_event() {
                     match e {
                         Event::Message(m) if live => s.frames.push((peer, m)),
-                        Event::Message(_) => stats.stray_frames += 1,
+                        Event::Message(_) => {
+                            stats.stray_frames += 1;
+                            stray = true;
+                        }
                         Event::Closed(_) | Event::Failed(_) => {
                             gone = true;
                             if live {
@@ -543,6 +581,15 @@ impl Tunnels {
                         }
                         Event::Connected | Event::Writable => {}
                     }
+                }
+                if stray && !gone {
+                    // The peer still sends on an association this node gave
+                    // up (it declared the peer down meanwhile): a reset
+                    // tells it to go on over a fresh one, instead of its
+                    // frames being acknowledged here and dropped forever.
+                    a.abort();
+                    while a.poll_event().is_some() {}
+                    gone = true;
                 }
                 if gone {
                     accepted.remove(&h);
@@ -764,6 +811,17 @@ pub(crate) fn peer_down(l: &MeshLink, broker: &impl Inbound, peer: SocketAddr) -
     let (lost, frames) = l.tunnels.lock().peer_down(Instant::now(), peer);
     tell_lost(broker, lost, &format!("node {peer} went down"));
     frames
+}
+
+/// This node rejoined the mesh with a new generation: every reliable link
+/// restarts on a fresh association (see [`Tunnels::restart_links`]).
+pub(crate) fn restart_links(l: &MeshLink, broker: &impl Inbound) {
+    let lost = l.tunnels.lock().restart_links(Instant::now());
+    tell_lost(
+        broker,
+        lost,
+        "this node was declared down by the mesh and rejoined",
+    );
 }
 
 /// Drives the associations: timers, events, tunnel frames to the broker,

@@ -395,6 +395,11 @@ impl<L: Inbound> Driver<L> {
                     self.link_lost(id.addr, n, "it went down");
                     self.gap(broker, id.addr, "it went down");
                 }
+                MeshEvent::Rejoined(id) => {
+                    crate::logging::counted();
+                    tracing::warn!(generation = id.gen, "this node was declared down by the mesh (it did not answer probes in time) and rejoined; its links to peers restart");
+                    crate::mesh_tunnel::restart_links(l, broker);
+                }
                 MeshEvent::Suspect(id) => {
                     crate::logging::counted();
                     tracing::warn!(peer = %id.addr, generation = id.gen, "mesh member suspected down (not answering probes)");

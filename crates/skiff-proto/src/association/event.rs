@@ -58,6 +58,9 @@ pub enum FailReason {
     /// The peer broke the protocol.
     #[error("protocol violation by the peer: {0}")]
     Protocol(&'static str),
+    /// This end aborted it ([`super::Association::abort`]).
+    #[error("aborted by this end")]
+    Aborted,
 }
 
 /// Why [`Association::send`] refused a message.

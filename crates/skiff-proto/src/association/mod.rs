@@ -397,6 +397,13 @@ impl Association {
         self.close_reason.get_or_insert(CloseReason::Local);
     }
 
+    /// Aborts at once: what was not acknowledged is abandoned, the peer is
+    /// sent a reset (so its end fails too, instead of waiting for the idle
+    /// timeout), and [`Event::Failed`] with [`FailReason::Aborted`] follows.
+    pub fn abort(&mut self) {
+        self.fail(FailReason::Aborted);
+    }
+
     /// Takes a datagram addressed to this association (from a driver that
     /// owns it alone; an [`Endpoint`] routes its own).
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {

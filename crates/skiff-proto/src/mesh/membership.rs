@@ -260,6 +260,7 @@ impl Mesh {
                         p.stats.gen = new.gen;
                     }
                 }
+                OwnedNotification::Rejoin(id) => self.events.push_back(MeshEvent::Rejoined(id)),
                 _ => {}
             }
         }

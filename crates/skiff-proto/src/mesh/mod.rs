@@ -129,6 +129,10 @@ pub enum MeshEvent {
     Up(NodeId),
     /// A member was declared down; its interest is gone.
     Down(NodeId),
+    /// This node was declared down by the mesh and rejoined with a new
+    /// generation (the one given): its peers forgot what they had from
+    /// the old one.
+    Rejoined(NodeId),
     /// A member did not answer probes and is suspected down (SWIM): it is
     /// declared down unless it refutes the suspicion in time.
     Suspect(NodeId),
