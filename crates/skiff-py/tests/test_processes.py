@@ -103,7 +103,16 @@ def test_ctrl_c_interrupts_a_blocking_wait(what):
     code = CTRL_C if what == "next" else CTRL_C.replace(
         "sub.next()", "s2 = c.subscribe('svc'); c.request('svc', b'', timeout=600)"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a test run started in the
+    # background by a non-interactive shell inherits it ignored, and Python
+    # then installs no KeyboardInterrupt handler.
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert p.stdout is not None
     assert p.stdout.readline().strip() == "waiting"
     time.sleep(0.3)
