@@ -43,10 +43,7 @@ while [ $# -gt 0 ]; do
 done
 SIZES=(8 256)
 
-if ! command -v nats-server >/dev/null; then
-    echo "installing nats-server (apt)..." >&2
-    apt-get update >/dev/null && apt-get install -y nats-server >/dev/null
-fi
+NATS_SERVER="$(bench/nats/server.sh)"
 bench/nats/build.sh >&2
 NATSBENCH="$PWD/bench/nats/natsbench"
 if [ -z "${SKIFF:-}" ]; then
@@ -112,7 +109,7 @@ if [ $RUN_NATS = 1 ]; then
         for j in 0 1 2; do
             [ "$j" = "$i" ] || routes+="${routes:+,}nats://127.0.0.1:${ROUTE_PORT[$j]}"
         done
-        nats-server -a 127.0.0.1 -p "${NATS_PORT[$i]}" -m "${MON_PORT[$i]}" \
+        "$NATS_SERVER" -a 127.0.0.1 -p "${NATS_PORT[$i]}" -m "${MON_PORT[$i]}" \
             -cluster "nats://127.0.0.1:${ROUTE_PORT[$i]}" -cluster_name "bench-$$" \
             -routes "$routes" >"$TMP/nats-${NAMES[$i]}.log" 2>&1 &
         PIDS+=($!)
@@ -251,7 +248,7 @@ both="no"
 echo "## Mesh: three nodes against a three-node nats-server cluster"
 echo
 echo "Machine: $(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), Linux $(uname -r);"
-echo "nats-server $(nats-server --version | awk '{print $NF}'), nats.go load generator; $(date -u +%Y-%m-%d)."
+echo "nats-server $("$NATS_SERVER" --version | awk '{print $NF}'), nats.go load generator; $(date -u +%Y-%m-%d)."
 echo "Command: \`bench/mesh.sh --duration-secs $DUR --trials $TRIALS\`; rows in \`bench/mesh.jsonl\`."
 echo "All six servers on loopback; A, B, C are the three nodes of each system (skiff: \`--mesh\`, seeds, no scouting;"
 echo "nats: routes). skiff subscriptions use the \`block\` policy; nats subscribers 64 MB / 65536-message pending limits."

@@ -23,13 +23,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 target="${CARGO_TARGET_DIR:-$PWD/target}"
-if [ -z "${NATS_SERVER:-}" ]; then
-    NATS_SERVER="$target/gobin/nats-server"
-    if [ ! -x "$NATS_SERVER" ]; then
-        echo "installing the newest nats-server v2 (Go module proxy)..." >&2
-        GOBIN="$target/gobin" go install github.com/nats-io/nats-server/v2@latest >&2
-    fi
-fi
+NATS_SERVER="$(bench/nats/server.sh)"
 if [ -z "${SKIFF:-}" ]; then
     cargo build --release -p skiff-cli >&2
     SKIFF="$target/release/skiff"

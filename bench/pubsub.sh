@@ -18,10 +18,8 @@ cd "$(dirname "$0")/.."
 DUR=2
 if [[ "${1:-}" == "--duration-secs" ]]; then DUR="$2"; fi
 
-if ! command -v nats-server >/dev/null; then
-    echo "installing nats-server (apt)..." >&2
-    apt-get update >/dev/null && apt-get install -y nats-server >/dev/null
-fi
+NATS_SERVER="$(bench/nats/server.sh)"
+export NATS_SERVER # skiff-bench --nats starts this one
 bench/nats/build.sh >&2
 if [ -z "${SKIFF:-}" ] || [ -z "${SKIFF_BENCH:-}" ]; then
     cargo build --release -p skiff-cli -p skiff-bench >&2
@@ -53,7 +51,7 @@ fi
 
 echo "## Node: publish/subscribe and request/reply against nats-server"
 echo
-echo "Machine: $(nproc) cores, $(uname -r); nats-server $(nats-server --version | awk '{print $NF}'); $(date -u +%Y-%m-%d)."
+echo "Machine: $(nproc) cores, $(uname -r); nats-server $("$NATS_SERVER" --version | awk '{print $NF}'); $(date -u +%Y-%m-%d)."
 echo "Command: \`bench/pubsub.sh --duration-secs $DUR\`. Both servers run as child processes on loopback;"
 echo "the load generator is \`skiff-bench\` (skiff rows, the code of \`skiff bench\`) or \`bench/nats/natsbench\` (nats.go, nats rows), same shapes."
 echo "skiff subscriptions use the \`block\` policy (lossless, flow controlled); nats subscribers use 64 MB / 65536-message pending limits."

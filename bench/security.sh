@@ -22,10 +22,7 @@ DUR=2
 if [[ "${1:-}" == "--duration-secs" ]]; then DUR="$2"; fi
 SIZES=(8 256)
 
-if ! command -v nats-server >/dev/null; then
-    echo "installing nats-server (apt)..." >&2
-    apt-get update >/dev/null && apt-get install -y nats-server >/dev/null
-fi
+NATS_SERVER="$(bench/nats/server.sh)"
 bench/nats/build.sh >&2
 NATSBENCH="$PWD/bench/nats/natsbench"
 if [ -z "${SKIFF:-}" ]; then
@@ -79,8 +76,8 @@ start() { # log, command...
 }
 start plain "$SKIFF" node --tcp "127.0.0.1:${P[0]}"
 start tls "$SKIFF" node --tcp "127.0.0.1:${P[1]}" --tls-cert "$TMP/node.pem" --tls-key "$TMP/node.key"
-start nats nats-server -a 127.0.0.1 -p "${P[2]}"
-start nats-tls nats-server -a 127.0.0.1 -p "${P[3]}" --tls --tlscert "$TMP/node.pem" --tlskey "$TMP/node.key"
+start nats "$NATS_SERVER" -a 127.0.0.1 -p "${P[2]}"
+start nats-tls "$NATS_SERVER" -a 127.0.0.1 -p "${P[3]}" --tls --tlscert "$TMP/node.pem" --tlskey "$TMP/node.key"
 NET="bench-sec-$$"
 start mesh-a "$SKIFF" node --tcp "127.0.0.1:${P[4]}" --mesh "127.0.0.1:${P[8]}" --net "$NET-p" --seeds "127.0.0.1:${P[9]}" --no-scout
 start mesh-b "$SKIFF" node --tcp "127.0.0.1:${P[5]}" --mesh "127.0.0.1:${P[9]}" --net "$NET-p" --seeds "127.0.0.1:${P[8]}" --no-scout
@@ -128,7 +125,7 @@ LOAD_AFTER="$(uptime)"
 
 echo "## Security: TLS and the sealed mesh against plaintext, and nats-server with TLS"
 echo
-echo "Machine: $(nproc) cores, $(uname -r); nats-server $(nats-server --version | awk '{print $NF}'); $(date -u +%Y-%m-%d)."
+echo "Machine: $(nproc) cores, $(uname -r); nats-server $("$NATS_SERVER" --version | awk '{print $NF}'); $(date -u +%Y-%m-%d)."
 echo "Command: \`bench/security.sh --duration-secs $DUR\`; one run, every row back to back on loopback."
 echo "Load: before \`${LOAD_BEFORE#*load average: }\`, after \`${LOAD_AFTER#*load average: }\` (uptime)."
 echo "Publish/subscribe 1->1 through one server (skiff: \`skiff bench pubsub\`, block policy; nats: natsbench);"

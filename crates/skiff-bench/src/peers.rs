@@ -135,16 +135,18 @@ fn wait_port(port: u16) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// `nats-server` on a free port, once it listens.
+/// `nats-server` (`$NATS_SERVER`, else the one on the `PATH`; the bench
+/// scripts set it to the newest release) on a free port, once it listens.
 pub(crate) fn nats_server() -> Result<Server, Box<dyn Error>> {
     let port = free_port()?;
-    let child = Command::new("nats-server")
+    let bin = std::env::var_os("NATS_SERVER").unwrap_or_else(|| "nats-server".into());
+    let child = Command::new(bin)
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| {
-            format!("cannot start nats-server ({e}); install it: apt-get install nats-server")
+            format!("cannot start nats-server ({e}); set NATS_SERVER, or run bench/nats/server.sh to install the newest")
         })?;
     let server = Server::new(child, format!("nats://127.0.0.1:{port}"));
     wait_port(port)?;
