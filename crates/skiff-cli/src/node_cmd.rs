@@ -784,8 +784,8 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 );
             }
             outln!(
-                "      links: frames lost {}, gaps reported {}; associations: packets dropped (forged, replayed, malformed) {}, retransmitted {}",
-                m.link_lost, m.gaps_reported, m.tunnels.packets_dropped, m.tunnels.retransmits
+                "      links: frames lost {}, gaps reported {}, best-effort frames dropped while delivery was behind {}; associations: packets dropped (forged, replayed, malformed) {}, retransmitted {}",
+                m.link_lost, m.gaps_reported, m.delivery_dropped, m.tunnels.packets_dropped, m.tunnels.retransmits
             );
             if !m.links.is_empty() {
                 outln!(

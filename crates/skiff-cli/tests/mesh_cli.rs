@@ -265,3 +265,84 @@ fn a_node_declared_down_while_alive_rejoins_and_its_messages_flow_again() {
         );
     }
 }
+
+/// A local subscriber that stops reading (policy `block`) holds only its
+/// own deliveries: its node goes on answering the mesh's probes (nobody is
+/// declared down, no generation changes), the link from the publishing
+/// node is held by flow control, and once the subscriber reads again
+/// every message arrives, in order. (Before, the mesh task itself waited
+/// for the subscriber: its node stopped answering probes, was declared
+/// down, and what was in flight was lost.)
+#[test]
+fn a_stalled_local_subscriber_does_not_stall_its_node_in_the_mesh() {
+    let net = format!("cli-stall-{}", std::process::id());
+    let (_a, aa, am) = start_node(&net, "");
+    let (_b, ba, bm) = start_node(&net, &am);
+    for n in [&aa, &ba] {
+        wait_stats(n, "one member up", |v| {
+            v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
+        });
+    }
+    let mut sub = Proc(
+        skiff()
+            .args(["sub", "-n", &format!("skiff://{ba}"), "stall.>"])
+            .args(["--policy", "block", "--queue", "100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = lines(sub.0.stdout.take().unwrap());
+    wait_stats(&aa, "interest from B", |v| remote_patterns(v) == 1);
+    let (mut gen_a, mut gen_b) = (0, 0);
+    wait_stats(&ba, "A's generation", |v| {
+        gen_a = generation_of(v, &am);
+        gen_a != 0
+    });
+    wait_stats(&aa, "B's generation", |v| {
+        gen_b = generation_of(v, &bm);
+        gen_b != 0
+    });
+    signal(&sub, libc::SIGSTOP);
+    // Far more than the socket buffers and a 100-message queue hold.
+    const N: usize = 14_000;
+    let mut publisher = Proc(
+        skiff()
+            .args(["pub", "-n", &format!("skiff://{aa}"), "stall.x"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = publisher.0.stdin.take().unwrap();
+    let pad = "p".repeat(1000);
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..N {
+            writeln!(stdin, "{i} {pad}").unwrap();
+        }
+    });
+    // Past the failure detector's probe and suspicion times.
+    std::thread::sleep(Duration::from_secs(4));
+    wait_stats(&ba, "A still up, same generation", |v| {
+        generation_of(v, &am) == gen_a
+    });
+    wait_stats(&aa, "B still up, same generation", |v| {
+        generation_of(v, &bm) == gen_b
+    });
+    signal(&sub, libc::SIGCONT);
+    for i in 0..N {
+        let l = next_line(&out, "a held message");
+        let want = format!("stall.x {i} ");
+        assert!(
+            l.starts_with(&want),
+            "message {i}: {}",
+            &l[..l.len().min(40)]
+        );
+    }
+    let st = publisher.0.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut publisher.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(st.success(), "{err}");
+}

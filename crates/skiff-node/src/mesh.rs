@@ -185,6 +185,9 @@ struct Counters {
     link_lost: AtomicU64,
     /// Gaps told to local subscribers.
     gaps: AtomicU64,
+    /// Best-effort frames from peers dropped while local delivery was
+    /// behind.
+    delivery_dropped: AtomicU64,
     /// The second of the last log line (`note`).
     noted: AtomicU64,
 }
@@ -262,6 +265,7 @@ impl MeshLink {
             links,
             link_lost: c.link_lost.load(Relaxed),
             gaps_reported: c.gaps.load(Relaxed),
+            delivery_dropped: c.delivery_dropped.load(Relaxed),
             seal: self.seal.as_ref().map(|(id, c)| c.stats(id)),
         }
     }

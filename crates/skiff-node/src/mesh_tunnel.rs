@@ -136,6 +136,8 @@ pub(crate) struct Tunnels {
     /// Links whose association failed since the last round, with the
     /// frames that may not have arrived.
     link_lost: Vec<(SocketAddr, u64)>,
+    /// Associations with input not read while delivery was paused.
+    unread: Vec<Handle>,
 }
 
 /// What one step of the associations produced, to act on with no lock
@@ -217,6 +219,7 @@ impl Tunnels {
             max_payload,
             stats: TunnelStats::default(),
             link_lost: Vec::new(),
+            unread: Vec::new(),
         }
     }
 
@@ -526,20 +529,23 @@ impl Tunnels {
         self.assocs.poll_timeout()
     }
 
-    /// Timers, new associations, events and backlogs.
-    fn step(&mut self, now: Instant) -> Step {
+    /// Timers, new associations, events and backlogs. With `paused` (the
+    /// node's delivery queue is full) no association's messages are read:
+    /// the ones with input are remembered and read on the first step
+    /// without it, and meanwhile their receive windows close, so their
+    /// senders are held by flow control.
+    fn step(&mut self, now: Instant, paused: bool) -> Step {
         let mut s = Step::default();
         self.io.timers(&mut self.assocs, now);
         let mut dead = Vec::new();
         let Tunnels {
             assocs,
             io,
-            out,
             accepted,
-            stats,
             ..
         } = self;
         // Only associations the endpoint reports active have new events.
+        let mut active: Vec<Handle> = Vec::new();
         io.events(assocs, |assocs, ev| {
             let h = match ev {
                 EndpointEvent::Activity(h) => h,
@@ -559,55 +565,21 @@ impl Tunnels {
                     h
                 }
             };
-            let Some(a) = assocs.association(h) else {
-                accepted.remove(&h);
-                return;
-            };
-            let peer = a.peer();
-            if let Some(&(_, live)) = accepted.get(&h) {
-                let (mut gone, mut stray) = (false, false);
-                while let Some(e) = a.poll_event() {
-                    match e {
-                        Event::Message(m) if live => s.frames.push((peer, m)),
-                        Event::Message(_) => {
-                            stats.stray_frames += 1;
-                            stray = true;
-                        }
-                        Event::Closed(_) | Event::Failed(_) => {
-                            gone = true;
-                            if live {
-                                s.failed.push(peer);
-                            }
-                        }
-                        Event::Connected | Event::Writable => {}
-                    }
-                }
-                if stray && !gone {
-                    // The peer still sends on an association this node gave
-                    // up (it declared the peer down meanwhile): a reset
-                    // tells it to go on over a fresh one, instead of its
-                    // frames being acknowledged here and dropped forever.
-                    a.abort();
-                    while a.poll_event().is_some() {}
-                    gone = true;
-                }
-                if gone {
-                    accepted.remove(&h);
-                }
-            } else if out.get(&peer).is_some_and(|o| o.assoc == h) {
-                while let Some(e) = a.poll_event() {
-                    match e {
-                        Event::Message(m) => s.frames.push((peer, m)),
-                        Event::Closed(_) | Event::Failed(_) => dead.push(peer),
-                        Event::Connected | Event::Writable => {}
-                    }
-                }
-            } else {
-                // An association this node gave up (its peer went down):
-                // its events are read so that the endpoint forgets it.
-                while a.poll_event().is_some() {}
-            }
+            active.push(h);
         });
+        if paused {
+            for h in active {
+                if !self.unread.contains(&h) {
+                    self.unread.push(h);
+                }
+            }
+        } else {
+            let mut hs = std::mem::take(&mut self.unread);
+            hs.extend(active);
+            for h in hs {
+                self.read(h, &mut s, &mut dead);
+            }
+        }
         self.drain_backlogs(now);
         for peer in dead {
             // The endpoint forgets the association once it drained. The
@@ -627,6 +599,66 @@ impl Tunnels {
         self.stats.assoc_failures += s.failed.len() as u64;
         self.stats.frames_received += s.frames.len() as u64;
         s
+    }
+
+    /// Reads the events of association `h`: messages into `s`, the end of
+    /// a live one into `s.failed` (accepted) or `dead` (this node's).
+    fn read(&mut self, h: Handle, s: &mut Step, dead: &mut Vec<SocketAddr>) {
+        let Tunnels {
+            assocs,
+            out,
+            accepted,
+            stats,
+            ..
+        } = self;
+        let Some(a) = assocs.association(h) else {
+            accepted.remove(&h);
+            return;
+        };
+        let peer = a.peer();
+        if let Some(&(_, live)) = accepted.get(&h) {
+            let (mut gone, mut stray) = (false, false);
+            while let Some(e) = a.poll_event() {
+                match e {
+                    Event::Message(m) if live => s.frames.push((peer, m)),
+                    Event::Message(_) => {
+                        stats.stray_frames += 1;
+                        stray = true;
+                    }
+                    Event::Closed(_) | Event::Failed(_) => {
+                        gone = true;
+                        if live {
+                            s.failed.push(peer);
+                        }
+                    }
+                    Event::Connected | Event::Writable => {}
+                }
+            }
+            if stray && !gone {
+                // The peer still sends on an association this node gave up
+                // (it declared the peer down meanwhile): a reset tells it
+                // to go on over a fresh one, instead of its frames being
+                // acknowledged here and dropped forever.
+                a.abort();
+                while a.poll_event().is_some() {}
+                gone = true;
+            }
+            if gone {
+                accepted.remove(&h);
+            }
+        } else if out.get(&peer).is_some_and(|o| o.assoc == h) {
+            while let Some(e) = a.poll_event() {
+                match e {
+                    Event::Message(m) => s.frames.push((peer, m)),
+                    Event::Closed(_) | Event::Failed(_) => dead.push(peer),
+                    Event::Connected | Event::Writable => {}
+                }
+            }
+        } else {
+            // An association this node gave up (its peer went down): its
+            // events are read so that the endpoint forgets it.
+            while a.poll_event().is_some() {}
+        }
     }
 
     /// Moves waiting frames into associations with room (opening one to a
@@ -828,10 +860,12 @@ pub(crate) fn restart_links(l: &MeshLink, broker: &impl Inbound) {
 /// and packets to the mesh core (sent at the task's flush). Returns the
 /// batches of node frames that arrived, for the task to deliver in order,
 /// and the links that lost frames.
-pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound) -> Delivered {
+/// With `paused`, no association's messages are read this round (see
+/// [`Tunnels::step`]).
+pub(crate) fn drive(l: &MeshLink, broker: &impl Inbound, paused: bool) -> Delivered {
     let now = Instant::now();
     let mut d = Delivered::default();
-    let step = l.tunnels.lock().step(now);
+    let step = l.tunnels.lock().step(now, paused);
     for (from, frame) in step.frames {
         if let Some(frames) = act(l, broker, from, frame) {
             d.nodes.push((from, frames));

@@ -239,6 +239,10 @@ pub struct MeshView {
     /// down or its link failed.
     #[serde(default)]
     pub gaps_reported: u64,
+    /// Best-effort frames from peers dropped because local delivery was
+    /// behind (a slow local subscriber); reliable links are held instead.
+    #[serde(default)]
+    pub delivery_dropped: u64,
     /// The encryption of the mesh's datagrams, when it is on.
     #[serde(default)]
     pub seal: Option<SealStats>,

@@ -10,6 +10,7 @@
 //! segmented send).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use skiff::udp::{AsyncUdpSocket, RecvBatch, SendBatch, UdpConfig};
 use skiff_proto::mesh::node_frame::op;
 use skiff_proto::mesh::{Frames, Mesh, MeshConfig, MeshEvent, NodeId};
 use tokio::net::UdpSocket as TokioUdpSocket;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 use super::{Counters, Inbound, MeshLink, MeshSettings, SCOUT_GROUP};
 use crate::outbox::ClientOut;
@@ -149,10 +150,20 @@ pub(crate) async fn start<L: Inbound>(
     // show the mesh's traffic in `skiff stats`.
     let mesh_client = broker.attach_mesh_client(format!("mesh:{me}"))?;
     let now = Instant::now();
+    let (delivery, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(deliver(
+        link.clone(),
+        Arc::downgrade(broker),
+        mesh_client,
+        rx,
+        queued.clone(),
+    ));
     let driver = Driver {
         link: link.clone(),
         broker: Arc::downgrade(broker),
-        mesh_client,
+        delivery,
+        queued,
         sock,
         scout,
         scouting: settings.scout,
@@ -166,7 +177,6 @@ pub(crate) async fn start<L: Inbound>(
         send: SendBatch::new(),
         seal,
         scratch: Vec::new(),
-        pubs: Vec::new(),
         events: Vec::new(),
         last_from: rustc_hash::FxHashMap::default(),
         scout_buf: vec![0u8; 2048],
@@ -179,7 +189,10 @@ pub(crate) async fn start<L: Inbound>(
 struct Driver<L> {
     link: Arc<MeshLink>,
     broker: Weak<L>,
-    mesh_client: Arc<ClientOut>,
+    /// Node frames on their way to the broker's delivery task, in order,
+    /// with their bytes; `queued` counts the bytes not yet delivered.
+    delivery: mpsc::UnboundedSender<(SocketAddr, Frames, usize)>,
+    queued: Arc<AtomicUsize>,
     sock: AsyncUdpSocket,
     scout: Option<TokioUdpSocket>,
     scouting: bool,
@@ -199,14 +212,79 @@ struct Driver<L> {
     seal: Option<super::seal::Seal>,
     /// Each datagram from `poll_transmit`, on its way into `send`.
     scratch: Vec<u8>,
-    /// A run of publish frames on its way to the broker.
-    pubs: Vec<Bytes>,
     /// When a batch of frames last came from each peer (where a gap
     /// begins if it dies).
     last_from: rustc_hash::FxHashMap<SocketAddr, Instant>,
     /// The mesh's events of one turn (kept for its allocation).
     events: Vec<MeshEvent>,
     scout_buf: Vec<u8>,
+}
+
+/// Bytes of node frames that may wait for local delivery before the mesh
+/// task stops reading the reliable links (and drops best-effort datagrams).
+const DELIVERY_BOUND: usize = 16 << 20;
+
+/// Delivers what other nodes sent to local clients, in order, apart from
+/// the mesh task: a local subscriber that is slow to read (policy `block`)
+/// holds this task, never the mesh task, so the node goes on answering
+/// probes, acknowledging and sending while it waits (before, such a
+/// subscriber could get its whole node declared down by the mesh). Runs of
+/// publishes go to the broker as one batch (one lock and one match per run
+/// of the same subject, as for a client).
+async fn deliver<L: Inbound>(
+    link: Arc<MeshLink>,
+    broker: Weak<L>,
+    me: Arc<ClientOut>,
+    mut rx: mpsc::UnboundedReceiver<(SocketAddr, Frames, usize)>,
+    queued: Arc<AtomicUsize>,
+) {
+    let mut pubs: Vec<Bytes> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        let mut next = Some(first);
+        let mut bytes = 0;
+        // What is here now, up to a bound, before the run is flushed.
+        let mut batches = 0;
+        while let Some((from, frames, n)) = next.take() {
+            bytes += n;
+            batches += 1;
+            for frame in frames {
+                if frame.first() == Some(&op::PUB) {
+                    pubs.push(frame);
+                    continue;
+                }
+                publish_run(&link, &*broker, &me, &mut pubs).await;
+                link.handle_frame(&*broker, from, frame);
+            }
+            if batches < 64 {
+                next = rx.try_recv().ok();
+            }
+        }
+        publish_run(&link, &*broker, &me, &mut pubs).await;
+        let before = queued.fetch_sub(bytes, Relaxed);
+        if before > DELIVERY_BOUND && before - bytes <= DELIVERY_BOUND {
+            // The mesh task reads the links it left unread.
+            link.wake.notify_one();
+        }
+    }
+}
+
+async fn publish_run<L: Inbound>(
+    link: &MeshLink,
+    broker: &L,
+    me: &Arc<ClientOut>,
+    pubs: &mut Vec<Bytes>,
+) {
+    if pubs.is_empty() {
+        return;
+    }
+    let bad = broker.publish_remote(me, pubs).await;
+    pubs.clear();
+    if bad > 0 {
+        link.counters.bad_frames.fetch_add(bad as u64, Relaxed);
+    }
 }
 
 impl<L: Inbound> Driver<L> {
@@ -266,12 +344,12 @@ impl<L: Inbound> Driver<L> {
             let Some(broker) = self.broker.upgrade() else {
                 return;
             };
-            self.events(&*broker).await;
-            let d = crate::mesh_tunnel::drive(&l, &*broker);
+            self.events(&*broker);
+            let paused = self.queued.load(Relaxed) > DELIVERY_BOUND;
+            let d = crate::mesh_tunnel::drive(&l, &*broker, paused);
             for (from, frames) in d.nodes {
-                self.frames(&*broker, from, frames).await;
+                self.frames(from, frames, true);
             }
-            self.publish_run(&*broker).await;
             for (peer, n) in d.lost {
                 self.link_lost(peer, n, "its association failed");
             }
@@ -357,7 +435,7 @@ impl<L: Inbound> Driver<L> {
     }
 
     /// Takes the mesh's events to the broker and the tunnels.
-    async fn events(&mut self, broker: &L) {
+    fn events(&mut self, broker: &L) {
         let link = self.link.clone();
         let l = &*link;
         let mut events = std::mem::take(&mut self.events);
@@ -367,18 +445,9 @@ impl<L: Inbound> Driver<L> {
                 events.push(e);
             }
         }
-        // Runs of publishes go to the broker as one batch (one lock
-        // and one match per run of the same subject, as for a client).
         for e in events.drain(..) {
             match e {
-                MeshEvent::Frames { from, frames } => {
-                    self.frames(broker, from, frames).await;
-                    continue;
-                }
-                _ => self.publish_run(broker).await,
-            }
-            match e {
-                MeshEvent::Frames { .. } => {}
+                MeshEvent::Frames { from, frames } => self.frames(from, frames, false),
                 MeshEvent::Cluster {
                     peer,
                     cluster,
@@ -425,22 +494,31 @@ impl<L: Inbound> Driver<L> {
                 }
             }
         }
-        self.publish_run(broker).await;
         self.events = events;
     }
 
-    /// The frames of one batch from `from` (a datagram or a reliable
-    /// link's message): runs of publishes go to the broker together.
-    async fn frames(&mut self, broker: &L, from: SocketAddr, frames: Frames) {
+    /// The frames of one batch from `from` (a datagram, or a reliable
+    /// link's message), handed to the delivery task. Past
+    /// [`DELIVERY_BOUND`] bytes waiting there, a best-effort datagram's are
+    /// dropped and counted (reliable links are not read meanwhile: see
+    /// `drive`).
+    fn frames(&mut self, from: SocketAddr, frames: Frames, reliable: bool) {
         self.last_from.insert(from, Instant::now());
-        for frame in frames {
-            if frame.first() == Some(&op::PUB) {
-                self.pubs.push(frame);
-                continue;
-            }
-            self.publish_run(broker).await;
-            self.link.handle_frame(broker, from, frame);
+        let n = frames.byte_len();
+        if !reliable && self.queued.load(Relaxed) > DELIVERY_BOUND {
+            let dropped = frames.count() as u64;
+            self.link
+                .counters
+                .delivery_dropped
+                .fetch_add(dropped, Relaxed);
+            self.link.note(format_args!(
+                "local delivery is behind by more than {DELIVERY_BOUND} bytes: best-effort messages from node {from} dropped (counted in `skiff stats --mesh`)"
+            ));
+            return;
         }
+        self.queued.fetch_add(n, Relaxed);
+        // The delivery task ends only after this task: the send succeeds.
+        let _ = self.delivery.send((from, frames, n));
     }
 
     /// Messages from `peer` may be missing (it went down, its link
@@ -462,20 +540,6 @@ impl<L: Inbound> Driver<L> {
         self.link.note(format_args!(
             "up to {n} frame(s) to node {peer} may not have arrived: {why}"
         ));
-    }
-
-    /// Hands the run of publishes collected so far to the broker.
-    async fn publish_run(&mut self, broker: &L) {
-        if self.pubs.is_empty() {
-            return;
-        }
-        let bad = broker
-            .publish_remote(&self.mesh_client, &mut self.pubs)
-            .await;
-        self.pubs.clear();
-        if bad > 0 {
-            self.link.counters.bad_frames.fetch_add(bad as u64, Relaxed);
-        }
     }
 
     /// Sends every datagram the mesh has, in as few system calls as the

@@ -110,6 +110,11 @@ pub struct Frames {
 }
 
 impl Frames {
+    /// The bytes of the frames left (with their length prefixes).
+    pub fn byte_len(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The frames of `buf`, each a varint length and that many bytes (at
     /// most `max_frame`), checked whole before any is handed on; with their
     /// count. Total: any input gives frames or an error.
