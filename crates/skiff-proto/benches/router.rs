@@ -16,10 +16,14 @@
 //! - `cmsg_inner/N`: N cMsg patterns with a wildcard at both ends and a
 //!   literal inside (`*x7*`): the index by two bytes of a literal skips
 //!   them.
-//! - `cmsg_unindexed/N`: N cMsg patterns with no literal of two bytes
-//!   (`*{i>7}*`), which no index can skip, against `run.42.rate` (a
-//!   subject with digits, so each runs the full matcher): the one cost
-//!   that grows with N.
+//! - `cmsg_noliteral/N`: N cMsg patterns with no literal of two bytes
+//!   (`*{i>7}*`, one range per pattern), against `run.42.rate` (a subject
+//!   with digits): the index by shape runs `*#*` once and finds the
+//!   ranges holding 2, 4 or 42 by their bounds.
+//! - `cmsg_noliteral_mix/N`: N patterns of varied shapes with no literal
+//!   to key by (`*{i>N}*`, `{i<N}`, `*{i=N}*`, `???`, `#`, `*.?`, `?#?`,
+//!   `*{i>N & i<M}*`), the same subject; one in eight has a range bounded
+//!   on both sides, which is tested one by one against the few values.
 //!
 //! Run: `cargo bench -p skiff-proto --bench router` (short measurement
 //! times are set below; criterion's command-line flags override them).
@@ -141,17 +145,22 @@ fn cmsg_matching(c: &mut Criterion) {
     let shapes: [(&str, Shape); 3] = [
         ("cmsg_leading", |i| format!("*x{i}")),
         ("cmsg_inner", |i| format!("*x{i}*")),
-        ("cmsg_unindexed", |i| format!("*{{i>{i}}}*")),
+        ("cmsg_noliteral", |i| format!("*{{i>{i}}}*")),
     ];
     let digits = Subject::new("run.42.rate").unwrap();
     for (group, shape) in shapes {
-        let subject = if group == "cmsg_unindexed" {
+        let subject = if group == "cmsg_noliteral" {
             digits
         } else {
             subject
         };
         let mut g = c.benchmark_group(group);
-        for n in [100u64, 10_000] {
+        let sizes: &[u64] = if group == "cmsg_noliteral" {
+            &[100, 100_000]
+        } else {
+            &[100, 10_000]
+        };
+        for &n in sizes {
             let mut r = Router::new();
             for i in 0..n {
                 let p = shape(i);
@@ -166,6 +175,40 @@ fn cmsg_matching(c: &mut Criterion) {
         }
         g.finish();
     }
+}
+
+/// A cMsg pattern with no literal to key by, of one of eight shapes.
+fn no_literal(i: u64) -> String {
+    match i % 8 {
+        0 => format!("*{{i>{i}}}*"),
+        1 => format!("{{i<{i}}}"),
+        2 => format!("*{{i={i}}}*"),
+        3 => "???".into(),
+        4 => "#".into(),
+        5 => "*.?".into(),
+        6 => "?#?".into(),
+        _ => format!("*{{i>{i} & i<{}}}*", i + 10),
+    }
+}
+
+fn no_literal_matching(c: &mut Criterion) {
+    let subject = Subject::new("run.42.rate").unwrap();
+    let mut out = Vec::with_capacity(1024);
+    let mut g = c.benchmark_group("cmsg_noliteral_mix");
+    for n in [100u64, 100_000] {
+        let mut r = Router::new();
+        for i in 0..n {
+            r.subscribe_as(Syntax::Cmsg, &no_literal(i), "*", i % 1000)
+                .unwrap();
+        }
+        g.bench_with_input(BenchmarkId::from_parameter(n), &r, |b, r| {
+            b.iter(|| {
+                out.clear();
+                r.matches(black_box(subject), black_box(None), &mut out)
+            })
+        });
+    }
+    g.finish();
 }
 
 fn picking(c: &mut Criterion) {
@@ -199,6 +242,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = matching, cmsg_matching, picking
+    targets = matching, cmsg_matching, no_literal_matching, picking
 }
 criterion_main!(benches);

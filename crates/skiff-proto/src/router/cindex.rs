@@ -19,12 +19,15 @@
 //!   two bytes or more inside (`*hall*`): keyed by the first two bytes of
 //!   their longest literal, looked up once for each distinct pair of
 //!   adjacent bytes of the subject.
-//! - Only patterns with none of these (`*`, `*?*`, `*#*`) sit at the
-//!   forward root and are tried for every message.
+//! - Patterns with none of these (`*`, `???`, `#`, `*{i>7}*`) go to a
+//!   fourth index, by shape and length (the private `cshape` module): a
+//!   message runs each shape it can match once, for every pattern of that
+//!   shape.
 
 use rustc_hash::FxHashMap;
 
 use super::cmsg::CmsgPattern;
+use super::cshape::Shapes;
 use super::trie::Subs;
 use super::SubId;
 
@@ -37,7 +40,7 @@ struct Node {
     parent: u32,
     /// Children by the first byte of their label, sorted.
     children: Vec<(u8, u32)>,
-    /// Pairs whose prefix ends here.
+    /// Pairs whose prefix ends here (or, in [`Mode::Shape`], unused).
     pairs: Vec<u32>,
 }
 
@@ -46,8 +49,9 @@ struct Node {
 pub(super) struct Pair {
     pub(super) subject: CmsgPattern,
     pub(super) kind: CmsgPattern,
+    /// Its trie node (in [`Mode::Shape`], its group of [`Shapes`]).
     node: u32,
-    /// Position in its node's `pairs`.
+    /// Position in its node's (or group's) `pairs`.
     at: u32,
     pub(super) subs: Subs,
 }
@@ -61,11 +65,13 @@ pub(super) enum Mode {
     Suffix = 1,
     /// Two bytes of the longest literal.
     Bigram = 2,
+    /// None of these: by shape and length ([`Shapes`]).
+    Shape = 3,
 }
 
 impl Mode {
     /// Every mode, in index order.
-    pub(super) const ALL: [Mode; 3] = [Mode::Prefix, Mode::Suffix, Mode::Bigram];
+    pub(super) const ALL: [Mode; 4] = [Mode::Prefix, Mode::Suffix, Mode::Bigram, Mode::Shape];
 
     /// Which index a pattern goes to.
     pub(super) fn of(p: &CmsgPattern) -> Mode {
@@ -76,7 +82,7 @@ impl Mode {
         } else if p.inner_key().is_some() {
             Mode::Bigram
         } else {
-            Mode::Prefix
+            Mode::Shape
         }
     }
 }
@@ -89,6 +95,8 @@ pub(super) struct Index {
     pairs: Vec<Option<Pair>>,
     free_pairs: Vec<u32>,
     by_text: FxHashMap<(Box<str>, Box<str>), u32>,
+    /// [`Mode::Shape`]'s groups (empty in the other modes).
+    shapes: Shapes,
 }
 
 impl Index {
@@ -101,6 +109,7 @@ impl Index {
             pairs: Vec::new(),
             free_pairs: Vec::new(),
             by_text: FxHashMap::default(),
+            shapes: Shapes::default(),
         }
     }
 
@@ -112,7 +121,7 @@ impl Index {
 
     /// Trie nodes in use besides the root, plus pairs held.
     pub(super) fn node_count(&self) -> usize {
-        self.nodes.len() - 1 - self.free_nodes.len() + self.by_text.len()
+        self.nodes.len() - 1 - self.free_nodes.len() + self.shapes.len() + self.by_text.len()
     }
 
     /// Adds subscription `id`; returns (pair, position in its list).
@@ -137,6 +146,7 @@ impl Index {
                 let key = subject.inner_key().unwrap_or([0, 0]);
                 self.node_for(&key)
             }
+            Mode::Shape => return self.insert_shaped(key, subject, kind, id),
         };
         let at = self.nodes[node as usize].pairs.len() as u32;
         let mut subs = Subs::default();
@@ -159,6 +169,35 @@ impl Index {
             }
         };
         self.nodes[node as usize].pairs.push(p);
+        self.by_text.insert(key, p);
+        (p, 0)
+    }
+
+    /// [`Index::insert`] of a new pair in [`Mode::Shape`].
+    fn insert_shaped(
+        &mut self,
+        key: (Box<str>, Box<str>),
+        subject: CmsgPattern,
+        kind: CmsgPattern,
+        id: SubId,
+    ) -> (u32, u32) {
+        let p = match self.free_pairs.pop() {
+            Some(p) => p,
+            None => {
+                self.pairs.push(None);
+                (self.pairs.len() - 1) as u32
+            }
+        };
+        let (node, at) = self.shapes.insert(p, &subject);
+        let mut subs = Subs::default();
+        subs.push(id);
+        self.pairs[p as usize] = Some(Pair {
+            subject,
+            kind,
+            node,
+            at,
+            subs,
+        });
         self.by_text.insert(key, p);
         (p, 0)
     }
@@ -191,12 +230,18 @@ impl Index {
             Box::from(pair.subject.as_str()),
             Box::from(pair.kind.as_str()),
         ));
-        let node = &mut self.nodes[pair.node as usize];
-        node.pairs.swap_remove(pair.at as usize);
-        if let Some(&m) = node.pairs.get(pair.at as usize) {
-            self.pair_mut(m).at = pair.at;
+        if self.mode == Mode::Shape {
+            if let Some(m) = self.shapes.remove(pair.node, pair.at, p, &pair.subject) {
+                self.pair_mut(m).at = pair.at;
+            }
+        } else {
+            let node = &mut self.nodes[pair.node as usize];
+            node.pairs.swap_remove(pair.at as usize);
+            if let Some(&m) = node.pairs.get(pair.at as usize) {
+                self.pair_mut(m).at = pair.at;
+            }
+            self.prune(pair.node);
         }
-        self.prune(pair.node);
         if self.by_text.is_empty() {
             *self = Index::new(self.mode);
         }
@@ -319,6 +364,13 @@ impl Index {
     ) {
         if self.mode == Mode::Bigram {
             return self.walk_bigrams(subject, kind, f);
+        }
+        if self.mode == Mode::Shape {
+            let full = |p: u32| self.pair(p).subject.matches(subject);
+            return self.shapes.walk(subject, &full, &mut |p| {
+                let pair = self.pair(p);
+                !kind.is_none_or(|k| pair.kind.matches(k)) || f(pair)
+            });
         }
         let mut rev = [0u8; super::subject::MAX_SUBJECT];
         let bytes = if self.mode == Mode::Suffix {

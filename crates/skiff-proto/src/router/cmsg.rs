@@ -203,6 +203,41 @@ impl CmsgPattern {
         self.elems.iter().all(|e| matches!(e, Elem::Lit(_)))
     }
 
+    /// The pattern's shape: its elements with every range widened to any
+    /// integer, as text (`*#*` for `*{i>7}*`; a literal cannot hold a
+    /// wildcard character, so the text is unambiguous). Patterns of one
+    /// shape are matched together by the router (the private `cshape`
+    /// module).
+    pub(crate) fn shape(&self) -> CmsgPattern {
+        let mut text = String::new();
+        let elems = self
+            .elems
+            .iter()
+            .map(|e| match e {
+                Elem::Lit(l) => {
+                    text.push_str(l);
+                    e.clone()
+                }
+                Elem::Star => {
+                    text.push('*');
+                    Elem::Star
+                }
+                Elem::One => {
+                    text.push('?');
+                    Elem::One
+                }
+                Elem::Int(_) => {
+                    text.push('#');
+                    Elem::Int(Range::default())
+                }
+            })
+            .collect();
+        CmsgPattern {
+            text: text.into(),
+            elems,
+        }
+    }
+
     /// Whether `text` (a whole subject or type; untyped is `""`) matches.
     pub fn matches(&self, text: &str) -> bool {
         self.matches_from(text, 0, 0)
@@ -277,17 +312,17 @@ impl fmt::Display for CmsgPattern {
 }
 
 #[inline]
-fn set(bits: &mut [u64], i: usize) {
+pub(super) fn set(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
 }
 
 #[inline]
-fn get(bits: &[u64], i: usize) -> bool {
+pub(super) fn get(bits: &[u64], i: usize) -> bool {
     bits[i / 64] & (1 << (i % 64)) != 0
 }
 
 /// The set positions, in increasing order.
-fn ones(bits: &[u64]) -> impl Iterator<Item = usize> + '_ {
+pub(super) fn ones(bits: &[u64]) -> impl Iterator<Item = usize> + '_ {
     bits.iter().enumerate().flat_map(|(w, &word)| {
         let mut word = word;
         std::iter::from_fn(move || {
@@ -303,7 +338,7 @@ fn ones(bits: &[u64]) -> impl Iterator<Item = usize> + '_ {
 
 /// Moves the positions in `cur` across `e` into `next`; false when none
 /// is left.
-fn step(e: &Elem, text: &str, cur: &[u64], next: &mut [u64]) -> bool {
+pub(super) fn step(e: &Elem, text: &str, cur: &[u64], next: &mut [u64]) -> bool {
     let bytes = text.as_bytes();
     let n = text.len();
     let mut any = false;

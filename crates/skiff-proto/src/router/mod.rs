@@ -22,6 +22,7 @@
 mod cindex;
 pub mod cluster;
 pub mod cmsg;
+mod cshape;
 pub mod subject;
 mod trie;
 
@@ -138,8 +139,9 @@ struct Slot<S> {
 pub struct Router<S> {
     trie: Trie,
     /// cMsg patterns: by literal start, by literal end, by a two-byte
-    /// piece of a literal in the middle (see the `cindex` module).
-    cmsg: [cindex::Index; 3],
+    /// piece of a literal in the middle, by shape and length for those
+    /// with none of these (see the `cindex` and `cshape` modules).
+    cmsg: [cindex::Index; 4],
     slots: Vec<Slot<S>>,
     free: Vec<u32>,
     /// The head of each subscriber's list of subscriptions.

@@ -550,3 +550,106 @@ fn cmsg_patterns_in_each_index_match_once() {
     }
     assert_eq!(r.node_count(), 0);
 }
+
+fn shape_piece() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "*",
+        "?",
+        "#",
+        "{i<5}",
+        "{i>3&i<9|i=20}",
+        "{i=7}",
+        "{i>12}",
+        "{i<0}",
+        "{i>18446744073709551614}",
+        ".",
+        "0",
+        "7",
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Patterns with no literal to key by (the index by shape and length):
+    /// the router gives exactly what the reference picks out, many
+    /// patterns of one shape together, before and after removals.
+    #[test]
+    fn cmsg_shapes_match_like_the_reference(
+        subs in prop::collection::vec(
+            (prop::collection::vec(shape_piece(), 1..5), cmsg_kind(), 0..5u64),
+            0..60,
+        ),
+        subjects in prop::collection::vec(
+            (prop::collection::vec(
+                prop::sample::select(vec![
+                    "a", "0", "7", "20", "12", "007", "x1y", "18446744073709551616",
+                ]),
+                1..4,
+            ), prop::sample::select(vec!["", "t", "t1", "x"]), any::<bool>()),
+            1..16,
+        ),
+        removal in prop::collection::vec(any::<u8>(), 0..60),
+    ) {
+        let mut r = Router::new();
+        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        for (pieces, kind, sub) in &subs {
+            let text = pieces.concat();
+            let Ok(p) = CmsgPattern::subject(&text) else { continue };
+            let id = r.subscribe_as(Syntax::Cmsg, &text, kind, *sub).unwrap();
+            live.push((id, p, CmsgPattern::kind(kind).unwrap(), *sub));
+        }
+        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
+            for (tokens, kind, dots) in &subjects {
+                let s = tokens.join(if *dots { "." } else { "" });
+                let mut want: Vec<(SubId, u64)> = live
+                    .iter()
+                    .filter(|(_, p, k, _)| {
+                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
+                    })
+                    .map(|(id, _, _, sub)| (*id, *sub))
+                    .collect();
+                want.sort();
+                assert_eq!(matched(r, &s, Some(kind)), want, "subject {} type {:?}", s, kind);
+                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
+                assert_eq!(r.has_interest(subj(&s)), any, "interest in {}", s);
+            }
+        };
+        check(&r, &live);
+        for b in removal {
+            if live.is_empty() {
+                break;
+            }
+            let i = b as usize % live.len();
+            let (id, ..) = live.swap_remove(i);
+            prop_assert!(r.unsubscribe(id).is_some());
+        }
+        check(&r, &live);
+        for (id, ..) in live.drain(..) {
+            r.unsubscribe(id);
+        }
+        prop_assert_eq!(r.node_count(), 0);
+    }
+}
+
+#[test]
+fn cmsg_shapes_by_length_and_digits() {
+    let mut r = Router::new();
+    let three = r.subscribe_as(Syntax::Cmsg, "???", "*", 1).unwrap();
+    let int = r.subscribe_as(Syntax::Cmsg, "#", "*", 2).unwrap();
+    let big = r.subscribe_as(Syntax::Cmsg, "*{i>7}*", "*", 3).unwrap();
+    let small = r.subscribe_as(Syntax::Cmsg, "*{ i < 3 }*", "*", 4).unwrap();
+    let again = r.subscribe_as(Syntax::Cmsg, "*#{i>7}*", "t", 5).unwrap();
+    assert_eq!(ids(&r, "abc", None), vec![three]);
+    assert_eq!(ids(&r, "123", None), sorted(vec![three, int, big, small]));
+    assert_eq!(
+        ids(&r, "run.42.rate", Some("t")),
+        sorted(vec![big, small, again])
+    );
+    assert_eq!(ids(&r, "run.7", Some("t")), vec![]);
+    assert_eq!(ids(&r, "abcd", None), vec![]);
+    for id in [three, int, big, small, again] {
+        r.unsubscribe(id);
+    }
+    assert_eq!(r.node_count(), 0);
+}
