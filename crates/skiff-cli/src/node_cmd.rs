@@ -868,6 +868,9 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     sub.sid, sub.pattern, sub.kind, sub.policy, sub.counters.queued, sub.counters.delivered, sub.counters.dropped
                 );
             }
+            for r in &cl.shared_readers {
+                outln!("  shared-buffer reader {}: read {}, dropped {}", r.peer, r.read, r.dropped);
+            }
         }
         Ok(())
     })

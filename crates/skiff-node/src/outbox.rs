@@ -283,6 +283,17 @@ pub struct ClientOut {
     /// by stream listeners once per read and write.
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// For a topic buffer's client: its readers' reported counts.
+    shared_readers: parking_lot::Mutex<Vec<Arc<SharedReader>>>,
+}
+
+/// A shared-buffer subscriber of a topic (see `listen::shm_topic`): what
+/// it last reported having read and lost.
+#[derive(Debug, Default)]
+pub(crate) struct SharedReader {
+    pub(crate) peer: String,
+    pub(crate) read: AtomicU64,
+    pub(crate) dropped: AtomicU64,
 }
 
 impl Drop for ClientOut {
@@ -310,7 +321,31 @@ impl ClientOut {
             no_echo: AtomicBool::new(false),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            shared_readers: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Counts a shared-buffer reader of this (topic) client in.
+    pub(crate) fn add_shared_reader(&self, r: Arc<SharedReader>) {
+        self.shared_readers.lock().push(r);
+    }
+
+    /// Counts it out.
+    pub(crate) fn remove_shared_reader(&self, r: &Arc<SharedReader>) {
+        self.shared_readers.lock().retain(|x| !Arc::ptr_eq(x, r));
+    }
+
+    /// The shared-buffer readers' counts, for the stats.
+    pub(crate) fn shared_readers(&self) -> Vec<skiff_proto::stats::SharedReaderStats> {
+        self.shared_readers
+            .lock()
+            .iter()
+            .map(|r| skiff_proto::stats::SharedReaderStats {
+                peer: r.peer.clone(),
+                read: r.read.load(Ordering::Relaxed),
+                dropped: r.dropped.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// Checks this client's operations against `user`'s permissions

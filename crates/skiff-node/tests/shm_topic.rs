@@ -198,3 +198,107 @@ async fn topic_requests_are_checked_as_shm_clients_are() {
     c.flush().await.unwrap();
     assert_eq!(recv_n(&mut ok, 1).await[0].payload, "y");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_to_a_shared_buffer_subscriber_gets_its_reply() {
+    let h = H::new(Kind::Shm).await;
+    let responder = h.client().await;
+    let opts = SubOptions::default().shared_buffer(Flow::Credits);
+    let mut s = responder.subscribe_with("svc.>", "*", opts).await.unwrap();
+    let r2 = responder.clone();
+    let answer = tokio::spawn(async move {
+        for _ in 0..3 {
+            let d = s.recv().await.expect("open");
+            assert!(d.is_request(), "a request arrives as one");
+            let reply = Message::new(
+                "ignored",
+                format!("re:{}", String::from_utf8_lossy(&d.payload)),
+            );
+            r2.reply(&d, reply).await.unwrap();
+        }
+    });
+    let requester = h.client().await;
+    for i in 0..3 {
+        let got = requester
+            .request(
+                "svc.echo",
+                Message::new("svc.echo", format!("q{i}")),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.payload, Bytes::from(format!("re:q{i}")));
+    }
+    answer.await.unwrap();
+}
+
+/// The topic's client in the node's stats, with its readers.
+fn shared_readers(h: &H) -> Vec<skiff_proto::stats::SharedReaderStats> {
+    let st = h.node.broker().stats();
+    st.clients
+        .iter()
+        .flat_map(|c| c.shared_readers.iter().cloned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_counts_what_each_shared_buffer_reader_read_and_lost() {
+    let h = H::new(Kind::Shm).await;
+    let c = h.client().await;
+    let opts = SubOptions::default().shared_buffer(Flow::Credits);
+    let mut a = c.subscribe_with("cnt", "*", opts).await.unwrap();
+    let mut b = c.subscribe_with("cnt", "*", opts).await.unwrap();
+    eventually(|| shared_readers(&h).len() == 2).await;
+    let publisher = h.client().await;
+    for i in 0..500 {
+        publisher
+            .publish(Message::new("cnt", format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    publisher.flush().await.unwrap();
+    recv_n(&mut a, 500).await;
+    recv_n(&mut b, 500).await;
+    eventually(|| {
+        let mut r: Vec<u64> = shared_readers(&h).iter().map(|r| r.read).collect();
+        r.sort();
+        r == [500, 500]
+    })
+    .await;
+    let me = format!("pid {}", std::process::id());
+    assert!(shared_readers(&h)
+        .iter()
+        .all(|r| r.peer == me && r.dropped == 0));
+    // A reader that leaves is no longer listed.
+    drop(b);
+    eventually(|| shared_readers(&h).len() == 1).await;
+
+    // Overwrite: what a reader a ring behind lost is counted by the node.
+    let opts = SubOptions::default()
+        .shared_buffer(Flow::Overwrite)
+        .window(16);
+    let mut lagging = c.subscribe_with("ow", "*", opts).await.unwrap();
+    eventually(|| shared_readers(&h).len() == 2).await;
+    let payload = Bytes::from(vec![5u8; 4000]);
+    for _ in 0..5000 {
+        publisher
+            .publish(Message::new("ow", payload.clone()))
+            .await
+            .unwrap();
+    }
+    publisher.flush().await.unwrap();
+    let mut seen = 0u64;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(2), lagging.recv()).await {
+        seen += 1;
+    }
+    let lost = lagging.dropped();
+    assert!(lost > 0);
+    eventually(|| {
+        shared_readers(&h)
+            .iter()
+            .any(|r| r.read == seen && r.dropped == lost)
+    })
+    .await;
+    let bad = h.shm.as_ref().unwrap().topic_stats().bad_reports;
+    assert_eq!(bad, 0);
+}

@@ -153,6 +153,23 @@ pub struct ClientStats {
     pub requests_waiting: usize,
     /// Per subscription.
     pub subscriptions: Vec<SubStats>,
+    /// For the node's client of a shared-memory topic buffer (RBMQ's
+    /// broker of buffers): each subscriber of the host that reads the
+    /// topic's ring, as it last reported. Empty for every other client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_readers: Vec<SharedReaderStats>,
+}
+
+/// One shared-buffer subscriber of a topic, as it reported to the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedReaderStats {
+    /// The reader's process (`pid N`, or `unknown`).
+    pub peer: String,
+    /// Messages it read from the topic's ring.
+    pub read: u64,
+    /// Messages (overwrite: ring segments) it lost: overwritten before
+    /// it read them, or dropped by its own queue.
+    pub dropped: u64,
 }
 
 /// A cluster and its members, as `skiff stats` lists them.

@@ -88,6 +88,7 @@ impl Broker {
                 dropped_control,
                 requests_waiting: e.requests.len(),
                 subscriptions: Vec::new(),
+                shared_readers: e.out.shared_readers(),
             };
             // Whole stats (no page bound) need no sizes.
             let whole = cap == usize::MAX;

@@ -16,7 +16,8 @@
 //!   every subscriber of the host together.
 //!
 //! Later requests for the same topic share it. Each subscriber's socket
-//! stays open; when the last one closes (its subscriber left or died), the
+//! stays open, and carries its reports of what it read and lost (shown in
+//! the stats as the `shared_readers` of the topic's client); when the last one closes (its subscriber left or died), the
 //! topic is removed: the broker's client detached, the ring closed and its
 //! file removed. A request is checked as an shm client's attachment is:
 //! with authentication on, its uid or gid must map to a user allowed to
@@ -39,7 +40,7 @@ use skiff_proto::router::{KindPattern, Pattern, Syntax};
 use tokio::runtime::Handle;
 
 use crate::broker::Broker;
-use crate::outbox::ClientOut;
+use crate::outbox::{ClientOut, SharedReader};
 
 /// Most topics a node keeps buffers for at once.
 pub const MAX_TOPICS: usize = 1024;
@@ -60,6 +61,8 @@ pub struct TopicStats {
     /// Bytes of frames written into topic rings (once per message, for
     /// all readers).
     pub bytes_written: u64,
+    /// Report lines from readers that did not parse (ignored).
+    pub bad_reports: u64,
 }
 
 #[derive(Debug)]
@@ -75,6 +78,7 @@ pub(crate) struct Topics {
     map: Mutex<HashMap<TopicAsk, Topic>>,
     seq: AtomicU64,
     refused: AtomicU64,
+    bad_reports: AtomicU64,
     bytes: Arc<AtomicU64>,
 }
 
@@ -86,6 +90,7 @@ impl Topics {
             readers: m.values().map(|t| t.readers).sum(),
             refused: self.refused.load(Relaxed),
             bytes_written: self.bytes.load(Relaxed),
+            bad_reports: self.bad_reports.load(Relaxed),
         }
     }
 }
@@ -129,8 +134,11 @@ pub(crate) async fn serve(
         r.refuse(&why).await;
         return;
     }
-    let name = match join(&ask, &broker, &topics, &place, max_frame) {
-        Ok(name) => name,
+    let peer = r
+        .pid()
+        .map_or_else(|| "unknown".to_string(), |p| format!("pid {p}"));
+    let (name, out) = match join(&ask, &broker, &topics, &place, max_frame) {
+        Ok(joined) => joined,
         Err(why) => {
             topics.refused.fetch_add(1, Relaxed);
             r.refuse(&why).await;
@@ -138,7 +146,25 @@ pub(crate) async fn serve(
         }
     };
     match r.serve_topic(&name, max_frame).await {
-        Ok(mut watch) => watch.closed().await,
+        Ok(mut watch) => {
+            let me = Arc::new(SharedReader {
+                peer,
+                ..SharedReader::default()
+            });
+            out.add_shared_reader(me.clone());
+            while let Some(report) = watch.next_report().await {
+                match report {
+                    Ok(r) => {
+                        me.read.store(r.read, Relaxed);
+                        me.dropped.store(r.dropped, Relaxed);
+                    }
+                    Err(_) => {
+                        topics.bad_reports.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            out.remove_shared_reader(&me);
+        }
         Err(_) => {
             topics.refused.fetch_add(1, Relaxed);
         }
@@ -147,20 +173,20 @@ pub(crate) async fn serve(
 }
 
 /// Counts a reader of `ask`'s topic in, creating the topic first if need
-/// be; returns its ring file's name.
+/// be; returns its ring file's name and the topic's client.
 fn join(
     ask: &TopicAsk,
     broker: &Arc<Broker>,
     topics: &Arc<Topics>,
     place: &TopicPlace,
     max_frame: u64,
-) -> Result<String, String> {
+) -> Result<(String, Arc<ClientOut>), String> {
     Pattern::new(&ask.pattern).map_err(|e| e.to_string())?;
     KindPattern::new(&ask.kind).map_err(|e| e.to_string())?;
     let mut map = topics.map.lock();
     if let Some(t) = map.get_mut(ask) {
         t.readers += 1;
-        return Ok(t.name.clone());
+        return Ok((t.name.clone(), t.out.clone()));
     }
     if map.len() >= MAX_TOPICS {
         return Err(format!("the node keeps at most {MAX_TOPICS} topic buffers"));
@@ -208,10 +234,10 @@ fn join(
         Topic {
             name: name.clone(),
             readers: 1,
-            out,
+            out: out.clone(),
         },
     );
-    Ok(name)
+    Ok((name, out))
 }
 
 /// Counts a reader of `ask`'s topic out; the last one removes the topic.

@@ -474,6 +474,13 @@ fn connz(broker: &Broker, s: &NodeStats, q: query::Connz) -> Value {
                 "slow_consumer": is_slow(c, max_pending),
                 "slow_subscriptions": slow_subs,
             });
+            if !c.shared_readers.is_empty() {
+                v["shared_readers"] = json!(c
+                    .shared_readers
+                    .iter()
+                    .map(|r| json!({ "peer": r.peer, "read": r.read, "dropped": r.dropped }))
+                    .collect::<Vec<_>>());
+            }
             if q.subs {
                 v["subscription_list"] = json!(c
                     .subscriptions

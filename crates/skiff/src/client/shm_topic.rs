@@ -4,16 +4,22 @@
 //! the topic once into one ring that every subscriber of the host reads in
 //! place; the subscription's messages are slices of that ring.
 //!
+//! A request published to the topic reaches the subscription with its
+//! reply token, and is answered through the client's own link to the node
+//! ([`super::Client::reply`]).
+//!
 //! One thread per such subscription reads the ring: it decodes the frames
 //! of each segment (bounded, as any frame from a node), puts the messages
 //! into the subscription's inbox under one lock, and waits while the inbox
 //! holds the subscription's window (credits then hold the ring, and the
 //! node's queue for the topic, back). It ends when the subscription is
 //! dropped (seen within a second) or the node ends the topic, and its end
-//! closes the socket, which tells the node.
+//! closes the socket, which tells the node. Meanwhile it reports on that
+//! socket how many messages it read and lost, which the node shows in its
+//! stats (`shared_readers` of the topic's client).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use skiff_proto::client_frame::{Decoder, ServerFrame, FRAME_OVERHEAD};
 use skiff_proto::credits::Flow;
@@ -23,7 +29,7 @@ use skiff_proto::Message;
 use super::inbox::{self, Shared};
 use super::sub::{Delivery, Subscription};
 use super::Inner;
-use crate::shm::topic::{TopicAsk, TopicReader, TopicSeg};
+use crate::shm::topic::{Report, TopicAsk, TopicReader, TopicSeg, REPORT_EVERY};
 use crate::shm::BufferError;
 use crate::Error;
 
@@ -53,9 +59,12 @@ pub(crate) async fn subscribe(
     let box_ = inbox::shared();
     let weak = Arc::downgrade(&box_);
     let window = window.max(1) as usize;
+    // Requests among the messages are answered through the client's own
+    // link to the node (a reply token is good node-wide).
+    let epoch = inner.epoch();
     std::thread::Builder::new()
         .name("skiff-shm-topic".into())
-        .spawn(move || read_topic(reader, &weak, max_payload, window))
+        .spawn(move || read_topic(reader, &weak, max_payload, window, epoch))
         .map_err(Error::io("start the topic reader thread"))?;
     // No sid of the node's: the node holds the topic's one subscription.
     Ok(Subscription::new(inner, 0, box_, u32::MAX))
@@ -67,9 +76,24 @@ fn read_topic(
     weak: &std::sync::Weak<parking_lot::Mutex<inbox::Inbox<Delivery>>>,
     max_payload: usize,
     window: usize,
+    epoch: u32,
 ) {
     let dec = Decoder::new(r.max_frame.min((max_payload + FRAME_OVERHEAD) as u64) as usize);
     let gone = || weak.strong_count() == 0;
+    let mut counts = Report::default();
+    // A report held back by the throttle (see `TopicReader::report`) is
+    // due then: a wait for the next segment ends at that time, and the
+    // report goes out.
+    let due: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
+    let retry = || Some(Instant::now() + REPORT_EVERY);
+    let note = |sent: bool| {
+        if sent {
+            due.set(None);
+        } else if due.get().is_none() {
+            due.set(retry());
+        }
+    };
+    let stop = || gone() || due.get().is_some_and(|t| Instant::now() >= t);
     let end: Option<String> = loop {
         // The window: wait while the application has this many waiting.
         loop {
@@ -80,20 +104,32 @@ fn read_topic(
             drop(b);
             std::thread::sleep(Duration::from_micros(50));
         }
-        match r.next(&gone) {
+        match r.next(&stop) {
             Ok(TopicSeg::Frames(mut rest)) => {
                 let Some(b) = weak.upgrade() else { return };
-                if let Err(e) = deliver(&b, &dec, &mut rest, max_payload) {
+                let (n, res) = deliver(&b, &dec, &mut rest, max_payload, epoch);
+                counts.read += n;
+                if let Err(e) = res {
                     break Some(format!("bad frame in the node's topic buffer: {e}"));
                 }
+                note(r.report(counts, false));
             }
             Ok(TopicSeg::Lost(n)) => {
                 let Some(b) = weak.upgrade() else { return };
                 b.lock().dropped += n;
+                counts.dropped += n;
+                note(r.report(counts, false));
             }
             Ok(TopicSeg::Idle) => {
                 if gone() {
                     return;
+                }
+                if due.get().is_some_and(|t| Instant::now() >= t) {
+                    due.set(if r.report(counts, true) {
+                        None
+                    } else {
+                        retry()
+                    });
                 }
             }
             Err(BufferError::Closed { .. }) => break Some("the node ended the topic".into()),
@@ -106,14 +142,15 @@ fn read_topic(
 }
 
 /// Decodes the frames of one segment into the inbox, under one lock with
-/// one wake-up. Only messages are for the subscriber (the node's own
+/// one wake-up; returns how many messages it queued. Only messages are for the subscriber (the node's own
 /// frames to the topic, such as its welcome, are skipped).
 fn deliver(
     b: &Shared<Delivery>,
     dec: &Decoder,
     rest: &mut bytes::Bytes,
     max_payload: usize,
-) -> Result<(), String> {
+    epoch: u32,
+) -> (u64, Result<(), String>) {
     let mut i = b.lock();
     let before = i.q.len();
     let r = loop {
@@ -121,8 +158,9 @@ fn deliver(
             // A message is decoded straight into its place in the queue
             // (its payload a slice of the ring), as from a socket.
             Ok(Some(body)) => match ServerFrame::msg_header(&body) {
-                Ok(Some((_, _, at))) => {
-                    i.q.push_back(Delivery::new(Message::default(), None, 0));
+                Ok(Some((_, token, at))) => {
+                    let token = (token != 0).then_some(token);
+                    i.q.push_back(Delivery::new(Message::default(), token, epoch));
                     let d = i.q.back_mut().expect("just pushed");
                     if let Err(e) = decode_message_into(&body, at, max_payload, &mut d.msg) {
                         i.q.pop_back();
@@ -136,8 +174,9 @@ fn deliver(
             Err(e) => break Err(e.to_string()),
         }
     };
-    if i.q.len() > before {
+    let n = i.q.len() - before;
+    if n > 0 {
         i.wake();
     }
-    r
+    (n as u64, r)
 }

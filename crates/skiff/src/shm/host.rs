@@ -337,6 +337,40 @@ impl TopicWatch {
         let mut b = [0u8; 64];
         while let Ok(1..) = self.s.read(&mut b).await {}
     }
+
+    /// The subscriber's next report of what it read and lost
+    /// ([`super::topic::Report`]); `None` once its end of the socket
+    /// closed (it left or died) or the socket failed. A line that is too
+    /// long or does not parse is `Some(Err(why))`; the caller counts it and
+    /// reads on (a long line is skipped to its end).
+    pub async fn next_report(&mut self) -> Option<Result<super::topic::Report, String>> {
+        use tokio::io::AsyncBufReadExt;
+        let mut buf = Vec::new();
+        let mut limited = (&mut self.s).take(attach::MAX_LINE as u64);
+        match limited.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        if buf.last() != Some(&b'\n') {
+            // Too long: skip to the end of the line.
+            loop {
+                buf.clear();
+                let mut limited = (&mut self.s).take(attach::MAX_LINE as u64);
+                match limited.read_until(b'\n', &mut buf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) if buf.last() == Some(&b'\n') => break,
+                    Ok(_) => {}
+                }
+            }
+            return Some(Err("a report line longer than a rendezvous line".into()));
+        }
+        buf.pop();
+        Some(
+            std::str::from_utf8(&buf)
+                .map_err(|_| "a report line that is not UTF-8".to_string())
+                .and_then(super::topic::Report::parse),
+        )
+    }
 }
 
 /// The rendezvous socket of an attached client.

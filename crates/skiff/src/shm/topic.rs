@@ -19,6 +19,14 @@
 //! subscriber -> node   OK                                 (attached as a reader)
 //! ```
 //!
+//! Then, while attached, the subscriber reports now and then on the same
+//! socket what it has read and lost so far ([`Report`]), which the node
+//! shows in its stats:
+//!
+//! ```text
+//! subscriber -> node   READ <messages read> <messages dropped>
+//! ```
+//!
 //! The ring file stays in the attachment directory while the topic has
 //! subscribers (later ones map it too); the node removes it with the topic.
 //! The socket stays open and carries nothing: its end is the subscriber's
@@ -43,6 +51,8 @@ use super::{BufferError, BufferId};
 pub(crate) const TOPIC: BufferId = 3;
 /// First word of a topic request.
 const TOPIC_HELLO: &str = "SKIFF-TOPIC 1";
+/// Least time between two reports of a subscriber to the node.
+pub(crate) const REPORT_EVERY: Duration = Duration::from_millis(100);
 /// Readers one topic's ring takes (subscriptions of the host to it).
 pub const TOPIC_READERS: u32 = 256;
 
@@ -88,6 +98,43 @@ impl TopicAsk {
             Flow::Overwrite => "overwrite",
         };
         format!("{TOPIC_HELLO} {flow} {} {}", self.pattern, self.kind)
+    }
+}
+
+/// A shared-buffer subscriber's counts, as it reports them on its topic
+/// socket (`READ <read> <dropped>`): totals since it attached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Messages read from the ring.
+    pub read: u64,
+    /// Messages (overwrite: ring segments) lost.
+    pub dropped: u64,
+}
+
+impl Report {
+    /// Parses a report line (total: anything else is an error that says
+    /// what was expected).
+    pub fn parse(line: &str) -> Result<Report, String> {
+        let bad = || "expected READ <read> <dropped>".to_string();
+        let mut w = line.strip_prefix("READ ").ok_or_else(bad)?.split(' ');
+        let (Some(read), Some(dropped), None) = (w.next(), w.next(), w.next()) else {
+            return Err(bad());
+        };
+        let n = |s: &str| {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            s.parse::<u64>().map_err(|_| bad())
+        };
+        Ok(Report {
+            read: n(read)?,
+            dropped: n(dropped)?,
+        })
+    }
+
+    /// The report line.
+    pub fn line(&self) -> String {
+        format!("READ {} {}", self.read, self.dropped)
     }
 }
 
@@ -169,6 +216,9 @@ pub(crate) struct TopicReader {
     spin: Duration,
     /// The node's frame bound.
     pub(crate) max_frame: u64,
+    /// What was last reported to the node, and when.
+    reported: Report,
+    reported_at: std::time::Instant,
 }
 
 /// What [`TopicReader::next`] found.
@@ -228,6 +278,7 @@ impl TopicReader {
             Flow::Credits => (Some(HostReader::over(cons)), None),
             Flow::Overwrite => (None, Some(cons)),
         };
+        // `into_std` leaves the socket non-blocking, as `report` wants.
         let socket = s
             .into_inner()
             .into_std()
@@ -238,7 +289,35 @@ impl TopicReader {
             copied,
             spin: place.spin,
             max_frame,
+            reported: Report::default(),
+            reported_at: std::time::Instant::now(),
         })
+    }
+
+    /// Tells the node what this subscriber has read and lost, when that
+    /// changed and at most every [`REPORT_EVERY`] (or at once with
+    /// `now`). Never blocks: a report the socket cannot take now is left
+    /// for the next one (reports are totals). Returns whether the node is
+    /// up to date.
+    pub(crate) fn report(&mut self, r: Report, now: bool) -> bool {
+        use std::io::Write;
+        if r == self.reported {
+            return true;
+        }
+        if !now && self.reported_at.elapsed() < REPORT_EVERY {
+            return false;
+        }
+        let mut line = r.line();
+        line.push('\n');
+        // The socket is non-blocking: all of a short line, or nothing.
+        if let Ok(n) = (&self._socket).write(line.as_bytes()) {
+            if n == line.len() {
+                self.reported = r;
+                self.reported_at = std::time::Instant::now();
+                return true;
+            }
+        }
+        false
     }
 
     /// The next segment of frames (in place with credits; copied in
@@ -282,6 +361,24 @@ mod tests {
             kind: "*".into(),
         };
         assert_eq!(TopicAsk::parse(&a.line()), Ok(a));
+        let r = Report {
+            read: 7,
+            dropped: u64::MAX,
+        };
+        assert_eq!(Report::parse(&r.line()), Ok(r));
+        for bad in [
+            "",
+            "READ",
+            "READ 1",
+            "READ 1 2 3",
+            "READ -1 2",
+            "READ +1 2",
+            "READ 1  2",
+            "READ 18446744073709551616 0",
+            "read 1 2",
+        ] {
+            assert!(Report::parse(bad).is_err(), "{bad:?}");
+        }
         for bad in [
             "",
             "SKIFF-TOPIC 1",
