@@ -46,6 +46,10 @@
 //!
 //! With no `[auth]` (no token, no users) every client is [`User::anonymous`]
 //! with every permission, as before authentication existed.
+//!
+//! A reload builds the users again ([`Auth::rebuild`]) and the broker puts
+//! them in force whole; [`Auth::fate`] says what becomes of each client
+//! connected under the old ones (kept, given new permissions, or cut).
 
 use std::collections::HashMap;
 use std::fmt;
