@@ -4,20 +4,31 @@
 //! both frame decoders and the publish reader never panic, a decoded
 //! publish's encoding lies within what was read, and the client's in-place
 //! decoding of a message frame (header, then the message into a slot)
-//! agrees with decoding the whole frame.
+//! agrees with decoding the whole frame, and a decoded `Hello` carries a
+//! valid name that survives encoding and decoding again.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use skiff_node::broker::Published;
-use skiff_proto::client_frame::{simple_message, ClientFrame, Decoder, ServerFrame};
+use skiff_proto::client_frame::{
+    simple_message, valid_client_name, ClientFrame, Decoder, ServerFrame, LEN_PREFIX,
+};
 use skiff_proto::wire::decode_message_into;
 use skiff_proto::Message;
 
 const MAX_PAYLOAD: usize = 60_000;
 
 fn bodies(body: Bytes) {
-    let _ = ClientFrame::decode(body.clone(), MAX_PAYLOAD);
+    if let Ok(f @ ClientFrame::Hello { .. }) = ClientFrame::decode(body.clone(), MAX_PAYLOAD) {
+        if let ClientFrame::Hello { name } = &f {
+            assert!(valid_client_name(name));
+        }
+        let mut out = Vec::new();
+        f.encode(&mut out);
+        let again = ClientFrame::decode(Bytes::from(out).slice(LEN_PREFIX..), MAX_PAYLOAD);
+        assert_eq!(again.ok(), Some(f));
+    }
     let whole = ServerFrame::decode(body.clone(), MAX_PAYLOAD);
     if let Ok(Some((sid, token, at))) = ServerFrame::msg_header(&body) {
         let mut slot = Message::default();

@@ -35,6 +35,10 @@ pub(crate) struct NodeLoc {
     /// skiff://127.0.0.1:4747].
     #[arg(short = 'n', long = "node")]
     node: Option<String>,
+    /// The name the node shows for this client (`/connz`, `skiff stats`,
+    /// `skiff top`) [default: skiff-COMMAND, e.g. skiff-sub].
+    #[arg(long = "name", value_name = "NAME")]
+    name: Option<String>,
 }
 
 impl NodeLoc {
@@ -73,7 +77,11 @@ impl NodeLoc {
                 .await
                 .map_err(|e| format!("cannot open the log {loc}: {e}").into());
         }
-        Client::connect(&loc)
+        let name = self
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("skiff-{command}"));
+        Client::connect_with(&loc, skiff::ClientOptions::new().name(name))
             .await
             .map_err(|e| format!("cannot reach the node at {loc}: {e}").into())
     }
@@ -859,8 +867,10 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 continue; // this command's own connection
             }
             outln!(
-                "client {} {} ({}): published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
-                cl.id, cl.peer, cl.user, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
+                "client {} {}{} ({}): published {}, delivered {}, pending {} B, dropped broadcasts {}, requests waiting {}",
+                cl.id,
+                cl.name.as_deref().map(|n| format!("{n} ")).unwrap_or_default(),
+                cl.peer, cl.user, cl.published, cl.delivered, cl.pending_bytes, cl.dropped_control, cl.requests_waiting
             );
             for sub in &cl.subscriptions {
                 outln!(

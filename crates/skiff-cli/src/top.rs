@@ -163,6 +163,7 @@ impl View {
             let is_slow = rd > 0.0;
             let row = Row::new(vec![
                 c.id.to_string(),
+                c.name.clone().unwrap_or_default(),
                 c.peer.clone(),
                 c.subscriptions.len().to_string(),
                 format!("{ri:.0}"),
@@ -186,6 +187,7 @@ impl View {
             rows,
             [
                 Constraint::Length(6),
+                Constraint::Length(16),
                 Constraint::Min(16),
                 Constraint::Length(5),
                 Constraint::Length(9),
@@ -199,6 +201,7 @@ impl View {
         .header(
             Row::new([
                 "id",
+                "name",
                 "address",
                 "subs",
                 "in/s",
@@ -222,8 +225,12 @@ impl View {
             }
             for sub in c.subscriptions.iter().filter(|s| s.counters.dropped > 0) {
                 lines.push(Line::from(format!(
-                    "client {} {} sub {} '{}' ({}): queued {}, dropped {}",
+                    "client {} {}{} sub {} '{}' ({}): queued {}, dropped {}",
                     c.id,
+                    c.name
+                        .as_deref()
+                        .map(|n| format!("{n} "))
+                        .unwrap_or_default(),
                     c.peer,
                     sub.sid,
                     sub.pattern,

@@ -667,3 +667,378 @@ fn a_second_signal_exits_at_once() {
     node.wait_log(|m, _| m.starts_with("second signal"));
     sub.signal(libc::SIGCONT);
 }
+
+/// A NATS client over a plain socket: `CONNECT` as `user` with `pass`
+/// and `name`, answered (`PING` → `PONG`).
+struct NatsConn {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl NatsConn {
+    fn connect(addr: &str, user: &str, pass: &str, name: &str) -> NatsConn {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut c = NatsConn {
+            w: s.try_clone().unwrap(),
+            r: BufReader::new(s),
+        };
+        assert!(c.line().starts_with("INFO "));
+        c.send(&format!(
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"user\":\"{user}\",\"pass\":\"{pass}\",\"name\":\"{name}\"}}\r\nPING\r\n"
+        ));
+        assert_eq!(c.line(), "PONG");
+        c
+    }
+
+    fn send(&mut self, s: &str) {
+        self.w.write_all(s.as_bytes()).unwrap();
+    }
+
+    /// The next line, without its CRLF; empty at the end of the stream.
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        let _ = self.r.read_line(&mut l);
+        l.trim_end().to_owned()
+    }
+}
+
+/// A free TCP port on loopback (for a listener given by number).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn reload_swaps_users_and_permissions() {
+    let dir = std::env::temp_dir().join(format!("skiff-ops-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("node.toml");
+    let hash = skiff_node::auth::hash_password;
+    let (ha, hb, hc) = (hash("alice-pw"), hash("bob-pw"), hash("carol-pw"));
+    let user = |name: &str, hash: &str, perms: &str| {
+        format!("[[auth.users]]\nname = \"{name}\"\npassword_hash = \"{hash}\"\n{perms}")
+    };
+    let bob_wide = "[auth.users.permissions]\npublish = { allow = [\"a.>\", \"b.>\"] }\nsubscribe = { allow = [\"a.>\", \"b.>\"] }\n";
+    let bob_narrow = "[auth.users.permissions]\npublish = { allow = [\"b.>\"] }\nsubscribe = { allow = [\"b.>\"] }\n";
+    std::fs::write(
+        &file,
+        format!(
+            "[auth]\n{}{}",
+            user("alice", &ha, ""),
+            user("bob", &hb, bob_wide)
+        ),
+    )
+    .unwrap();
+    let nats = format!("127.0.0.1:{}", free_port());
+    let node = start_node(&[
+        "--monitor",
+        "127.0.0.1:0",
+        "--config",
+        file.to_str().unwrap(),
+        "--nats",
+        &nats,
+    ]);
+    node.wait_log(|m, _| m.starts_with("skiff node listening for NATS clients"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = |u: &str, p: &str| format!("{}?user={u}&password={p}", node.url());
+    assert!(
+        rt.block_on(skiff::Client::connect(&url("carol", "carol-pw")))
+            .is_err(),
+        "carol is not a user yet"
+    );
+    let alice = rt
+        .block_on(skiff::Client::connect_with(
+            &url("alice", "alice-pw"),
+            skiff::ClientOptions::new().name("alice-app"),
+        ))
+        .unwrap();
+    let mut alice_sub = rt.block_on(alice.subscribe("a.>", "")).unwrap();
+    let bob = rt
+        .block_on(skiff::Client::connect(&format!(
+            "{}&name=bob-app",
+            url("bob", "bob-pw")
+        )))
+        .unwrap();
+    let mut bob_a = rt.block_on(bob.subscribe("a.x", "")).unwrap();
+    let mut bob_b = rt.block_on(bob.subscribe("b.x", "")).unwrap();
+    let mut nats_alice = NatsConn::connect(&nats, "alice", "alice-pw", "nats-alice");
+    nats_alice.send("SUB a.> 1\r\nPING\r\n");
+    assert_eq!(nats_alice.line(), "PONG");
+    // `/connz` names each client and its user.
+    let c = node.json("/connz");
+    let named: Vec<(String, String)> = c["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or("").to_owned(),
+                c["user"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for want in [
+        ("alice-app", "alice"),
+        ("bob-app", "bob"),
+        ("nats-alice", "alice"),
+    ] {
+        assert!(
+            named.iter().any(|(n, u)| (n.as_str(), u.as_str()) == want),
+            "{want:?} not in {c}"
+        );
+    }
+
+    // Carol added, alice removed, bob narrowed to b.>.
+    std::fs::write(
+        &file,
+        format!(
+            "[auth]\n{}{}",
+            user("carol", &hc, ""),
+            user("bob", &hb, bob_narrow)
+        ),
+    )
+    .unwrap();
+    node.proc.signal(libc::SIGHUP);
+    let reloaded = node.wait_log(|m, f| {
+        m == "configuration reloaded" && f["changed"].as_str().unwrap_or("").contains("auth")
+    });
+    assert!(!reloaded.is_empty());
+    node.wait_log(|m, f| {
+        m == "configuration reloaded"
+            && f["changed"]
+                .as_str()
+                .unwrap_or("")
+                .contains("2 clients disconnected, 1 given new permissions, 1 subscriptions ended")
+    });
+    // A user added by the reload connects, and bob (still connected) gets
+    // what it publishes.
+    let carol = rt
+        .block_on(skiff::Client::connect(&url("carol", "carol-pw")))
+        .unwrap();
+    rt.block_on(carol.publish(skiff::Message::new("b.x", "from carol")))
+        .unwrap();
+    let got = rt
+        .block_on(async { tokio::time::timeout(PATIENCE, bob_b.recv()).await })
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got.msg.payload[..], b"from carol");
+    // Alice's clients are cut, told why.
+    let end = rt
+        .block_on(async { tokio::time::timeout(PATIENCE, alice_sub.recv()).await })
+        .unwrap();
+    assert!(end.is_none(), "alice's subscription still delivers");
+    let e = rt
+        .block_on(alice.publish(skiff::Message::new("a.y", "x")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("user `alice` was removed"), "{e}");
+    assert_eq!(nats_alice.line(), "-ERR 'Authorization Violation'");
+    assert_eq!(nats_alice.line(), "", "the NATS client is closed");
+    assert!(rt
+        .block_on(skiff::Client::connect(&url("alice", "alice-pw")))
+        .is_err());
+    until("two clients cut in the log", || {
+        node.count_log("client disconnected by a reload of the users") == 2
+    });
+    // Bob's narrowed permissions: its a.x subscription ended, told why;
+    // a publish to a.x refused; b.x still works.
+    let end = rt
+        .block_on(async { tokio::time::timeout(PATIENCE, bob_a.recv()).await })
+        .unwrap();
+    assert!(end.is_none());
+    let why = bob_a.error().unwrap_or_default();
+    assert!(why.contains("may no longer subscribe to `a.x`"), "{why}");
+    rt.block_on(bob.publish(skiff::Message::new("a.x", "refused")))
+        .unwrap();
+    rt.block_on(bob.flush()).unwrap();
+    let (n, last) = bob.async_errors();
+    assert_eq!(n, 1);
+    let last = last.unwrap_or_default();
+    assert!(last.contains("may not publish to `a.x`"), "{last}");
+    rt.block_on(bob.publish(skiff::Message::new("b.x", "bob still here")))
+        .unwrap();
+    let got = rt
+        .block_on(async { tokio::time::timeout(PATIENCE, bob_b.recv()).await })
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got.msg.payload[..], b"bob still here");
+
+    // A bad [auth] (carol twice) refuses the whole reload, limits too.
+    std::fs::write(
+        &file,
+        format!(
+            "[limits]\nmax_subscriptions = 5\n[auth]\n{}{}",
+            user("carol", &hc, ""),
+            user("carol", &ha, "")
+        ),
+    )
+    .unwrap();
+    node.proc.signal(libc::SIGHUP);
+    node.wait_log(|m, f| {
+        m.starts_with("reload refused") && f["reason"].as_str().unwrap_or("").contains("two users")
+    });
+    assert_ne!(node.json("/varz")["limits"]["max_subscriptions"], 5);
+    let bob_again = rt
+        .block_on(skiff::Client::connect(&url("bob", "bob-pw")))
+        .unwrap();
+    rt.block_on(bob_again.flush()).unwrap();
+    rt.block_on(carol.flush()).unwrap();
+
+    // No secret in the log: no password, no hash.
+    let log: String = node
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    for secret in [
+        "alice-pw",
+        "bob-pw",
+        "carol-pw",
+        "$argon2",
+        &ha[30..],
+        &hc[30..],
+    ] {
+        assert!(!log.contains(secret), "{secret:?} in the log");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn subsz_lists_patterns_and_clusters_with_their_members() {
+    let port = || {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (pa, pb) = (port(), port());
+    let a = start_node(&[
+        "--monitor",
+        "127.0.0.1:0",
+        "--mesh",
+        &format!("127.0.0.1:{pa}"),
+        "--seeds",
+        &format!("127.0.0.1:{pb}"),
+        "--no-scout",
+    ]);
+    let b = start_node(&[
+        "--mesh",
+        &format!("127.0.0.1:{pb}"),
+        "--seeds",
+        &format!("127.0.0.1:{pa}"),
+        "--no-scout",
+    ]);
+    until("the mesh", || a.get("/healthz").0 == 200);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let named = |n: &str| skiff::ClientOptions::new().name(n);
+    let c1 = rt
+        .block_on(skiff::Client::connect_with(&a.url(), named("one")))
+        .unwrap();
+    let c2 = rt
+        .block_on(skiff::Client::connect_with(&a.url(), named("two")))
+        .unwrap();
+    let remote = rt.block_on(skiff::Client::connect(&b.url())).unwrap();
+    let _s = [
+        rt.block_on(c1.subscribe("x.*", "t")).unwrap(),
+        rt.block_on(c1.subscribe("x.*", "t")).unwrap(),
+        rt.block_on(c2.subscribe("x.*", "t")).unwrap(),
+        rt.block_on(c2.subscribe_with("x.a*", "*", skiff::client::SubOptions::default().cmsg()))
+            .unwrap(),
+        rt.block_on(c2.subscribe("y.>", "*")).unwrap(),
+    ];
+    let _m = [
+        rt.block_on(c1.join("svc", 3)).unwrap(),
+        rt.block_on(c2.join("svc", 5)).unwrap(),
+        rt.block_on(c2.join("aux", 1)).unwrap(),
+        rt.block_on(remote.join("svc", 7)).unwrap(),
+    ];
+    let b_mesh = format!("127.0.0.1:{pb}");
+    until("the remote member", || {
+        a.json("/subsz")["clusters"][1]["remote"][0]["node"] == b_mesh.as_str()
+    });
+    let s = a.json("/subsz");
+    assert_eq!(s["subscriptions"], 5, "{s}");
+    assert_eq!(s["patterns_distinct"], 3, "{s}");
+    let p = &s["patterns"];
+    assert_eq!(
+        p[0],
+        serde_json::json!({"pattern": "x.*", "type": "t", "kind": "token",
+            "subscriptions": 3, "clients": 2, "queued": 0, "delivered": 0, "dropped": 0}),
+        "{s}"
+    );
+    assert_eq!(
+        (&p[1]["pattern"], &p[1]["kind"]),
+        (&"x.a*".into(), &"cmsg".into()),
+        "{s}"
+    );
+    assert_eq!(
+        (&p[2]["pattern"], &p[2]["subscriptions"]),
+        (&"y.>".into(), &1.into()),
+        "{s}"
+    );
+    assert_eq!(s["clusters_total"], 2, "{s}");
+    let aux = &s["clusters"][0];
+    assert_eq!(aux["name"], "aux");
+    assert_eq!(
+        aux["local"],
+        serde_json::json!([{"client": c2.id(), "name": "two", "capacity": 1}])
+    );
+    let svc = &s["clusters"][1];
+    assert_eq!(svc["name"], "svc");
+    assert_eq!(svc["members"], 3, "{s}");
+    assert_eq!(
+        svc["local"],
+        serde_json::json!([
+            {"client": c1.id(), "name": "one", "capacity": 3},
+            {"client": c2.id(), "name": "two", "capacity": 5},
+        ]),
+        "{s}"
+    );
+    assert_eq!(
+        svc["remote"],
+        serde_json::json!([{"node": b_mesh, "capacity": 7}]),
+        "{s}"
+    );
+    // Paging, and a bad parameter named.
+    let page = a.json("/subsz?offset=1&limit=1&cluster_offset=1&cluster_limit=1&members=1");
+    assert_eq!(page["patterns"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["patterns"][0]["pattern"], "x.a*", "{page}");
+    assert_eq!(page["clusters"][0]["name"], "svc", "{page}");
+    assert_eq!(
+        page["clusters"][0]["local"].as_array().unwrap().len(),
+        1,
+        "{page}"
+    );
+    assert_eq!(page["clusters"][0]["members"], 3, "{page}");
+    let (status, body) = a.get("/subsz?limit=0");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("limit=0"), "{body}");
+    let (status, body) = a.get("/subsz?bogus=1");
+    assert_eq!(status, 400, "{body}");
+    // `skiff stats` and `skiff top` show the names too.
+    let out = skiff().args(["stats", "-n", &a.url()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("client {} one ", c1.id())), "{text}");
+    let top = skiff()
+        .args(["top", "-n", &a.url(), "--once", "--interval", "0.2"])
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&top.stdout);
+    assert!(screen.contains("two"), "{screen}");
+    drop(b);
+}

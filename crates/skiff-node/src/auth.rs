@@ -46,6 +46,10 @@
 //!
 //! With no `[auth]` (no token, no users) every client is [`User::anonymous`]
 //! with every permission, as before authentication existed.
+//!
+//! A reload builds the users again ([`Auth::rebuild`]) and the broker puts
+//! them in force whole; [`Auth::fate`] says what becomes of each client
+//! connected under the old ones (kept, given new permissions, or cut).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -194,6 +198,21 @@ pub struct User {
     pub permissions: Permissions,
     /// Operations refused to it.
     pub denied: Denials,
+    /// Which of the node's identities it is, and a digest of how it is
+    /// recognised: a reload compares these to tell a user whose
+    /// credentials changed from one whose permissions did.
+    ident: Ident,
+}
+
+/// Who a [`User`] is to a reload ([`Auth::fate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ident {
+    /// No authentication: every client.
+    Anonymous,
+    /// The holder of the shared token (the digest is the token's SHA-256).
+    Token([u8; 32]),
+    /// A configured user: SHA-256 over its password hash, key, uid and gid.
+    Configured([u8; 32]),
 }
 
 impl User {
@@ -203,8 +222,22 @@ impl User {
             name: "anonymous".into(),
             permissions: Permissions::default(),
             denied: Denials::default(),
+            ident: Ident::Anonymous,
         })
     }
+}
+
+/// What a reload of `[auth]` does to a connected client
+/// ([`Auth::fate`]).
+#[derive(Debug, Clone)]
+pub enum Fate {
+    /// Nothing changes for it.
+    Keep,
+    /// Its user's permissions changed: it holds this user from now on.
+    Update(Arc<User>),
+    /// Its user is gone or is recognised differently now: it is
+    /// disconnected, told this.
+    Cut(String),
 }
 
 /// A subject pattern read from the configuration, checked when read.
@@ -584,6 +617,33 @@ pub struct UserConfig {
     pub permissions: Permissions,
 }
 
+impl UserConfig {
+    /// A digest of how the user is recognised (never shown; compared
+    /// across a reload).
+    fn fingerprint(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(self.name.as_bytes());
+        h.update([0]);
+        if let Some(p) = &self.password_hash {
+            h.update(b"p");
+            h.update(p.0.as_bytes());
+        }
+        h.update([0]);
+        if let Some(k) = &self.public_key {
+            h.update(b"k");
+            h.update(k.0);
+        }
+        h.update([0]);
+        for id in [self.uid, self.gid] {
+            match id {
+                Some(id) => h.update(id.to_le_bytes()),
+                None => h.update(b"-"),
+            }
+        }
+        h.finalize().into()
+    }
+}
+
 /// The `[auth]` table. No token and no users: no authentication.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -670,12 +730,14 @@ impl Auth {
             enabled: config.enabled(),
             timeout_ms: config.timeout_ms,
             token: config.token.as_ref().map(|t| {
+                let digest: [u8; 32] = Sha256::digest(t.expose().as_bytes()).into();
                 (
-                    Sha256::digest(t.expose().as_bytes()).into(),
+                    digest,
                     Arc::new(User {
                         name: "token".into(),
                         permissions: config.token_permissions.clone(),
                         denied: Denials::default(),
+                        ident: Ident::Token(digest),
                     }),
                 )
             }),
@@ -699,6 +761,7 @@ impl Auth {
                 name: u.name.clone(),
                 permissions: u.permissions.clone(),
                 denied: Denials::default(),
+                ident: Ident::Configured(u.fingerprint()),
             });
             if a.by_name
                 .insert(u.name.clone(), (u.password_hash.clone(), user.clone()))
@@ -724,6 +787,103 @@ impl Auth {
             }
         }
         Ok(a)
+    }
+
+    /// Builds the users from `config` for a reload of a node running
+    /// with `old`: the failure count carries over, a user whose
+    /// permissions and credentials are unchanged stays the same `User`
+    /// (its clients are untouched), and one whose permissions changed
+    /// starts with its refusal counts carried over.
+    pub fn rebuild(config: &AuthConfig, old: &Auth) -> Result<Auth, AuthConfigError> {
+        let mut a = Auth::new(config)?;
+        a.failures = AtomicU64::new(old.failures());
+        let same = |new: &Arc<User>| {
+            let o = match &new.ident {
+                Ident::Anonymous => return None,
+                Ident::Token(_) => old.token.as_ref().map(|(_, u)| u)?,
+                Ident::Configured(_) => &old.by_name.get(&new.name)?.1,
+            };
+            if o.ident != new.ident {
+                return None;
+            }
+            if o.permissions == new.permissions {
+                return Some(o.clone());
+            }
+            let d = &new.denied;
+            let [p, s, r, j] = o.denied.snapshot();
+            d.publish.store(p, Relaxed);
+            d.subscribe.store(s, Relaxed);
+            d.reply.store(r, Relaxed);
+            d.join.store(j, Relaxed);
+            None
+        };
+        let mut swap = HashMap::new();
+        for u in a.users() {
+            if let Some(o) = same(u) {
+                swap.insert(Arc::as_ptr(u), o);
+            }
+        }
+        let pick = |u: &mut Arc<User>| {
+            if let Some(o) = swap.get(&Arc::as_ptr(u)) {
+                *u = o.clone();
+            }
+        };
+        if let Some((_, u)) = &mut a.token {
+            pick(u);
+        }
+        for (_, u) in a.by_name.values_mut() {
+            pick(u);
+        }
+        for (_, u) in &mut a.by_key {
+            pick(u);
+        }
+        a.by_uid.values_mut().for_each(pick);
+        a.by_gid.values_mut().for_each(pick);
+        Ok(a)
+    }
+
+    /// What becomes of a client connected as `user` now that the node's
+    /// users are these (see [`Fate`]): a configured user that is gone or
+    /// whose password, key, uid or gid changed is cut, as are the token's
+    /// holders when the token changed or went, and anonymous clients once
+    /// authentication is required.
+    pub fn fate(&self, user: &Arc<User>) -> Fate {
+        let now = match &user.ident {
+            Ident::Anonymous if self.enabled => {
+                return Fate::Cut(
+                    "the node now requires authentication (its configuration was reloaded)".into(),
+                )
+            }
+            Ident::Anonymous => return Fate::Keep,
+            Ident::Token(_) => match &self.token {
+                Some((_, u)) if u.ident == user.ident => u,
+                _ => {
+                    return Fate::Cut(
+                        "the node's token changed (its configuration was reloaded)".into(),
+                    )
+                }
+            },
+            Ident::Configured(_) => match self.by_name.get(&user.name) {
+                None => {
+                    return Fate::Cut(format!(
+                        "user `{}` was removed from the node's configuration",
+                        user.name
+                    ))
+                }
+                Some((_, u)) if u.ident != user.ident => {
+                    return Fate::Cut(format!(
+                        "the credentials of user `{}` changed in the node's configuration",
+                        user.name
+                    ))
+                }
+                Some((_, u)) => u,
+            },
+        };
+        if Arc::ptr_eq(now, user) {
+            Fate::Keep
+        } else {
+            Fate::Update(now.clone())
+        }
     }
 
     /// Whether clients must authenticate.

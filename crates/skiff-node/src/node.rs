@@ -245,10 +245,6 @@ impl Node {
                 broker: node.broker.clone(),
                 addr,
                 server_id: crate::listen::nats::server_id(),
-                auth: Arc::new(
-                    crate::auth::Auth::new(&config.auth)
-                        .map_err(|e| io::Error::other(format!("[auth]: {e}")))?,
-                ),
                 spin: spin.clone(),
             });
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));

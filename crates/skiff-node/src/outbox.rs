@@ -274,9 +274,13 @@ pub struct ClientOut {
     closed: AtomicBool,
     closed_notify: Notify,
     budget: Option<Arc<Budget>>,
-    /// The client's user when its permissions restrict it (`None`: it may
-    /// do anything, and nothing is checked on its hot paths).
-    restricted: Option<Arc<crate::auth::User>>,
+    /// Whether the client's user's permissions restrict it (`false`: it
+    /// may do anything, and nothing is checked on its hot paths). Set
+    /// after `user` when a reload changes them.
+    restricted: AtomicBool,
+    /// The client's user, swapped whole when a reload changes its
+    /// permissions ([`ClientOut::set_user`]).
+    user: arc_swap::ArcSwap<crate::auth::User>,
     /// The client does not want its own publishes (NATS `echo: false`).
     no_echo: AtomicBool,
     /// Bytes read from and written to the client's connection, counted
@@ -317,7 +321,8 @@ impl ClientOut {
             closed: AtomicBool::new(false),
             closed_notify: Notify::new(),
             budget,
-            restricted: None,
+            restricted: AtomicBool::new(false),
+            user: arc_swap::ArcSwap::new(crate::auth::User::anonymous()),
             no_echo: AtomicBool::new(false),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -350,14 +355,31 @@ impl ClientOut {
 
     /// Checks this client's operations against `user`'s permissions
     /// (unless they allow everything).
-    pub(crate) fn with_user(mut self, user: &Arc<crate::auth::User>) -> ClientOut {
-        self.restricted = (!user.permissions.is_open()).then(|| user.clone());
+    pub(crate) fn with_user(self, user: &Arc<crate::auth::User>) -> ClientOut {
+        self.set_user(user);
         self
     }
 
-    /// The client's user when its permissions restrict it.
-    pub fn restricted(&self) -> Option<&Arc<crate::auth::User>> {
-        self.restricted.as_ref()
+    /// Checks this client's operations from now on against `user`'s
+    /// permissions (a reload changed them, or a front end authenticated
+    /// the client after attaching it).
+    pub(crate) fn set_user(&self, user: &Arc<crate::auth::User>) {
+        self.user.store(user.clone());
+        self.restricted
+            .store(!user.permissions.is_open(), Ordering::Release);
+    }
+
+    /// The client's user when its permissions restrict it (`None`: it may
+    /// do anything).
+    pub fn restricted(&self) -> Option<arc_swap::Guard<Arc<crate::auth::User>>> {
+        self.restricted
+            .load(Ordering::Acquire)
+            .then(|| self.user.load())
+    }
+
+    /// The client's user.
+    pub fn user(&self) -> arc_swap::Guard<Arc<crate::auth::User>> {
+        self.user.load()
     }
 
     /// Whether the client's own publishes skip its subscriptions.

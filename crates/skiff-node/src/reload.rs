@@ -7,16 +7,24 @@
 //! pending-bytes bound, frame size bound and keepalive are set when it
 //! attaches, so changes to `max_pending_bytes`, `max_payload`'s frame
 //! bound and `ping_interval_ms` / `max_pings_out` reach clients attaching
-//! after; `max_payload` is checked on every publish at once) and the log
-//! filter. Everything else (listeners, the mesh, threads, the monitor,
-//! the log format, `max_total_pending_bytes`, users and permissions in
-//! `[auth]`) needs a restart: a reload that changes it keeps the running
-//! value and names it in the log.
+//! after; `max_payload` is checked on every publish at once), the log
+//! filter, and the users and permissions of `[auth]`
+//! ([`Broker::set_auth`]): new connections authenticate against the new
+//! users; a connected client whose user was removed (or whose password,
+//! key, uid or gid changed, or whose token changed) is disconnected with
+//! an error saying so; one whose permissions changed has them for its
+//! next operation, and its subscriptions they refuse are ended, the
+//! client told. Everything else (listeners, the mesh, threads, the
+//! monitor, the log format, `max_total_pending_bytes`) needs a restart: a
+//! reload that changes it keeps the running value and names it in the
+//! log. A file that cannot be read, or whose `[auth]` is bad, is refused
+//! whole: nothing changes.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::auth::Auth;
 use crate::broker::Broker;
 use crate::config::{Config, Limits};
 use crate::node::ConfigSource;
@@ -64,7 +72,20 @@ impl Reloader {
             new.limits.max_connections = new.limits.max_connections.min(room);
         }
         let mut running = self.running.lock();
-        let plan = plan(&running, &new);
+        let mut plan = plan(&running, &new);
+        // The users first: a bad `[auth]` refuses the whole reload.
+        let auth = if running.auth != new.auth {
+            match Auth::rebuild(&new.auth, &self.broker.auth()) {
+                Ok(a) => Some(Arc::new(a)),
+                Err(e) => {
+                    crate::logging::counted();
+                    tracing::warn!(reason = %e, "reload refused: the configuration stays as it was");
+                    return Err(format!("reload refused: {e}"));
+                }
+            }
+        } else {
+            None
+        };
         if let Some(filter) = &plan.log {
             let f = filter.as_deref().unwrap_or(crate::logging::DEFAULT_FILTER);
             if let Err(e) = crate::logging::set_filter(f) {
@@ -79,6 +100,18 @@ impl Reloader {
         self.broker.set_limits(limits.clone());
         running.limits = limits;
         running.log_level = new.log_level.clone();
+        if let Some(auth) = auth {
+            let users = auth.users().count();
+            let done = self.broker.set_auth(auth);
+            plan.changed.push(format!(
+                "auth: {} ({users} users; {} clients disconnected, {} given new permissions, {} subscriptions ended)",
+                if new.auth.enabled() { "required" } else { "off" },
+                done.cut,
+                done.updated,
+                done.revoked
+            ));
+            running.auth = new.auth.clone();
+        }
         for name in &plan.restart {
             crate::logging::counted();
             tracing::warn!(setting = %name, "reload: this setting changed but needs a restart; the running value stays");
@@ -137,7 +170,6 @@ fn plan(old: &Config, new: &Config) -> Plan {
     restart(old.log_format != new.log_format, "log_format");
     restart(old.monitor != new.monitor, "monitor");
     restart(old.nats != new.nats, "nats");
-    restart(old.auth != new.auth, "auth");
     restart(old.log != new.log, "log (sinks)");
     restart(
         (&old.tls_cert, &old.tls_key, &old.tls_ca) != (&new.tls_cert, &new.tls_key, &new.tls_ca),

@@ -131,6 +131,9 @@ pub struct ClientStats {
     /// Who it authenticated as (`anonymous` without authentication).
     #[serde(default)]
     pub user: String,
+    /// The name it gave itself (skiff `Hello`, NATS `CONNECT`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// When it connected, in ms since the Unix epoch (0 from a node that
     /// does not say).
     #[serde(default)]

@@ -99,6 +99,21 @@ fn locator_with(locator: &str, options: Option<&Bound<'_, PyDict>>) -> PyResult<
     Ok(loc)
 }
 
+/// `name=` taken out of `options` (so it is not a locator option): the
+/// name the node shows for the client (`/connz`, `skiff stats`).
+fn client_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<skiff::ClientOptions> {
+    let mut o = skiff::ClientOptions::new();
+    if let Some(d) = options {
+        if let Some(v) = d.get_item("name")? {
+            d.del_item("name")?;
+            if !v.is_none() {
+                o = o.name(str_arg("name", &v)?);
+            }
+        }
+    }
+    Ok(o)
+}
+
 /// The default node: $SKIFF_NODE, else skiff://127.0.0.1:4747.
 fn locator_arg<'a>(locator: Option<&'a Bound<'_, PyAny>>) -> PyResult<&'a str> {
     match locator.filter(|l| !l.is_none()) {
@@ -133,10 +148,11 @@ pub(crate) fn connect(
     locator: Option<&Bound<'_, PyAny>>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Client> {
+    let opts = client_options(options)?;
     let loc = locator_with(locator_arg(locator)?, options)?;
     let c = run(
         py,
-        Box::pin(async move { skiff::Client::connect(&loc).await }),
+        Box::pin(async move { skiff::Client::connect_with(&loc, opts).await }),
     )?;
     Ok(register(c))
 }
@@ -149,9 +165,10 @@ pub(crate) fn connect_async<'py>(
     locator: Option<&Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let opts = client_options(options)?;
     let loc = locator_with(locator_arg(locator)?, options)?;
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        let c = skiff::Client::connect(&loc).await.py()?;
+        let c = skiff::Client::connect_with(&loc, opts).await.py()?;
         Ok(register(c))
     })
 }

@@ -215,3 +215,16 @@ def test_credentials_and_permissions(tmp_path):
             assert sub.next(timeout=5).data == b"ok"
     finally:
         n.kill()
+
+
+def test_a_client_name_shows_in_the_nodes_stats(node, cli):
+    with skiff.connect(node.locator, name="py-worker 1") as c, \
+            skiff.connect(node.locator, ping="1s") as unnamed:
+        clients = {cl["id"]: cl for cl in c.stats()["clients"]}
+        assert clients[c.id]["name"] == "py-worker 1"
+        assert "name" not in clients[unnamed.id]
+        r = cli("stats", "-n", node.locator)
+        assert r.returncode == 0, r.stderr
+        assert f"client {c.id} py-worker 1 " in r.stdout
+    with pytest.raises(Exception, match="name"):
+        skiff.connect(node.locator, name="bad\nname")

@@ -29,7 +29,7 @@ pub mod tls;
 pub mod tunnel;
 pub mod udp;
 
-pub use client::Client;
+pub use client::{Client, ClientOptions};
 pub use endpoint::{Endpoint, EndpointConfig, EndpointStats};
 pub use error::{Error, LocatorError};
 pub use locator::Locator;

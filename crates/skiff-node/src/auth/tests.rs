@@ -295,3 +295,63 @@ fn cmsg_subscriptions_are_allowed_only_where_tokens_cannot_be_escaped() {
     assert!(limited.may_subscribe_as(Syntax::Cmsg, "public.news"));
     assert!(!limited.may_subscribe_as(Syntax::Cmsg, "private.news"));
 }
+
+#[test]
+fn a_rebuild_keeps_unchanged_users_updates_changed_ones_and_cuts_the_rest() {
+    let h = hash_password("pw");
+    let text = |token: &str, bob_pub: &str, carol: bool| {
+        let mut t = format!(
+            "[auth]\ntoken = \"{token}\"\n[[auth.users]]\nname = \"alice\"\npassword_hash = \"{h}\"\n[[auth.users]]\nname = \"bob\"\npassword_hash = \"{h}\"\n[auth.users.permissions]\npublish = {{ allow = [\"{bob_pub}\"] }}\n"
+        );
+        if carol {
+            t += "[[auth.users]]\nname = \"carol\"\nuid = 7\n";
+        }
+        t
+    };
+    let old = Auth::new(&config(&text("t1", "a.>", true))).unwrap();
+    let user = |a: &Auth, name: &str| {
+        a.users()
+            .find(|u| u.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let (alice, bob, carol, tok) = (
+        user(&old, "alice"),
+        user(&old, "bob"),
+        user(&old, "carol"),
+        user(&old, "token"),
+    );
+    bob.denied.publish.fetch_add(3, Relaxed);
+    old.count_failure();
+    // Same token, bob narrowed, carol gone.
+    let new = Auth::rebuild(&config(&text("t1", "b.>", false)), &old).unwrap();
+    assert_eq!(new.failures(), 1);
+    assert!(matches!(new.fate(&alice), Fate::Keep));
+    assert!(matches!(new.fate(&tok), Fate::Keep));
+    match new.fate(&bob) {
+        Fate::Update(u) => {
+            assert!(u.permissions.may_publish("b.x") && !u.permissions.may_publish("a.x"));
+            assert_eq!(u.denied.snapshot()[0], 3, "refusals carried over");
+        }
+        f => panic!("{f:?}"),
+    }
+    match new.fate(&carol) {
+        Fate::Cut(why) => assert!(why.contains("`carol` was removed"), "{why}"),
+        f => panic!("{f:?}"),
+    }
+    // The same users looked up after the rebuild are the kept ones.
+    assert!(Arc::ptr_eq(&user(&new, "alice"), &alice));
+    // A new token cuts its holders; alice's new password hash cuts her.
+    let h2 = hash_password("pw2");
+    let t = text("t2", "b.>", false).replacen(&h, &h2, 1);
+    let newer = Auth::rebuild(&config(&t), &new).unwrap();
+    assert!(matches!(newer.fate(&tok), Fate::Cut(w) if w.contains("token changed")));
+    assert!(matches!(newer.fate(&alice), Fate::Cut(w) if w.contains("credentials")));
+    // Anonymous clients are cut once authentication is required, and kept
+    // where it is not.
+    assert!(matches!(newer.fate(&User::anonymous()), Fate::Cut(_)));
+    assert!(matches!(
+        Auth::default().fate(&User::anonymous()),
+        Fate::Keep
+    ));
+}

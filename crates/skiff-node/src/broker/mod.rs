@@ -39,10 +39,13 @@ mod pubsub;
 mod request;
 mod stats;
 mod tunnel;
+mod users;
 
 use cluster::release_members;
 pub use pubsub::Published;
 use request::Request;
+pub use stats::ClusterView;
+pub use users::{AuthSwap, MAX_CLIENT_NAME};
 
 /// Cluster members at or above this id are other nodes of the mesh (their
 /// capacity is what they advertise), not clients.
@@ -71,6 +74,12 @@ struct ClientEntry {
     published: u64,
     /// Who the client authenticated as.
     user: Arc<User>,
+    /// Attached in process by the node itself ([`Broker::attach`]): a
+    /// reload of the users leaves it alone.
+    trusted: bool,
+    /// The name the client gave itself (`Hello`, NATS `CONNECT`), for
+    /// `/connz` and stats.
+    name: Option<String>,
     /// When it attached (for `/connz`).
     since: std::time::SystemTime,
 }
@@ -150,8 +159,9 @@ pub struct Broker {
     remote_drops: AtomicU64,
     /// Pending bytes across all clients (`max_total_pending_bytes`).
     budget: Option<Arc<Budget>>,
-    /// The users and how to check them.
-    auth: Arc<Auth>,
+    /// The users and how to check them, swapped whole by a reload
+    /// ([`Broker::set_auth`]).
+    auth: arc_swap::ArcSwap<Auth>,
     /// Warnings for the operator, shown at start and in stats (e.g. a
     /// listener beyond loopback without authentication).
     warnings: Mutex<Vec<String>>,
@@ -203,7 +213,7 @@ impl Broker {
     /// A node with no clients whose front ends authenticate with `auth`.
     pub fn with_auth(limits: Limits, auth: Arc<Auth>) -> Broker {
         Broker {
-            auth,
+            auth: arc_swap::ArcSwap::new(auth),
             warnings: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 next_tunnel: 1,
@@ -268,9 +278,11 @@ impl Broker {
         self.limits.load_full()
     }
 
-    /// The users, for front ends to authenticate clients with.
-    pub fn auth(&self) -> &Arc<Auth> {
-        &self.auth
+    /// The users, for front ends to authenticate clients with: the ones
+    /// in force now (a reload may replace them; each authentication reads
+    /// them once).
+    pub fn auth(&self) -> Arc<Auth> {
+        self.auth.load_full()
     }
 
     /// Adds a warning for the operator (shown in stats).
@@ -291,7 +303,7 @@ impl Broker {
     /// Adds a trusted client (in process, or the node's own), with every
     /// permission: see [`Broker::attach_as`].
     pub fn attach(&self, peer: String) -> Result<Arc<ClientOut>, Fatal> {
-        self.attach_as(peer, User::anonymous())
+        self.attach_with(peer, User::anonymous(), true)
     }
 
     /// Adds a client that authenticated as `user` (`peer` says where from,
@@ -299,8 +311,17 @@ impl Broker {
     /// permissions, and queues its `Welcome`; refuses when the connection
     /// limit is reached or the node is shutting down.
     pub fn attach_as(&self, peer: String, user: Arc<User>) -> Result<Arc<ClientOut>, Fatal> {
+        self.attach_with(peer, user, false)
+    }
+
+    fn attach_with(
+        &self,
+        peer: String,
+        user: Arc<User>,
+        trusted: bool,
+    ) -> Result<Arc<ClientOut>, Fatal> {
         let name = user.name.clone();
-        let r = self.attach_inner(peer.clone(), user);
+        let r = self.attach_inner(peer.clone(), user, trusted);
         match &r {
             Ok(out) => {
                 tracing::info!(client = out.id, peer = %peer, user = %name, "client connected")
@@ -316,7 +337,12 @@ impl Broker {
         r
     }
 
-    fn attach_inner(&self, peer: String, user: Arc<User>) -> Result<Arc<ClientOut>, Fatal> {
+    fn attach_inner(
+        &self,
+        peer: String,
+        user: Arc<User>,
+        trusted: bool,
+    ) -> Result<Arc<ClientOut>, Fatal> {
         let limits = self.limits.load();
         if self.shutting_down.load(Relaxed) {
             return Err(Fatal {
@@ -364,6 +390,8 @@ impl Broker {
                 tunnels: FxHashSet::default(),
                 published: 0,
                 user,
+                trusted,
+                name: None,
                 since: std::time::SystemTime::now(),
             },
         );
@@ -723,6 +751,7 @@ impl Broker {
                 })
             }
             F::Reload { corr } => me.control(self.reload(me.id, corr)),
+            F::Hello { name } => self.set_name(me.id, &name),
         }
         Ok(())
     }

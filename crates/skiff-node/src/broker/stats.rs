@@ -35,6 +35,7 @@ impl Broker {
     /// bytes (at least one), and `next` when more remain. Built from the
     /// live state: counters may move between pages.
     pub fn stats_page(&self, from: Option<StatsCursor>, cap: usize) -> NodeStats {
+        let auth = self.auth.load_full();
         let st = self.state.lock();
         let c = &self.counters;
         let start = from.map_or(0, |f| f.client);
@@ -76,6 +77,7 @@ impl Broker {
                 id,
                 peer: e.peer.clone(),
                 user: e.user.name.clone(),
+                name: e.name.clone(),
                 since_unix_ms: e
                     .since
                     .duration_since(std::time::UNIX_EPOCH)
@@ -175,12 +177,11 @@ impl Broker {
                 None
             },
             tls_failures: c.tls_failures.load(Relaxed),
-            auth: self.auth.enabled(),
-            auth_failures: self.auth.failures(),
+            auth: auth.enabled(),
+            auth_failures: auth.failures(),
             denied: c.denied.load(Relaxed),
             users: if from.is_none() {
-                self.auth
-                    .users()
+                auth.users()
                     .map(|u| {
                         let [p, s, r, j] = u.denied.snapshot();
                         skiff_proto::stats::UserStats {
@@ -268,4 +269,60 @@ fn cluster_members(st: &super::State) -> Vec<ClusterStats> {
                 .collect(),
         })
         .collect()
+}
+
+/// One cluster as the monitor's `/subsz` lists it: its members on this
+/// node (clients) and on other nodes (their advertised capacity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Its name.
+    pub name: String,
+    /// Members in all (local and remote), listed or not.
+    pub members: usize,
+    /// Local members listed: (client id, the client's name, capacity).
+    pub local: Vec<(u64, Option<String>, u32)>,
+    /// Other nodes listed: (node address, capacity).
+    pub remote: Vec<(std::net::SocketAddr, u32)>,
+}
+
+impl Broker {
+    /// The clusters by name, `offset` skipped and at most `limit` listed,
+    /// each with at most `max_members` members listed (local ones first,
+    /// by id); and how many clusters there are.
+    pub fn clusters_page(
+        &self,
+        offset: usize,
+        limit: usize,
+        max_members: usize,
+    ) -> (usize, Vec<ClusterView>) {
+        let st = self.state.lock();
+        let mut names: Vec<&str> = st.clusters.clusters().collect();
+        names.sort_unstable();
+        let total = names.len();
+        let page = names
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .map(|name| {
+                let mut ids: Vec<u64> = st.clusters.members(name).collect();
+                ids.sort_unstable();
+                let members = ids.len();
+                let (mut local, mut remote) = (Vec::new(), Vec::new());
+                for m in ids.into_iter().take(max_members) {
+                    let cap = st.clusters.weight(name, m).map_or(0, |(c, _)| c);
+                    match st.remote_addrs.get(&m) {
+                        Some(a) if m >= super::REMOTE => remote.push((*a, cap)),
+                        _ => local.push((m, st.clients.get(&m).and_then(|c| c.name.clone()), cap)),
+                    }
+                }
+                ClusterView {
+                    name: name.to_owned(),
+                    members,
+                    local,
+                    remote,
+                }
+            })
+            .collect();
+        (total, page)
+    }
 }

@@ -328,13 +328,16 @@ fn answer(m: &Monitor, req: &Request<Incoming>) -> Answer {
                 ),
             }
         }
-        "/varz" | "/subsz" | "/meshz" | "/metrics" | "/" => {
+        "/subsz" => match query::parse_subsz(q) {
+            Ok(p) => json_reply(StatusCode::OK, &subsz(&m.broker, &m.broker.stats(), p)),
+            Err(e) => bad(e),
+        },
+        "/varz" | "/meshz" | "/metrics" | "/" => {
             if let Err(e) = query::parse_none(path, q) {
                 return bad(e);
             }
             match path {
                 "/varz" => json_reply(StatusCode::OK, &varz(m, &m.broker.stats())),
-                "/subsz" => json_reply(StatusCode::OK, &subsz(&m.broker.stats())),
                 "/meshz" => match m.broker.mesh() {
                     Some(l) => json_reply(StatusCode::OK, &meshz(&l.view())),
                     None => error(
@@ -459,7 +462,7 @@ fn connz(broker: &Broker, s: &NodeStats, q: query::Connz) -> Value {
             let mut v = json!({
                 "id": c.id,
                 "address": c.peer,
-                "name": Value::Null,
+                "name": c.name,
                 "user": c.user,
                 "since_unix_ms": c.since_unix_ms,
                 "subscriptions": c.subscriptions.len(),
@@ -509,29 +512,77 @@ fn connz(broker: &Broker, s: &NodeStats, q: query::Connz) -> Value {
     })
 }
 
-fn subsz(s: &NodeStats) -> Value {
-    // Per (pattern, type): subscriptions and their counters summed.
-    let mut by: std::collections::BTreeMap<(&str, &str), [u64; 4]> = Default::default();
+fn subsz(broker: &Broker, s: &NodeStats, q: query::Subsz) -> Value {
+    // Per (pattern, type, kind): subscriptions, the clients holding them,
+    // and their counters summed.
+    #[derive(Default)]
+    struct Sum {
+        subs: u64,
+        clients: Vec<u64>,
+        queued: u64,
+        delivered: u64,
+        dropped: u64,
+    }
+    let mut by: std::collections::BTreeMap<(&str, &str, bool), Sum> = Default::default();
     for c in &s.clients {
         for sub in &c.subscriptions {
-            let e = by.entry((&sub.pattern, &sub.kind)).or_default();
-            e[0] += 1;
-            e[1] += sub.counters.queued as u64;
-            e[2] += sub.counters.delivered;
-            e[3] += sub.counters.dropped;
+            let e = by.entry((&sub.pattern, &sub.kind, sub.cmsg)).or_default();
+            e.subs += 1;
+            if e.clients.last() != Some(&c.id) {
+                e.clients.push(c.id);
+            }
+            e.queued += sub.counters.queued as u64;
+            e.delivered += sub.counters.delivered;
+            e.dropped += sub.counters.dropped;
         }
     }
+    let distinct = by.len();
     let patterns: Vec<Value> = by
         .into_iter()
-        .map(|((p, k), [n, q, d, x])| {
-            json!({ "pattern": p, "type": k, "subscriptions": n, "queued": q, "delivered": d, "dropped": x })
+        .skip(q.offset)
+        .take(q.limit)
+        .map(|((p, k, cmsg), e)| {
+            json!({
+                "pattern": p,
+                "type": k,
+                "kind": if cmsg { "cmsg" } else { "token" },
+                "subscriptions": e.subs,
+                "clients": e.clients.len(),
+                "queued": e.queued,
+                "delivered": e.delivered,
+                "dropped": e.dropped,
+            })
+        })
+        .collect();
+    let (clusters_total, page) = broker.clusters_page(q.cluster_offset, q.cluster_limit, q.members);
+    let clusters: Vec<Value> = page
+        .into_iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "members": c.members,
+                "local": c.local.iter().map(|(id, name, cap)| json!({
+                    "client": id,
+                    "name": name,
+                    "capacity": cap,
+                })).collect::<Vec<_>>(),
+                "remote": c.remote.iter().map(|(addr, cap)| json!({
+                    "node": addr.to_string(),
+                    "capacity": cap,
+                })).collect::<Vec<_>>(),
+            })
         })
         .collect();
     json!({
         "subscriptions": s.subscriptions,
-        "patterns_distinct": patterns.len(),
-        "clusters": s.clusters,
+        "patterns_distinct": distinct,
+        "offset": q.offset,
+        "limit": q.limit,
         "patterns": patterns,
+        "clusters_total": clusters_total,
+        "cluster_offset": q.cluster_offset,
+        "cluster_limit": q.cluster_limit,
+        "clusters": clusters,
     })
 }
 

@@ -162,6 +162,63 @@ pub fn parse_connz(query: &str) -> Result<Connz, String> {
     Ok(c)
 }
 
+/// `/subsz`'s parameters: one page of the patterns and one of the
+/// clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subsz {
+    /// Patterns skipped (`offset=`).
+    pub offset: usize,
+    /// Patterns listed at most (`limit=`, 1 to [`MAX_LIMIT`]).
+    pub limit: usize,
+    /// Clusters skipped (`cluster_offset=`).
+    pub cluster_offset: usize,
+    /// Clusters listed at most (`cluster_limit=`, 1 to [`MAX_LIMIT`]).
+    pub cluster_limit: usize,
+    /// Members listed per cluster at most (`members=`, 0 to
+    /// [`MAX_LIMIT`]).
+    pub members: usize,
+}
+
+impl Default for Subsz {
+    fn default() -> Self {
+        Subsz {
+            offset: 0,
+            limit: DEFAULT_LIMIT,
+            cluster_offset: 0,
+            cluster_limit: DEFAULT_LIMIT,
+            members: DEFAULT_LIMIT,
+        }
+    }
+}
+
+/// Parses `/subsz`'s query (`offset`, `limit`, `cluster_offset`,
+/// `cluster_limit`, `members`).
+pub fn parse_subsz(query: &str) -> Result<Subsz, String> {
+    let mut c = Subsz::default();
+    let page = |k: &str, v: &str| -> Result<usize, String> {
+        let n = number(k, v, MAX_LIMIT)?;
+        if n == 0 {
+            return Err(format!("{k}=0: expected 1 to {MAX_LIMIT}"));
+        }
+        Ok(n)
+    };
+    for (k, v) in pairs(query)? {
+        match k {
+            "offset" => c.offset = number(k, v, u32::MAX as usize)?,
+            "limit" => c.limit = page(k, v)?,
+            "cluster_offset" => c.cluster_offset = number(k, v, u32::MAX as usize)?,
+            "cluster_limit" => c.cluster_limit = page(k, v)?,
+            "members" => c.members = number(k, v, MAX_LIMIT)?,
+            _ => {
+                return Err(format!(
+                    "unknown parameter {k:?}: /subsz takes offset, limit, cluster_offset, cluster_limit, members"
+                ))
+            }
+        }
+    }
+    Ok(c)
+}
+
 /// Checks that an endpoint that takes no parameters got none.
 pub fn parse_none(path: &str, query: &str) -> Result<(), String> {
     match pairs(query)?.first() {
@@ -201,6 +258,28 @@ mod tests {
             assert!(e.contains(says), "{q}: {e}");
         }
         assert!(parse_connz(&"a".repeat(MAX_QUERY + 1)).is_err());
+        assert_eq!(parse_subsz("").unwrap(), Subsz::default());
+        assert_eq!(
+            parse_subsz("offset=1&limit=2&cluster_offset=3&cluster_limit=4&members=0").unwrap(),
+            Subsz {
+                offset: 1,
+                limit: 2,
+                cluster_offset: 3,
+                cluster_limit: 4,
+                members: 0
+            }
+        );
+        for (q, says) in [
+            ("limit=0", "limit=0"),
+            ("cluster_limit=0", "cluster_limit=0"),
+            ("members=5000", "members="),
+            ("offset=x", "offset="),
+            ("sort=id", "unknown parameter"),
+            ("limit=1&limit=2", "twice"),
+        ] {
+            let e = parse_subsz(q).unwrap_err();
+            assert!(e.contains(says), "{q}: {e}");
+        }
         assert!(parse_none("/varz", "").is_ok());
         assert!(parse_none("/varz", "x=1").unwrap_err().contains("/varz"));
     }

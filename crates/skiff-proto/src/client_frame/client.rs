@@ -94,6 +94,7 @@ impl ClientFrame {
             F::Stats { corr } => Enc::new(out, op::STATS).v(*corr).end(),
             F::Ping { corr } => Enc::new(out, op::PING).v(*corr).end(),
             F::Reload { corr } => Enc::new(out, op::RELOAD).v(*corr).end(),
+            F::Hello { name } => Enc::new(out, op::HELLO).s(name.as_bytes()).end(),
             F::StatsFrom { corr, from } => Enc::new(out, op::STATS_FROM)
                 .v(*corr)
                 .v(from.client)
@@ -192,6 +193,15 @@ impl ClientFrame {
             op::STATS => F::Stats { corr: r.v("corr")? },
             op::PING => F::Ping { corr: r.v("corr")? },
             op::RELOAD => F::Reload { corr: r.v("corr")? },
+            op::HELLO => {
+                let name = r.string("client name", MAX_CLIENT_NAME)?;
+                if !valid_client_name(&name) {
+                    return Err(WireError::Malformed(
+                        "a client name holds no control characters",
+                    ));
+                }
+                F::Hello { name }
+            }
             op::STATS_FROM => F::StatsFrom {
                 corr: r.v("corr")?,
                 from: {

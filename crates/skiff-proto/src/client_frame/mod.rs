@@ -23,7 +23,8 @@
 //! s:cluster`, `Bcast s:cluster [msg]`, `TunOpen v:corr s:cluster s:key
 //! v:window`, `TunData v:tunnel [msg]`, `TunCredit v:tunnel v:n`, `TunClose
 //! v:tunnel`, `Stats v:corr`, `Ping v:corr`, `StatsFrom v:corr v:client
-//! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]), `Reload v:corr`.
+//! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]), `Reload v:corr`,
+//! `Hello s:name`.
 //!
 //! Node → client ([`ServerFrame`]): `Welcome v:client v:max_payload`,
 //! `Ack v:corr`, `Error v:corr v:code s:text` (corr 0: about the
@@ -49,6 +50,15 @@
 //!            | len | 18 | 1 | s:token                           |
 //!            | len | 18 | 2 | s:user | s:password              |
 //!            | len | 18 | 3 | s:public key (32) | s:signature (64) |
+//! ```
+//!
+//! After `Welcome` a client may name itself with `Hello` (shown by the
+//! node's `/connz` and stats; optional, so a client that never sends it
+//! works as before). The name is UTF-8 of at most [`MAX_CLIENT_NAME`]
+//! bytes without control characters; anything else is a protocol error.
+//!
+//! ```text
+//! Hello:     | len | 19 | v:n | name (n ≤ 128 bytes, UTF-8) |
 //! ```
 //!
 //! Stats come in pages: a `Stats` reply holds at most about
@@ -354,6 +364,21 @@ pub enum ClientFrame {
         /// Echoed in the answer.
         corr: u64,
     },
+    /// The client's name, for the node's monitoring (`/connz`, stats);
+    /// sent after `Welcome`, optional. See [`valid_client_name`].
+    Hello {
+        /// The name.
+        name: String,
+    },
+}
+
+/// Longest client name in a `Hello` frame, in bytes.
+pub const MAX_CLIENT_NAME: usize = 128;
+
+/// Whether `name` is a client name a `Hello` frame may carry: at most
+/// [`MAX_CLIENT_NAME`] bytes, no control characters.
+pub fn valid_client_name(name: &str) -> bool {
+    name.len() <= MAX_CLIENT_NAME && !name.chars().any(char::is_control)
 }
 
 /// Longest secret, user name or nonce in a handshake frame, in bytes.
@@ -548,6 +573,7 @@ mod op {
     pub(super) const PING: u8 = 16;
     pub(super) const STATS_FROM: u8 = 17;
     pub(super) const AUTH: u8 = 18;
+    pub(super) const HELLO: u8 = 19;
     /// Out of the run of the others, so frames added elsewhere meanwhile
     /// do not collide with it.
     pub(super) const RELOAD: u8 = 40;

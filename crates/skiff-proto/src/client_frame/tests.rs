@@ -74,6 +74,15 @@ fn client_frames() -> Vec<ClientFrame> {
         F::Stats { corr: 5 },
         F::Ping { corr: 6 },
         F::Reload { corr: 9 },
+        F::Hello {
+            name: "skiff-sub".into(),
+        },
+        F::Hello {
+            name: String::new(),
+        },
+        F::Hello {
+            name: "é".repeat(MAX_CLIENT_NAME / 2),
+        },
         F::StatsFrom {
             corr: 7,
             from: crate::stats::StatsCursor {
@@ -384,4 +393,26 @@ fn sub_syntax_is_a_trailing_byte_only_for_cmsg() {
     long[..LEN_PREFIX].copy_from_slice(&n.to_le_bytes());
     let body = Bytes::copy_from_slice(&long[LEN_PREFIX..]);
     assert!(ClientFrame::decode(body, 1 << 20).is_err());
+}
+
+#[test]
+fn hello_names_are_bounded_and_printable() {
+    let enc = |name: &str| {
+        let mut out = Vec::new();
+        ClientFrame::Hello { name: name.into() }.encode(&mut out);
+        Bytes::from(out).slice(LEN_PREFIX..)
+    };
+    assert!(ClientFrame::decode(enc("ok name"), 0).is_ok());
+    for bad in [
+        "a\nb".to_owned(),
+        "\u{7f}".to_owned(),
+        "x".repeat(MAX_CLIENT_NAME + 1),
+    ] {
+        assert!(ClientFrame::decode(enc(&bad), 0).is_err(), "{bad:?}");
+    }
+    // Not UTF-8.
+    let mut raw = vec![19u8, 2, 0xff, 0xfe];
+    assert!(ClientFrame::decode(Bytes::from(std::mem::take(&mut raw)), 0).is_err());
+    assert!(valid_client_name("skiff-sub"));
+    assert!(!valid_client_name("tab\there"));
 }

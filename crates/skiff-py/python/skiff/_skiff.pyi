@@ -38,7 +38,9 @@ class Message:
 def connect(locator: Optional[str] = None, **options: Union[str, int, float, bool]) -> Client:
     """Connects to a node: ``skiff://host:port[,host:port...]`` (a failover
     list), ``unix:///path``, ``shm://name``, ``mem://`` (a node in this
-    process), ``file:///path``; options ride as query parameters. Default:
+    process), ``file:///path``; options ride as query parameters, except
+    ``name``: the name the node shows for this client (``/connz``,
+    ``skiff stats``; at most 128 bytes, no control characters). Default:
     $SKIFF_NODE, else ``skiff://127.0.0.1:4747``."""
     ...
 

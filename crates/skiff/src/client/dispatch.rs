@@ -246,9 +246,13 @@ fn on_refusal(st: &mut State, corr: u64, code: Code, text: String) {
     if let Some(w) = st.waiters.remove(&corr) {
         let _ = w.send(Err(Error::Refused { code, reason: text }));
     } else if let Some(s) = st.subs.remove(&corr) {
-        s.inbox.lock().close(Some(format!(
-            "the node refused to restore this subscription after a failover: {text}"
-        )));
+        // A live subscription the node ended (its permissions changed), or
+        // one it would not take back after a failover.
+        s.inbox.lock().close(Some(if s.live {
+            format!("the node ended this subscription: {text}")
+        } else {
+            format!("the node refused to restore this subscription after a failover: {text}")
+        }));
     } else if let Some(m) = join.and_then(|(c, _)| st.members.remove(&c)) {
         m.inbox.lock().close(Some(format!(
             "the node refused to restore this membership after a failover: {text}"

@@ -244,6 +244,30 @@ impl Drop for Inner {
     }
 }
 
+/// What a client says about itself beyond its locator
+/// ([`Client::connect_with`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// The name the node shows for this client (`/connz`, `skiff stats`,
+    /// `skiff top`): at most 128 bytes, no control characters. Over a
+    /// stream it is sent again after each failover.
+    pub name: Option<String>,
+}
+
+impl ClientOptions {
+    /// No options: the locator's alone.
+    pub fn new() -> ClientOptions {
+        ClientOptions::default()
+    }
+
+    /// Names the client.
+    pub fn name(mut self, name: impl Into<String>) -> ClientOptions {
+        self.name = Some(name.into());
+        self
+    }
+}
+
 /// A connection to a skiff node; cheap to clone (clones share it). See
 /// the module documentation.
 #[derive(Debug, Clone)]
@@ -255,6 +279,28 @@ impl Client {
     /// Connects to a node named by a locator (see the module
     /// documentation). Needs a tokio runtime.
     pub async fn connect(locator: &str) -> Result<Client, Error> {
+        Client::connect_with(locator, ClientOptions::default()).await
+    }
+
+    /// Connects as [`Client::connect`] does, with `opts` (a name the node
+    /// shows in its monitoring, over the locator's `name=`).
+    pub async fn connect_with(locator: &str, opts: ClientOptions) -> Result<Client, Error> {
+        let name = opts.name.as_deref().map(target::check_name).transpose()?;
+        let c = Client::open(locator, name.clone()).await?;
+        // A stream link sends `Hello` itself, on every connection.
+        if let (Some(name), Some(Link::Mem(_))) = (&name, &c.inner.link) {
+            c.inner
+                .send_now(ClientFrame::Hello { name: name.clone() })?;
+        }
+        #[cfg(not(skiff_loom))]
+        if let (Some(name), Some(Link::Shm(_))) = (&name, &c.inner.link) {
+            c.inner
+                .send_now(ClientFrame::Hello { name: name.clone() })?;
+        }
+        Ok(c)
+    }
+
+    async fn open(locator: &str, name: Option<String>) -> Result<Client, Error> {
         let (scheme, rest) = locator
             .split_once("://")
             .ok_or_else(|| crate::LocatorError::NoNodeScheme(locator.into()))?;
@@ -262,7 +308,10 @@ impl Client {
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
             "skiff" | "tcp" | "unix" | "tls" => {
-                let target = target::parse_target(locator)?;
+                let mut target = target::parse_target(locator)?;
+                if name.is_some() {
+                    target.opts.name = name;
+                }
                 let mut last = None;
                 for (at, addr) in target.addrs.iter().enumerate() {
                     match stream::open(addr, at, &target.opts).await {

@@ -367,6 +367,13 @@ pub(crate) async fn open(addr: &NodeAddr, at: usize, opts: &LinkOptions) -> Resu
         };
         let mut buf = BytesMut::with_capacity(64 * 1024);
         let (client, max_payload) = read_welcome(&mut r, &mut w, &mut buf, &opts.creds).await?;
+        if let Some(name) = &opts.name {
+            let mut out = Vec::new();
+            ClientFrame::Hello { name: name.clone() }.encode(&mut out);
+            w.write_all(&out)
+                .await
+                .map_err(Error::io("write to node"))?;
+        }
         Ok(Session {
             r,
             w,

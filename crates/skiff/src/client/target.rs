@@ -53,6 +53,9 @@ pub(crate) struct LinkOptions {
     pub(crate) creds: Creds,
     /// The TLS configuration (`tls://`).
     pub(crate) tls: Option<TlsClient>,
+    /// The name the client gives itself (`name=`, [`super::ClientOptions`]),
+    /// sent in `Hello` on every connection.
+    pub(crate) name: Option<String>,
 }
 
 /// A client's TLS configuration, built when the locator is parsed (so a
@@ -189,7 +192,7 @@ pub(crate) struct NodeTarget {
 /// skip a live node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key, name";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
 /// the link options `reconnect`, `ping`, `ping_timeout`,
@@ -220,6 +223,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
+    let mut name = None;
     let (mut ca, mut cert, mut tls_key) = (None::<PathBuf>, None::<PathBuf>, None::<PathBuf>);
     l.options(OPTIONS, |k, v| {
         // `key=` is the TLS client key when it names a PEM file, else the
@@ -237,6 +241,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
             "reconnect_buffer" => reconnect_buffer = parse_bytes(k, v)?,
             "connect_timeout" => connect_timeout = parse_duration(k, v)?,
+            "name" => name = Some(check_name(&percent_decode(v))?),
             "spin_us" => {
                 spin_us = v
                     .parse::<u64>()
@@ -302,8 +307,23 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             spin: Duration::from_micros(spin_us),
             creds,
             tls,
+            name,
         },
     })
+}
+
+/// Checks a client name (`name=`, [`super::ClientOptions::name`]): what a
+/// `Hello` frame may carry.
+pub(crate) fn check_name(name: &str) -> Result<String, LocatorError> {
+    if skiff_proto::client_frame::valid_client_name(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(LocatorError::BadValue {
+            name: "name".into(),
+            value: name.chars().take(64).collect(),
+            expected: "a client name of at most 128 bytes without control characters",
+        })
+    }
 }
 
 /// Checks `host:port`, `host` (default port), `[v6]:port`, `[v6]` or a

@@ -95,9 +95,6 @@ pub(crate) struct NatsListener {
     pub(crate) broker: Arc<Broker>,
     pub(crate) addr: SocketAddr,
     pub(crate) server_id: String,
-    /// The node's users ([`crate::auth`]); every client is anonymous
-    /// when it has none.
-    pub(crate) auth: Arc<Auth>,
     /// Polls after traffic (setting `spin_us`), as the stream listeners.
     pub(crate) spin: Option<Arc<skiff::spin::Spin>>,
 }
@@ -205,7 +202,7 @@ async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let broker = this.broker.clone();
-    let out = match broker.attach(format!("nats:{peer}")) {
+    let out = match broker.attach_as(format!("nats:{peer}"), User::anonymous()) {
         Ok(out) => out,
         Err(f) => {
             let mut w = w;
@@ -228,7 +225,10 @@ async fn serve<R, W>(
         shared: Mutex::new(Shared::default()),
         wake: Notify::new(),
     });
-    let auth = this.auth.enabled().then(|| {
+    // The node's users as they are now (a reload may replace them; this
+    // connection authenticates against these).
+    let users = broker.auth();
+    let auth = users.enabled().then(|| {
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
     });
@@ -274,12 +274,11 @@ async fn serve<R, W>(
         next_rid: 1,
         order: VecDeque::new(),
         groups: FxHashMap::default(),
-        auth: this.auth.clone(),
+        auth: users.clone(),
         nonce: auth.clone(),
-        user: User::anonymous(),
     };
     // A node with users: the client must authenticate in time.
-    let auth_deadline = tokio::time::sleep(this.auth.timeout());
+    let auth_deadline = tokio::time::sleep(users.timeout());
     tokio::pin!(auth_deadline);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut error: Option<&'static str> = None;
@@ -311,7 +310,7 @@ async fn serve<R, W>(
             _ = out.closed() => break,
             _ = stop.changed() => break,
             _ = &mut auth_deadline, if reader.nonce.is_some() => {
-                this.auth.count_failure();
+                users.count_failure();
                 error = Some("Authentication Timeout");
                 break;
             }
@@ -390,10 +389,10 @@ struct Reader {
     groups: FxHashMap<Arc<str>, u32>,
     auth: Arc<Auth>,
     /// The nonce sent in `INFO` while the client has not authenticated
-    /// (`None` once it has, or when the node has no users).
+    /// (`None` once it has, or when the node has no users). Who the
+    /// client is, and what it may do, is its outbox's user (a reload may
+    /// change it).
     nonce: Option<String>,
-    /// Who the client is, and what it may do.
-    user: Arc<User>,
 }
 
 impl Reader {
@@ -438,8 +437,12 @@ impl Reader {
                         e.text()
                     })?;
                     if let Some(nonce) = self.nonce.take() {
-                        self.user = authenticate(&self.auth, &o, nonce).await?;
+                        let user = authenticate(&self.auth, &o, nonce).await?;
+                        self.broker
+                            .set_user(&self.out, user)
+                            .map_err(|_| "Authorization Violation")?;
                     }
+                    self.broker.set_name(self.out.id, &o.name);
                     self.out.set_no_echo(!o.echo);
                     {
                         let mut sh = self.conn.shared.lock();
@@ -500,7 +503,8 @@ impl Reader {
             self.broker.limit_hit();
             return Ok(());
         };
-        let p = &self.user.permissions;
+        let user = self.out.user();
+        let p = &user.permissions;
         let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
         let allowed = open
             || if subject_str.starts_with(REPLY_PREFIX) {
@@ -509,7 +513,7 @@ impl Reader {
                 p.may_publish(&subject_str)
             };
         if !allowed {
-            self.user.denied.publish.fetch_add(1, Relaxed);
+            user.denied.publish.fetch_add(1, Relaxed);
             self.conn.err(&format!(
                 "Permissions Violation for Publish to {:?}",
                 &*subject_str
@@ -698,8 +702,9 @@ impl Reader {
                 return false;
             }
         };
-        if !self.user.permissions.may_subscribe(&pattern) {
-            self.user.denied.subscribe.fetch_add(1, Relaxed);
+        let user = self.out.user();
+        if !user.permissions.may_subscribe(&pattern) {
+            user.denied.subscribe.fetch_add(1, Relaxed);
             let sid = String::from_utf8_lossy(&sid);
             self.conn.err(&match &group {
                 Some(g) => format!(
@@ -744,10 +749,10 @@ impl Reader {
                 if let Some(g) = group {
                     let n = self.groups.entry(g.clone()).or_default();
                     *n += 1;
-                    if *n == 1 && !self.user.permissions.may_join(&g) {
+                    if *n == 1 && !user.permissions.may_join(&g) {
                         // Still a queue subscriber; not a cluster member
                         // for skiff's cluster requests.
-                        self.user.denied.join.fetch_add(1, Relaxed);
+                        user.denied.join.fetch_add(1, Relaxed);
                     } else if *n == 1 {
                         let _ = self.broker.handle_control(
                             &self.out,

@@ -240,8 +240,30 @@ impl Sink for Nats<'_> {
                     s.headers = h;
                 }
             }
-            // Acks, pongs, drop reports (counted in stats), errors (the
-            // reader says what a NATS client is told), tunnels, stats.
+            // Closed by a reload of the users, as nats-server does.
+            ServerFrame::Error {
+                corr: 0,
+                code: Code::Auth,
+                ..
+            } => nats::encode_err(out, "Authorization Violation"),
+            // A subscription the reloaded permissions refuse, ended.
+            ServerFrame::Error {
+                corr,
+                code: Code::Denied,
+                ..
+            } => {
+                if let Some(sub) = sh.subs.remove(&corr) {
+                    nats::encode_err(
+                        out,
+                        &format!(
+                            "Permissions Violation for Subscription to {:?}",
+                            sub.pattern
+                        ),
+                    );
+                }
+            }
+            // Acks, pongs, drop reports (counted in stats), other errors
+            // (the reader says what a NATS client is told), tunnels, stats.
             _ => {}
         }
     }
