@@ -96,11 +96,12 @@ pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
             "msgs" | "stream" => ("msgs", 0.5),
             _ => continue,
         };
-        let tcp = rows.iter().find(|r| {
-            (r.test == t.test || r.test == tcp_test)
-                && r.mode.starts_with("tcp")
-                && label(r) == label(t)
-        });
+        // TCP's row of the same test, else of the test it mirrors.
+        let tcp_row = |test: &str| {
+            rows.iter()
+                .find(|r| r.test == test && r.mode.starts_with("tcp") && label(r) == label(t))
+        };
+        let tcp = tcp_row(&t.test).or_else(|| tcp_row(tcp_test));
         let Some(tcp) = tcp else { continue };
         let (a, b, unit) = if t.test == "bulk" {
             (t.mb_per_s, tcp.mb_per_s, "MB/s")

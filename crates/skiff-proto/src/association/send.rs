@@ -547,10 +547,11 @@ impl SendState {
                 // The writer has gone idle or a packet's worth waits: what
                 // was gathered travels now, as a message that fits this
                 // packet (so the receiver never reassembles stream bytes),
-                // unless only a sliver of the packet is left.
+                // unless only a sliver of a packet already holding others
+                // is left.
                 let over = chunk_overhead(true, false, COALESCE_MAX as u64, budget);
                 let room = budget.saturating_sub(over);
-                if room < self.open.len().min(MIN_PIECE) {
+                if room == 0 || (!chunks.is_empty() && room < self.open.len().min(MIN_PIECE)) {
                     break;
                 }
                 self.seal(room);

@@ -210,3 +210,21 @@ fn write_after_close_is_refused() {
     p.drive();
     assert_eq!(stream_of(&p.server_events), b"abc");
 }
+
+#[test]
+fn tiny_packets_carry_gathered_bytes() {
+    let config = crate::association::AssociationConfig {
+        mtu: crate::association::frame::MIN_MTU,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(11, Net::default(), config);
+    p.connect();
+    let d = pattern(0, 5_000);
+    for c in d.chunks(7) {
+        write_all(&mut p, c);
+    }
+    p.client.close();
+    p.srv().close();
+    p.drive();
+    assert_eq!(stream_of(&p.server_events), d);
+}
