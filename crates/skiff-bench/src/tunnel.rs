@@ -1,9 +1,9 @@
 //! `skiff-bench tunnel`: a reliable tunnel against plain TCP on the same
 //! path, in one process and one run: each row of `skiff bench tunnel`
 //! followed by the same test over one TCP connection ([`crate::tcp`]):
-//! `bulk` through plain `write_all`/`read`, `msgs` with each message one
-//! record written through a 64 KiB `BufWriter`, `pingpong` with
-//! `TCP_NODELAY`.
+//! `bulk` through plain `write_all`/`read`, `msgs` and `stream` with each
+//! message one record written through a 64 KiB `BufWriter`, `pingpong`
+//! with `TCP_NODELAY`.
 
 use std::error::Error;
 
@@ -50,6 +50,17 @@ pub(crate) fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn E
         pb.finish_and_clear();
         out.push(row?)?;
     }
+    if p.wants(Test::Stream) {
+        let limits = p.msgs_limits();
+        let pb = report::progress(show, limits.messages, "tunnel stream");
+        let row = tunnel::byte_stream(&rt, p, p.size, limits, &pb);
+        pb.finish_and_clear();
+        out.push(row?)?;
+        let pb = report::spinner(show, "tcp stream");
+        let row = tcp::stream(p, p.size, limits, "stream", true);
+        pb.finish_and_clear();
+        out.push(row?)?;
+    }
     if p.wants(Test::Pingpong) {
         let limits = p.pingpong_limits();
         let pb = report::progress(show, limits.messages, "tunnel pingpong");
@@ -70,26 +81,40 @@ fn label(r: &Row) -> &str {
     r.mode.splitn(skip + 1, ' ').nth(skip).unwrap_or("")
 }
 
-/// The target that one run can check: tunnel bulk goodput at
-/// least 0.8x TCP's on the same path (rows with the same label). The
-/// targets across runs (goodput and p99 at 1.4 % drop against lossless)
-/// are checked by `bench/tunnel.sh`.
+/// The targets that one run can check, against TCP on the same
+/// path (rows with the same label): tunnel bulk goodput at least 0.9x
+/// TCP's, and small messages (`msgs`: boundaries kept; `stream`: a byte
+/// stream as TCP's) at least 0.5x TCP's rate. The targets across runs
+/// (goodput and p99 at 1.4 % drop against lossless) are checked by
+/// `bench/tunnel.sh`.
 pub(crate) fn targets(rows: &[Row]) -> Vec<String> {
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     let mut out = Vec::new();
-    for t in rows
-        .iter()
-        .filter(|r| r.test == "bulk" && r.mode.starts_with("tunnel"))
-    {
-        let tcp = rows
-            .iter()
-            .find(|r| r.test == "bulk" && r.mode.starts_with("tcp") && label(r) == label(t));
-        if let (Some(a), Some(b)) = (t.mb_per_s, tcp.and_then(|r| r.mb_per_s)) {
+    for t in rows.iter().filter(|r| r.mode.starts_with("tunnel")) {
+        let (tcp_test, min) = match t.test.as_str() {
+            "bulk" => ("bulk", 0.9),
+            "msgs" | "stream" => ("msgs", 0.5),
+            _ => continue,
+        };
+        // TCP's row of the same test, else of the test it mirrors.
+        let tcp_row = |test: &str| {
+            rows.iter()
+                .find(|r| r.test == test && r.mode.starts_with("tcp") && label(r) == label(t))
+        };
+        let tcp = tcp_row(&t.test).or_else(|| tcp_row(tcp_test));
+        let Some(tcp) = tcp else { continue };
+        let (a, b, unit) = if t.test == "bulk" {
+            (t.mb_per_s, tcp.mb_per_s, "MB/s")
+        } else {
+            (t.msgs_per_s, tcp.msgs_per_s, "msgs/s")
+        };
+        if let (Some(a), Some(b)) = (a, b) {
             out.push(format!(
-                "target: tunnel bulk >= 0.8x tcp ({}): {:.2}x ({a:.0} vs {b:.0} MB/s): {}",
+                "target: tunnel {} >= {min}x tcp ({}): {:.2}x ({a:.0} vs {b:.0} {unit}): {}",
+                t.test,
                 t.mode,
                 a / b.max(1e-9),
-                verdict(a >= 0.8 * b)
+                verdict(a >= min * b)
             ));
         }
     }

@@ -150,6 +150,33 @@ impl Tunnel {
         self.shared.poll_send(self.key, cx, msg)
     }
 
+    /// Writes stream bytes without waiting: `Pending` (with the waker
+    /// registered) while the send buffer is full, else how many bytes were
+    /// taken. Consecutive writes are gathered into one message, as a TCP
+    /// send buffer gathers small writes: they leave at once when a packet's
+    /// worth waits or nothing is in flight, else as soon as the endpoint's
+    /// driver collects (no timer). The peer receives them as messages of
+    /// any length: read them as one byte stream ([`TunnelStream`]), and do
+    /// not mix `write` with [`Tunnel::send`] on a tunnel whose reader
+    /// expects the message boundaries.
+    pub fn poll_write(
+        &self,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<Result<usize, TunnelError>> {
+        self.shared.poll_write(self.key, cx, data)
+    }
+
+    /// Writes all of `data` as stream bytes, waiting for room; see
+    /// [`Tunnel::poll_write`].
+    pub async fn write_all(&self, mut data: &[u8]) -> Result<(), TunnelError> {
+        while !data.is_empty() {
+            let n = poll_fn(|cx| self.poll_write(cx, data)).await?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
     /// The next message, in order; `Ok(None)` once the tunnel closed
     /// gracefully and every message was read; an error if it failed.
     pub async fn recv(&self) -> Result<Option<Bytes>, TunnelError> {
@@ -197,8 +224,9 @@ impl Drop for Tunnel {
     }
 }
 
-/// A tunnel as a byte stream: writes are cut into messages of at most
-/// 64 KiB, reads return the bytes of the messages in order; `shutdown`
+/// A tunnel as a byte stream: writes are gathered into messages of at most
+/// 64 KiB ([`Tunnel::poll_write`]), reads return the bytes of the messages
+/// in order; `shutdown`
 /// closes the tunnel gracefully (both directions) and read returns 0 once
 /// the peer closed and everything was read.
 #[derive(Debug)]
@@ -215,7 +243,7 @@ impl TunnelStream {
         &self.tunnel
     }
 
-    /// Sets the largest message a write produces (default 64 KiB).
+    /// Sets the most bytes one `poll_write` takes (default 64 KiB).
     pub fn set_chunk(&mut self, bytes: usize) {
         self.chunk = bytes.max(1);
     }
@@ -254,17 +282,14 @@ impl AsyncWrite for TunnelStream {
             return Poll::Ready(Ok(0));
         }
         let n = buf.len().min(this.chunk);
-        // A full buffer costs one wasted copy per wait, not per byte.
-        let msg = Bytes::copy_from_slice(&buf[..n]);
-        match this.tunnel.poll_send(cx, &msg) {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
-            Poll::Pending => Poll::Pending,
-        }
+        this.tunnel
+            .poll_write(cx, &buf[..n])
+            .map_err(io::Error::from)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Written bytes are in the tunnel's reliable send buffer already.
+        // Written bytes are in the tunnel's reliable send buffer already,
+        // and leave without a flush (as a TCP socket's).
         Poll::Ready(Ok(()))
     }
 

@@ -162,6 +162,101 @@ async fn stream_adapter_copies_bytes_exactly() {
     assert!(got == expect);
 }
 
+/// Stream bytes with a pattern that shows where each byte belongs.
+fn pattern(from: usize, len: usize) -> Vec<u8> {
+    (from..from + len)
+        .map(|i| (i as u64).wrapping_mul(0x9E37_79B9) as u8 ^ (i >> 11) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_writes_are_gathered_and_arrive_as_the_same_stream() {
+    for opts in ["", "mtu=65507"] {
+        let (_server, _client, s, c) = connected(opts).await;
+        // Tiny writes (1 to 64 bytes) interleaved with large ones (200 KB),
+        // written by one task, read as bytes by another.
+        let mut sizes = Vec::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for i in 0..60_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            sizes.push(if i % 10_000 == 5_000 {
+                200_000
+            } else {
+                1 + (x % 64) as usize
+            });
+        }
+        let total: usize = sizes.iter().sum();
+        let writer = tokio::spawn(async move {
+            let mut at = 0;
+            for n in sizes {
+                c.write_all(&pattern(at, n)).await.unwrap();
+                at += n;
+            }
+            c.close().await.unwrap();
+            c.stats()
+        });
+        let mut got = Vec::new();
+        s.into_stream().read_to_end(&mut got).await.unwrap();
+        let st = writer.await.unwrap();
+        assert_eq!(got.len(), total, "{opts}");
+        assert!(got == pattern(0, total), "{opts}: byte stream differs");
+        // Gathered: far fewer messages (and packets) than writes.
+        assert!(
+            st.messages_sent < 60_000 / 4,
+            "{opts}: 60,000 writes sent as {} messages",
+            st.messages_sent
+        );
+        assert!(st.data_packets < 60_000 / 4, "{opts}: {st:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_holds_a_writer_of_tiny_writes() {
+    let opts = "send_buffer=64k&recv_buffer=64k&tunnel_buffer=64k&window=32";
+    let (_server, _client, s, c) = connected(opts).await;
+    // Without a reader, tiny writes stop being taken after a bounded amount
+    // (every gathered byte counts against the send buffer).
+    let mut accepted = 0usize;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), c.write_all(&[9u8; 40])).await {
+            Ok(r) => {
+                r.unwrap();
+                accepted += 40;
+            }
+            Err(_) => break,
+        }
+        assert!(
+            accepted < 10 << 20,
+            "write never waited: unbounded buffering"
+        );
+    }
+    // Sender buffer + receiver window + receiver queues, with slack.
+    let bound = (64 + 64 + 64) * 1024 + 32 * 1500;
+    assert!(
+        accepted <= bound * 2,
+        "{accepted} bytes taken with no reader"
+    );
+    assert!(accepted >= 64 * 1024, "{accepted} bytes: held too early");
+    // The write that timed out may have taken part of its 40 bytes; the
+    // stream holds exactly what was taken, then the rest in order.
+    let writer = tokio::spawn(async move {
+        c.write_all(&[7u8; 100_000]).await.unwrap();
+        c.close().await.unwrap();
+    });
+    let mut got = Vec::new();
+    s.into_stream().read_to_end(&mut got).await.unwrap();
+    writer.await.unwrap();
+    let nines = got.iter().take_while(|&&b| b == 9).count();
+    assert!(
+        (accepted..accepted + 40).contains(&nines),
+        "{nines} vs {accepted}"
+    );
+    assert!(got[nines..].iter().all(|&b| b == 7));
+    assert_eq!(got.len() - nines, 100_000);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_from_either_side() {
     // Client closes first.

@@ -5,7 +5,11 @@
 //!   a tunnel; goodput is payload bytes over the time from the first send
 //!   to the last byte received.
 //! - `msgs`: `--messages` messages of `--size` bytes (64 B by default),
-//!   one `send` each.
+//!   one `send` each (each `recv` returns one message).
+//! - `stream`: the same count of `--size`-byte writes into the tunnel's
+//!   byte stream ([`Tunnel::write_all`], gathered as a TCP send buffer
+//!   gathers small writes), read back as bytes ([`skiff::TunnelStream`]):
+//!   what a TCP connection carrying 64 B records does.
 //! - `pingpong`: one `--size` message each way, timed per round trip.
 //!
 //! Every test stops at its count or after `--duration-secs`, whichever
@@ -32,6 +36,8 @@ pub enum Test {
     Bulk,
     /// Small-message rate.
     Msgs,
+    /// Small writes into the tunnel's byte stream.
+    Stream,
     /// Round-trip latency.
     Pingpong,
 }
@@ -90,7 +96,7 @@ pub struct TunnelParams {
         long,
         value_delimiter = ',',
         value_enum,
-        default_value = "bulk,msgs,pingpong"
+        default_value = "bulk,msgs,stream,pingpong"
     )]
     pub tests: Vec<Test>,
 }
@@ -189,6 +195,13 @@ pub fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> 
         pb.finish_and_clear();
         out.push(row?)?;
     }
+    if p.wants(Test::Stream) {
+        let limits = p.msgs_limits();
+        let pb = report::progress(show, limits.messages, "tunnel stream");
+        let row = byte_stream(&rt, p, p.size, limits, &pb);
+        pb.finish_and_clear();
+        out.push(row?)?;
+    }
     if p.wants(Test::Pingpong) {
         let limits = p.pingpong_limits();
         let pb = report::progress(show, limits.messages, "tunnel pingpong");
@@ -250,6 +263,62 @@ pub fn stream(
         }
         c.close().await?;
         let (got, last) = receiver.await??;
+        row.set_throughput(got, last - start);
+        row.messages = sent;
+        row.lost = Some(sent - got);
+        row.cpu_pct = Some(cpu.pct());
+        let st = c.stats();
+        row.batches = Some(st.packets_sent);
+        row.dropped = Some(st.retransmits);
+        row.options = Some(args.locator(args.port(0)));
+        Ok::<_, Box<dyn Error>>(())
+    })?;
+    Ok(row)
+}
+
+/// `limits.messages` writes of `size` bytes into a tunnel's byte stream,
+/// read back as bytes: a row `stream`, `tunnel mtu=…` (messages are the
+/// bytes received over `size`).
+pub fn byte_stream(
+    rt: &tokio::runtime::Runtime,
+    args: &TunnelParams,
+    size: usize,
+    limits: Limits,
+    pb: &ProgressBar,
+) -> Result<Row, Box<dyn Error>> {
+    use tokio::io::AsyncReadExt;
+    let (server, client) = endpoints(args, args.port(0))?;
+    let mut row = Row::new("stream", &args.mode("tunnel"), size);
+    rt.block_on(async {
+        let (c, s) = pair(&server, &client).await?;
+        let cpu = CpuMeter::start();
+        let start = Instant::now();
+        let receiver = tokio::spawn(async move {
+            let mut s = s.into_stream();
+            let mut buf = vec![0u8; 256 << 10];
+            let mut total = 0u64;
+            let mut last = Instant::now();
+            loop {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>((total, last));
+                }
+                total += n as u64;
+                last = Instant::now();
+            }
+        });
+        let msg = vec![0xA5u8; size];
+        let mut sent = 0u64;
+        while sent < limits.messages && start.elapsed() < limits.duration {
+            c.write_all(&msg).await?;
+            sent += 1;
+            if sent.is_multiple_of(4096) {
+                pb.set_position(sent);
+            }
+        }
+        c.close().await?;
+        let (bytes, last) = receiver.await??;
+        let got = bytes / size.max(1) as u64;
         row.set_throughput(got, last - start);
         row.messages = sent;
         row.lost = Some(sent - got);

@@ -122,7 +122,8 @@ pub struct AssociationStats {
     pub packets_sent: u64,
     /// Valid packets taken in.
     pub packets_received: u64,
-    /// Messages accepted by `send`.
+    /// Messages accepted by `send`, and messages made of bytes gathered
+    /// from `write`s.
     pub messages_sent: u64,
     /// Messages delivered as [`Event::Message`].
     pub messages_delivered: u64,

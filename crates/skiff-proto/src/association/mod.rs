@@ -324,7 +324,9 @@ impl Association {
 
     /// Counters so far.
     pub fn stats(&self) -> AssociationStats {
-        self.stats
+        let mut s = self.stats;
+        s.messages_sent += self.send.sealed;
+        s
     }
 
     /// The smoothed round-trip time, once measured.
@@ -384,6 +386,44 @@ impl Association {
         self.send.push(msg);
         self.stats.messages_sent += 1;
         Ok(())
+    }
+
+    /// Writes stream bytes: gathered with the bytes written before into
+    /// one message, as a TCP send buffer gathers small writes (see
+    /// [`send`](self::send)'s module documentation); the receiver gets them
+    /// as messages whose boundaries mean nothing, to be read as one byte
+    /// stream. Returns how many bytes were taken: all, or as many as the
+    /// send buffer has room for; none is [`SendError::WouldBlock`] (an
+    /// [`Event::Writable`] follows). Order with [`send`](Self::send) is
+    /// kept.
+    pub fn write(&mut self, data: &[u8]) -> Result<usize, SendError> {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return Err(SendError::Closed);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let max = self.config.max_message.min(self.peer_max_message);
+        let n = self
+            .send
+            .write(data, usize::try_from(max).unwrap_or(usize::MAX));
+        if n == 0 {
+            self.send.blocked = true;
+            return Err(SendError::WouldBlock);
+        }
+        Ok(n)
+    }
+
+    /// Bytes accepted by [`send`](Self::send) or [`write`](Self::write)
+    /// and not yet put in packets: a driver sends at once when a packet's
+    /// worth waits, and otherwise may let small writes gather.
+    pub fn unsent(&self) -> usize {
+        self.send.unsent()
+    }
+
+    /// The most message bytes one data packet carries.
+    pub fn packet_payload(&self) -> usize {
+        self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN
     }
 
     /// Closes gracefully: messages already accepted are delivered, then the

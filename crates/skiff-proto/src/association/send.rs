@@ -28,14 +28,26 @@
 //! arrives second as a duplicate. Bulk transfers never qualify (their
 //! packets are large or not alone).
 //!
-//! Memory is bounded twice: `send` refuses once `send_buffer` bytes are
-//! accepted and not yet acknowledged (one message larger than that is let in
-//! alone), and at most `send_window` packets are in flight.
+//! **Stream writes** ([`SendState::write`]) are gathered the way a TCP send
+//! buffer gathers small `write`s: bytes append to one open buffer, and
+//! what a packet has room for becomes one message when the packet is
+//! filled (the writer went idle and the driver collected, or a packet's
+//! worth was written); the buffer becomes a message as well when it
+//! reaches `COALESCE_MAX` bytes, or when a whole message is sent after it
+//! (order is kept). Many tiny writes then travel as one chunk instead of
+//! one chunk (and one queue entry) each, and a gathered message fits its
+//! packet, so the receiver delivers it without reassembly; it reads the
+//! messages as one byte stream.
+//!
+//! Memory is bounded twice: `send` and `write` refuse once `send_buffer`
+//! bytes are accepted and not yet acknowledged (gathered bytes included; one
+//! message larger than that is let in alone), and at most `send_window`
+//! packets are in flight.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::frame::{chunk_overhead, Chunk, Encoder, Status};
 use crate::varint;
@@ -51,6 +63,14 @@ const MAX_BACKOFF: u32 = 16;
 /// A new packet with at most this many payload bytes, sent when nothing
 /// else is in flight, is sent twice (see the module documentation).
 pub(super) const COPY_MAX: usize = 512;
+/// The most bytes stream writes gather into one message before a packet
+/// takes them (see the module documentation).
+pub(super) const COALESCE_MAX: usize = 1 << 20;
+/// Gathered stream bytes start a packet's last piece only if at least this
+/// many fit (or all of them do); otherwise they start the next packet.
+const MIN_PIECE: usize = 256;
+/// Bytes allocated at a time for gathering stream writes.
+const GATHER_ALLOC: usize = 256 << 10;
 
 /// RFC 6298's round-trip estimator: SRTT, RTTVAR, RTO with exponential
 /// backoff. Samples come only from packets sent once (Karn's rule); the
@@ -167,6 +187,12 @@ pub(super) struct SendState {
     queue: VecDeque<Bytes>,
     /// Bytes of the front message already in packets.
     front_off: usize,
+    /// Stream writes gathered after `queue`, not yet a message.
+    open: BytesMut,
+    /// Bytes accepted and not yet in packets (queue and `open`).
+    unsent: usize,
+    /// Messages made of gathered stream bytes so far.
+    pub(super) sealed: u64,
     /// Bytes accepted by `send` and not yet acknowledged.
     pub(super) buffered: usize,
     send_buffer: usize,
@@ -217,6 +243,9 @@ impl SendState {
         SendState {
             queue: VecDeque::new(),
             front_off: 0,
+            open: BytesMut::new(),
+            unsent: 0,
+            sealed: 0,
             buffered: 0,
             send_buffer,
             una: 0,
@@ -250,8 +279,55 @@ impl SendState {
 
     /// Queues a message; the caller has checked room and limits.
     pub(super) fn push(&mut self, msg: Bytes) {
+        self.seal(usize::MAX);
         self.buffered += msg.len();
+        self.unsent += msg.len();
         self.queue.push_back(msg);
+    }
+
+    /// Gathers stream bytes (see the module documentation): takes as many
+    /// of `data` as the send buffer has room for and returns how many (0:
+    /// full). `max_message` bounds a gathered message.
+    pub(super) fn write(&mut self, data: &[u8], max_message: usize) -> usize {
+        let limit = COALESCE_MAX.min(max_message).max(1);
+        let mut room = self.send_buffer.saturating_sub(self.buffered);
+        if self.buffered == 0 {
+            // As for `send`: an empty buffer lets some bytes in whatever
+            // its size.
+            room = room.max(limit);
+        }
+        let mut data = &data[..data.len().min(room)];
+        let taken = data.len();
+        while !data.is_empty() {
+            if self.open.len() >= limit {
+                self.seal(limit);
+            }
+            let n = data.len().min(limit - self.open.len());
+            if self.open.capacity() - self.open.len() < n {
+                self.open.reserve(n.max(GATHER_ALLOC).min(limit));
+            }
+            self.open.extend_from_slice(&data[..n]);
+            data = &data[n..];
+        }
+        self.buffered += taken;
+        self.unsent += taken;
+        taken
+    }
+
+    /// Turns up to `n` of the gathered stream bytes, if any, into a queued
+    /// message.
+    fn seal(&mut self, n: usize) {
+        let n = n.min(self.open.len());
+        if n > 0 {
+            let msg = self.open.split_to(n).freeze();
+            self.queue.push_back(msg);
+            self.sealed += 1;
+        }
+    }
+
+    /// Bytes accepted and not yet put in packets.
+    pub(super) fn unsent(&self) -> usize {
+        self.unsent
     }
 
     /// Whether the send buffer has drained far enough to report `Writable`.
@@ -266,7 +342,9 @@ impl SendState {
 
     /// Messages (or parts) queued and not yet in packets, or a sentinel.
     pub(super) fn has_new(&self) -> bool {
-        !self.queue.is_empty() || (self.close_requested && self.sentinel.is_none())
+        !self.queue.is_empty()
+            || !self.open.is_empty()
+            || (self.close_requested && self.sentinel.is_none())
     }
 
     /// The highest sequence number allowed, exclusive: the peer's window and
@@ -296,7 +374,9 @@ impl SendState {
     /// Whether every message was sent and acknowledged: nothing is queued
     /// and nothing in flight but, perhaps, a bare sentinel (sent or not).
     pub(super) fn messages_acked(&self) -> bool {
-        self.queue.is_empty() && (self.unacked == 0 || self.only_bare_sentinel_unacked())
+        self.queue.is_empty()
+            && self.open.is_empty()
+            && (self.unacked == 0 || self.only_bare_sentinel_unacked())
     }
 
     /// Whether a packet (retransmission or new) could be sent now.
@@ -416,7 +496,7 @@ impl SendState {
         }
         let (chunks, bytes) = self.fill(budget);
         let ends = chunks.iter().filter(|c| c.end).count() as u32;
-        let close = self.close_requested && self.queue.is_empty();
+        let close = self.close_requested && self.queue.is_empty() && self.open.is_empty();
         let seq = self.next;
         if close {
             self.sentinel = Some(seq);
@@ -462,7 +542,21 @@ impl SendState {
     fn fill(&mut self, mut budget: usize) -> (Vec<Chunk>, usize) {
         let mut chunks = Vec::new();
         let mut bytes = 0;
-        while let Some(msg) = self.queue.front() {
+        loop {
+            if self.queue.is_empty() && !self.open.is_empty() {
+                // The writer has gone idle or a packet's worth waits: what
+                // was gathered travels now, as a message that fits this
+                // packet (so the receiver never reassembles stream bytes),
+                // unless only a sliver of a packet already holding others
+                // is left.
+                let over = chunk_overhead(true, false, COALESCE_MAX as u64, budget);
+                let room = budget.saturating_sub(over);
+                if room == 0 || (!chunks.is_empty() && room < self.open.len().min(MIN_PIECE)) {
+                    break;
+                }
+                self.seal(room);
+            }
+            let Some(msg) = self.queue.front() else { break };
             let begin = self.front_off == 0;
             let rest = msg.len() - self.front_off;
             let total = msg.len() as u64;
@@ -483,6 +577,7 @@ impl SendState {
             };
             budget -= c.encoded_len();
             bytes += n;
+            self.unsent -= n;
             chunks.push(c);
             if end {
                 self.queue.pop_front();

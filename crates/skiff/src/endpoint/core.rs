@@ -120,6 +120,9 @@ pub(crate) struct Core {
     next_deadline: Option<Instant>,
     /// When the driver's timer is armed to fire (`None`: disarmed).
     pub(crate) timer_armed: Option<Instant>,
+    /// A tunnel left gathered bytes for the driver and nudged it; cleared
+    /// when they are collected (one nudge per collection, not per write).
+    pub(crate) flush_wanted: bool,
     // Scratch space reused across calls.
     frames_in: Vec<Bytes>,
     msgs: Vec<Message>,
@@ -197,6 +200,7 @@ impl Core {
             touched: Vec::new(),
             next_deadline: None,
             timer_armed: None,
+            flush_wanted: false,
             frames_in: Vec::new(),
             msgs: Vec::new(),
             verdicts: Vec::new(),
@@ -221,6 +225,34 @@ impl Core {
     /// Offers `msg` to tunnel `key`: `Ok(true)` accepted, `Ok(false)` no
     /// room yet.
     pub(crate) fn try_send(&mut self, key: u64, msg: &Bytes) -> Result<bool, TunnelError> {
+        self.offer(key, |a| a.send(msg.clone()).map(|()| 1))
+            .map(|n| n > 0)
+    }
+
+    /// Offers stream bytes to tunnel `key` (gathered with the bytes
+    /// written before, see [`Association::write`]): how many were taken,
+    /// 0 when there is no room yet.
+    pub(crate) fn try_write(&mut self, key: u64, data: &[u8]) -> Result<usize, TunnelError> {
+        self.offer(key, |a| a.write(data))
+    }
+
+    /// Whether what tunnel `key` has just accepted should be sent at once:
+    /// a packet's worth waits, or nothing is in flight (a lone message,
+    /// whose latency counts). Otherwise small writes gather until the
+    /// driver, nudged once, collects them (TCP's send buffer, without a
+    /// timer).
+    pub(crate) fn send_now(&mut self, key: u64) -> bool {
+        self.assoc(key)
+            .is_none_or(|a| a.in_flight() == 0 || a.unsent() >= a.packet_payload())
+    }
+
+    /// Runs `f` on tunnel `key`'s association and maps its refusal to the
+    /// tunnel's error; `Ok(0)` is no room yet.
+    fn offer(
+        &mut self,
+        key: u64,
+        f: impl FnOnce(&mut Association) -> Result<usize, SendError>,
+    ) -> Result<usize, TunnelError> {
         let Some(c) = self.conns.get(&key) else {
             return Err(TunnelError::EndpointGone);
         };
@@ -230,9 +262,9 @@ impl Core {
         let Some(a) = self.assoc(key) else {
             return Err(TunnelError::EndpointGone);
         };
-        match a.send(msg.clone()) {
-            Ok(()) => Ok(true),
-            Err(SendError::WouldBlock) => Ok(false),
+        match f(a) {
+            Ok(n) => Ok(n),
+            Err(SendError::WouldBlock) => Ok(0),
             Err(SendError::TooLarge { len, max }) => Err(TunnelError::TooLarge { len, max }),
             Err(_) => {
                 // Closing or finished: a failure waiting in the events says
@@ -583,6 +615,7 @@ impl Core {
     ) -> bool {
         self.fbuf.clear();
         self.frames.clear();
+        self.flush_wanted = false;
         let mut tmp = std::mem::take(&mut self.tmp);
         self.batcher.flush();
         while let Some(t) = self.batcher.poll_transmit(&mut tmp, 1) {

@@ -600,7 +600,7 @@ impl Shared {
         let mut core = self.core.lock();
         match core.try_send(key, msg) {
             Ok(true) => {
-                self.transmit(core);
+                self.sent(core, key);
                 Poll::Ready(Ok(()))
             }
             Ok(false) => {
@@ -610,6 +610,44 @@ impl Shared {
                 Poll::Pending
             }
             Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// Offers stream bytes (see [`Core::try_write`]): how many were taken,
+    /// `Pending` while the send buffer is full.
+    pub(crate) fn poll_write(
+        &self,
+        key: u64,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<Result<usize, TunnelError>> {
+        let mut core = self.core.lock();
+        match core.try_write(key, data) {
+            Ok(0) if !data.is_empty() => {
+                if let Some(c) = core.conns.get_mut(&key) {
+                    register(&mut c.writers, cx.waker());
+                }
+                Poll::Pending
+            }
+            Ok(n) => {
+                self.sent(core, key);
+                Poll::Ready(Ok(n))
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// After tunnel `key` accepted bytes: sends at once on this thread
+    /// when [`Core::send_now`] says so, else nudges the driver (once until
+    /// it collects), which sends what gathered meanwhile in one go.
+    fn sent(&self, mut core: MutexGuard<'_, Core>, key: u64) {
+        if core.send_now(key) {
+            return self.transmit(core);
+        }
+        if !core.flush_wanted {
+            core.flush_wanted = true;
+            drop(core);
+            self.nudge();
         }
     }
 

@@ -1,7 +1,7 @@
 //! Tests of the association: a two-endpoint harness with a simulated clock
 //! and network ([`harness`]), script-like scenarios ([`scripts`]), property
 //! tests over random operations and faults ([`props`]), malformed input
-//! for the codec ([`malformed`]), and the association endpoint between two
+//! for the codec ([`malformed`]), stream writes ([`stream`]), and the association endpoint between two
 //! hosts that both initiate and accept ([`endpoint`]).
 
 mod closes;
@@ -10,3 +10,4 @@ mod harness;
 mod malformed;
 mod props;
 mod scripts;
+mod stream;
