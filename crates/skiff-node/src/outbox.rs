@@ -283,6 +283,10 @@ pub struct ClientOut {
     /// by stream listeners once per read and write.
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// The client asked for `Taken` frames (`Confirm`).
+    confirm: AtomicBool,
+    /// The count the last `Taken` frame carried.
+    told: AtomicU64,
 }
 
 impl Drop for ClientOut {
@@ -310,6 +314,8 @@ impl ClientOut {
             no_echo: AtomicBool::new(false),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            confirm: AtomicBool::new(false),
+            told: AtomicU64::new(0),
         }
     }
 
@@ -396,6 +402,22 @@ impl ClientOut {
         format!(
             "the node's memory for clients is spent ({max} bytes, max_total_pending_bytes); closing this connection"
         )
+    }
+
+    /// The client asked to learn which publishes the node took
+    /// (`Confirm`): see [`ClientOut::confirm_taken`].
+    pub(crate) fn set_confirm(&self) {
+        self.confirm.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells a client that asked (`Confirm`) that the node took its first
+    /// `n` publishes, if that is news: one small `Taken` frame per read of
+    /// the client's input, whatever the number of messages it held.
+    pub(crate) fn confirm_taken(&self, n: u64) {
+        if self.confirm.load(Ordering::Relaxed) && self.told.load(Ordering::Relaxed) != n {
+            self.told.store(n, Ordering::Relaxed);
+            self.control(ServerFrame::Taken { n });
+        }
     }
 
     /// Queues a control frame (acks, replies to the client's own frames),

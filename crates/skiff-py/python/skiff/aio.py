@@ -64,10 +64,11 @@ class Client:
         return int(self._c.max_payload)
 
     async def publish(self, subject: str, data: Buffer, *, type: Optional[str] = None,
-                      fields: Optional[Dict[str, Any]] = None) -> None:
+                      fields: Optional[Dict[str, Any]] = None, reliable: bool = True) -> None:
         """Publishes ``data`` on ``subject``; returns at once when the
-        message fits the write buffer, else waits for room."""
-        fut = self._c.publish_async(subject, data, type=type, fields=fields)
+        message fits the write buffer, else waits for room. ``reliable=False``:
+        best effort between nodes (datagrams, loss counted)."""
+        fut = self._c.publish_async(subject, data, type=type, fields=fields, reliable=reliable)
         if fut is not None:
             await fut
 
@@ -78,14 +79,14 @@ class Client:
     async def subscribe(self, pattern: str, *, type: Optional[str] = None, policy: Optional[str] = None,
                         queue: int = 65536, window: int = 4096,
                         callback: Optional[Callable[[Message], Any]] = None,
-                        cmsg: bool = False) -> "Subscription":
+                        cmsg: bool = False, reliable: bool = True) -> "Subscription":
         """Subscribes (see :meth:`skiff.Client.subscribe`). With
         ``callback`` (a function or a coroutine function), a task calls it
         for each message."""
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         raw = await self._c.subscribe_async(pattern, type=type, policy=policy, queue=queue, window=window,
-                                            cmsg=cmsg)
+                                            cmsg=cmsg, reliable=reliable)
         sub = Subscription(raw)
         if callback is not None:
             sub._task = asyncio.get_running_loop().create_task(sub._run(callback))

@@ -286,6 +286,7 @@ impl Inner {
                 queue: s.opts.queue.max(1),
                 credit: s.opts.window.max(1),
                 syntax: s.opts.syntax,
+                best_effort: s.opts.best_effort,
             }
             .encode(&mut out);
             let mut i = s.inbox.lock();
