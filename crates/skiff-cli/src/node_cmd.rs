@@ -372,6 +372,8 @@ pub(crate) struct PubArgs {
 pub(crate) fn publish(a: PubArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let c = a.loc.connect_for("pub", true).await?;
+        // Failovers, and which publishes a lost node may not have taken.
+        let mut events = c.events();
         let make = |p: Bytes| {
             let m = Message::new(a.subject.as_str(), p).with_best_effort(a.best_effort);
             match &a.kind {
@@ -392,8 +394,30 @@ pub(crate) fn publish(a: PubArgs) -> Result<()> {
             }
         }
         c.flush().await?;
+        let mut missing = 0u64;
+        while let Some(e) = events.try_recv() {
+            match e {
+                ClientEvent::Disconnected { node, reason, .. } => {
+                    eprintln!("skiff pub: lost node {node} ({reason}); failing over")
+                }
+                ClientEvent::Unconfirmed(u) => {
+                    missing += u.last + 1 - u.first;
+                    eprintln!(
+                        "skiff pub: messages {}-{} may be missing: {u}",
+                        u.first, u.last
+                    );
+                }
+                _ => {}
+            }
+        }
         if let (n @ 1.., Some(e)) = c.async_errors() {
             return Err(format!("the node refused {n} message(s): {e}").into());
+        }
+        if missing > 0 {
+            return Err(format!(
+                "{missing} message(s) may not have reached the node that was lost (numbered from 1 in the order published; see above); publish them again if they must arrive"
+            )
+            .into());
         }
         Ok(())
     })

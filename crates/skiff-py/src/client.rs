@@ -251,6 +251,7 @@ impl Client {
         Ok(Box::pin(async move { c.publish(m).await }))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn subscribe_fut(
         &self,
         pattern: &Bound<'_, PyAny>,
@@ -778,9 +779,26 @@ impl Client {
         d.set_item("failovers", s.failovers)?;
         d.set_item("held", s.held)?;
         d.set_item("refused", s.refused)?;
+        d.set_item("unconfirmed", s.unconfirmed)?;
+        d.set_item("forgotten", s.forgotten)?;
+        d.set_item("maybe_lost", s.maybe_lost)?;
         d.set_item("async_errors", n)?;
         d.set_item("last_async_error", last)?;
         Ok(d)
+    }
+
+    /// Takes back the publishes that a lost node may not have taken (the
+    /// client failed over before the node confirmed them): a list of
+    /// `(number, Message)`, oldest first, publishes being numbered 1, 2, 3,
+    /// … in the order this client made them. Publish them again if they
+    /// must arrive. Empty when no node was lost with publishes unconfirmed.
+    fn unconfirmed(&self, py: Python<'_>) -> PyResult<Vec<(u64, Py<Message>)>> {
+        self.core
+            .c
+            .unconfirmed()
+            .into_iter()
+            .map(|(n, m)| Ok((n, Py::new(py, Message::plain(m))?)))
+            .collect()
     }
 
     /// The node's id for this client (a new one after each failover).

@@ -57,13 +57,17 @@ struct SubEntry {
     group: Option<Arc<str>>,
 }
 
+/// A client's subscription: router id, policy, pattern, type pattern,
+/// (pattern kind, best effort between nodes).
+type SidEntry = (SubId, Policy, String, String, (Syntax, bool));
+
 #[derive(Debug)]
 struct ClientEntry {
     out: Arc<ClientOut>,
     peer: String,
     /// The client's sid → router id, policy and patterns (with their kind
     /// and whether the subscription is best effort between nodes).
-    sids: FxHashMap<u64, (SubId, Policy, String, String, (Syntax, bool))>,
+    sids: FxHashMap<u64, SidEntry>,
     /// The client's request id → node token.
     requests: FxHashMap<u64, u64>,
     /// Cluster requests this client was chosen to answer.

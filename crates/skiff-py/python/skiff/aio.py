@@ -23,7 +23,7 @@ loop wake-up per batch, not per message::
 import asyncio
 import collections
 import json
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from skiff import _skiff
 from skiff._errors import ConnectionClosed, TimeoutError
@@ -126,6 +126,11 @@ class Client:
     def link_stats(self) -> Dict[str, Any]:
         """This client's own counters (failovers, held, refused)."""
         return self._c.link_stats()  # type: ignore[no-any-return]
+
+    def unconfirmed(self) -> List[Tuple[int, Message]]:
+        """Takes back the publishes a lost node may not have taken (see
+        :meth:`skiff.Client.unconfirmed`)."""
+        return self._c.unconfirmed()  # type: ignore[no-any-return]
 
     async def close(self, timeout: float = 1.0) -> None:
         """Flushes (at most ``timeout`` seconds) and closes."""
