@@ -240,7 +240,8 @@ impl Client {
     /// (publishes are numbered 1, 2, 3, … over the client's life), so the
     /// application can publish them again. Over a stream link
     /// (`skiff://`, `tcp://`, `unix://`, `tls://`) with
-    /// `unconfirmed_buffer` above 0 (the default, 1 MiB); empty otherwise.
+    /// `unconfirmed_buffer` above 0 (by default 1 MiB for a client that
+    /// fails over, 0 for a lone one); empty otherwise.
     pub fn unconfirmed(&self) -> Vec<(u64, skiff_proto::Message)> {
         match &self.inner.link {
             Some(Link::Stream(tx)) => tx.take_unconfirmed(),

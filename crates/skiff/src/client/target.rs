@@ -45,7 +45,8 @@ pub(crate) struct LinkOptions {
     /// Most bytes of publishes held while no node is reachable.
     pub(crate) reconnect_buffer: usize,
     /// Most bytes of publishes kept until the node confirms them
-    /// (`unconfirmed_buffer`; 0: none kept, nothing reported).
+    /// (`unconfirmed_buffer`; 0: none kept, nothing reported; default 1
+    /// MiB where the client fails over, else 0).
     pub(crate) unconfirmed_buffer: usize,
     /// Longest wait for one address to connect and welcome the client.
     pub(crate) connect_timeout: Duration,
@@ -221,7 +222,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping = None;
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
-    let mut unconfirmed_buffer = 1 << 20;
+    let mut unconfirmed_buffer = None;
     let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
@@ -241,7 +242,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             "ping" => ping = Some(parse_duration(k, v)?),
             "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
             "reconnect_buffer" => reconnect_buffer = parse_bytes(k, v)?,
-            "unconfirmed_buffer" => unconfirmed_buffer = parse_bytes(k, v)?,
+            "unconfirmed_buffer" => unconfirmed_buffer = Some(parse_bytes(k, v)?),
             "connect_timeout" => connect_timeout = parse_duration(k, v)?,
             "spin_us" => {
                 spin_us = v
@@ -275,6 +276,9 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
         None
     };
     let reconnect = reconnect.unwrap_or(addrs.len() > 1);
+    // Unconfirmed publishes are reported on a failover: kept by default
+    // only where a lost node is replaced (a lone client just ends).
+    let unconfirmed_buffer = unconfirmed_buffer.unwrap_or(if reconnect { 1 << 20 } else { 0 });
     // Keepalive is on by default only where a lost node is replaced: a
     // lone client keeps the old behaviour (EOF and errors only).
     let ping = ping.unwrap_or(if reconnect {
@@ -387,6 +391,8 @@ mod tests {
         assert_eq!(t.opts.ping_timeout, Duration::from_millis(600));
         assert_eq!(t.opts.reconnect_buffer, 1 << 20);
         assert_eq!(t.opts.unconfirmed_buffer, 1 << 20);
+        let lone = parse_target("skiff://h").unwrap();
+        assert_eq!(lone.opts.unconfirmed_buffer, 0);
 
         let one = parse_target("tcp://127.0.0.1:1").unwrap();
         assert!(!one.opts.reconnect && one.opts.ping.is_zero());
