@@ -370,13 +370,20 @@ pub(crate) struct PubArgs {
     /// Send the payload this many times.
     #[arg(long, default_value_t = 1)]
     count: u64,
+    /// Best effort between nodes (`reliable=false`): the messages may
+    /// cross to other nodes as datagrams, their loss counted in the
+    /// peers' `lost` (`skiff stats --mesh`), never repaired.
+    #[arg(long)]
+    best_effort: bool,
 }
 
 pub(crate) fn publish(a: PubArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let c = a.loc.connect_for("pub", true).await?;
+        // Failovers, and which publishes a lost node may not have taken.
+        let mut events = c.events();
         let make = |p: Bytes| {
-            let m = Message::new(a.subject.as_str(), p);
+            let m = Message::new(a.subject.as_str(), p).with_best_effort(a.best_effort);
             match &a.kind {
                 Some(k) => m.with_kind(k.as_str()),
                 None => m,
@@ -395,8 +402,30 @@ pub(crate) fn publish(a: PubArgs) -> Result<()> {
             }
         }
         c.flush().await?;
+        let mut missing = 0u64;
+        while let Some(e) = events.try_recv() {
+            match e {
+                ClientEvent::Disconnected { node, reason, .. } => {
+                    eprintln!("skiff pub: lost node {node} ({reason}); failing over")
+                }
+                ClientEvent::Unconfirmed(u) => {
+                    missing += u.last + 1 - u.first;
+                    eprintln!(
+                        "skiff pub: messages {}-{} may be missing: {u}",
+                        u.first, u.last
+                    );
+                }
+                _ => {}
+            }
+        }
         if let (n @ 1.., Some(e)) = c.async_errors() {
             return Err(format!("the node refused {n} message(s): {e}").into());
+        }
+        if missing > 0 {
+            return Err(format!(
+                "{missing} message(s) may not have reached the node that was lost (numbered from 1 in the order published; see above); publish them again if they must arrive"
+            )
+            .into());
         }
         Ok(())
     })
@@ -434,6 +463,12 @@ pub(crate) struct SubArgs {
     /// `overwrite` (a reader a buffer behind loses what was overwritten).
     #[arg(long, value_name = "FLOW", value_parser = crate::bench::pubsub::parse_flow, conflicts_with = "cmsg")]
     shared_buffer: Option<skiff::shm::Flow>,
+    /// Best effort between nodes (`reliable=false`): messages from other
+    /// nodes that only best-effort subscriptions want may cross as
+    /// datagrams, their loss counted in `lost` (`skiff stats --mesh`),
+    /// never repaired.
+    #[arg(long)]
+    best_effort: bool,
 }
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
@@ -468,7 +503,10 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
     }
     runtime()?.block_on(async move {
         let c = a.loc.connect_for("sub", true).await?;
-        let mut opts = SubOptions::default().policy(a.policy).queue(a.queue);
+        let mut opts = SubOptions::default()
+            .policy(a.policy)
+            .queue(a.queue)
+            .best_effort(a.best_effort);
         if a.cmsg {
             opts = opts.cmsg();
         }

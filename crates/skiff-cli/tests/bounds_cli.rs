@@ -230,6 +230,7 @@ fn a_stats_flood_from_a_client_that_never_reads_is_bounded() {
             queue: 16,
             credit: 16,
             syntax: Default::default(),
+            best_effort: false,
         });
     }
     subs.ping(1);
@@ -509,6 +510,7 @@ fn replies_with_guessed_tokens_do_not_reach_the_requester() {
         queue: 16,
         credit: 16,
         syntax: skiff_proto::router::Syntax::Tokens,
+        best_effort: false,
     });
     assert!(matches!(responder.next(), ServerFrame::Ack { corr: 1 }));
     let mut requester = node.connect();

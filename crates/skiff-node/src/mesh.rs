@@ -331,13 +331,20 @@ impl MeshLink {
         }
     }
 
-    pub(crate) fn add_interest(&self, syntax: Syntax, pattern: &str, kind: &str) {
-        self.core.lock().add_interest_as(syntax, pattern, kind);
+    /// Advertises a local subscription; `lossy`: a best-effort one
+    /// (`reliable=false`), whose copies peers may send as datagrams.
+    pub(crate) fn add_interest(&self, syntax: Syntax, pattern: &str, kind: &str, lossy: bool) {
+        self.core
+            .lock()
+            .add_interest_with(syntax, pattern, kind, lossy);
         self.wake.notify_one();
     }
 
-    pub(crate) fn remove_interest(&self, syntax: Syntax, pattern: &str, kind: &str) {
-        self.core.lock().remove_interest_as(syntax, pattern, kind);
+    /// Withdraws what [`MeshLink::add_interest`] advertised.
+    pub(crate) fn remove_interest(&self, syntax: Syntax, pattern: &str, kind: &str, lossy: bool) {
+        self.core
+            .lock()
+            .remove_interest_with(syntax, pattern, kind, lossy);
         self.wake.notify_one();
     }
 
@@ -355,13 +362,18 @@ impl MeshLink {
     /// [`MeshLink::publish`] for a run of messages `(subject, type,
     /// encoding)`: one lock, one clock read and one wake-up for the run,
     /// and one routing lookup per change of subject or type. Each copy
-    /// goes on the reliable link to its node, or (subjects in
-    /// `best_effort`) in a datagram, unless it is too large for one.
+    /// goes on the reliable link to its node, or in a datagram (best
+    /// effort, loss counted) unless it is too large for one, when the
+    /// subject is in `best_effort`, the message itself is marked best
+    /// effort (`reliable=false` on the publish: wire flag
+    /// [`skiff_proto::wire::F_BEST_EFFORT`]), or every subscription of
+    /// that node matching it is best effort (`reliable=false` on the
+    /// subscription).
     pub(crate) fn publish_many<'a>(
         &self,
         msgs: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a [u8])>,
     ) -> Sent {
-        let mut to = Vec::new();
+        let mut to: Vec<(SocketAddr, bool)> = Vec::new();
         let mut prev = None;
         let mut best_effort = false;
         let now = Instant::now();
@@ -371,13 +383,19 @@ impl MeshLink {
         for (subject, kind, raw) in msgs {
             if prev != Some((subject, kind)) {
                 to.clear();
-                m.route(subject, kind, &mut to);
+                m.route_reliable(subject, kind, &mut to);
                 prev = Some((subject, kind));
                 best_effort = self.is_best_effort(subject);
             }
+            // The encoding's first byte is the message's flags.
+            let lossy = best_effort
+                || raw
+                    .first()
+                    .is_some_and(|f| f & skiff_proto::wire::F_BEST_EFFORT != 0);
             let frame: [&[u8]; 2] = [&[op::PUB], raw];
-            for p in &to {
-                if best_effort && m.send_frame_parts(now, *p, &frame).is_ok() {
+            for &(p, reliable) in &to {
+                let p = &p;
+                if (lossy || !reliable) && m.send_frame_parts(now, *p, &frame).is_ok() {
                     r.sent += 1;
                     continue;
                 }

@@ -289,6 +289,10 @@ pub struct ClientOut {
     bytes_out: AtomicU64,
     /// For a topic buffer's client: its readers' reported counts.
     shared_readers: parking_lot::Mutex<Vec<Arc<SharedReader>>>,
+    /// The client asked for `Taken` frames (`Confirm`).
+    confirm: AtomicBool,
+    /// The count the last `Taken` frame carried.
+    told: AtomicU64,
 }
 
 /// A shared-buffer subscriber of a topic (see `listen::shm_topic`): what
@@ -327,6 +331,8 @@ impl ClientOut {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             shared_readers: parking_lot::Mutex::new(Vec::new()),
+            confirm: AtomicBool::new(false),
+            told: AtomicU64::new(0),
         }
     }
 
@@ -453,6 +459,22 @@ impl ClientOut {
         format!(
             "the node's memory for clients is spent ({max} bytes, max_total_pending_bytes); closing this connection"
         )
+    }
+
+    /// The client asked to learn which publishes the node took
+    /// (`Confirm`): see [`ClientOut::confirm_taken`].
+    pub(crate) fn set_confirm(&self) {
+        self.confirm.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells a client that asked (`Confirm`) that the node took its first
+    /// `n` publishes, if that is news: one small `Taken` frame per read of
+    /// the client's input, whatever the number of messages it held.
+    pub(crate) fn confirm_taken(&self, n: u64) {
+        if self.confirm.load(Ordering::Relaxed) && self.told.load(Ordering::Relaxed) != n {
+            self.told.store(n, Ordering::Relaxed);
+            self.control(ServerFrame::Taken { n });
+        }
     }
 
     /// Queues a control frame (acks, replies to the client's own frames),

@@ -101,6 +101,8 @@ pub struct Session {
     held: Option<Event>,
     closed: bool,
     frames: u64,
+    /// Publishes read (what `Taken` confirms to a client that asked).
+    publishes: u64,
     /// A front end's shared count of frames read, brought up to date
     /// before each event is handed out (so before the broker acts on it).
     counter: Option<Arc<AtomicU64>>,
@@ -120,6 +122,7 @@ impl Session {
             held: None,
             closed: false,
             frames: 0,
+            publishes: 0,
             counter: None,
             uncounted: 0,
         }
@@ -183,6 +186,7 @@ impl Session {
     #[inline]
     #[must_use]
     pub fn handle_publish(&mut self, p: Published) -> Option<Event> {
+        self.publishes += 1;
         self.run.push(p);
         (self.run.len() >= MAX_RUN).then_some(Event::Publish)
     }
@@ -220,6 +224,12 @@ impl Session {
     /// Frames read so far.
     pub fn frames(&self) -> u64 {
         self.frames
+    }
+
+    /// Publishes read so far; once every event up to now was handed to
+    /// the broker, the broker has taken them all.
+    pub fn publishes(&self) -> u64 {
+        self.publishes
     }
 
     /// Whether the session closed for a protocol error.

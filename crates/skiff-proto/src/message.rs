@@ -23,6 +23,11 @@ pub struct Message {
     pub fields: Vec<Field>,
     /// The application's bytes.
     pub payload: Bytes,
+    /// Best effort (`reliable=false`): between nodes this message may
+    /// travel as a datagram whose loss is counted, never repaired, even
+    /// where subscribers asked for reliable delivery. Carried on the wire
+    /// (flag bit 4), so a receiver sees how it was sent.
+    pub best_effort: bool,
     /// Filled in on receive; ignored on send.
     pub meta: Meta,
 }
@@ -104,6 +109,13 @@ impl Message {
     #[must_use]
     pub fn with_kind(mut self, kind: impl Into<ByteString>) -> Self {
         self.kind = Some(kind.into());
+        self
+    }
+
+    /// Marks the message best effort (see [`Message::best_effort`]).
+    #[must_use]
+    pub fn with_best_effort(mut self, best_effort: bool) -> Self {
+        self.best_effort = best_effort;
         self
     }
 

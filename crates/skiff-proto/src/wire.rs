@@ -20,7 +20,9 @@
 //! | flags | [subject: varint len+b] | [type: u8+b]  | [fields] | payload: varint+b   |
 //! +-------+-------------------------+---------------+----------+---------------------+
 //! flags: bit0 S subject follows; bit1 R subject repeats the previous message's;
-//!        bit2 T type follows;    bit3 F fields follow;  bits 4..7 reserved (0).
+//!        bit2 T type follows;    bit3 F fields follow;
+//!        bit4 B best effort (`reliable=false`: may cross nodes as a datagram);
+//!        bits 5..7 reserved (0).
 //! ```
 //!
 //! Decoders are total and bounded: every length is checked against both its
@@ -58,7 +60,10 @@ const F_SUBJECT: u8 = 1;
 const F_REPEAT: u8 = 2;
 const F_KIND: u8 = 4;
 const F_FIELDS: u8 = 8;
-const F_RESERVED: u8 = 0xf0;
+/// The publisher asked for best effort (`reliable=false`): between nodes
+/// the message may travel as a datagram, its loss counted, never repaired.
+pub const F_BEST_EFFORT: u8 = 16;
+const F_RESERVED: u8 = 0xe0;
 
 const TAG_BOOL: u8 = 0;
 const TAG_INT: u8 = 1;
@@ -236,6 +241,9 @@ fn encode_to<B: BufMut>(out: &mut B, msg: &Message, repeat: bool) {
     if !msg.fields.is_empty() {
         flags |= F_FIELDS;
     }
+    if msg.best_effort {
+        flags |= F_BEST_EFFORT;
+    }
     out.put_u8(flags);
     if subject {
         put_varint(out, msg.subject.len() as u64);
@@ -329,12 +337,13 @@ impl Reader<'_, Bytes> {
         prev: Option<&ByteString>,
         max_payload: usize,
     ) -> Result<Message, WireError> {
-        let (subject, kind, fields, payload) = self.parts(prev, max_payload)?;
+        let (subject, kind, fields, payload, best_effort) = self.parts(prev, max_payload)?;
         Ok(Message {
             subject,
             kind,
             fields,
             payload,
+            best_effort,
             meta: Meta::default(),
         })
     }
@@ -346,7 +355,7 @@ impl Reader<'_, Bytes> {
         &mut self,
         prev: Option<&ByteString>,
         max_payload: usize,
-    ) -> Result<(ByteString, Option<ByteString>, Vec<Field>, Bytes), WireError> {
+    ) -> Result<(ByteString, Option<ByteString>, Vec<Field>, Bytes, bool), WireError> {
         let flags = self.u8("message flags")?;
         if flags & F_RESERVED != 0 {
             return Err(WireError::Malformed("reserved message flag bits set"));
@@ -418,7 +427,7 @@ impl Reader<'_, Bytes> {
         }
         let n = self.varint("payload length")?;
         let payload = self.shared_len(n, max_payload, "payload")?;
-        Ok((subject, kind, fields, payload))
+        Ok((subject, kind, fields, payload, flags & F_BEST_EFFORT != 0))
     }
 }
 
@@ -569,7 +578,7 @@ impl Batch {
             return None;
         }
         let mut r = Reader::resume(buf, HEADER_LEN); // Header::read checked the length
-        let (subject, kind, fields, payload) = r.parts(None, MAX_DATAGRAM).ok()?;
+        let (subject, kind, fields, payload, best_effort) = r.parts(None, MAX_DATAGRAM).ok()?;
         if buf[r.pos()..].iter().any(|&b| b != 0) {
             return None;
         }
@@ -578,6 +587,7 @@ impl Batch {
             kind,
             fields,
             payload,
+            best_effort,
             meta: Meta {
                 seq: h.base_seq,
                 source: h.source,
@@ -629,7 +639,7 @@ impl Batch {
         let prev = (self.index > 0).then_some(&self.prev);
         // Validated in `new`, so this cannot fail; if it ever did, the
         // batch ends rather than yield garbage.
-        let Ok((subject, kind, fields, payload)) = r.parts(prev, MAX_DATAGRAM) else {
+        let Ok((subject, kind, fields, payload, best_effort)) = r.parts(prev, MAX_DATAGRAM) else {
             self.index = self.header.count;
             return None;
         };
@@ -642,6 +652,7 @@ impl Batch {
             kind,
             fields,
             payload,
+            best_effort,
             meta: Meta {
                 seq,
                 source: self.header.source,
@@ -667,7 +678,8 @@ impl Batch {
             let prev = (self.index > 0).then_some(&self.prev);
             // Validated in `new`, so this cannot fail; if it ever did, the
             // batch ends rather than yield garbage.
-            let Ok((subject, kind, fields, payload)) = r.parts(prev, MAX_DATAGRAM) else {
+            let Ok((subject, kind, fields, payload, best_effort)) = r.parts(prev, MAX_DATAGRAM)
+            else {
                 self.index = self.header.count;
                 return done;
             };
@@ -679,6 +691,7 @@ impl Batch {
                 kind,
                 fields,
                 payload,
+                best_effort,
                 meta: Meta {
                     seq,
                     source: self.header.source,
@@ -833,7 +846,7 @@ pub fn decode_message_into(
         return Err(WireError::Truncated { what: "message" });
     }
     let mut r = Reader::resume(buf, start); // start <= buf.len(), checked above
-    let (subject, kind, fields, payload) = r.parts(None, max_payload)?;
+    let (subject, kind, fields, payload, best_effort) = r.parts(None, max_payload)?;
     if r.pos() != buf.len() {
         return Err(WireError::Malformed("trailing bytes after the message"));
     }
@@ -841,6 +854,7 @@ pub fn decode_message_into(
     out.kind = kind;
     out.fields = fields;
     out.payload = payload;
+    out.best_effort = best_effort;
     Ok(())
 }
 

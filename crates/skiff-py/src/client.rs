@@ -256,17 +256,19 @@ impl Client {
         data: &Bound<'_, PyAny>,
         kind: Option<&Bound<'_, PyAny>>,
         fields: Option<&Bound<'_, PyAny>>,
+        reliable: bool,
     ) -> PyResult<CallFuture<()>> {
         let subject = str_arg("subject", subject)?;
         let kind = kind
             .filter(|k| !k.is_none())
             .map(|t| str_arg("type", t))
             .transpose()?;
-        let m = build(subject, data, kind, fields)?;
+        let m = build(subject, data, kind, fields)?.with_best_effort(!reliable);
         let c = self.core.c.clone();
         Ok(Box::pin(async move { c.publish(m).await }))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn subscribe_fut(
         &self,
         pattern: &Bound<'_, PyAny>,
@@ -275,13 +277,15 @@ impl Client {
         queue: i64,
         window: i64,
         cmsg: bool,
+        reliable: bool,
     ) -> PyResult<CallFuture<Subscription>> {
         let pattern = str_arg("pattern", pattern)?.to_owned();
         let kind = str_arg("type", kind)?.to_owned();
         let mut opts = SubOptions::default()
             .policy(policy_arg(str_arg("policy", policy)?)?)
             .queue(count_arg("queue", queue)?)
-            .window(count_arg("window", window)?);
+            .window(count_arg("window", window)?)
+            .best_effort(!reliable);
         if cmsg {
             opts = opts.cmsg();
         }
@@ -385,8 +389,10 @@ fn json_loads<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyAny>> {
 impl Client {
     /// Publishes `data` on `subject`. Returns once the message is handed
     /// to the connection (see `flush`); waits, with the GIL released,
-    /// while a `block` subscriber or the connection pushes back.
-    #[pyo3(signature = (subject, data, *, r#type=None, fields=None))]
+    /// while a `block` subscriber or the connection pushes back. With
+    /// `reliable=False` the message may cross to other nodes as a datagram
+    /// (best effort: its loss counted, never repaired).
+    #[pyo3(signature = (subject, data, *, r#type=None, fields=None, reliable=true))]
     fn publish(
         &self,
         py: Python<'_>,
@@ -394,13 +400,14 @@ impl Client {
         data: &Bound<'_, PyAny>,
         r#type: Option<&Bound<'_, PyAny>>,
         fields: Option<&Bound<'_, PyAny>>,
+        reliable: bool,
     ) -> PyResult<()> {
         let subject = self.subject(str_arg("subject", subject)?);
         let kind = r#type
             .filter(|k| !k.is_none())
             .map(|t| str_arg("type", t))
             .transpose()?;
-        let m = build(subject, data, kind, fields)?;
+        let m = build(subject, data, kind, fields)?.with_best_effort(!reliable);
         let mut fut = pin!(self.core.c.publish(m));
         // Most publishes only copy into the write buffer: done here, no
         // wait and no thread hand-off.
@@ -415,7 +422,7 @@ impl Client {
 
     /// `publish` for asyncio: None when the message is already handed
     /// over, else an awaitable that finishes the publish.
-    #[pyo3(signature = (subject, data, *, r#type=None, fields=None))]
+    #[pyo3(signature = (subject, data, *, r#type=None, fields=None, reliable=true))]
     fn publish_async<'py>(
         &self,
         py: Python<'py>,
@@ -423,8 +430,9 @@ impl Client {
         data: &Bound<'py, PyAny>,
         r#type: Option<&Bound<'py, PyAny>>,
         fields: Option<&Bound<'py, PyAny>>,
+        reliable: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let mut fut = self.publish_fut(subject, data, r#type, fields)?;
+        let mut fut = self.publish_fut(subject, data, r#type, fields, reliable)?;
         if let Poll::Ready(r) = poll_once(fut.as_mut()) {
             return r.py().map(|_| None);
         }
@@ -461,8 +469,10 @@ impl Client {
     /// each message (the callback form); the Subscription still pauses,
     /// resumes and ends it. With `cmsg=True`, `pattern` and `type` are cMsg
     /// patterns over whole strings (`*` any characters, `?` one, `#` an
-    /// integer, `{i>5 & i<10}` an integer in a range).
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None, cmsg=false))]
+    /// integer, `{i>5 & i<10}` an integer in a range). With
+    /// `reliable=False`, what reaches this subscription from other nodes
+    /// may travel as datagrams (best effort: loss counted, never repaired).
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None, cmsg=false, reliable=true))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe(
         &self,
@@ -474,6 +484,7 @@ impl Client {
         window: i64,
         callback: Option<&Bound<'_, PyAny>>,
         cmsg: bool,
+        reliable: bool,
     ) -> PyResult<Py<Subscription>> {
         let callback = callback.filter(|c| !c.is_none());
         if let Some(cb) = callback {
@@ -493,6 +504,7 @@ impl Client {
             queue,
             window,
             cmsg,
+            reliable,
         )?;
         let sub = Py::new(py, run(py, fut)?)?;
         if let Some(cb) = callback {
@@ -503,7 +515,7 @@ impl Client {
     }
 
     /// `subscribe` for asyncio.
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, cmsg=false))]
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, cmsg=false, reliable=true))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_async<'py>(
         &self,
@@ -514,6 +526,7 @@ impl Client {
         queue: i64,
         window: i64,
         cmsg: bool,
+        reliable: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let star = PyString::new(py, "*").into_any();
         let dflt = PyString::new(py, "drop-oldest").into_any();
@@ -524,6 +537,7 @@ impl Client {
             queue,
             window,
             cmsg,
+            reliable,
         )?;
         run_async(py, fut)
     }
@@ -782,9 +796,26 @@ impl Client {
         d.set_item("failovers", s.failovers)?;
         d.set_item("held", s.held)?;
         d.set_item("refused", s.refused)?;
+        d.set_item("unconfirmed", s.unconfirmed)?;
+        d.set_item("forgotten", s.forgotten)?;
+        d.set_item("maybe_lost", s.maybe_lost)?;
         d.set_item("async_errors", n)?;
         d.set_item("last_async_error", last)?;
         Ok(d)
+    }
+
+    /// Takes back the publishes that a lost node may not have taken (the
+    /// client failed over before the node confirmed them): a list of
+    /// `(number, Message)`, oldest first, publishes being numbered 1, 2, 3,
+    /// … in the order this client made them. Publish them again if they
+    /// must arrive. Empty when no node was lost with publishes unconfirmed.
+    fn unconfirmed(&self, py: Python<'_>) -> PyResult<Vec<(u64, Py<Message>)>> {
+        self.core
+            .c
+            .unconfirmed()
+            .into_iter()
+            .map(|(n, m)| Ok((n, Py::new(py, Message::plain(m))?)))
+            .collect()
     }
 
     /// The node's id for this client (a new one after each failover).

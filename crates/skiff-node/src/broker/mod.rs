@@ -60,12 +60,17 @@ struct SubEntry {
     group: Option<Arc<str>>,
 }
 
+/// A client's subscription: router id, policy, pattern, type pattern,
+/// (pattern kind, best effort between nodes).
+type SidEntry = (SubId, Policy, String, String, (Syntax, bool));
+
 #[derive(Debug)]
 struct ClientEntry {
     out: Arc<ClientOut>,
     peer: String,
-    /// The client's sid → router id, policy and patterns (with their kind).
-    sids: FxHashMap<u64, (SubId, Policy, String, String, Syntax)>,
+    /// The client's sid → router id, policy and patterns (with their kind
+    /// and whether the subscription is best effort between nodes).
+    sids: FxHashMap<u64, SidEntry>,
     /// The client's request id → node token.
     requests: FxHashMap<u64, u64>,
     /// Cluster requests this client was chosen to answer.
@@ -252,8 +257,8 @@ impl Broker {
     pub fn set_mesh(&self, link: Arc<MeshLink>) {
         let st = self.state.lock();
         for c in st.clients.values() {
-            for (_, _, p, k, syntax) in c.sids.values() {
-                link.add_interest(*syntax, p, k);
+            for (_, _, p, k, (syntax, lossy)) in c.sids.values() {
+                link.add_interest(*syntax, p, k, *lossy);
             }
         }
         let _ = self.mesh.set(link);
@@ -438,10 +443,10 @@ impl Broker {
             .fetch_add(dropped_control, Relaxed);
         c.out.close(error);
         st.router.remove_subscriber(client);
-        for (_, (id, _, pattern, kind, syntax)) in c.sids {
+        for (_, (id, _, pattern, kind, (syntax, lossy))) in c.sids {
             st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
-                m.remove_interest(syntax, &pattern, &kind);
+                m.remove_interest(syntax, &pattern, &kind, lossy);
             }
         }
         let joined: Vec<String> = if self.mesh.get().is_some() {
@@ -645,7 +650,7 @@ impl Broker {
         self.subscribe(
             me,
             sid,
-            (Syntax::Tokens, pattern, "*".into()),
+            (Syntax::Tokens, pattern, "*".into(), false),
             policy,
             queue,
             credit,
@@ -672,6 +677,7 @@ impl Broker {
                 queue,
                 credit,
                 syntax,
+                best_effort,
             } => {
                 let r = self
                     .permit(me, Op::Subscribe(syntax), &pattern)
@@ -679,7 +685,7 @@ impl Broker {
                         self.subscribe(
                             me,
                             sid,
-                            (syntax, pattern, kind),
+                            (syntax, pattern, kind, best_effort),
                             policy,
                             queue,
                             credit,
@@ -752,6 +758,7 @@ impl Broker {
             }
             F::Reload { corr } => me.control(self.reload(me.id, corr)),
             F::Hello { name } => self.set_name(me.id, &name),
+            F::Confirm => me.set_confirm(),
         }
         Ok(())
     }

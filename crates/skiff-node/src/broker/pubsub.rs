@@ -97,7 +97,7 @@ impl Broker {
         &self,
         me: &Arc<ClientOut>,
         sid: u64,
-        (syntax, pattern, kind): (Syntax, String, String),
+        (syntax, pattern, kind, lossy): (Syntax, String, String, bool),
         policy: Policy,
         queue: u32,
         credit: u32,
@@ -137,9 +137,10 @@ impl Broker {
                     },
                 );
                 if let Some(m) = self.mesh.get() {
-                    m.add_interest(syntax, &pattern, &kind);
+                    m.add_interest(syntax, &pattern, &kind, lossy);
                 }
-                c.sids.insert(sid, (id, policy, pattern, kind, syntax));
+                c.sids
+                    .insert(sid, (id, policy, pattern, kind, (syntax, lossy)));
                 Ok(())
             }
             Err(e) => {
@@ -392,11 +393,11 @@ impl Broker {
     pub(super) fn unsubscribe(&self, me: &Arc<ClientOut>, sid: u64) {
         let mut st = self.state.lock();
         let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
-        if let Some((id, _, pattern, kind, syntax)) = removed {
+        if let Some((id, _, pattern, kind, (syntax, lossy))) = removed {
             st.router.unsubscribe(id);
             st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
-                m.remove_interest(syntax, &pattern, &kind);
+                m.remove_interest(syntax, &pattern, &kind, lossy);
             }
         }
         drop(st);

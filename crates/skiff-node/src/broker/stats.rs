@@ -96,7 +96,7 @@ impl Broker {
             let whole = cap == usize::MAX;
             let head = if whole { 0 } else { json_len(&cl) + 1 };
             let mut first = true;
-            for (&sid, (_, policy, pattern, kind, syntax)) in sids {
+            for (&sid, (_, policy, pattern, kind, (syntax, _))) in sids {
                 let sub = SubStats {
                     sid,
                     pattern: pattern.clone(),

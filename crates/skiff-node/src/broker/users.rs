@@ -56,7 +56,7 @@ impl Broker {
                         done.updated += 1;
                         c.user = u.clone();
                         c.out.set_user(&u);
-                        for (&sid, (_, _, pattern, _, syntax)) in &c.sids {
+                        for (&sid, (_, _, pattern, _, (syntax, _))) in &c.sids {
                             if !u.permissions.may_subscribe_as(*syntax, pattern) {
                                 revoke.push((c.out.clone(), sid, pattern.clone()));
                             }

@@ -215,6 +215,7 @@ fn join(
         queue: QUEUE,
         credit: u32::MAX,
         syntax: Syntax::Tokens,
+        best_effort: false,
     };
     if let Err(f) = broker.handle_control(&out, sub) {
         broker.detach(out.id, None);

@@ -263,6 +263,9 @@ pub(crate) async fn serve<R, W>(
             error = Some(e);
             break;
         }
+        // The broker took every publish read so far: say so, once per
+        // read, to a client that asked (`Confirm`).
+        out.confirm_taken(session.publishes());
         arm_deadline(&mut partial, timer.as_mut(), &buf, &session, &broker);
         // A receive buffer grown for a large frame is charged to the
         // node's budget while it is held, and given back once empty.

@@ -25,6 +25,7 @@ impl ClientFrame {
                 queue,
                 credit,
                 syntax,
+                best_effort,
             } => {
                 let e = Enc::new(out, op::SUB)
                     .v(*sid)
@@ -33,9 +34,10 @@ impl ClientFrame {
                     .u8(*policy as u8)
                     .v(u64::from(*queue))
                     .v(u64::from(*credit));
-                match syntax {
-                    Syntax::Tokens => e.end(),
-                    s => e.u8(*s as u8).end(),
+                match (syntax, best_effort) {
+                    (Syntax::Tokens, false) => e.end(),
+                    (s, false) => e.u8(*s as u8).end(),
+                    (s, true) => e.u8(*s as u8).u8(1).end(),
                 }
             }
             F::Unsub { sid } => Enc::new(out, op::UNSUB).v(*sid).end(),
@@ -95,6 +97,7 @@ impl ClientFrame {
             F::Ping { corr } => Enc::new(out, op::PING).v(*corr).end(),
             F::Reload { corr } => Enc::new(out, op::RELOAD).v(*corr).end(),
             F::Hello { name } => Enc::new(out, op::HELLO).s(name.as_bytes()).end(),
+            F::Confirm => Enc::new(out, op::CONFIRM).end(),
             F::StatsFrom { corr, from } => Enc::new(out, op::STATS_FROM)
                 .v(*corr)
                 .v(from.client)
@@ -140,6 +143,15 @@ impl ClientFrame {
                         .ok_or(WireError::Malformed("unknown pattern syntax"))?
                 } else {
                     Syntax::Tokens
+                },
+                best_effort: if r.more() {
+                    match r.u8("subscription flags")? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(WireError::Malformed("unknown subscription flags")),
+                    }
+                } else {
+                    false
                 },
             },
             op::UNSUB => F::Unsub { sid: r.v("sid")? },
@@ -202,6 +214,7 @@ impl ClientFrame {
                 }
                 F::Hello { name }
             }
+            op::CONFIRM => F::Confirm,
             op::STATS_FROM => F::StatsFrom {
                 corr: r.v("corr")?,
                 from: {
@@ -253,7 +266,7 @@ impl ClientFrame {
 /// what `decode_message(raw, max_payload)` accepts.
 pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
     const F_SUBJECT: u8 = 1;
-    if *raw.first()? != F_SUBJECT {
+    if *raw.first()? & !wire::F_BEST_EFFORT != F_SUBJECT {
         return None;
     }
     let (n, a) = varint::get(&raw[1..]).ok()?;

@@ -24,7 +24,7 @@
 //! v:window`, `TunData v:tunnel [msg]`, `TunCredit v:tunnel v:n`, `TunClose
 //! v:tunnel`, `Stats v:corr`, `Ping v:corr`, `StatsFrom v:corr v:client
 //! u8:mid v:sid`, `Auth u8:kind …` (see [`Proof`]), `Reload v:corr`,
-//! `Hello s:name`.
+//! `Hello s:name`, `Confirm`.
 //!
 //! Node → client ([`ServerFrame`]): `Welcome v:client v:max_payload`,
 //! `Ack v:corr`, `Error v:corr v:code s:text` (corr 0: about the
@@ -33,7 +33,7 @@
 //! s:cluster [msg]`, `Reply v:rid [msg]`, `ReqDone v:rid v:code`,
 //! `TunIncoming v:tunnel s:cluster v:window`, `TunOpened v:corr v:tunnel
 //! v:window`, `TunData`, `TunCredit`, `TunClose` as above, `Stats v:corr
-//! s:json`, `Pong v:corr`, `Ping`, `Challenge s:nonce`.
+//! s:json`, `Pong v:corr`, `Ping`, `Challenge s:nonce`, `Taken v:n`.
 //!
 //! # Handshake
 //! A node without authentication sends `Welcome` first. A node with
@@ -243,6 +243,11 @@ pub enum ClientFrame {
         /// not [`Syntax::Tokens`], so a token subscription reads the same
         /// to a node that predates cMsg patterns.
         syntax: Syntax,
+        /// Best effort (`reliable=false`): copies that reach this node from
+        /// other nodes for this subscription alone may travel as datagrams,
+        /// their loss counted. Encoded as one more trailing byte (flags,
+        /// bit 0) after the syntax byte, only when set.
+        best_effort: bool,
     },
     /// End a subscription.
     Unsub {
@@ -370,6 +375,11 @@ pub enum ClientFrame {
         /// The name.
         name: String,
     },
+    /// Asks the node to confirm what it takes: from now on it sends
+    /// [`ServerFrame::Taken`] after each read that held publishes, so the
+    /// client knows which of its publishes reached the node (and which
+    /// may not have, when the node is lost).
+    Confirm,
 }
 
 /// Longest client name in a `Hello` frame, in bytes.
@@ -552,6 +562,13 @@ pub enum ServerFrame {
         /// Fresh random bytes, at most [`MAX_NONCE`].
         nonce: Bytes,
     },
+    /// The node has taken the first `n` publishes (`Pub` frames) this
+    /// connection carried and handed them on; sent (after `Confirm`) at
+    /// most once per read of the client's input, not per message.
+    Taken {
+        /// Publishes taken since the connection began.
+        n: u64,
+    },
 }
 
 mod op {
@@ -577,6 +594,7 @@ mod op {
     /// Out of the run of the others, so frames added elsewhere meanwhile
     /// do not collide with it.
     pub(super) const RELOAD: u8 = 40;
+    pub(super) const CONFIRM: u8 = 41;
 
     pub(super) const WELCOME: u8 = 64;
     pub(super) const ACK: u8 = 65;
@@ -596,6 +614,7 @@ mod op {
     pub(super) const PONG: u8 = 79;
     pub(super) const S_PING: u8 = 80;
     pub(super) const CHALLENGE: u8 = 81;
+    pub(super) const TAKEN: u8 = 82;
 }
 
 mod body;

@@ -92,6 +92,7 @@ impl ServerFrame {
             F::Stats { corr, json } => Enc::new(out, op::S_STATS).v(*corr).s(json.as_bytes()).end(),
             F::Pong { corr } => Enc::new(out, op::PONG).v(*corr).end(),
             F::Ping => Enc::new(out, op::S_PING).end(),
+            F::Taken { n } => Enc::new(out, op::TAKEN).v(*n).end(),
             F::Challenge { nonce } => Enc::new(out, op::CHALLENGE).s(nonce).end(),
         }
     }
@@ -179,6 +180,7 @@ impl ServerFrame {
             },
             op::PONG => F::Pong { corr: r.v("corr")? },
             op::S_PING => F::Ping,
+            op::TAKEN => F::Taken { n: r.v("taken")? },
             op::CHALLENGE => F::Challenge {
                 nonce: r.bytes("nonce", MAX_NONCE)?,
             },

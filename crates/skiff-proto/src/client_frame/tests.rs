@@ -21,6 +21,7 @@ fn client_frames() -> Vec<ClientFrame> {
             queue: 100,
             credit: 50,
             syntax: Syntax::Tokens,
+            best_effort: false,
         },
         F::Sub {
             sid: 8,
@@ -30,6 +31,17 @@ fn client_frames() -> Vec<ClientFrame> {
             queue: 1,
             credit: 1,
             syntax: Syntax::Cmsg,
+            best_effort: false,
+        },
+        F::Sub {
+            sid: 9,
+            pattern: "lossy.>".into(),
+            kind: "".into(),
+            policy: Policy::DropOldest,
+            queue: 1,
+            credit: 1,
+            syntax: Syntax::Tokens,
+            best_effort: true,
         },
         F::Unsub { sid: 7 },
         F::Credit { sid: 7, n: 9 },
@@ -83,6 +95,7 @@ fn client_frames() -> Vec<ClientFrame> {
         F::Hello {
             name: "é".repeat(MAX_CLIENT_NAME / 2),
         },
+        F::Confirm,
         F::StatsFrom {
             corr: 7,
             from: crate::stats::StatsCursor {
@@ -165,6 +178,7 @@ fn server_frames() -> Vec<ServerFrame> {
         },
         F::Pong { corr: 1 },
         F::Ping,
+        F::Taken { n: 1234 },
         F::Challenge {
             nonce: Bytes::from_static(&[5; 32]),
         },
@@ -376,6 +390,7 @@ fn sub_syntax_is_a_trailing_byte_only_for_cmsg() {
         queue: 1,
         credit: 1,
         syntax,
+        best_effort: false,
     };
     let (mut tokens, mut cmsg) = (Vec::new(), Vec::new());
     sub(Syntax::Tokens).encode(&mut tokens);
@@ -387,8 +402,14 @@ fn sub_syntax_is_a_trailing_byte_only_for_cmsg() {
     *bad.last_mut().unwrap() = 9;
     let body = Bytes::copy_from_slice(&bad[LEN_PREFIX..]);
     assert!(ClientFrame::decode(body, 1 << 20).is_err());
+    let mut flags = cmsg.clone();
+    flags.push(7);
+    let n = (flags.len() - LEN_PREFIX) as u32;
+    flags[..LEN_PREFIX].copy_from_slice(&n.to_le_bytes());
+    let body = Bytes::copy_from_slice(&flags[LEN_PREFIX..]);
+    assert!(ClientFrame::decode(body, 1 << 20).is_err());
     let mut long = cmsg.clone();
-    long.push(0);
+    long.extend_from_slice(&[0, 0]);
     let n = (long.len() - LEN_PREFIX) as u32;
     long[..LEN_PREFIX].copy_from_slice(&n.to_le_bytes());
     let body = Bytes::copy_from_slice(&long[LEN_PREFIX..]);

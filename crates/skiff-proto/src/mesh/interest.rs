@@ -44,14 +44,17 @@ impl Local {
     }
 }
 
-/// One advertised interest: (pattern kind, pattern, type pattern).
-pub(super) type Key = (Syntax, String, String);
+/// One advertised interest: (pattern kind, pattern, type pattern, best
+/// effort). A best-effort subscription (`reliable=false`) is interest of
+/// its own, so a node knows which copies no reliable subscriber wants.
+pub(super) type Key = (Syntax, String, String, bool);
 
 /// The key of a subscribe or unsubscribe op.
-fn key_of(op: &Op) -> Option<(Syntax, &str, &str)> {
+fn key_of(op: &Op) -> Option<(Syntax, &str, &str, bool)> {
     match op {
-        Op::Sub(p, k) | Op::Unsub(p, k) => Some((Syntax::Tokens, p, k)),
-        Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => Some((Syntax::Cmsg, p, k)),
+        Op::Sub(p, k) | Op::Unsub(p, k) => Some((Syntax::Tokens, p, k, false)),
+        Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => Some((Syntax::Cmsg, p, k, false)),
+        Op::LossySub(s, p, k) | Op::LossyUnsub(s, p, k) => Some((*s, p, k, true)),
         Op::Cluster(..) => None,
     }
 }
@@ -109,16 +112,26 @@ impl Mesh {
     /// A local subscription with patterns of kind `syntax` was added (see
     /// [`Mesh::add_interest`]); the kind travels with the interest.
     pub fn add_interest_as(&mut self, syntax: Syntax, pattern: &str, kind: &str) {
+        self.add_interest_with(syntax, pattern, kind, false);
+    }
+
+    /// As [`Mesh::add_interest_as`], for a best-effort subscription when
+    /// `lossy` (`reliable=false`): a peer sends copies that no reliable
+    /// subscription here wants as datagrams.
+    pub fn add_interest_with(&mut self, syntax: Syntax, pattern: &str, kind: &str, lossy: bool) {
         let n = self
             .local
             .subs
-            .entry((syntax, pattern.to_owned(), kind.to_owned()))
+            .entry((syntax, pattern.to_owned(), kind.to_owned(), lossy))
             .or_default();
         *n += 1;
         if *n == 1 {
-            self.local
-                .pending
-                .push(Op::sub(syntax, pattern.to_owned(), kind.to_owned()));
+            self.local.pending.push(Op::sub_as(
+                syntax,
+                pattern.to_owned(),
+                kind.to_owned(),
+                lossy,
+            ));
         }
     }
 
@@ -130,12 +143,20 @@ impl Mesh {
 
     /// As [`Mesh::remove_interest`], for patterns of kind `syntax`.
     pub fn remove_interest_as(&mut self, syntax: Syntax, pattern: &str, kind: &str) {
-        let key = (syntax, pattern.to_owned(), kind.to_owned());
+        self.remove_interest_with(syntax, pattern, kind, false);
+    }
+
+    /// As [`Mesh::remove_interest_as`], for a best-effort subscription
+    /// when `lossy`.
+    pub fn remove_interest_with(&mut self, syntax: Syntax, pattern: &str, kind: &str, lossy: bool) {
+        let key = (syntax, pattern.to_owned(), kind.to_owned(), lossy);
         if let Some(n) = self.local.subs.get_mut(&key) {
             *n -= 1;
             if *n == 0 {
                 self.local.subs.remove(&key);
-                self.local.pending.push(Op::unsub(key.0, key.1, key.2));
+                self.local
+                    .pending
+                    .push(Op::unsub_as(key.0, key.1, key.2, key.3));
             }
         }
     }
@@ -164,9 +185,28 @@ impl Mesh {
     pub fn route(&self, subject: &str, kind: Option<&str>, out: &mut Vec<SocketAddr>) {
         let Ok(s) = Subject::new(subject) else { return };
         let start = out.len();
-        self.interest.for_each_match(s, kind, |_, peer| {
+        self.interest.for_each_match(s, kind, |_, (peer, _)| {
             if !out[start..].contains(&peer) {
                 out.push(peer);
+            }
+        });
+    }
+
+    /// As [`Mesh::route`], with whether each peer wants the message
+    /// reliably: `true` if any of its matching subscriptions is reliable,
+    /// `false` if all are best effort (`reliable=false`).
+    pub fn route_reliable(
+        &self,
+        subject: &str,
+        kind: Option<&str>,
+        out: &mut Vec<(SocketAddr, bool)>,
+    ) {
+        let Ok(s) = Subject::new(subject) else { return };
+        let start = out.len();
+        self.interest.for_each_match(s, kind, |_, (peer, lossy)| {
+            match out[start..].iter_mut().find(|(p, _)| *p == peer) {
+                Some((_, reliable)) => *reliable |= !lossy,
+                None => out.push((peer, !lossy)),
             }
         });
     }
@@ -234,7 +274,7 @@ impl Mesh {
             .local
             .subs
             .keys()
-            .map(|(s, p, k)| Op::sub(*s, p.clone(), k.clone()))
+            .map(|(s, p, k, l)| Op::sub_as(*s, p.clone(), k.clone(), *l))
             .chain(
                 self.local
                     .clusters
@@ -407,14 +447,14 @@ impl Mesh {
         let limit = self.config.max_interest;
         let p = &mut self.peers.get_mut(&from).expect("known").interest;
         for op in ops {
-            let syntax = if matches!(op, Op::CmsgSub(..) | Op::CmsgUnsub(..)) {
-                Syntax::Cmsg
-            } else {
-                Syntax::Tokens
+            let (syntax, lossy) = match &op {
+                Op::CmsgSub(..) | Op::CmsgUnsub(..) => (Syntax::Cmsg, false),
+                Op::LossySub(s, ..) | Op::LossyUnsub(s, ..) => (*s, true),
+                _ => (Syntax::Tokens, false),
             };
             match op {
-                Op::Sub(pat, kind) | Op::CmsgSub(pat, kind) => {
-                    let key = (syntax, pat, kind);
+                Op::Sub(pat, kind) | Op::CmsgSub(pat, kind) | Op::LossySub(_, pat, kind) => {
+                    let key = (syntax, pat, kind, lossy);
                     if p.subs.contains_key(&key) {
                         continue;
                     }
@@ -424,15 +464,18 @@ impl Mesh {
                     }
                     // A pattern that does not parse is the peer's bug:
                     // counted, not routed.
-                    match self.interest.subscribe_as(syntax, &key.1, &key.2, from) {
+                    match self
+                        .interest
+                        .subscribe_as(syntax, &key.1, &key.2, (from, lossy))
+                    {
                         Ok(id) => {
                             p.subs.insert(key, id);
                         }
                         Err(_) => self.stats.malformed += 1,
                     }
                 }
-                Op::Unsub(pat, kind) | Op::CmsgUnsub(pat, kind) => {
-                    if let Some(id) = p.subs.remove(&(syntax, pat, kind)) {
+                Op::Unsub(pat, kind) | Op::CmsgUnsub(pat, kind) | Op::LossyUnsub(_, pat, kind) => {
+                    if let Some(id) = p.subs.remove(&(syntax, pat, kind, lossy)) {
                         self.interest.unsubscribe(id);
                     }
                 }
@@ -471,10 +514,11 @@ impl Mesh {
             .collect();
         let mut ops2 = Vec::new();
         // Withdraw what the snapshot no longer holds.
-        let new_subs: FxHashSet<(Syntax, &str, &str)> = ops.iter().filter_map(key_of).collect();
-        for (s, a, b) in p.subs.keys() {
-            if !new_subs.contains(&(*s, a.as_str(), b.as_str())) {
-                ops2.push(Op::unsub(*s, a.clone(), b.clone()));
+        let new_subs: FxHashSet<(Syntax, &str, &str, bool)> =
+            ops.iter().filter_map(key_of).collect();
+        for (s, a, b, l) in p.subs.keys() {
+            if !new_subs.contains(&(*s, a.as_str(), b.as_str(), *l)) {
+                ops2.push(Op::unsub_as(*s, a.clone(), b.clone(), *l));
             }
         }
         for c in p.clusters.keys() {

@@ -210,7 +210,8 @@ pub struct Mesh {
     membership: Membership,
     now: Instant,
     peers: FxHashMap<SocketAddr, Peer>,
-    interest: Router<SocketAddr>,
+    /// Peers' interest: (peer, best effort) per subscription.
+    interest: Router<(SocketAddr, bool)>,
     local: Local,
     out: Outbox,
     events: VecDeque<MeshEvent>,

@@ -27,8 +27,10 @@
 //! `3 cluster capacity-u32` (the node's capacity in a cluster; 0 = none),
 //! or `4 pattern kind` / `5 pattern kind`: subscribe / unsubscribe with
 //! cMsg patterns (`crate::router::cmsg`), so interest travels with its kind
-//! (a node that predates them refuses the packet as malformed),
-//! strings as a varint length and UTF-8. Integers are little-endian.
+//! (a node that predates them refuses the packet as malformed), or
+//! `6 syntax-u8 pattern kind` / `7 syntax-u8 pattern kind`: subscribe /
+//! unsubscribe for best-effort subscriptions (`reliable=false`; copies
+//! that only these want may travel as datagrams), strings as a varint length and UTF-8. Integers are little-endian.
 //! Decoding is total and bounded: lengths are checked against what is left,
 //! counts against [`MAX_OPS`], strings against [`MAX_NAME`].
 
@@ -101,6 +103,12 @@ pub enum Op {
     CmsgSub(String, String),
     /// As [`Op::Unsub`], with cMsg patterns.
     CmsgUnsub(String, String),
+    /// As [`Op::Sub`] (or [`Op::CmsgSub`]), for best-effort subscriptions
+    /// (`reliable=false`): copies that only such subscriptions want may
+    /// travel as datagrams, their loss counted, never repaired.
+    LossySub(Syntax, String, String),
+    /// As [`Op::Unsub`], for best-effort subscriptions.
+    LossyUnsub(Syntax, String, String),
 }
 
 impl Op {
@@ -120,9 +128,29 @@ impl Op {
         }
     }
 
+    /// A subscribe op for patterns of kind `syntax`, best effort when
+    /// `lossy`.
+    pub fn sub_as(syntax: Syntax, pattern: String, kind: String, lossy: bool) -> Op {
+        if lossy {
+            Op::LossySub(syntax, pattern, kind)
+        } else {
+            Op::sub(syntax, pattern, kind)
+        }
+    }
+
+    /// An unsubscribe op for patterns of kind `syntax`, best effort when
+    /// `lossy`.
+    pub fn unsub_as(syntax: Syntax, pattern: String, kind: String, lossy: bool) -> Op {
+        if lossy {
+            Op::LossyUnsub(syntax, pattern, kind)
+        } else {
+            Op::unsub(syntax, pattern, kind)
+        }
+    }
+
     /// Whether it withdraws interest.
     pub fn is_unsub(&self) -> bool {
-        matches!(self, Op::Unsub(..) | Op::CmsgUnsub(..))
+        matches!(self, Op::Unsub(..) | Op::CmsgUnsub(..) | Op::LossyUnsub(..))
     }
 }
 
@@ -183,6 +211,7 @@ pub fn op_len(op: &Op) -> usize {
         Op::Sub(p, k) | Op::Unsub(p, k) | Op::CmsgSub(p, k) | Op::CmsgUnsub(p, k) => {
             name(p) + name(k)
         }
+        Op::LossySub(_, p, k) | Op::LossyUnsub(_, p, k) => 1 + name(p) + name(k),
         Op::Cluster(c, _) => name(c) + 4,
     }
 }
@@ -199,6 +228,12 @@ pub fn put_ops<'a>(out: &mut Vec<u8>, ops: impl ExactSizeIterator<Item = &'a Op>
                     Op::CmsgSub(..) => 4,
                     _ => 5,
                 });
+                put_name(out, p);
+                put_name(out, k);
+            }
+            Op::LossySub(syntax, p, k) | Op::LossyUnsub(syntax, p, k) => {
+                out.push(if matches!(op, Op::LossySub(..)) { 6 } else { 7 });
+                out.push(*syntax as u8);
                 put_name(out, p);
                 put_name(out, k);
             }
@@ -229,6 +264,16 @@ pub fn get_ops(r: &mut Reader<'_>) -> Result<Vec<Op>, WireError> {
             2 => Op::Unsub(name(r)?.to_owned(), name(r)?.to_owned()),
             4 => Op::CmsgSub(name(r)?.to_owned(), name(r)?.to_owned()),
             5 => Op::CmsgUnsub(name(r)?.to_owned(), name(r)?.to_owned()),
+            code @ (6 | 7) => {
+                let syntax = Syntax::from_u8(r.u8("mesh packet")?)
+                    .ok_or(WireError::Malformed("unknown pattern syntax"))?;
+                let (p, k) = (name(r)?.to_owned(), name(r)?.to_owned());
+                if code == 6 {
+                    Op::LossySub(syntax, p, k)
+                } else {
+                    Op::LossyUnsub(syntax, p, k)
+                }
+            }
             3 => {
                 let c = name(r)?.to_owned();
                 Op::Cluster(c, r.u32("mesh packet")?)
@@ -393,6 +438,8 @@ mod tests {
             Op::CmsgSub("daq.h*b.{i<5}".into(), "count?".into()),
             Op::CmsgUnsub("x#".into(), "*".into()),
             Op::Cluster("c".into(), 9),
+            Op::LossySub(Syntax::Tokens, "l.>".into(), "".into()),
+            Op::LossyUnsub(Syntax::Cmsg, "l*".into(), "t".into()),
         ];
         put_ops(&mut out, ops.iter());
         out
@@ -405,10 +452,14 @@ mod tests {
         let Body::Delta { epoch, from, ops } = b else {
             panic!("{b:?}")
         };
-        assert_eq!((epoch, from, ops.len()), (7, 3, 5));
+        assert_eq!((epoch, from, ops.len()), (7, 3, 7));
         assert_eq!(ops[2], Op::CmsgSub("daq.h*b.{i<5}".into(), "count?".into()));
         assert_eq!(ops[3], Op::CmsgUnsub("x#".into(), "*".into()));
         assert_eq!(ops[4], Op::Cluster("c".into(), 9));
+        assert_eq!(
+            ops[6],
+            Op::LossyUnsub(Syntax::Cmsg, "l*".into(), "t".into())
+        );
         assert_eq!(
             sample().len() - ENVELOPE - 16,
             1 + ops.iter().map(op_len).sum::<usize>()

@@ -23,7 +23,7 @@ loop wake-up per batch, not per message::
 import asyncio
 import collections
 import json
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from skiff import _skiff
 from skiff._errors import ConnectionClosed, TimeoutError
@@ -64,10 +64,11 @@ class Client:
         return int(self._c.max_payload)
 
     async def publish(self, subject: str, data: Buffer, *, type: Optional[str] = None,
-                      fields: Optional[Dict[str, Any]] = None) -> None:
+                      fields: Optional[Dict[str, Any]] = None, reliable: bool = True) -> None:
         """Publishes ``data`` on ``subject``; returns at once when the
-        message fits the write buffer, else waits for room."""
-        fut = self._c.publish_async(subject, data, type=type, fields=fields)
+        message fits the write buffer, else waits for room. ``reliable=False``:
+        best effort between nodes (datagrams, loss counted)."""
+        fut = self._c.publish_async(subject, data, type=type, fields=fields, reliable=reliable)
         if fut is not None:
             await fut
 
@@ -78,14 +79,14 @@ class Client:
     async def subscribe(self, pattern: str, *, type: Optional[str] = None, policy: Optional[str] = None,
                         queue: int = 65536, window: int = 4096,
                         callback: Optional[Callable[[Message], Any]] = None,
-                        cmsg: bool = False) -> "Subscription":
+                        cmsg: bool = False, reliable: bool = True) -> "Subscription":
         """Subscribes (see :meth:`skiff.Client.subscribe`). With
         ``callback`` (a function or a coroutine function), a task calls it
         for each message."""
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         raw = await self._c.subscribe_async(pattern, type=type, policy=policy, queue=queue, window=window,
-                                            cmsg=cmsg)
+                                            cmsg=cmsg, reliable=reliable)
         sub = Subscription(raw)
         if callback is not None:
             sub._task = asyncio.get_running_loop().create_task(sub._run(callback))
@@ -125,6 +126,11 @@ class Client:
     def link_stats(self) -> Dict[str, Any]:
         """This client's own counters (failovers, held, refused)."""
         return self._c.link_stats()  # type: ignore[no-any-return]
+
+    def unconfirmed(self) -> List[Tuple[int, Message]]:
+        """Takes back the publishes a lost node may not have taken (see
+        :meth:`skiff.Client.unconfirmed`)."""
+        return self._c.unconfirmed()  # type: ignore[no-any-return]
 
     async def close(self, timeout: float = 1.0) -> None:
         """Flushes (at most ``timeout`` seconds) and closes."""

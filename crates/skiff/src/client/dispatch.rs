@@ -49,6 +49,7 @@ impl Inner {
     ) -> Option<(Code, String)> {
         let mut fatal = None;
         let mut pinged = false;
+        let mut taken = None;
         let epoch = self.epoch();
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -75,6 +76,7 @@ impl Inner {
             end_run(run.take());
             match item.frame() {
                 Ok(ServerFrame::Ping) => pinged = true,
+                Ok(ServerFrame::Taken { n }) => taken = Some(n),
                 Ok(f) => {
                     if let Some(f) = self.on_frame(st, f, epoch) {
                         fatal = Some(f);
@@ -88,6 +90,9 @@ impl Inner {
         }
         end_run(run);
         drop(guard);
+        if let (Some(n), Some(super::link::Link::Stream(tx))) = (taken, &self.link) {
+            tx.taken(n);
+        }
         if pinged {
             // The node's keepalive: any frame answers it.
             let _ = self.send_now(ClientFrame::Ping { corr: 0 });

@@ -219,12 +219,33 @@ impl Client {
             Some(Link::Stream(tx)) => tx.held_refused(),
             _ => (0, 0),
         };
+        let (unconfirmed, forgotten, maybe_lost) = match &self.inner.link {
+            Some(Link::Stream(tx)) => tx.confirm_counts(),
+            _ => (0, 0, 0),
+        };
         let st = self.inner.state.lock();
         LinkStats {
             node: st.node.clone(),
             failovers: st.failovers,
             held,
             refused,
+            unconfirmed,
+            forgotten,
+            maybe_lost,
+        }
+    }
+
+    /// Takes back the publishes that lost nodes may not have taken (see
+    /// [`ClientEvent::Unconfirmed`]), oldest first, each with its number
+    /// (publishes are numbered 1, 2, 3, … over the client's life), so the
+    /// application can publish them again. Over a stream link
+    /// (`skiff://`, `tcp://`, `unix://`, `tls://`) with
+    /// `unconfirmed_buffer` above 0 (by default 1 MiB for a client that
+    /// fails over, 0 for a lone one); empty otherwise.
+    pub fn unconfirmed(&self) -> Vec<(u64, skiff_proto::Message)> {
+        match &self.inner.link {
+            Some(Link::Stream(tx)) => tx.take_unconfirmed(),
+            _ => Vec::new(),
         }
     }
 }
@@ -239,9 +260,9 @@ impl Inner {
         let mut st = self.state.lock();
         let st = &mut *st;
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        tx.go_down(node);
+        let unconfirmed = tx.go_down(node);
         st.node = None;
-        let unconfirmed = st.restoring.take().is_some();
+        let restoring = st.restoring.take().is_some();
         for (_, w) in st.waiters.drain() {
             let _ = w.send(Err(crate::Error::NodeLost { node: node.into() }));
         }
@@ -262,7 +283,10 @@ impl Inner {
             at,
             reason: why,
         });
-        unconfirmed
+        if let Some(u) = unconfirmed {
+            st.listeners.emit(ClientEvent::Unconfirmed(u));
+        }
+        restoring
     }
 
     /// A new node welcomed the client (id `client`): re-register every
@@ -274,6 +298,10 @@ impl Inner {
         self.max_payload
             .store(max_payload as usize, Ordering::Relaxed);
         let mut out = Vec::new();
+        if tx.confirms() {
+            // First: the new node confirms what it takes from now on.
+            ClientFrame::Confirm.encode(&mut out);
+        }
         let mut st = self.state.lock();
         let st = &mut *st;
         let shared = Arc::new(gap.clone());
@@ -286,6 +314,7 @@ impl Inner {
                 queue: s.opts.queue.max(1),
                 credit: s.opts.window.max(1),
                 syntax: s.opts.syntax,
+                best_effort: s.opts.best_effort,
             }
             .encode(&mut out);
             let mut i = s.inbox.lock();

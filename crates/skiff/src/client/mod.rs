@@ -138,7 +138,7 @@ pub use file::FileLog;
 pub use skiff_proto::client_frame::{Code, Policy};
 pub use skiff_proto::router::Syntax;
 pub use skiff_proto::stats::NodeStats;
-pub use status::{ClientEvent, Gap, LinkStats};
+pub use status::{ClientEvent, Gap, LinkStats, Unconfirmed};
 pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
 pub use target::DEFAULT_CONNECT_TIMEOUT;
 
@@ -375,7 +375,14 @@ impl Client {
     }
 
     fn over_stream(s: stream::Session, target: target::NodeTarget) -> Client {
-        let tx = Arc::new(StreamTx::new(target.opts.reconnect_buffer));
+        let tx = Arc::new(StreamTx::new(
+            target.opts.reconnect_buffer,
+            target.opts.unconfirmed_buffer,
+        ));
+        if tx.confirms() {
+            // Before any publish: the node confirms what it takes.
+            let _ = tx.send_now(&ClientFrame::Confirm);
+        }
         let inner = Inner::new(
             Some(Link::Stream(tx.clone())),
             Backend::Node,

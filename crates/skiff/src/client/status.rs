@@ -49,6 +49,57 @@ pub enum ClientEvent {
         /// Why.
         reason: String,
     },
+    /// Publishes the lost node may not have taken: written (or queued) to
+    /// it and not confirmed before it was lost. Sent right after
+    /// [`ClientEvent::Disconnected`]; take them back with
+    /// [`super::Client::unconfirmed`] to publish them again.
+    Unconfirmed(Unconfirmed),
+}
+
+/// Which publishes may not have reached a lost node. Publishes are
+/// numbered 1, 2, 3, … in the order the client made them, over its whole
+/// life (across failovers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unconfirmed {
+    /// The node lost.
+    pub node: String,
+    /// The first publish not confirmed (every one before it was).
+    pub first: u64,
+    /// The last publish made before the loss was noticed.
+    pub last: u64,
+    /// Of `first..=last`, how many the client still holds (the newest),
+    /// for [`super::Client::unconfirmed`].
+    pub held: u64,
+    /// Of `first..=last`, how many were forgotten to keep the buffer of
+    /// unconfirmed publishes within `unconfirmed_buffer` (the oldest).
+    pub forgotten: u64,
+    /// The distinct subjects of the publishes held (at most 16).
+    pub subjects: Vec<String>,
+}
+
+impl std::fmt::Display for Unconfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "publishes {}-{} ({} message(s)) may not have reached node {}",
+            self.first,
+            self.last,
+            self.last + 1 - self.first,
+            self.node
+        )?;
+        if !self.subjects.is_empty() {
+            write!(f, " (subjects: {})", self.subjects.join(", "))?;
+        }
+        if self.forgotten > 0 {
+            write!(
+                f,
+                "; the first {} of them were forgotten (unconfirmed_buffer full)",
+                self.forgotten
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Counters of a client's link: failovers and what happened to publishes
@@ -67,4 +118,13 @@ pub struct LinkStats {
     /// Publishes and broadcasts refused with [`crate::Error::NodeLost`] while no
     /// node was reachable (buffer full or `reconnect_buffer=0`).
     pub refused: u64,
+    /// Publishes sent and not yet confirmed by the node (held to be
+    /// reported, and taken back, should the node be lost).
+    pub unconfirmed: u64,
+    /// Unconfirmed publishes forgotten because `unconfirmed_buffer` was
+    /// full (the oldest first), or never taken back after a loss.
+    pub forgotten: u64,
+    /// Publishes a lost node may not have taken, over every failover
+    /// ([`ClientEvent::Unconfirmed`]).
+    pub maybe_lost: u64,
 }

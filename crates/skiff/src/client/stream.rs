@@ -23,6 +23,7 @@ use tokio::net::{tcp, unix, TcpStream, UnixStream};
 use tokio::sync::{oneshot, Notify};
 
 use super::dispatch::RawFrame;
+use super::status::Unconfirmed;
 use super::target::{LinkOptions, NodeAddr};
 use super::Inner;
 use crate::spin::Spin;
@@ -45,6 +46,125 @@ struct TxBuf {
     /// Publishes held while down, and refused.
     held: u64,
     refused: u64,
+    /// Publishes not yet confirmed by the node (`Taken`).
+    track: Track,
+}
+
+/// The publishes a node has not confirmed yet (`Confirm`, `Taken`), kept
+/// so a failover can say which may not have reached the lost node and
+/// hand them back. Bounded by `max` bytes: when full, the oldest are
+/// forgotten (counted).
+#[derive(Debug, Default)]
+struct Track {
+    /// Bytes of unconfirmed publishes kept (`unconfirmed_buffer`); 0:
+    /// nothing is tracked.
+    max: usize,
+    /// The number the next publish gets (1 first).
+    next: u64,
+    /// The number of the first publish on the current connection (what
+    /// `Taken { n }` counts from).
+    conn_first: u64,
+    /// Every publish up to this one is confirmed.
+    confirmed: u64,
+    /// Unconfirmed publishes kept, oldest first, and their cost in bytes.
+    kept: std::collections::VecDeque<(u64, skiff_proto::Message)>,
+    bytes: usize,
+    /// Publishes of lost nodes not yet taken back, and their bytes.
+    lost: Vec<(u64, skiff_proto::Message)>,
+    lost_bytes: usize,
+    /// Counters for [`super::LinkStats`].
+    forgotten: u64,
+    maybe_lost: u64,
+}
+
+/// What keeping `m` costs against `unconfirmed_buffer`.
+fn kept_cost(m: &skiff_proto::Message) -> usize {
+    64 + m.subject.len() + m.payload.len()
+}
+
+impl Track {
+    fn new(max: usize) -> Track {
+        Track {
+            max,
+            next: 1,
+            conn_first: 1,
+            ..Track::default()
+        }
+    }
+
+    /// A publish went to the write buffer (or was held for the next node).
+    #[inline]
+    fn sent(&mut self, m: &skiff_proto::Message) {
+        let n = self.next;
+        self.next += 1;
+        if self.max == 0 {
+            return;
+        }
+        self.bytes += kept_cost(m);
+        self.kept.push_back((n, m.clone()));
+        while self.bytes > self.max {
+            let Some((_, old)) = self.kept.pop_front() else {
+                break;
+            };
+            self.bytes -= kept_cost(&old);
+            self.forgotten += 1;
+        }
+    }
+
+    /// The node took the first `n` publishes of this connection.
+    fn taken(&mut self, n: u64) {
+        let upto = self
+            .conn_first
+            .saturating_add(n)
+            .saturating_sub(1)
+            .min(self.next - 1);
+        self.confirmed = self.confirmed.max(upto);
+        while let Some((k, m)) = self.kept.front() {
+            if *k > self.confirmed {
+                break;
+            }
+            self.bytes -= kept_cost(m);
+            self.kept.pop_front();
+        }
+    }
+
+    /// The connection was lost: what it had not confirmed moves to `lost`
+    /// (to be taken back), numbering starts afresh for the next one.
+    fn lose(&mut self, node: &str) -> Option<Unconfirmed> {
+        let last = self.next - 1;
+        let first = self.confirmed + 1;
+        self.conn_first = self.next;
+        self.confirmed = last;
+        if self.max == 0 || first > last {
+            return None;
+        }
+        let held = self.kept.len() as u64;
+        let mut subjects: Vec<String> = Vec::new();
+        for (_, m) in &self.kept {
+            if subjects.len() < 16 && !subjects.iter().any(|s| s == &*m.subject) {
+                subjects.push(m.subject.to_string());
+            }
+        }
+        self.lost_bytes += std::mem::take(&mut self.bytes);
+        self.lost.extend(self.kept.drain(..));
+        // Not taken back from an earlier loss: the oldest go first.
+        let mut drop = 0;
+        while self.lost_bytes > self.max && drop < self.lost.len() {
+            self.lost_bytes -= kept_cost(&self.lost[drop].1);
+            drop += 1;
+        }
+        self.lost.drain(..drop);
+        self.forgotten += drop as u64;
+        self.maybe_lost += last + 1 - first;
+        Some(Unconfirmed {
+            node: node.into(),
+            first,
+            last,
+            held,
+            forgotten: last + 1 - first - held,
+            subjects,
+        })
+    }
 }
 
 /// The write side of a stream link, shared by every sender and the writer
@@ -61,15 +181,43 @@ pub(crate) struct StreamTx {
 
 impl StreamTx {
     /// A write buffer that holds up to `hold_max` bytes of publishes while
-    /// failing over.
-    pub(crate) fn new(hold_max: usize) -> StreamTx {
+    /// failing over, and up to `unconfirmed_max` bytes of publishes the
+    /// node has not confirmed (0: none; then nothing is asked of the node).
+    pub(crate) fn new(hold_max: usize, unconfirmed_max: usize) -> StreamTx {
         StreamTx {
             buf: Mutex::new(TxBuf {
                 hold_max,
+                track: Track::new(unconfirmed_max),
                 ..TxBuf::default()
             }),
             ..StreamTx::default()
         }
+    }
+
+    /// Whether publishes are tracked until the node confirms them (ask
+    /// the node with `Confirm` on each connection).
+    pub(crate) fn confirms(&self) -> bool {
+        self.buf.lock().track.max > 0
+    }
+
+    /// The node took the first `n` publishes of this connection.
+    pub(crate) fn taken(&self, n: u64) {
+        self.buf.lock().track.taken(n);
+    }
+
+    /// Takes back the publishes lost nodes may not have taken, oldest
+    /// first, with their numbers.
+    pub(crate) fn take_unconfirmed(&self) -> Vec<(u64, skiff_proto::Message)> {
+        let mut b = self.buf.lock();
+        b.track.lost_bytes = 0;
+        std::mem::take(&mut b.track.lost)
+    }
+
+    /// (unconfirmed now, forgotten, maybe lost) for [`super::LinkStats`].
+    pub(crate) fn confirm_counts(&self) -> (u64, u64, u64) {
+        let b = self.buf.lock();
+        let t = &b.track;
+        (t.next - 1 - t.confirmed, t.forgotten, t.maybe_lost)
     }
 
     /// Appends a frame (`encode` writes it) to the write buffer, waiting
@@ -77,19 +225,22 @@ impl StreamTx {
     /// when the buffer becomes non-empty: the writer takes all of it at
     /// once, so one wake-up and one write carry every frame queued since.
     /// `hold`: a publish, which may wait in the buffer while failing over.
+    /// `publish`: the message of a publish, numbered and kept until the
+    /// node confirms it.
     pub(crate) async fn send_with(
         &self,
         hold: bool,
+        publish: Option<&skiff_proto::Message>,
         mut encode: impl FnMut(&mut Vec<u8>),
     ) -> Result<(), Error> {
         loop {
-            if self.try_send_with(hold, &mut encode)? {
+            if self.try_send_with(hold, publish, &mut encode)? {
                 return Ok(());
             }
             let n = self.drained.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            if self.try_send_with(hold, &mut encode)? {
+            if self.try_send_with(hold, publish, &mut encode)? {
                 return Ok(());
             }
             n.await;
@@ -99,6 +250,7 @@ impl StreamTx {
     pub(crate) fn try_send_with(
         &self,
         hold: bool,
+        publish: Option<&skiff_proto::Message>,
         encode: &mut impl FnMut(&mut Vec<u8>),
     ) -> Result<bool, Error> {
         let mut b = self.buf.lock();
@@ -108,7 +260,11 @@ impl StreamTx {
         if let Some(node) = &b.down {
             let node = node.clone();
             return if hold {
-                b.hold(encode, node)
+                let r = b.hold(encode, node);
+                if let (Ok(true), Some(m)) = (&r, publish) {
+                    b.track.sent(m);
+                }
+                r
             } else {
                 Err(Error::NodeLost { node })
             };
@@ -118,6 +274,9 @@ impl StreamTx {
         }
         let wake = b.out.is_empty();
         encode(&mut b.out);
+        if let Some(m) = publish {
+            b.track.sent(m);
+        }
         drop(b);
         if wake {
             self.wake_writer.notify_one();
@@ -160,14 +319,17 @@ impl StreamTx {
     }
 
     /// The link to `node` is lost: what was queued for it is dropped, and
-    /// from now on only publishes are taken (held).
-    pub(crate) fn go_down(&self, node: &str) {
+    /// from now on only publishes are taken (held). Returns which
+    /// publishes `node` may not have taken.
+    pub(crate) fn go_down(&self, node: &str) -> Option<Unconfirmed> {
         let mut b = self.buf.lock();
         b.out.clear();
         b.down = Some(node.into());
+        let lost = b.track.lose(node);
         drop(b);
         // Publishers waiting for room: there is room now, or a refusal.
         self.drained.notify_waiters();
+        lost
     }
 
     /// A new node welcomed the client: `first` (the restore) goes out
@@ -604,4 +766,55 @@ pub(crate) async fn write_loop(tx: Arc<StreamTx>, mut w: WriteHalf, done: onesho
     }
     let _ = w.shutdown().await;
     let _ = done.send(());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_proto::Message;
+
+    fn m(i: u64) -> Message {
+        Message::new("t.x", i.to_string())
+    }
+
+    #[test]
+    fn confirmed_publishes_are_let_go_and_the_rest_reported_on_loss() {
+        let mut t = Track::new(1 << 20);
+        for i in 1..=10 {
+            t.sent(&m(i));
+        }
+        t.taken(4);
+        assert_eq!(t.kept.len(), 6);
+        // A count that only grows; a stale or forged one changes nothing.
+        t.taken(2);
+        t.taken(u64::MAX);
+        assert_eq!(t.kept.len(), 0);
+        for i in 11..=13 {
+            t.sent(&m(i));
+        }
+        let u = t.lose("a").expect("three unconfirmed");
+        assert_eq!((u.first, u.last, u.held, u.forgotten), (11, 13, 3, 0));
+        // The next connection counts from 14.
+        t.sent(&m(14));
+        t.taken(1);
+        assert!(t.lose("b").is_none());
+        let back: Vec<u64> = t.lost.iter().map(|(n, _)| *n).collect();
+        assert_eq!(back, [11, 12, 13]);
+    }
+
+    #[test]
+    fn a_full_buffer_forgets_the_oldest_and_counts_them() {
+        let mut t = Track::new(3 * kept_cost(&m(1)));
+        for i in 1..=5 {
+            t.sent(&m(i));
+        }
+        assert_eq!(t.forgotten, 2);
+        let u = t.lose("a").unwrap();
+        assert_eq!((u.first, u.last, u.held, u.forgotten), (1, 5, 3, 2));
+        assert_eq!(t.lost[0].0, 3);
+        // Nothing kept with no buffer, nothing reported.
+        let mut off = Track::new(0);
+        off.sent(&m(1));
+        assert!(off.lose("a").is_none());
+    }
 }

@@ -39,6 +39,12 @@ pub struct SubOptions {
     /// shared with the host's other subscribers (see
     /// [`SubOptions::shared_buffer`]).
     pub shared: Option<skiff_proto::credits::Flow>,
+    /// Best effort (`reliable=false`, CMQ's loss-tolerant traffic): what
+    /// reaches this subscription from other nodes may travel as datagrams,
+    /// their loss counted in the peers' `lost`, never repaired (unless
+    /// another subscription on this node wants the same messages
+    /// reliably). Within one node nothing changes.
+    pub best_effort: bool,
 }
 
 impl Default for SubOptions {
@@ -49,11 +55,19 @@ impl Default for SubOptions {
             window: 4_096,
             syntax: Syntax::Tokens,
             shared: None,
+            best_effort: false,
         }
     }
 }
 
 impl SubOptions {
+    /// Asks for best effort between nodes (see [`SubOptions::best_effort`]).
+    #[must_use]
+    pub fn best_effort(mut self, on: bool) -> Self {
+        self.best_effort = on;
+        self
+    }
+
     /// Sets the policy.
     #[must_use]
     pub fn policy(mut self, p: Policy) -> Self {
@@ -515,6 +529,7 @@ impl Client {
                     queue: opts.queue.max(1),
                     credit: window,
                     syntax: opts.syntax,
+                    best_effort: opts.best_effort,
                 },
             )
             .await;

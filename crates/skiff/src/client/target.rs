@@ -44,6 +44,10 @@ pub(crate) struct LinkOptions {
     pub(crate) reconnect: bool,
     /// Most bytes of publishes held while no node is reachable.
     pub(crate) reconnect_buffer: usize,
+    /// Most bytes of publishes kept until the node confirms them
+    /// (`unconfirmed_buffer`; 0: none kept, nothing reported; default 1
+    /// MiB where the client fails over, else 0).
+    pub(crate) unconfirmed_buffer: usize,
     /// Longest wait for one address to connect and welcome the client.
     pub(crate) connect_timeout: Duration,
     /// Polling after a read before the runtime sleeps (see
@@ -192,11 +196,12 @@ pub(crate) struct NodeTarget {
 /// skip a live node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key, name";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, unconfirmed_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key, name";
 
 /// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
 /// the link options `reconnect`, `ping`, `ping_timeout`,
-/// `reconnect_buffer`, `connect_timeout` and `spin_us`.
+/// `reconnect_buffer`, `unconfirmed_buffer`, `connect_timeout` and
+/// `spin_us`.
 pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let l: Locator = locator.parse()?;
     l.expect_scheme("skiff, tcp, unix, tls")?;
@@ -220,6 +225,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut ping = None;
     let mut ping_timeout = None;
     let mut reconnect_buffer = 1 << 20;
+    let mut unconfirmed_buffer = None;
     let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
@@ -240,6 +246,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             "ping" => ping = Some(parse_duration(k, v)?),
             "ping_timeout" => ping_timeout = Some(parse_duration(k, v)?),
             "reconnect_buffer" => reconnect_buffer = parse_bytes(k, v)?,
+            "unconfirmed_buffer" => unconfirmed_buffer = Some(parse_bytes(k, v)?),
             "connect_timeout" => connect_timeout = parse_duration(k, v)?,
             "name" => name = Some(check_name(&percent_decode(v))?),
             "spin_us" => {
@@ -274,6 +281,9 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
         None
     };
     let reconnect = reconnect.unwrap_or(addrs.len() > 1);
+    // Unconfirmed publishes are reported on a failover: kept by default
+    // only where a lost node is replaced (a lone client just ends).
+    let unconfirmed_buffer = unconfirmed_buffer.unwrap_or(if reconnect { 1 << 20 } else { 0 });
     // Keepalive is on by default only where a lost node is replaced: a
     // lone client keeps the old behaviour (EOF and errors only).
     let ping = ping.unwrap_or(if reconnect {
@@ -303,6 +313,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             ping_timeout,
             reconnect,
             reconnect_buffer,
+            unconfirmed_buffer,
             connect_timeout,
             spin: Duration::from_micros(spin_us),
             creds,
@@ -399,6 +410,9 @@ mod tests {
         assert_eq!(t.opts.ping, Duration::from_millis(150));
         assert_eq!(t.opts.ping_timeout, Duration::from_millis(600));
         assert_eq!(t.opts.reconnect_buffer, 1 << 20);
+        assert_eq!(t.opts.unconfirmed_buffer, 1 << 20);
+        let lone = parse_target("skiff://h").unwrap();
+        assert_eq!(lone.opts.unconfirmed_buffer, 0);
 
         let one = parse_target("tcp://127.0.0.1:1").unwrap();
         assert!(!one.opts.reconnect && one.opts.ping.is_zero());
