@@ -56,7 +56,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -70,6 +70,7 @@ use skiff_proto::{Field, Message, Value};
 
 use crate::auth::{Auth, Credentials, PublicKey, Secret, User};
 use crate::broker::{Broker, Published};
+use crate::config::NatsTls;
 use crate::outbox::{Body, ClientOut, Sink};
 use crate::session::{Input, Session};
 
@@ -100,6 +101,8 @@ pub(crate) struct NatsListener {
     pub(crate) auth: Arc<Auth>,
     /// Polls after traffic (setting `spin_us`), as the stream listeners.
     pub(crate) spin: Option<Arc<skiff::spin::Spin>>,
+    /// TLS on this port (setting `nats_tls`); `None`: plaintext.
+    pub(crate) tls: Option<NatsTlsSetup>,
 }
 
 /// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
@@ -122,8 +125,7 @@ pub(crate) async fn accept(
             r = l.accept() => match r {
                 Ok((s, peer)) => {
                     let _ = s.set_nodelay(true);
-                    let (r, w) = s.into_split();
-                    conns.spawn(serve(this.clone(), r, w, peer, stop.clone()));
+                    conns.spawn(connect(this.clone(), s, peer, stop.clone()));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -132,6 +134,188 @@ pub(crate) async fn accept(
         }
     }
     while conns.join_next().await.is_some() {}
+}
+
+/// TLS on the NATS port: how ([`NatsTls`]) and with what.
+#[derive(Clone)]
+pub(crate) struct NatsTlsSetup {
+    pub(crate) mode: NatsTls,
+    /// The node's acceptor (its certificate and key; client
+    /// certificates when it has `tls_ca`).
+    pub(crate) acceptor: tokio_rustls::TlsAcceptor,
+    /// Whether clients must present a certificate (`INFO`'s
+    /// `tls_verify`).
+    pub(crate) verify: bool,
+}
+
+impl std::fmt::Debug for NatsTlsSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsTlsSetup")
+            .field("mode", &self.mode)
+            .field("verify", &self.verify)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first byte of a TLS handshake record (a ClientHello), which no
+/// NATS protocol line begins with.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The error nats-server sends a plaintext client on a port that
+/// requires TLS.
+pub const TLS_REQUIRED: &str = "Secure Connection - TLS Required";
+
+/// Serves one accepted connection: plaintext, or TLS as the listener's
+/// mode says. TLS after `INFO` (nats-server's way): `INFO` goes out in
+/// plaintext, then the client's first byte decides (a TLS record starts
+/// the handshake; anything else is refused with [`TLS_REQUIRED`] where
+/// TLS is required). Every handshake must be done within the
+/// authentication time limit (`auth_timeout_ms`); a failed, refused or
+/// stalled one is counted (`tls_failures`) and logged with its reason.
+async fn connect(
+    this: Arc<NatsListener>,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(tls) = this.tls.clone() else {
+        let (r, w) = s.into_split();
+        return serve(this, r, w, peer, stop, None).await;
+    };
+    let limit = this.auth.timeout();
+    if tls.mode == NatsTls::HandshakeFirst {
+        let Some(t) = handshake(&this, &tls, s, peer, limit).await else {
+            return;
+        };
+        let (r, w) = tokio::io::split(t);
+        return serve(this, r, w, peer, stop, None).await;
+    }
+    let hello = match Hello::new(&this, peer) {
+        Ok(h) => h,
+        Err(line) => {
+            let _ = s.write_all(&line).await;
+            let _ = s.shutdown().await;
+            return;
+        }
+    };
+    let out_id = hello.out.id;
+    let first = tokio::time::timeout(limit, async {
+        s.write_all(&hello.info).await?;
+        let mut b = [0u8; 1];
+        match s.peek(&mut b).await? {
+            0 => Ok(None),
+            _ => Ok::<_, std::io::Error>(Some(b[0])),
+        }
+    })
+    .await;
+    let refuse = |why: &str| {
+        this.broker.tls_failure();
+        crate::warn_every!("nats tls refused", peer = %peer, reason = %why, "NATS client refused before TLS");
+    };
+    match first {
+        Ok(Ok(Some(TLS_HANDSHAKE))) => match handshake(&this, &tls, s, peer, limit).await {
+            Some(t) => {
+                let (r, w) = tokio::io::split(t);
+                serve(this, r, w, peer, stop, Some(hello)).await
+            }
+            None => this.broker.detach(out_id, None),
+        },
+        Ok(Ok(Some(_))) if tls.mode == NatsTls::Optional => {
+            let (r, w) = s.into_split();
+            serve(this, r, w, peer, stop, Some(hello)).await
+        }
+        Ok(Ok(Some(_))) => {
+            refuse("plaintext on a port that requires TLS");
+            let mut b = Vec::new();
+            nats::encode_err(&mut b, TLS_REQUIRED);
+            let _ = tokio::time::timeout(limit, s.write_all(&b)).await;
+            let _ = s.shutdown().await;
+            this.broker.detach(out_id, None);
+        }
+        // Closed before a byte: nothing to count (nats.go does so when it
+        // sees `tls_required` and was not given TLS).
+        Ok(Ok(None)) | Ok(Err(_)) => this.broker.detach(out_id, None),
+        Err(_) => {
+            refuse("no TLS handshake in time (auth_timeout_ms)");
+            this.broker.detach(out_id, None);
+        }
+    }
+}
+
+/// Runs the server side of a TLS handshake within `limit`; `None`
+/// (counted and logged) when it fails or stalls.
+async fn handshake(
+    this: &NatsListener,
+    tls: &NatsTlsSetup,
+    s: TcpStream,
+    peer: SocketAddr,
+    limit: Duration,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let why = match tokio::time::timeout(limit, tls.acceptor.accept(s)).await {
+        Ok(Ok(t)) => return Some(t),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no TLS handshake in time (auth_timeout_ms)".to_owned(),
+    };
+    this.broker.tls_failure();
+    crate::warn_every!("nats tls handshake", peer = %peer, reason = %why, "NATS TLS handshake failed");
+    None
+}
+
+/// What a connection begins with: its client in the broker, the nonce
+/// to sign when the node has users, and the `INFO` line.
+struct Hello {
+    out: Arc<ClientOut>,
+    nonce: Option<String>,
+    info: Vec<u8>,
+}
+
+impl Hello {
+    /// Attaches the client; `Err`: the `-ERR` line to close with.
+    fn new(this: &NatsListener, peer: SocketAddr) -> Result<Hello, Vec<u8>> {
+        let broker = &this.broker;
+        let out = broker.attach(format!("nats:{peer}")).map_err(|f| {
+            let mut b = Vec::new();
+            nats::encode_err(
+                &mut b,
+                if f.code == Code::Limit {
+                    "maximum connections exceeded"
+                } else {
+                    "Server Shutdown"
+                },
+            );
+            b
+        })?;
+        let nonce = this.auth.enabled().then(|| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
+        });
+        let mode = this.tls.as_ref().map_or(NatsTls::Off, |t| t.mode);
+        let mut info = Vec::new();
+        let host = this.addr.ip().to_string();
+        let client_ip = peer.ip().to_string();
+        nats::encode_info(
+            &mut info,
+            &nats::Info {
+                server_id: &this.server_id,
+                server_name: &this.server_id,
+                version: ANNOUNCED_VERSION,
+                proto: nats::PROTO,
+                go: concat!("skiff ", env!("CARGO_PKG_VERSION")),
+                host: &host,
+                port: this.addr.port(),
+                headers: true,
+                max_payload: broker.limits().max_payload as u64,
+                client_id: out.id,
+                client_ip: &client_ip,
+                auth_required: nonce.is_some(),
+                tls_required: matches!(mode, NatsTls::Required | NatsTls::HandshakeFirst),
+                tls_available: mode == NatsTls::Optional,
+                tls_verify: this.tls.as_ref().is_some_and(|t| t.verify),
+                nonce: nonce.as_deref(),
+            },
+        );
+        Ok(Hello { out, nonce, info })
+    }
 }
 
 /// A NATS subscription of this connection.
@@ -193,70 +377,42 @@ impl Input for Parsed {
     }
 }
 
-/// Serves one NATS connection until either side closes it.
+/// Serves one NATS connection until either side closes it. `hello`:
+/// the client attached and its `INFO` already sent (before TLS); else
+/// both are done here.
 async fn serve<R, W>(
     this: Arc<NatsListener>,
     mut r: R,
     w: W,
     peer: SocketAddr,
     mut stop: watch::Receiver<bool>,
+    hello: Option<Hello>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let broker = this.broker.clone();
-    let out = match broker.attach(format!("nats:{peer}")) {
-        Ok(out) => out,
-        Err(f) => {
-            let mut w = w;
-            let mut b = Vec::new();
-            nats::encode_err(
-                &mut b,
-                if f.code == Code::Limit {
-                    "maximum connections exceeded"
-                } else {
-                    "Server Shutdown"
-                },
-            );
-            let _ = w.write_all(&b).await;
-            let _ = w.shutdown().await;
-            return;
-        }
-    };
-    let limits = broker.limits().clone();
     let conn = Arc::new(Conn {
         shared: Mutex::new(Shared::default()),
         wake: Notify::new(),
     });
-    let auth = this.auth.enabled().then(|| {
-        use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
-    });
-    {
-        let mut info = Vec::new();
-        let host = this.addr.ip().to_string();
-        let client_ip = peer.ip().to_string();
-        nats::encode_info(
-            &mut info,
-            &nats::Info {
-                server_id: &this.server_id,
-                server_name: &this.server_id,
-                version: ANNOUNCED_VERSION,
-                proto: nats::PROTO,
-                go: concat!("skiff ", env!("CARGO_PKG_VERSION")),
-                host: &host,
-                port: this.addr.port(),
-                headers: true,
-                max_payload: limits.max_payload as u64,
-                client_id: out.id,
-                client_ip: &client_ip,
-                auth_required: auth.is_some(),
-                tls_required: false,
-                nonce: auth.as_deref(),
-            },
-        );
-        conn.say(&info);
-    }
+    let Hello { out, nonce, .. } = match hello {
+        Some(h) => h,
+        None => match Hello::new(&this, peer) {
+            Ok(h) => {
+                conn.say(&h.info);
+                h
+            }
+            Err(line) => {
+                let mut w = w;
+                let _ = w.write_all(&line).await;
+                let _ = w.shutdown().await;
+                return;
+            }
+        },
+    };
+    let auth = nonce;
+    let limits = broker.limits().clone();
     let writer = tokio::spawn(write_loop(broker.clone(), out.clone(), conn.clone(), w));
     let mut reader = Reader {
         broker: broker.clone(),
