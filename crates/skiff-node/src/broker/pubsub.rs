@@ -180,7 +180,9 @@ impl Broker {
             }
         });
         // Groups with members on other nodes for this subject: each node
-        // advertises its members' patterns under `queue_interest`.
+        // advertises its members' patterns under `queue_interest`. (The
+        // routing lock, then the mesh's `core`: the order every broker
+        // path takes; the mesh never calls the broker holding its locks.)
         let mut remote: Vec<(&str, Vec<(u64, SocketAddr)>)> = Vec::new();
         if let (Groups::Mesh(_), Some(m)) = (&groups, self.mesh.get()) {
             for g in remote_clusters.keys() {
@@ -305,6 +307,16 @@ impl Broker {
         }
         if c.sids.contains_key(&sid) {
             return Err((Code::Invalid, format!("subscription id {sid} is in use")));
+        }
+        // Other nodes learn of a queue subscription by its interest under
+        // `queue_interest`, which must be a pattern too.
+        if let Some(g) = &group {
+            if let Err(e) = skiff_proto::router::Pattern::new(&queue_interest(g, &pattern)) {
+                return Err((
+                    Code::Invalid,
+                    format!("queue group {g:?} with pattern {pattern:?}: {e}"),
+                ));
+            }
         }
         // The queue exists before the interest, so nothing matched is lost.
         me.add_sub(sid, queue as usize, policy, credit);

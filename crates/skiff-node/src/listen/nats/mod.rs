@@ -22,10 +22,12 @@
 //!   subject;
 //! - a message a NATS client must answer (a request from anyone) carries a
 //!   reply subject `_SKIFF_REPLY.<token>`; publishing to it is the reply;
-//! - a queue group (`SUB subject group sid`) shares the subject's messages
-//!   and requests among its members on this node (one each, round robin),
-//!   and its members also join the skiff cluster named as the group, so
-//!   skiff clients reach them with cluster requests and broadcasts;
+//! - a queue group (`SUB subject group sid`): its members join the skiff
+//!   cluster named as the group (so skiff clients reach them with cluster
+//!   requests and broadcasts), and each message on the subject reaches
+//!   one member in the whole mesh, chosen by the cluster's
+//!   capacity-weighted choice (`Broker::route`); a request, one member on
+//!   each node with members;
 //! - headers are message fields (string values), a skiff message's type
 //!   is the header [`TYPE_HEADER`], a header block's status line the
 //!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
@@ -36,6 +38,10 @@
 //!   while a subscriber's queue is full, and a client that takes no bytes
 //!   for `write_deadline_ms` while the node has some for it is closed
 //!   (with no `-ERR`) and counted in `slow_consumers`.
+//!
+//! TLS (setting `nats_tls`, see [`NatsTls`]): `INFO` in plaintext with
+//! `tls_required`, then the client's handshake on the same connection, as
+//! nats-server; or `tls_available`; or TLS first (`handshake_first`).
 //!
 //! Limits: the control line ([`MAX_CONTROL_LINE`]) and payload
 //! (`max_payload`, headers included) are checked before anything is
@@ -134,131 +140,6 @@ pub(crate) async fn accept(
         }
     }
     while conns.join_next().await.is_some() {}
-}
-
-/// TLS on the NATS port: how ([`NatsTls`]) and with what.
-#[derive(Clone)]
-pub(crate) struct NatsTlsSetup {
-    pub(crate) mode: NatsTls,
-    /// The node's acceptor (its certificate and key; client
-    /// certificates when it has `tls_ca`).
-    pub(crate) acceptor: tokio_rustls::TlsAcceptor,
-    /// Whether clients must present a certificate (`INFO`'s
-    /// `tls_verify`).
-    pub(crate) verify: bool,
-}
-
-impl std::fmt::Debug for NatsTlsSetup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsTlsSetup")
-            .field("mode", &self.mode)
-            .field("verify", &self.verify)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The first byte of a TLS handshake record (a ClientHello), which no
-/// NATS protocol line begins with.
-const TLS_HANDSHAKE: u8 = 0x16;
-
-/// The error nats-server sends a plaintext client on a port that
-/// requires TLS.
-pub const TLS_REQUIRED: &str = "Secure Connection - TLS Required";
-
-/// Serves one accepted connection: plaintext, or TLS as the listener's
-/// mode says. TLS after `INFO` (nats-server's way): `INFO` goes out in
-/// plaintext, then the client's first byte decides (a TLS record starts
-/// the handshake; anything else is refused with [`TLS_REQUIRED`] where
-/// TLS is required). Every handshake must be done within the
-/// authentication time limit (`auth_timeout_ms`); a failed, refused or
-/// stalled one is counted (`tls_failures`) and logged with its reason.
-async fn connect(
-    this: Arc<NatsListener>,
-    mut s: TcpStream,
-    peer: SocketAddr,
-    stop: watch::Receiver<bool>,
-) {
-    let Some(tls) = this.tls.clone() else {
-        let (r, w) = s.into_split();
-        return serve(this, r, w, peer, stop, None).await;
-    };
-    let limit = this.auth.timeout();
-    if tls.mode == NatsTls::HandshakeFirst {
-        let Some(t) = handshake(&this, &tls, s, peer, limit).await else {
-            return;
-        };
-        let (r, w) = tokio::io::split(t);
-        return serve(this, r, w, peer, stop, None).await;
-    }
-    let hello = match Hello::new(&this, peer) {
-        Ok(h) => h,
-        Err(line) => {
-            let _ = s.write_all(&line).await;
-            let _ = s.shutdown().await;
-            return;
-        }
-    };
-    let out_id = hello.out.id;
-    let first = tokio::time::timeout(limit, async {
-        s.write_all(&hello.info).await?;
-        let mut b = [0u8; 1];
-        match s.peek(&mut b).await? {
-            0 => Ok(None),
-            _ => Ok::<_, std::io::Error>(Some(b[0])),
-        }
-    })
-    .await;
-    let refuse = |why: &str| {
-        this.broker.tls_failure();
-        crate::warn_every!("nats tls refused", peer = %peer, reason = %why, "NATS client refused before TLS");
-    };
-    match first {
-        Ok(Ok(Some(TLS_HANDSHAKE))) => match handshake(&this, &tls, s, peer, limit).await {
-            Some(t) => {
-                let (r, w) = tokio::io::split(t);
-                serve(this, r, w, peer, stop, Some(hello)).await
-            }
-            None => this.broker.detach(out_id, None),
-        },
-        Ok(Ok(Some(_))) if tls.mode == NatsTls::Optional => {
-            let (r, w) = s.into_split();
-            serve(this, r, w, peer, stop, Some(hello)).await
-        }
-        Ok(Ok(Some(_))) => {
-            refuse("plaintext on a port that requires TLS");
-            let mut b = Vec::new();
-            nats::encode_err(&mut b, TLS_REQUIRED);
-            let _ = tokio::time::timeout(limit, s.write_all(&b)).await;
-            let _ = s.shutdown().await;
-            this.broker.detach(out_id, None);
-        }
-        // Closed before a byte: nothing to count (nats.go does so when it
-        // sees `tls_required` and was not given TLS).
-        Ok(Ok(None)) | Ok(Err(_)) => this.broker.detach(out_id, None),
-        Err(_) => {
-            refuse("no TLS handshake in time (auth_timeout_ms)");
-            this.broker.detach(out_id, None);
-        }
-    }
-}
-
-/// Runs the server side of a TLS handshake within `limit`; `None`
-/// (counted and logged) when it fails or stalls.
-async fn handshake(
-    this: &NatsListener,
-    tls: &NatsTlsSetup,
-    s: TcpStream,
-    peer: SocketAddr,
-    limit: Duration,
-) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-    let why = match tokio::time::timeout(limit, tls.acceptor.accept(s)).await {
-        Ok(Ok(t)) => return Some(t),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => "no TLS handshake in time (auth_timeout_ms)".to_owned(),
-    };
-    this.broker.tls_failure();
-    crate::warn_every!("nats tls handshake", peer = %peer, reason = %why, "NATS TLS handshake failed");
-    None
 }
 
 /// What a connection begins with: its client in the broker, the nonce
@@ -1036,5 +917,9 @@ fn end_sub(broker: &Broker, out: &Arc<ClientOut>, conn: &Conn, id: u64) -> Optio
     s.and_then(|s| s.group)
 }
 
+mod tls;
 mod write;
+use tls::connect;
+pub(crate) use tls::NatsTlsSetup;
+pub use tls::TLS_REQUIRED;
 use write::write_loop;
