@@ -996,4 +996,29 @@ mod nats_setting {
             Config::from_toml("nats = \"127.0.0.1:4333\"", std::path::Path::new("x.toml")).unwrap();
         assert_eq!(t.nats.unwrap().port(), 4333);
     }
+
+    #[test]
+    fn nats_tls_from_every_source() {
+        use super::NatsTls;
+        let mut c = Config::default();
+        assert_eq!(c.nats_tls, NatsTls::Off);
+        for (v, m) in [
+            ("required", NatsTls::Required),
+            ("on", NatsTls::Required),
+            ("optional", NatsTls::Optional),
+            ("handshake_first", NatsTls::HandshakeFirst),
+            ("off", NatsTls::Off),
+        ] {
+            c.set("nats_tls", v).unwrap();
+            assert_eq!(c.nats_tls, m, "{v}");
+        }
+        assert!(c.set("nats_tls", "maybe").is_err());
+        let t = Config::from_toml(
+            "nats_tls = \"handshake_first\"",
+            std::path::Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(t.nats_tls, NatsTls::HandshakeFirst);
+        assert!(Config::from_toml("nats_tls = \"x\"", std::path::Path::new("x.toml")).is_err());
+    }
 }
