@@ -2,8 +2,9 @@
 # NATS clients nobody here wrote against skiff's NATS listener: nats-py
 # (PyPI), nats.go (Go module proxy) and nats.js (`nats` on npm), each
 # installed once into target/nats-clients. Starts two meshed nodes (A, B)
-# with --nats, and for each client two more (C, D) for reconnection, then
-# runs tests/nats/{py,go,js}. Usage: tests/nats/run.sh [py] [go] [js]
+# with --nats, a node with users (E), two with TLS on the NATS port (F:
+# required, G: handshake_first), and for each client two more (C, D) for
+# reconnection, then runs tests/nats/{py,go,js}. Usage: tests/nats/run.sh [py] [go] [js]
 # (default all). SKIFF=path picks the skiff binary (default target/debug).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -89,6 +90,22 @@ public_key = "UBQQ2KVTSNUWYGO7OIAY2BALDUNRVQUFNNDDBH2ZPRMJFWCJL22TSWCS"
 TOML
 start E --config "$tmp/auth.toml"
 export NATS_AUTH=$E_NATS
+
+# F and G: TLS on the NATS port (F: INFO in plaintext, then TLS, as
+# nats-server; G: handshake_first), with a CA and a certificate for
+# 127.0.0.1 made here by openssl (scripts/test.sh installs it).
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj "/CN=skiff nats test ca" -addext "basicConstraints=critical,CA:TRUE" \
+  -addext "keyUsage=critical,keyCertSign,cRLSign" \
+  -keyout "$tmp/ca.key" -out "$tmp/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$tmp/node.key" -out "$tmp/node.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$tmp/ext"
+openssl x509 -req -in "$tmp/node.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -CAcreateserial \
+  -days 2 -extfile "$tmp/ext" -out "$tmp/node.pem" 2>/dev/null
+start F --tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key" --nats-tls required
+start G --tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key" --nats-tls handshake_first
+export NATS_TLS=$F_NATS NATS_TLS_FIRST=$G_NATS NATS_CA="$tmp/ca.pem"
 
 failed=0
 for c in "${clients[@]}"; do

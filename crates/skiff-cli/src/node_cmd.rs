@@ -109,6 +109,11 @@ pub(crate) struct NodeArgs {
     /// address: host:port, or a host alone for port 4222.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:4222")]
     nats: Option<String>,
+    /// TLS on the NATS port, with --tls-cert and --tls-key: `required`
+    /// (INFO in plaintext, then TLS, as nats-server), `optional`
+    /// (clients choose), `handshake_first` (TLS before INFO), or `off`.
+    #[arg(long, value_name = "MODE")]
+    nats_tls: Option<String>,
     /// Join a mesh of nodes on this UDP address (alone: 0.0.0.0:0, found
     /// by multicast scouting); `off` for a standalone node.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:0")]
@@ -209,6 +214,9 @@ fn node_config(a: &NodeArgs) -> std::result::Result<Config, skiff_node::ConfigEr
     }
     if let Some(n) = &a.nats {
         cfg.set("nats", n)?;
+    }
+    if let Some(n) = &a.nats_tls {
+        cfg.set("nats_tls", n)?;
     }
     if let Some(m) = &a.mesh {
         cfg.set("mesh", m)?;

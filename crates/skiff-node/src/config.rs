@@ -30,6 +30,8 @@
 //! tls_cert = "node.pem"         # optional: the TCP listener speaks TLS 1.3 only
 //! tls_key = "node.key"
 //! tls_ca = "clients-ca.pem"     # optional: require client certificates (mutual TLS)
+//! nats_tls = "required"         # optional: TLS on the NATS port with the node's certificate
+//!                               # (off, required, optional, handshake_first; see `NatsTls`)
 //! write_deadline_ms = 10000     # a NATS client taking nothing this long is a slow consumer
 //! [auth]                        # optional: see `crate::auth` (SKIFF_TOKEN, --auth-token)
 //! token = "…"
@@ -163,6 +165,41 @@ impl Limits {
 /// clients expect).
 pub const NATS_PORT: u16 = 4222;
 
+/// How the NATS listener speaks TLS, as nats-server does on its client
+/// port. Every mode but `Off` needs the node's `tls_cert` and `tls_key`
+/// (and with `tls_ca`, clients must present a certificate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NatsTls {
+    /// Plaintext only.
+    #[default]
+    Off,
+    /// `INFO` in plaintext says `tls_required`; the client then starts
+    /// TLS on the same connection, and everything after is encrypted. A
+    /// client that sends plaintext instead is told
+    /// `-ERR 'Secure Connection - TLS Required'` and closed.
+    Required,
+    /// `INFO` says `tls_available`: the client may start TLS or go on in
+    /// plaintext (nats-server's `allow_non_tls`).
+    Optional,
+    /// TLS from the first byte, `INFO` after it (nats-server's
+    /// `handshake_first`; clients must be configured for it).
+    HandshakeFirst,
+}
+
+impl NatsTls {
+    /// Parses a setting's value.
+    pub fn parse(v: &str) -> Option<NatsTls> {
+        Some(match v {
+            "" | "off" | "none" | "false" | "no" => NatsTls::Off,
+            "on" | "true" | "yes" | "required" => NatsTls::Required,
+            "optional" | "available" => NatsTls::Optional,
+            "handshake_first" | "first" => NatsTls::HandshakeFirst,
+            _ => return None,
+        })
+    }
+}
+
 /// The largest `spin_us` accepted: a second of polling is already far past
 /// any use.
 const MAX_SPIN_US: u64 = 1_000_000;
@@ -182,6 +219,7 @@ const SETTINGS: &[&str] = &[
     "unix",
     "shm",
     "nats",
+    "nats_tls",
     "wake_latency_us",
     "workers",
     "spin_us",
@@ -231,6 +269,9 @@ pub struct Config {
     /// Address of the NATS client protocol listener (`nats = "host:port"`;
     /// a host alone takes port [`NATS_PORT`]); `None` for none.
     pub nats: Option<SocketAddr>,
+    /// Whether and how the NATS listener speaks TLS (with the node's
+    /// `tls_cert` and `tls_key`, and `tls_ca` for client certificates).
+    pub nats_tls: NatsTls,
     /// Limits.
     pub limits: Limits,
     /// The mesh (`[mesh]`); `None`: a standalone node.
@@ -278,6 +319,7 @@ impl Default for Config {
             unix: None,
             shm: None,
             nats: None,
+            nats_tls: NatsTls::Off,
             limits: Limits::default(),
             mesh: None,
             wake_latency_us: None,
@@ -345,6 +387,7 @@ impl Config {
             unix: Option<PathBuf>,
             shm: Option<String>,
             nats: Option<String>,
+            nats_tls: Option<String>,
             #[serde(default)]
             limits: Limits,
             mesh: Option<MeshSettings>,
@@ -389,6 +432,9 @@ impl Config {
         }
         if let Some(t) = raw.nats {
             c.set("nats", &t)?;
+        }
+        if let Some(t) = raw.nats_tls {
+            c.set("nats_tls", &t)?;
         }
         if let Err(e) = crate::auth::Auth::new(&c.auth) {
             return Err(ConfigError::Toml {
@@ -641,6 +687,10 @@ impl Config {
                         })?,
                 ),
             },
+            "nats_tls" => {
+                self.nats_tls = NatsTls::parse(value.trim())
+                    .ok_or_else(|| bad("off, required, optional or handshake_first"))?
+            }
             "unix" => {
                 self.unix = (!value.is_empty() && value != "none").then(|| PathBuf::from(value))
             }
@@ -945,5 +995,30 @@ mod nats_setting {
         let t =
             Config::from_toml("nats = \"127.0.0.1:4333\"", std::path::Path::new("x.toml")).unwrap();
         assert_eq!(t.nats.unwrap().port(), 4333);
+    }
+
+    #[test]
+    fn nats_tls_from_every_source() {
+        use super::NatsTls;
+        let mut c = Config::default();
+        assert_eq!(c.nats_tls, NatsTls::Off);
+        for (v, m) in [
+            ("required", NatsTls::Required),
+            ("on", NatsTls::Required),
+            ("optional", NatsTls::Optional),
+            ("handshake_first", NatsTls::HandshakeFirst),
+            ("off", NatsTls::Off),
+        ] {
+            c.set("nats_tls", v).unwrap();
+            assert_eq!(c.nats_tls, m, "{v}");
+        }
+        assert!(c.set("nats_tls", "maybe").is_err());
+        let t = Config::from_toml(
+            "nats_tls = \"handshake_first\"",
+            std::path::Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(t.nats_tls, NatsTls::HandshakeFirst);
+        assert!(Config::from_toml("nats_tls = \"x\"", std::path::Path::new("x.toml")).is_err());
     }
 }

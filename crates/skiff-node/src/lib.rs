@@ -47,7 +47,7 @@ pub mod session;
 pub mod wake;
 
 pub use broker::{Broker, Fatal};
-pub use config::{Config, ConfigError, Limits};
+pub use config::{Config, ConfigError, Limits, NatsTls};
 pub use listen::mem::MemLink;
 pub use listen::shm::{ShmListener, ShmStats};
 pub use mesh::{MeshLink, MeshSettings};

@@ -16,6 +16,7 @@
 //! | 3 | reply | origin token u64, message |
 //! | 4 | done | origin token u64, responders reached u32 |
 //! | 5 | broadcast | cluster, message |
+//! | 6 | queue group | group, message (for one member of the group here) |
 //!
 //! Names and keys are varint-length-prefixed; integers little-endian. The
 //! codec and its byte diagrams are [`skiff_proto::mesh::node_frame`].
@@ -449,6 +450,27 @@ impl MeshLink {
         self.send(peer, &f)
     }
 
+    /// Sends a published message (its wire encoding `raw`) to `peer` for
+    /// one member of queue group `group` there (this node chose `peer` for
+    /// the group); `false` when the send queue dropped it (counted there).
+    pub(crate) fn publish_group(
+        &self,
+        peer: SocketAddr,
+        group: &str,
+        subject: &str,
+        raw: &[u8],
+    ) -> bool {
+        let mut head = Vec::with_capacity(group.len() + 4);
+        node_frame::group_head(&mut head, group);
+        let ok = self
+            .tunnels
+            .lock()
+            .push_node(Instant::now(), peer, &[&head, raw], Some(subject))
+            == sendq::Pushed::Queued;
+        self.wake.notify_one();
+        ok
+    }
+
     pub(crate) fn broadcast(&self, peer: SocketAddr, cluster: &str, msg: &Message) -> bool {
         let mut f = Vec::new();
         node_frame::encode_broadcast(&mut f, cluster, msg);
@@ -493,6 +515,7 @@ impl MeshLink {
             NodeFrame::Reply { token, msg } => broker.remote_reply(token, msg),
             NodeFrame::Done { token, reached } => broker.remote_done(token, reached),
             NodeFrame::Bcast { cluster, msg } => broker.deliver_broadcast(&cluster, msg),
+            NodeFrame::Group { group, msg } => broker.deliver_group(&group, msg),
         }
         Ok(())
     }

@@ -195,6 +195,20 @@ impl Node {
             }
         };
         node.tls = tls.is_some();
+        let nats_tls = match (config.nats_tls, &tls) {
+            (crate::config::NatsTls::Off, _) => None,
+            (mode, Some(acceptor)) => Some(crate::listen::nats::NatsTlsSetup {
+                mode,
+                acceptor: acceptor.clone(),
+                verify: config.tls_ca.is_some(),
+            }),
+            (_, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "nats_tls needs the node's tls_cert and tls_key",
+                ))
+            }
+        };
         if let Some(addr) = config.tcp {
             let l = TcpListener::bind(addr)
                 .await
@@ -246,6 +260,7 @@ impl Node {
                 addr,
                 server_id: crate::listen::nats::server_id(),
                 spin: spin.clone(),
+                tls: nats_tls,
             });
             set.spawn(crate::listen::nats::accept(l, this, node.stop.subscribe()));
         }

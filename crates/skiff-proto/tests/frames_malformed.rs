@@ -39,7 +39,9 @@ fn node_empty_and_unknown_op() {
         })
     );
     assert_eq!(node(vec![0]), Err(WireError::Kind(0)));
-    assert_eq!(node(vec![6, 1, 2]), Err(WireError::Kind(6)));
+    assert_eq!(node(vec![7, 1, 2]), Err(WireError::Kind(7)));
+    // A group frame whose name runs past the frame.
+    assert!(node(vec![op::GROUP, 5, b'a']).is_err());
 }
 
 #[test]

@@ -63,6 +63,7 @@ fn node_frame() -> impl Strategy<Value = NodeFrame> {
         (any::<u64>(), any::<u32>())
             .prop_map(|(token, reached)| NodeFrame::Done { token, reached }),
         (name(), message()).prop_map(|(cluster, msg)| NodeFrame::Bcast { cluster, msg }),
+        (name(), message()).prop_map(|(group, msg)| NodeFrame::Group { group, msg }),
     ]
 }
 
@@ -195,6 +196,10 @@ proptest! {
             NodeFrame::Reply { token, msg } => node_frame::encode_reply(&mut parts, *token, msg),
             NodeFrame::Done { token, reached } => node_frame::encode_done(&mut parts, *token, *reached),
             NodeFrame::Bcast { cluster, msg } => node_frame::encode_broadcast(&mut parts, cluster, msg),
+            NodeFrame::Group { group, msg } => {
+                node_frame::group_head(&mut parts, group);
+                skiff_proto::wire::encode_message(&mut parts, msg, false);
+            }
         }
         prop_assert_eq!(&parts[..], &node_bytes(&f)[..]);
     }

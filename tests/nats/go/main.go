@@ -253,6 +253,100 @@ func reconnect() {
 	nc.Close()
 }
 
+// secure: NATS_TLS requires TLS after INFO, NATS_TLS_FIRST wants TLS
+// first; both have a certificate from the CA in NATS_CA.
+func secure() {
+	url, ca := os.Getenv("NATS_TLS"), os.Getenv("NATS_CA")
+	_, err := nats.Connect(url, nats.MaxReconnects(0))
+	check(err != nil, "a client not trusting the node's CA fails on a TLS port: %v", err)
+	nc, err := nats.Connect(url, nats.RootCAs(ca), nats.Secure())
+	must(err)
+	st, err := nc.TLSConnectionState()
+	must(err)
+	check(st.HandshakeComplete, "TLS handshake complete")
+	_, got := collect(nc, "go.tls.*", "")
+	_, err = nc.Subscribe("go.tlssvc", func(m *nats.Msg) { m.Respond(append([]byte("tls:"), m.Data...)) })
+	must(err)
+	must(nc.Publish("go.tls.x", []byte("secret")))
+	until(func() bool { return got.n() == 1 }, "publish/subscribe over TLS")
+	check(string(got.all()[0].Data) == "secret", "payload over TLS")
+	r, err := nc.Request("go.tlssvc", []byte("q"), 3*time.Second)
+	must(err)
+	check(string(r.Data) == "tls:q", "request over TLS: %q", r.Data)
+	nc.Close()
+
+	first, err := nats.Connect(os.Getenv("NATS_TLS_FIRST"), nats.RootCAs(ca), nats.TLSHandshakeFirst())
+	must(err)
+	_, got = collect(first, "go.first", "")
+	must(first.Publish("go.first", []byte("f")))
+	until(func() bool { return got.n() == 1 }, "handshake_first")
+	first.Close()
+}
+
+// meshQueue: queue subscribers on both meshed nodes (one on A, three on
+// B): each message reaches the group once in the whole mesh, spread by
+// the nodes' capacity (B weighs 3, A 1).
+func meshQueue() {
+	a, err := nats.Connect(os.Getenv("NATS_A"))
+	must(err)
+	conns := []*nats.Conn{a}
+	for i := 0; i < 3; i++ {
+		b, err := nats.Connect(os.Getenv("NATS_B"))
+		must(err)
+		conns = append(conns, b)
+	}
+	var boxes []*box
+	for _, c := range conns {
+		_, bx := collect(c, "go.mq", "mq")
+		boxes = append(boxes, bx)
+	}
+	_, plainB := collect(conns[1], "go.mq", "")
+	// Until A knows B's members: a probe reaches B's plain subscriber.
+	pub, err := nats.Connect(os.Getenv("NATS_A"))
+	must(err)
+	_, probe := collect(conns[1], "go.mq.probe", "")
+	for i := 0; i < 200 && probe.n() == 0; i++ {
+		must(pub.Publish("go.mq.probe", []byte("p")))
+		time.Sleep(25 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	const n = 400
+	for _, bx := range boxes {
+		bx.mu.Lock()
+		bx.msgs = nil
+		bx.mu.Unlock()
+	}
+	plainB.mu.Lock()
+	plainB.msgs = nil
+	plainB.mu.Unlock()
+	for i := 0; i < n; i++ {
+		must(pub.Publish("go.mq", []byte(strconv.Itoa(i))))
+	}
+	must(pub.Flush())
+	total := func() int {
+		t := 0
+		for _, bx := range boxes {
+			t += bx.n()
+		}
+		return t
+	}
+	until(func() bool { return total() >= n && plainB.n() == n }, "queue group across the mesh")
+	time.Sleep(300 * time.Millisecond)
+	seen := map[string]int{}
+	for _, bx := range boxes {
+		for _, m := range bx.all() {
+			seen[string(m.Data)]++
+		}
+	}
+	check(total() == n && len(seen) == n, "each message once to the group across the mesh: %d copies of %d messages", total(), len(seen))
+	onA := boxes[0].n()
+	check(onA >= n/10 && onA <= n*2/5, "A's member got %d of %d (B's three: %d %d %d)", onA, n, boxes[1].n(), boxes[2].n(), boxes[3].n())
+	check(plainB.n() == n, "a plain subscriber gets every message: %d", plainB.n())
+	for _, c := range append(conns, pub) {
+		c.Close()
+	}
+}
+
 // auth: NATS_AUTH is a node with users (see tests/nats/run.sh).
 func auth() {
 	url := os.Getenv("NATS_AUTH")
@@ -308,6 +402,8 @@ func main() {
 	interop(nc)
 	nc.Close()
 	mesh()
+	meshQueue()
+	secure()
 	auth()
 	reconnect()
 	fmt.Printf("nats.go: %d checks passed\n", passed)

@@ -150,6 +150,31 @@ async function mesh() {
   await b.close();
 }
 
+async function secure() {
+  let refused = false;
+  try {
+    const nc = await connect({ servers: E.NATS_TLS, reconnect: false });
+    await nc.close();
+  } catch (e) {
+    refused = true;
+  }
+  check(refused, "a client without the node's CA refused on a TLS port");
+  const nc = await connect({ servers: E.NATS_TLS, tls: { caFile: E.NATS_CA } });
+  const [, got] = await collect(nc, "js.tls.*");
+  nc.subscribe("js.tlssvc", { callback: (err, m) => m.respond(enc.encode("tls:" + dec.decode(m.data))) });
+  nc.publish("js.tls.x", enc.encode("secret"));
+  await until(() => got.length === 1, "publish/subscribe over TLS");
+  check(dec.decode(got[0].data) === "secret", "payload over TLS");
+  const r = await nc.request("js.tlssvc", enc.encode("q"), { timeout: 3000 });
+  check(dec.decode(r.data) === "tls:q", "request over TLS");
+  await nc.close();
+  const first = await connect({ servers: E.NATS_TLS_FIRST, tls: { caFile: E.NATS_CA, handshakeFirst: true } });
+  const [, f] = await collect(first, "js.first");
+  first.publish("js.first", enc.encode("f"));
+  await until(() => f.length === 1, "handshake_first");
+  await first.close();
+}
+
 async function auth() {
   const url = E.NATS_AUTH;
   for (const bad of [{}, { token: "nope" }, { user: "alice", pass: "nope" }]) {
@@ -192,6 +217,7 @@ async function reconnect() {
   await interop(nc);
   await nc.close();
   await mesh();
+  await secure();
   await auth();
   await reconnect();
   console.log(`nats.js: ${passed} checks passed`);

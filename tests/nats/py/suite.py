@@ -7,6 +7,7 @@ KILL_C (two more nodes, the pid of the first, for reconnection).
 import asyncio
 import os
 import signal
+import ssl
 import subprocess
 import sys
 
@@ -226,6 +227,62 @@ async def auth():
     await tok.close()
 
 
+async def secure():
+    """TLS: NATS_TLS requires it after INFO, NATS_TLS_FIRST wants it first."""
+    ctx = ssl.create_default_context(cafile=E["NATS_CA"])
+    try:
+        nc = await nats.connect(E["NATS_TLS"], allow_reconnect=False, max_reconnect_attempts=0, error_cb=quiet)
+        await nc.close()
+        check(False, "a client without TLS refused on a TLS port")
+    except Exception:
+        check(True, "refused")
+    nc = await nats.connect(E["NATS_TLS"], tls=ctx, error_cb=quiet)
+    _, got = await collect(nc, "py.tls.*")
+
+    async def answer(m):
+        await m.respond(b"tls:" + m.data)
+
+    await nc.subscribe("py.tlssvc", cb=answer)
+    await nc.publish("py.tls.x", b"secret")
+    await until(lambda: got, "publish/subscribe over TLS")
+    check(got[0].data == b"secret", "payload over TLS")
+    r = await nc.request("py.tlssvc", b"q", timeout=3)
+    check(r.data == b"tls:q", f"request over TLS: {r.data!r}")
+    await nc.close()
+    first = await nats.connect(E["NATS_TLS_FIRST"], tls=ctx, tls_handshake_first=True, error_cb=quiet)
+    _, got = await collect(first, "py.first")
+    await first.publish("py.first", b"f")
+    await until(lambda: got, "handshake_first")
+    await first.close()
+
+
+async def mesh_queue():
+    """Queue subscribers on both meshed nodes: each message once to the group."""
+    conns = [await nats.connect(E["NATS_A"])] + [await nats.connect(E["NATS_B"]) for _ in range(3)]
+    boxes = [(await collect(c, "py.mq", queue="mq"))[1] for c in conns]
+    _, plain = await collect(conns[1], "py.mq")
+    pub = await nats.connect(E["NATS_A"])
+    _, probe = await collect(conns[1], "py.mq.probe")
+    for _ in range(200):
+        await pub.publish("py.mq.probe", b"p")
+        await asyncio.sleep(0.025)
+        if probe:
+            break
+    await asyncio.sleep(0.5)
+    n = 400
+    for i in range(n):
+        await pub.publish("py.mq", str(i).encode())
+    await pub.flush()
+    await until(lambda: sum(map(len, boxes)) >= n and len(plain) == n, "queue group across the mesh", 10)
+    await asyncio.sleep(0.3)
+    got = sorted(int(m.data) for b in boxes for m in b)
+    check(got == list(range(n)), f"each message once to the group across the mesh ({len(got)} copies)")
+    on_a = len(boxes[0])
+    check(n // 10 <= on_a <= n * 2 // 5, f"A's member got {on_a} of {n}: {[len(b) for b in boxes]}")
+    for c in conns + [pub]:
+        await c.close()
+
+
 async def reconnect():
     reconnected = asyncio.Event()
 
@@ -249,6 +306,8 @@ async def main():
     await skiff_interop(nc)
     await nc.close()
     await mesh()
+    await mesh_queue()
+    await secure()
     await auth()
     await reconnect()
     print(f"nats-py: {passed} checks passed", flush=True)

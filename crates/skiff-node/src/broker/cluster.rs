@@ -116,9 +116,11 @@ impl Broker {
         let id = *st.remote_ids.entry(peer).or_insert(next);
         st.remote_addrs.insert(id, peer);
         if advertised == 0 {
-            st.clusters.leave(cluster, id);
-        } else {
-            st.clusters.join(cluster, id, advertised - 1);
+            if st.clusters.leave(cluster, id) {
+                forget_remote_cluster(&mut st, cluster);
+            }
+        } else if st.clusters.join(cluster, id, advertised - 1) {
+            *st.remote_clusters.entry(cluster.to_owned()).or_default() += 1;
         }
     }
 
@@ -126,6 +128,10 @@ impl Broker {
     pub(crate) fn remote_down(&self, peer: SocketAddr) {
         let mut st = self.state.lock();
         if let Some(id) = st.remote_ids.get(&peer).copied() {
+            let of: Vec<String> = st.clusters.clusters_of(id).map(str::to_owned).collect();
+            for c in of {
+                forget_remote_cluster(&mut st, &c);
+            }
             st.clusters.remove_member(id);
             st.load.remove(&id);
         }
@@ -158,6 +164,16 @@ impl Broker {
     /// moment ahead of this).
     pub fn cluster_members(&self, cluster: &str) -> usize {
         self.state.lock().clusters.len(cluster)
+    }
+}
+
+/// One node fewer has members in `cluster`.
+fn forget_remote_cluster(st: &mut State, cluster: &str) {
+    if let Some(n) = st.remote_clusters.get_mut(cluster) {
+        *n -= 1;
+        if *n == 0 {
+            st.remote_clusters.remove(cluster);
+        }
     }
 }
 

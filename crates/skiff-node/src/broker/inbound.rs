@@ -72,6 +72,10 @@ impl mesh::Inbound for Broker {
         Broker::deliver_broadcast(self, cluster, msg)
     }
 
+    fn deliver_group(&self, group: &str, msg: Message) {
+        Broker::deliver_group(self, group, msg)
+    }
+
     fn remote_cluster(&self, peer: SocketAddr, cluster: &str, capacity: u32) {
         Broker::remote_cluster(self, peer, cluster, capacity)
     }

@@ -123,6 +123,9 @@ struct State {
     /// Mesh peers as cluster members: address ↔ member id (≥ [`REMOTE`]).
     remote_ids: FxHashMap<SocketAddr, u64>,
     remote_addrs: FxHashMap<u64, SocketAddr>,
+    /// Clusters other nodes have members in → how many such nodes: the
+    /// queue groups a publish may have members of elsewhere.
+    remote_clusters: FxHashMap<String, u32>,
 }
 
 /// Node-wide counters.
@@ -257,8 +260,11 @@ impl Broker {
     pub fn set_mesh(&self, link: Arc<MeshLink>) {
         let st = self.state.lock();
         for c in st.clients.values() {
-            for (_, _, p, k, (syntax, lossy)) in c.sids.values() {
+            for (id, _, p, k, (syntax, lossy)) in c.sids.values() {
                 link.add_interest(*syntax, p, k, *lossy);
+                if let Some(g) = st.subs.get(id).and_then(|e| e.group.as_deref()) {
+                    link.add_interest(Syntax::Tokens, &pubsub::queue_interest(g, p), "*", false);
+                }
             }
         }
         let _ = self.mesh.set(link);
@@ -444,9 +450,17 @@ impl Broker {
         c.out.close(error);
         st.router.remove_subscriber(client);
         for (_, (id, _, pattern, kind, (syntax, lossy))) in c.sids {
-            st.subs.remove(&id);
+            let e = st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
                 m.remove_interest(syntax, &pattern, &kind, lossy);
+                if let Some(g) = e.and_then(|e| e.group) {
+                    m.remove_interest(
+                        Syntax::Tokens,
+                        &pubsub::queue_interest(&g, &pattern),
+                        "*",
+                        false,
+                    );
+                }
             }
         }
         let joined: Vec<String> = if self.mesh.get().is_some() {

@@ -10,7 +10,9 @@ use skiff_proto::client_frame::{Code, Policy, ServerFrame, ASYNC_ERROR};
 use skiff_proto::router::{SubId, Subject, Syntax};
 use skiff_proto::{Message, WireError};
 
-use super::{Broker, State, SubEntry};
+use std::net::SocketAddr;
+
+use super::{Broker, State, SubEntry, REMOTE};
 use crate::mesh::MeshLink;
 use crate::outbox::{Body, ClientOut, Push};
 
@@ -54,42 +56,224 @@ impl Published {
     }
 }
 
+/// How a match treats queue groups (NATS `SUB subject group sid`).
+pub(super) enum Groups<'a> {
+    /// One member of each group across the mesh: a subscription here, or
+    /// another node chosen for the group (appended here with the group,
+    /// for a group frame to that node). A client's publish.
+    Mesh(&'a mut Vec<(SocketAddr, Arc<str>)>),
+    /// One member of each group among this node's subscriptions. A
+    /// request (every node with interest gets it and answers for its own
+    /// members).
+    Here,
+    /// No group member: a publish another node forwarded (that node chose
+    /// for the groups, and sends a group frame to the node it chose).
+    Skip,
+}
+
+/// The subject of the mesh interest that says a node has members of
+/// queue group `group` subscribed to `pattern` (or, with a subject for
+/// `pattern`, what a message on it matches): `_SKIFF_QUEUE.<tokens of the
+/// group>.<group>.<pattern>`. Nodes advertise it besides the pattern
+/// itself, so a publishing node knows which nodes have members of which
+/// group for a subject.
+pub(super) fn queue_interest(group: &str, pattern: &str) -> String {
+    let n = group.split('.').count();
+    format!("{QUEUE_PREFIX}.{n}.{group}.{pattern}")
+}
+
+/// The first token of [`queue_interest`] subjects.
+const QUEUE_PREFIX: &str = "_SKIFF_QUEUE";
+
+/// Which member of a queue group gets a message.
+enum Pick {
+    /// This subscription here.
+    Here(SubId, u64),
+    /// The node at this address (a group frame).
+    Node(SocketAddr),
+    None,
+}
+
+/// Chooses the member of group `group` that gets a message: among the
+/// matching subscriptions here (`here`: router id, client) and the nodes
+/// with matching members (`nodes`: cluster member id, address), by the
+/// cluster's capacity-weighted choice (the group is the skiff cluster of
+/// the same name: clients here weigh their capacity, other nodes what they
+/// advertise); a client with several subscriptions in the group, or a
+/// group whose members are not cluster members (a join refused), by round
+/// robin (`turn`).
+fn pick_member(
+    clusters: &mut skiff_proto::router::Clusters<u64>,
+    group: &str,
+    here: &[(SubId, u64)],
+    nodes: &[(u64, SocketAddr)],
+    turn: usize,
+) -> Pick {
+    let picked = clusters.pick_where(group, None, |m| {
+        if m >= REMOTE {
+            nodes.iter().any(|n| n.0 == m)
+        } else {
+            here.iter().any(|h| h.1 == m)
+        }
+    });
+    match picked {
+        Some(m) if m >= REMOTE => nodes
+            .iter()
+            .find(|n| n.0 == m)
+            .map_or(Pick::None, |n| Pick::Node(n.1)),
+        Some(c) => {
+            let mine = here.iter().filter(|h| h.1 == c).count();
+            here.iter()
+                .filter(|h| h.1 == c)
+                .nth(turn % mine.max(1))
+                .map_or(Pick::None, |h| Pick::Here(h.0, h.1))
+        }
+        None => {
+            let n = here.len() + nodes.len();
+            if n == 0 {
+                return Pick::None;
+            }
+            let k = turn % n;
+            match here.get(k) {
+                Some(h) => Pick::Here(h.0, h.1),
+                None => Pick::Node(nodes[k - here.len()].1),
+            }
+        }
+    }
+}
+
 impl Broker {
     /// Calls `each` with every subscription a message on `subject` of type
-    /// `kind` reaches: each plain one, and one member of each queue group
-    /// (round robin over the group's matching members). `no_echo`: a
-    /// client whose own subscriptions are skipped (it publishes and asked
-    /// not to get its messages back). Returns whether a queue group
-    /// matched (then the choice is per message, and a match must not be
-    /// reused for the next message).
+    /// `kind` reaches: each plain one, and of each queue group one member
+    /// as `groups` says (here, or on another node: see [`Groups::Mesh`]).
+    /// `no_echo`: a client whose own subscriptions are skipped (it
+    /// publishes and asked not to get its messages back). Returns whether
+    /// a queue group was involved (then the choice is per message, and a
+    /// match must not be reused for the next message).
     pub(super) fn route(
         &self,
-        st: &State,
+        st: &mut State,
         subject: Subject<'_>,
         kind: Option<&str>,
         no_echo: Option<u64>,
+        mut groups: Groups<'_>,
         mut each: impl FnMut(SubId, u64),
     ) -> bool {
+        let State {
+            router,
+            subs,
+            clusters,
+            remote_ids,
+            remote_clusters,
+            ..
+        } = st;
+        let skip = matches!(groups, Groups::Skip);
         let mut grouped: Vec<(&str, SubId, u64)> = Vec::new();
-        st.router.for_each_match(subject, kind, |id, client| {
+        router.for_each_match(subject, kind, |id, client| {
             if Some(client) == no_echo {
                 return;
             }
-            match st.subs.get(&id).and_then(|e| e.group.as_deref()) {
+            match subs.get(&id).and_then(|e| e.group.as_deref()) {
+                Some(_) if skip => {}
                 Some(g) => grouped.push((g, id, client)),
                 None => each(id, client),
             }
         });
-        if grouped.is_empty() {
+        // Groups with members on other nodes for this subject: each node
+        // advertises its members' patterns under `queue_interest`. (The
+        // routing lock, then the mesh's `core`: the order every broker
+        // path takes; the mesh never calls the broker holding its locks.)
+        let mut remote: Vec<(&str, Vec<(u64, SocketAddr)>)> = Vec::new();
+        if let (Groups::Mesh(_), Some(m)) = (&groups, self.mesh.get()) {
+            for g in remote_clusters.keys() {
+                let peers = m.route(&queue_interest(g, subject.as_str()), None);
+                let nodes: Vec<(u64, SocketAddr)> = peers
+                    .into_iter()
+                    .filter_map(|a| remote_ids.get(&a).map(|&id| (id, a)))
+                    .collect();
+                if !nodes.is_empty() {
+                    remote.push((g, nodes));
+                }
+            }
+        }
+        if grouped.is_empty() && remote.is_empty() {
             return false;
         }
         grouped.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        for members in grouped.chunk_by(|a, b| a.0 == b.0) {
+        let mut names: Vec<&str> = grouped
+            .iter()
+            .map(|x| x.0)
+            .chain(remote.iter().map(|r| r.0))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut here: Vec<(SubId, u64)> = Vec::new();
+        for g in names {
+            here.clear();
+            here.extend(
+                grouped
+                    .iter()
+                    .filter(|x| x.0 == g)
+                    .map(|&(_, id, client)| (id, client)),
+            );
+            let nodes = remote
+                .iter()
+                .find(|r| r.0 == g)
+                .map_or(&[][..], |r| &r.1[..]);
             let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
-            let (_, id, client) = members[turn % members.len()];
-            each(id, client);
+            match pick_member(clusters, g, &here, nodes, turn) {
+                Pick::Here(id, client) => each(id, client),
+                Pick::Node(a) => {
+                    if let Groups::Mesh(out) = &mut groups {
+                        out.push((a, g.into()));
+                    }
+                }
+                Pick::None => {}
+            }
         }
         true
+    }
+
+    /// A message another node chose this node for, for one member of
+    /// queue group `group` here; dropped and counted (`remote_drops`)
+    /// when no member matches any more or its queue is full.
+    pub(crate) fn deliver_group(&self, group: &str, msg: Message) {
+        let Ok(subject) = Subject::new(&msg.subject) else {
+            self.remote_drops.fetch_add(1, Relaxed);
+            return;
+        };
+        let mut kill = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let State {
+                router,
+                subs,
+                clusters,
+                ..
+            } = &mut *st;
+            let mut here: Vec<(SubId, u64)> = Vec::new();
+            router.for_each_match(subject, msg.kind.as_deref(), |id, client| {
+                if subs.get(&id).and_then(|e| e.group.as_deref()) == Some(group) {
+                    here.push((id, client));
+                }
+            });
+            let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
+            let Pick::Here(id, client) = pick_member(clusters, group, &here, &[], turn) else {
+                self.remote_drops.fetch_add(1, Relaxed);
+                return;
+            };
+            let Some(e) = subs.get(&id) else { return };
+            let msg = Arc::new(msg);
+            match e.out.push(e.sid, 0, &Body::Val(msg)) {
+                Push::Queued => e.out.wake(),
+                Push::Dropped => e.out.wake(),
+                Push::Full | Push::Gone => {
+                    self.remote_drops.fetch_add(1, Relaxed);
+                }
+                Push::Kill => kill.push(client),
+            }
+        }
+        self.kill_slow(kill);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -124,10 +308,26 @@ impl Broker {
         if c.sids.contains_key(&sid) {
             return Err((Code::Invalid, format!("subscription id {sid} is in use")));
         }
+        // Other nodes learn of a queue subscription by its interest under
+        // `queue_interest`, which must be a pattern too.
+        if let Some(g) = &group {
+            if let Err(e) = skiff_proto::router::Pattern::new(&queue_interest(g, &pattern)) {
+                return Err((
+                    Code::Invalid,
+                    format!("queue group {g:?} with pattern {pattern:?}: {e}"),
+                ));
+            }
+        }
         // The queue exists before the interest, so nothing matched is lost.
         me.add_sub(sid, queue as usize, policy, credit);
         match st.router.subscribe_as(syntax, &pattern, &kind, me.id) {
             Ok(id) => {
+                if let Some(m) = self.mesh.get() {
+                    m.add_interest(syntax, &pattern, &kind, lossy);
+                    if let Some(g) = &group {
+                        m.add_interest(Syntax::Tokens, &queue_interest(g, &pattern), "*", false);
+                    }
+                }
                 st.subs.insert(
                     id,
                     SubEntry {
@@ -136,9 +336,6 @@ impl Broker {
                         group,
                     },
                 );
-                if let Some(m) = self.mesh.get() {
-                    m.add_interest(syntax, &pattern, &kind, lossy);
-                }
                 c.sids
                     .insert(sid, (id, policy, pattern, kind, (syntax, lossy)));
                 Ok(())
@@ -167,16 +364,30 @@ impl Broker {
         let mut blocked: Vec<(Arc<ClientOut>, u64)> = Vec::new();
         let mut kill: Vec<u64> = Vec::new();
         let mut matched = 0usize;
+        // Queue groups this publish goes to on other nodes.
+        let mut picks: Vec<(SocketAddr, Arc<str>)> = Vec::new();
         {
             let mut st = self.state.lock();
             let st = &mut *st;
             if let Some(c) = st.clients.get_mut(&me.id) {
                 c.published += 1;
             }
-            let subs = &st.subs;
             let no_echo = me.no_echo().then_some(me.id);
-            self.route(st, subject, msg.kind.as_deref(), no_echo, |id, client| {
-                let Some(e) = subs.get(&id) else { return };
+            let mut hits: Vec<(SubId, u64)> = Vec::new();
+            let groups = match pending {
+                None => Groups::Mesh(&mut picks),
+                Some(_) => Groups::Here,
+            };
+            self.route(
+                st,
+                subject,
+                msg.kind.as_deref(),
+                no_echo,
+                groups,
+                |id, client| hits.push((id, client)),
+            );
+            for (id, client) in hits {
+                let Some(e) = st.subs.get(&id) else { continue };
                 matched += 1;
                 match e.out.push(e.sid, token, body) {
                     Push::Queued | Push::Dropped => e.out.wake(),
@@ -184,7 +395,7 @@ impl Broker {
                     Push::Kill => kill.push(client),
                     Push::Gone => matched -= 1,
                 }
-            });
+            }
             if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
                 p.expect += matched as u32;
             }
@@ -193,7 +404,11 @@ impl Broker {
                     let mut raw = Vec::new();
                     skiff_proto::wire::encode_message(&mut raw, msg, false);
                     let sent = m.publish(&msg.subject, msg.kind.as_deref(), &raw);
-                    tell_dropped(me, sent.dropped);
+                    let lost = picks
+                        .drain(..)
+                        .filter(|(a, g)| !m.publish_group(*a, g, &msg.subject, &raw))
+                        .count();
+                    tell_dropped(me, sent.dropped + lost);
                 }
             }
         }
@@ -230,7 +445,7 @@ impl Broker {
                 m.wait_room().await;
             }
         }
-        self.publish_run(me, batch, mesh.map(|m| &**m)).await
+        self.publish_run(me, batch, mesh.map(|m| &**m), false).await
     }
 
     /// Messages other nodes published, as [`Broker::publish_batch`] does
@@ -239,7 +454,7 @@ impl Broker {
     /// subscription makes the mesh wait, which holds the publishing nodes
     /// back through their flow-control windows.
     pub(crate) async fn publish_remote(&self, me: &Arc<ClientOut>, batch: &mut Vec<Published>) {
-        self.publish_run(me, batch, None).await
+        self.publish_run(me, batch, None, true).await
     }
 
     async fn publish_run(
@@ -247,6 +462,7 @@ impl Broker {
         me: &Arc<ClientOut>,
         batch: &mut Vec<Published>,
         forward: Option<&MeshLink>,
+        from_mesh: bool,
     ) {
         // A subscription that was full, with what it has still to get.
         let mut blocked: Vec<Blocked> = Vec::new();
@@ -259,6 +475,10 @@ impl Broker {
         // Messages of this round for other nodes (indices into `batch`),
         // handed to the mesh together once the routing lock is released.
         let mut fwd: Vec<usize> = Vec::new();
+        // Of those, the ones for one member of a queue group on a node
+        // this node chose: (index, node, group).
+        let mut to_groups: Vec<(usize, SocketAddr, Arc<str>)> = Vec::new();
+        let mut picks: Vec<(SocketAddr, Arc<str>)> = Vec::new();
         let mut i = 0;
         while i < batch.len() {
             {
@@ -272,6 +492,7 @@ impl Broker {
                 let no_echo = me.no_echo().then_some(me.id);
                 let mut published = 0u64;
                 fwd.clear();
+                to_groups.clear();
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
                     let p = &batch[i];
                     i += 1;
@@ -308,9 +529,18 @@ impl Broker {
                             continue;
                         };
                         targets.clear();
-                        grouped = self.route(st, subject, kind, no_echo, |id, client| {
+                        // A client's publish: its node chooses for the
+                        // queue groups across the mesh; another node's:
+                        // that node chose.
+                        let groups = if from_mesh {
+                            Groups::Skip
+                        } else {
+                            Groups::Mesh(&mut picks)
+                        };
+                        grouped = self.route(st, subject, kind, no_echo, groups, |id, client| {
                             targets.push((id, client))
                         });
+                        to_groups.extend(picks.drain(..).map(|(a, g)| (i - 1, a, g)));
                         prev = Some(i - 1);
                     }
                     published += 1;
@@ -337,7 +567,14 @@ impl Broker {
                     let (subject, kind, _) = p.parts(max);
                     (subject, kind, &p.raw[..])
                 }));
-                tell_dropped(me, sent.dropped);
+                let lost = to_groups
+                    .drain(..)
+                    .filter(|(k, a, g)| {
+                        let p = &batch[*k];
+                        !m.publish_group(*a, g, p.parts(max).0, &p.raw)
+                    })
+                    .count();
+                tell_dropped(me, sent.dropped + lost);
             }
             for k in kill.drain(..) {
                 self.counters.slow_consumers.fetch_add(1, Relaxed);
@@ -395,9 +632,12 @@ impl Broker {
         let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
         if let Some((id, _, pattern, kind, (syntax, lossy))) = removed {
             st.router.unsubscribe(id);
-            st.subs.remove(&id);
+            let e = st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
                 m.remove_interest(syntax, &pattern, &kind, lossy);
+                if let Some(g) = e.and_then(|e| e.group) {
+                    m.remove_interest(Syntax::Tokens, &queue_interest(&g, &pattern), "*", false);
+                }
             }
         }
         drop(st);
@@ -405,21 +645,32 @@ impl Broker {
     }
 
     /// Queues `body` to every local subscription matching `msg` (with
-    /// request `token`, 0 for a publish); a full subscription drops it and
-    /// counts it (the mesh task never waits). Returns how many it reached.
+    /// request `token`, 0 for a publish), queue groups as `groups` says; a
+    /// full subscription drops it and counts it (the mesh task never
+    /// waits). Returns how many it reached.
     pub(super) fn local_deliver(
         &self,
-        st: &State,
+        st: &mut State,
         msg: &Message,
         body: &Body,
         token: u64,
+        groups: Groups<'_>,
     ) -> (usize, Vec<u64>) {
         let Ok(subject) = Subject::new(&msg.subject) else {
             return (0, Vec::new());
         };
         let (mut n, mut kill) = (0, Vec::new());
-        self.route(st, subject, msg.kind.as_deref(), None, |id, client| {
-            let Some(e) = st.subs.get(&id) else { return };
+        let mut hits: Vec<(SubId, u64)> = Vec::new();
+        self.route(
+            st,
+            subject,
+            msg.kind.as_deref(),
+            None,
+            groups,
+            |id, client| hits.push((id, client)),
+        );
+        for (id, client) in hits {
+            let Some(e) = st.subs.get(&id) else { continue };
             match e.out.push(e.sid, token, body) {
                 Push::Queued => {
                     n += 1;
@@ -432,7 +683,7 @@ impl Broker {
                 Push::Kill => kill.push(client),
                 Push::Gone => {}
             }
-        });
+        }
         (n, kill)
     }
 
@@ -459,8 +710,9 @@ impl Broker {
     /// A message another node published: to local subscriptions only.
     pub(crate) fn deliver_remote(&self, msg: &Message, raw: &Bytes) {
         let kill = {
-            let st = self.state.lock();
-            self.local_deliver(&st, msg, &Body::encoded(raw), 0).1
+            let mut st = self.state.lock();
+            self.local_deliver(&mut st, msg, &Body::encoded(raw), 0, Groups::Skip)
+                .1
         };
         self.kill_slow(kill);
     }

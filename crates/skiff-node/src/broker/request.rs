@@ -174,7 +174,13 @@ impl Broker {
             self.reach_members(st, token, &mut p, &req, true);
         } else {
             let msg = Arc::new(req.into_subject_message());
-            let (n, k) = self.local_deliver(st, &msg, &Body::Val(msg.clone()), token);
+            let (n, k) = self.local_deliver(
+                st,
+                &msg,
+                &Body::Val(msg.clone()),
+                token,
+                super::pubsub::Groups::Here,
+            );
             p.expect = n as u32;
             kill = k;
         }

@@ -68,6 +68,11 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     /// A broadcast to the members of `cluster` on this node.
     fn deliver_broadcast(&self, cluster: &str, msg: Message);
 
+    /// A published message for one member of queue
+    /// group `group` on this node: the publishing node chose this node for
+    /// the group.
+    fn deliver_group(&self, group: &str, msg: Message);
+
     /// A peer's advertised capacity in `cluster` changed (0: none).
     fn remote_cluster(&self, peer: SocketAddr, cluster: &str, capacity: u32);
 

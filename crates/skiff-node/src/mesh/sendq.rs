@@ -330,6 +330,7 @@ fn other_name(parts: &[&[u8]]) -> &'static str {
         Some(&op::REQ) => "(request)",
         Some(&op::REPLY) | Some(&op::DONE) => "(reply)",
         Some(&op::BCAST) => "(broadcast)",
+        Some(&op::GROUP) => "(queue group)",
         _ => "(other)",
     }
 }

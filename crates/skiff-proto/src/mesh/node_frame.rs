@@ -19,10 +19,17 @@
 //! broadcast   +----+---------+---------+
 //!             | 5  | cluster | message |
 //!             +----+---------+---------+
+//! group       +----+-------+---------+
+//!             | 6  | group | message |
+//!             +----+-------+---------+
 //! ```
 //!
+//! A group frame is a published message for one member of a queue group
+//! on the receiving node: the publishing node chose that node for the
+//! group (the plain publish frame reaches plain subscriptions only).
+//!
 //! `token` is the origin node's id for the request; `reached` the number
-//! of responders a request reached. Target, key and cluster are a varint
+//! of responders a request reached. Target, key, cluster and group are a varint
 //! length and bytes (at most [`MAX_NAME`]; target and cluster UTF-8);
 //! integers little-endian. A message runs to the end of the frame.
 //!
@@ -51,6 +58,8 @@ pub mod op {
     pub const DONE: u8 = 4;
     /// A cluster broadcast.
     pub const BCAST: u8 = 5;
+    /// A published message for one member of a queue group.
+    pub const GROUP: u8 = 6;
 }
 
 /// A frame between nodes, decoded (see the module documentation).
@@ -94,6 +103,14 @@ pub enum NodeFrame {
     Bcast {
         /// The cluster.
         cluster: String,
+        /// The message.
+        msg: Message,
+    },
+    /// A published message for one member of a queue group on the
+    /// receiving node.
+    Group {
+        /// The queue group.
+        group: String,
         /// The message.
         msg: Message,
     },
@@ -141,6 +158,13 @@ pub fn encode_broadcast(out: &mut Vec<u8>, cluster: &str, msg: &Message) {
     wire::encode_message(out, msg, false);
 }
 
+/// The head of a group frame for `group` (its op byte and name): the
+/// message's encoding follows it, so a node sends the two as parts.
+pub fn group_head(out: &mut Vec<u8>, group: &str) {
+    out.put_u8(op::GROUP);
+    out.put_prefixed(group.as_bytes());
+}
+
 /// Appends a publish frame (the node itself sends the op byte and an
 /// already encoded message as two parts, without copying them together).
 pub fn encode_publish(out: &mut Vec<u8>, msg: &Message) {
@@ -164,6 +188,10 @@ impl NodeFrame {
             NodeFrame::Reply { token, msg } => encode_reply(out, *token, msg),
             NodeFrame::Done { token, reached } => encode_done(out, *token, *reached),
             NodeFrame::Bcast { cluster, msg } => encode_broadcast(out, cluster, msg),
+            NodeFrame::Group { group, msg } => {
+                group_head(out, group);
+                wire::encode_message(out, msg, false);
+            }
         }
     }
 
@@ -194,6 +222,10 @@ impl NodeFrame {
             },
             op::BCAST => NodeFrame::Bcast {
                 cluster: r.str(MAX_NAME, "broadcast cluster")?.to_owned(),
+                msg: msg(&mut r)?,
+            },
+            op::GROUP => NodeFrame::Group {
+                group: r.str(MAX_NAME, "queue group")?.to_owned(),
                 msg: msg(&mut r)?,
             },
             k => return Err(WireError::Kind(k)),

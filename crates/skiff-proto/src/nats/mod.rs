@@ -477,6 +477,13 @@ pub struct Info<'a> {
     /// Whether TLS is needed.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub tls_required: bool,
+    /// Whether the client may start TLS (after this `INFO`) though it
+    /// need not (nats-server's `allow_non_tls`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_available: bool,
+    /// Whether the client must present a certificate (mutual TLS).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_verify: bool,
     /// A nonce to sign (nkey authentication).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nonce: Option<&'a str>,

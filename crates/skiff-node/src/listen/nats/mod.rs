@@ -22,10 +22,12 @@
 //!   subject;
 //! - a message a NATS client must answer (a request from anyone) carries a
 //!   reply subject `_SKIFF_REPLY.<token>`; publishing to it is the reply;
-//! - a queue group (`SUB subject group sid`) shares the subject's messages
-//!   and requests among its members on this node (one each, round robin),
-//!   and its members also join the skiff cluster named as the group, so
-//!   skiff clients reach them with cluster requests and broadcasts;
+//! - a queue group (`SUB subject group sid`): its members join the skiff
+//!   cluster named as the group (so skiff clients reach them with cluster
+//!   requests and broadcasts), and each message on the subject reaches
+//!   one member in the whole mesh, chosen by the cluster's
+//!   capacity-weighted choice (`Broker::route`); a request, one member on
+//!   each node with members;
 //! - headers are message fields (string values), a skiff message's type
 //!   is the header [`TYPE_HEADER`], a header block's status line the
 //!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
@@ -36,6 +38,10 @@
 //!   while a subscriber's queue is full, and a client that takes no bytes
 //!   for `write_deadline_ms` while the node has some for it is closed
 //!   (with no `-ERR`) and counted in `slow_consumers`.
+//!
+//! TLS (setting `nats_tls`, see [`NatsTls`]): `INFO` in plaintext with
+//! `tls_required`, then the client's handshake on the same connection, as
+//! nats-server; or `tls_available`; or TLS first (`handshake_first`).
 //!
 //! Limits: the control line ([`MAX_CONTROL_LINE`]) and payload
 //! (`max_payload`, headers included) are checked before anything is
@@ -56,7 +62,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -70,6 +76,7 @@ use skiff_proto::{Field, Message, Value};
 
 use crate::auth::{Auth, Credentials, PublicKey, Secret, User};
 use crate::broker::{Broker, Published};
+use crate::config::NatsTls;
 use crate::outbox::{Body, ClientOut, Sink};
 use crate::session::{Input, Session};
 
@@ -97,6 +104,8 @@ pub(crate) struct NatsListener {
     pub(crate) server_id: String,
     /// Polls after traffic (setting `spin_us`), as the stream listeners.
     pub(crate) spin: Option<Arc<skiff::spin::Spin>>,
+    /// TLS on this port (setting `nats_tls`); `None`: plaintext.
+    pub(crate) tls: Option<NatsTlsSetup>,
 }
 
 /// A fresh id for `INFO`'s `server_id` (nats-server's are 56 characters
@@ -119,8 +128,7 @@ pub(crate) async fn accept(
             r = l.accept() => match r {
                 Ok((s, peer)) => {
                     let _ = s.set_nodelay(true);
-                    let (r, w) = s.into_split();
-                    conns.spawn(serve(this.clone(), r, w, peer, stop.clone()));
+                    conns.spawn(connect(this.clone(), s, peer, stop.clone()));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -129,6 +137,74 @@ pub(crate) async fn accept(
         }
     }
     while conns.join_next().await.is_some() {}
+}
+
+/// What a connection begins with: its client in the broker, the nonce
+/// to sign when the node has users, and the `INFO` line.
+struct Hello {
+    out: Arc<ClientOut>,
+    nonce: Option<String>,
+    /// The node's users as they were when the client came (a reload may
+    /// replace them; this connection authenticates against these).
+    users: Arc<Auth>,
+    info: Vec<u8>,
+}
+
+impl Hello {
+    /// Attaches the client; `Err`: the `-ERR` line to close with.
+    fn new(this: &NatsListener, peer: SocketAddr) -> Result<Hello, Vec<u8>> {
+        let broker = &this.broker;
+        let out = broker
+            .attach_as(format!("nats:{peer}"), User::anonymous())
+            .map_err(|f| {
+                let mut b = Vec::new();
+                nats::encode_err(
+                    &mut b,
+                    if f.code == Code::Limit {
+                        "maximum connections exceeded"
+                    } else {
+                        "Server Shutdown"
+                    },
+                );
+                b
+            })?;
+        let users = broker.auth();
+        let nonce = users.enabled().then(|| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
+        });
+        let mode = this.tls.as_ref().map_or(NatsTls::Off, |t| t.mode);
+        let mut info = Vec::new();
+        let host = this.addr.ip().to_string();
+        let client_ip = peer.ip().to_string();
+        nats::encode_info(
+            &mut info,
+            &nats::Info {
+                server_id: &this.server_id,
+                server_name: &this.server_id,
+                version: ANNOUNCED_VERSION,
+                proto: nats::PROTO,
+                go: concat!("skiff ", env!("CARGO_PKG_VERSION")),
+                host: &host,
+                port: this.addr.port(),
+                headers: true,
+                max_payload: broker.limits().max_payload as u64,
+                client_id: out.id,
+                client_ip: &client_ip,
+                auth_required: nonce.is_some(),
+                tls_required: matches!(mode, NatsTls::Required | NatsTls::HandshakeFirst),
+                tls_available: mode == NatsTls::Optional,
+                tls_verify: this.tls.as_ref().is_some_and(|t| t.verify),
+                nonce: nonce.as_deref(),
+            },
+        );
+        Ok(Hello {
+            out,
+            nonce,
+            users,
+            info,
+        })
+    }
 }
 
 /// A NATS subscription of this connection.
@@ -190,73 +266,44 @@ impl Input for Parsed {
     }
 }
 
-/// Serves one NATS connection until either side closes it.
+/// Serves one NATS connection until either side closes it. `hello`:
+/// the client attached and its `INFO` already sent (before TLS); else
+/// both are done here.
 async fn serve<R, W>(
     this: Arc<NatsListener>,
     mut r: R,
     w: W,
     peer: SocketAddr,
     mut stop: watch::Receiver<bool>,
+    hello: Option<Hello>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let broker = this.broker.clone();
-    let out = match broker.attach_as(format!("nats:{peer}"), User::anonymous()) {
-        Ok(out) => out,
-        Err(f) => {
-            let mut w = w;
-            let mut b = Vec::new();
-            nats::encode_err(
-                &mut b,
-                if f.code == Code::Limit {
-                    "maximum connections exceeded"
-                } else {
-                    "Server Shutdown"
-                },
-            );
-            let _ = w.write_all(&b).await;
-            let _ = w.shutdown().await;
-            return;
-        }
-    };
-    let limits = broker.limits().clone();
     let conn = Arc::new(Conn {
         shared: Mutex::new(Shared::default()),
         wake: Notify::new(),
     });
-    // The node's users as they are now (a reload may replace them; this
-    // connection authenticates against these).
-    let users = broker.auth();
-    let auth = users.enabled().then(|| {
-        use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(crate::auth::new_nonce())
-    });
-    {
-        let mut info = Vec::new();
-        let host = this.addr.ip().to_string();
-        let client_ip = peer.ip().to_string();
-        nats::encode_info(
-            &mut info,
-            &nats::Info {
-                server_id: &this.server_id,
-                server_name: &this.server_id,
-                version: ANNOUNCED_VERSION,
-                proto: nats::PROTO,
-                go: concat!("skiff ", env!("CARGO_PKG_VERSION")),
-                host: &host,
-                port: this.addr.port(),
-                headers: true,
-                max_payload: limits.max_payload as u64,
-                client_id: out.id,
-                client_ip: &client_ip,
-                auth_required: auth.is_some(),
-                tls_required: false,
-                nonce: auth.as_deref(),
-            },
-        );
-        conn.say(&info);
-    }
+    let Hello {
+        out, nonce, users, ..
+    } = match hello {
+        Some(h) => h,
+        None => match Hello::new(&this, peer) {
+            Ok(h) => {
+                conn.say(&h.info);
+                h
+            }
+            Err(line) => {
+                let mut w = w;
+                let _ = w.write_all(&line).await;
+                let _ = w.shutdown().await;
+                return;
+            }
+        },
+    };
+    let auth = nonce;
+    let limits = broker.limits().clone();
     let writer = tokio::spawn(write_loop(broker.clone(), out.clone(), conn.clone(), w));
     let mut reader = Reader {
         broker: broker.clone(),
@@ -885,5 +932,9 @@ fn end_sub(broker: &Broker, out: &Arc<ClientOut>, conn: &Conn, id: u64) -> Optio
     s.and_then(|s| s.group)
 }
 
+mod tls;
 mod write;
+use tls::connect;
+pub(crate) use tls::NatsTlsSetup;
+pub use tls::TLS_REQUIRED;
 use write::write_loop;
