@@ -52,8 +52,13 @@ fn start_node(net: &str, seeds: &str) -> (Proc, String, String) {
     if !seeds.is_empty() {
         args.extend(["--seeds".into(), seeds.into()]);
     }
+    // A quick failure detector (the defaults are patient: 1 s probes, 4 s
+    // suspicion), so the tests that stop a process see it declared down
+    // soon, and the one that must not be declared down is held past it.
     let mut child = skiff()
         .args(&args)
+        .env("SKIFF_PROBE_MS", "500")
+        .env("SKIFF_SUSPECT_MS", "1500")
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn skiff node");

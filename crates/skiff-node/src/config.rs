@@ -237,6 +237,8 @@ const SETTINGS: &[&str] = &[
     "send_queue",
     "send_policy",
     "send_deadline_ms",
+    "probe_ms",
+    "suspect_ms",
     "best_effort",
     "max_subject",
     "max_payload",
@@ -515,6 +517,8 @@ impl Config {
                 | "send_queue"
                 | "send_policy"
                 | "send_deadline_ms"
+                | "probe_ms"
+                | "suspect_ms"
                 | "best_effort"
                 | "mesh_secret"
                 | "mesh_identity"
@@ -601,7 +605,7 @@ impl Config {
             }
             "net" | "seeds" | "seeds_dns" | "scout" | "max_members" | "max_interest"
             | "interest_rate" | "max_datagram" | "send_queue" | "send_policy"
-            | "send_deadline_ms" | "best_effort" => {
+            | "send_deadline_ms" | "probe_ms" | "suspect_ms" | "best_effort" => {
                 let m = self.mesh.as_mut().expect("set above");
                 match name {
                     "net" if !value.is_empty() && value.len() <= 255 => m.net = value.into(),
@@ -638,6 +642,8 @@ impl Config {
                     "interest_rate" => m.interest_rate = num()?.min(u32::MAX as u64) as u32,
                     "send_queue" => m.send_queue = num()?.min(1 << 40) as usize,
                     "send_deadline_ms" => m.send_deadline_ms = num()?,
+                    "probe_ms" => m.probe_ms = num()?.clamp(50, 60_000),
+                    "suspect_ms" => m.suspect_ms = num()?.clamp(100, 600_000),
                     "send_policy" => {
                         m.send_policy = crate::mesh::SendPolicy::parse(value.trim())
                             .ok_or_else(|| bad("block, drop_oldest or drop_newest"))?
@@ -852,6 +858,14 @@ mod tests {
         .unwrap();
         let m = c.mesh.clone().unwrap();
         assert_eq!((m.net.as_str(), m.seeds.len(), m.scout), ("prod", 2, false));
+        assert_eq!((m.probe_ms, m.suspect_ms), (1000, 4000));
+        c.apply_env([
+            ("SKIFF_PROBE_MS".into(), "250".into()),
+            ("SKIFF_SUSPECT_MS".into(), "1".into()),
+        ])
+        .unwrap();
+        let m = c.mesh.clone().unwrap();
+        assert_eq!((m.probe_ms, m.suspect_ms), (250, 100), "clamped to 100 ms");
         c.set("mesh", "off").unwrap();
         assert_eq!(c.mesh, None);
         let t = Config::from_toml(

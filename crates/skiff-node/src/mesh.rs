@@ -134,6 +134,14 @@ pub struct MeshSettings {
     /// How long a publisher waits for room under `block`; after it the
     /// queue drops arriving frames (counted) until it drains to half.
     pub send_deadline_ms: u64,
+    /// SWIM's probe period: each member probes one other this often.
+    pub probe_ms: u64,
+    /// How long a suspected member has to refute before it is declared
+    /// down. With `probe_ms`, the failure detector's patience: long
+    /// enough that a lossy path (5 % drop) or a node starved of CPU for a
+    /// moment is not declared down (memberlist's LAN defaults are of this
+    /// order), short enough that a dead node is noticed in seconds.
+    pub suspect_ms: u64,
     /// Subject patterns whose publishes travel best effort (datagrams,
     /// loss counted, never repaired) instead of over the reliable link.
     pub best_effort: Vec<String>,
@@ -165,6 +173,8 @@ impl Default for MeshSettings {
             send_queue: 16 << 20,
             send_policy: SendPolicy::Block,
             send_deadline_ms: 2000,
+            probe_ms: 1000,
+            suspect_ms: 4000,
             best_effort: Vec::new(),
             secret: None,
             trusted_keys: Vec::new(),

@@ -104,6 +104,8 @@ pub(crate) async fn start<L: Inbound>(
         max_interest: settings.max_interest,
         interest_rate: settings.interest_rate,
         max_datagram,
+        probe_period: Duration::from_millis(settings.probe_ms),
+        suspect_to_down: Duration::from_millis(settings.suspect_ms),
         ..MeshConfig::default()
     };
     let now = Instant::now();
