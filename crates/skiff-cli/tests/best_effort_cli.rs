@@ -7,99 +7,13 @@
 //! reliable subscription keeps a subject reliable however many
 //! best-effort ones share it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
-const PATIENCE: Duration = Duration::from_secs(20);
-
-fn skiff() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_skiff"))
-}
-
-/// A child process killed (SIGKILL) and reaped on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a meshed node on free ports; returns once it listens, with its
-/// client and mesh addresses.
-fn start_node(net: &str, seeds: &str) -> (Proc, String, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mport = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mesh = format!("127.0.0.1:{mport}");
-    let tcp = format!("127.0.0.1:{port}");
-    let mut args = vec!["node", "--tcp", &tcp, "--mesh", &mesh, "--net", net];
-    args.push("--no-scout");
-    if !seeds.is_empty() {
-        args.extend(["--seeds", seeds]);
-    }
-    let mut child = skiff()
-        .args(&args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn skiff node");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on tcp") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "node exited");
-    }
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    (Proc(child), tcp, mesh)
-}
-
-fn run(args: &[&str]) -> String {
-    let out = skiff().args(args).output().expect("run skiff");
-    assert!(
-        out.status.success(),
-        "skiff {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn stats(addr: &str) -> serde_json::Value {
-    let s = run(&["stats", "-n", &format!("skiff://{addr}"), "--json"]);
-    serde_json::from_str(&s).unwrap()
-}
-
-/// Waits until the stats of the node at `addr` satisfy `f`.
-fn wait_stats(addr: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
-    let t = Instant::now();
-    loop {
-        let v = stats(addr);
-        if f(&v) {
-            return;
-        }
-        assert!(t.elapsed() < PATIENCE, "{what} on {addr}: {v}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Patterns the node knows its up peers hold.
-fn remote_patterns(v: &serde_json::Value) -> u64 {
-    v["mesh"]["peers"].as_array().map_or(0, |ps| {
-        ps.iter()
-            .filter(|p| p["up"].as_bool() == Some(true))
-            .map(|p| p["patterns"].as_u64().unwrap_or(0))
-            .sum()
-    })
-}
+mod cli_util;
+use cli_util::mesh::{
+    mesh_node as start_node, remote_patterns, stats, subscribe, wait_stats, PATIENCE,
+};
+use cli_util::run;
 
 /// Frames sent to peers (all of them) as datagrams (best effort).
 fn datagram_frames(v: &serde_json::Value) -> u64 {
@@ -117,28 +31,6 @@ fn link_frames(v: &serde_json::Value) -> u64 {
             .map(|l| l["sent_frames"].as_u64().unwrap_or(0))
             .sum()
     })
-}
-
-/// A `skiff sub` on `addr` (with `extra` arguments): its stdout lines.
-fn subscribe(addr: &str, pattern: &str, extra: &[&str]) -> (Proc, mpsc::Receiver<String>) {
-    let mut child = skiff()
-        .args(["sub", "-n", &format!("skiff://{addr}"), pattern])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines() {
-            let Ok(l) = l else { return };
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    (Proc(child), rx)
 }
 
 /// Takes `n` lines, each `subject payload`, all on `subject`.

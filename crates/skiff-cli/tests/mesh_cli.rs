@@ -4,126 +4,14 @@
 //! subscriber fails over to B, and A's publishes reach it through B, none
 //! twice. `skiff stats --mesh` shows the members and their traffic.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-const PATIENCE: Duration = Duration::from_secs(20);
-
-fn skiff() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_skiff"))
-}
-
-/// A child process killed (SIGKILL) and reaped on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a meshed node on free ports; returns once it listens, with its
-/// client and mesh addresses.
-fn start_node(net: &str, seeds: &str) -> (Proc, String, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mport = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mesh = format!("127.0.0.1:{mport}");
-    let mut args = vec![
-        "node".to_string(),
-        "--tcp".into(),
-        format!("127.0.0.1:{port}"),
-        "--mesh".into(),
-        mesh.clone(),
-        "--net".into(),
-        net.into(),
-        "--no-scout".into(),
-    ];
-    if !seeds.is_empty() {
-        args.extend(["--seeds".into(), seeds.into()]);
-    }
-    // A quick failure detector (the defaults are patient: 1 s probes, 4 s
-    // suspicion), so the tests that stop a process see it declared down
-    // soon, and the one that must not be declared down is held past it.
-    let mut child = skiff()
-        .args(&args)
-        .env("SKIFF_PROBE_MS", "500")
-        .env("SKIFF_SUSPECT_MS", "1500")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn skiff node");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on tcp") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "node exited");
-    }
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    (Proc(child), format!("127.0.0.1:{port}"), mesh)
-}
-
-fn run(args: &[&str]) -> String {
-    let out = skiff().args(args).output().expect("run skiff");
-    assert!(
-        out.status.success(),
-        "skiff {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Waits until the stats of the node at `addr` satisfy `f`.
-fn wait_stats(addr: &str, what: &str, mut f: impl FnMut(&serde_json::Value) -> bool) {
-    let t = Instant::now();
-    loop {
-        let s = run(&["stats", "-n", &format!("skiff://{addr}"), "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
-        if f(&v) {
-            return;
-        }
-        assert!(t.elapsed() < PATIENCE, "{what} on {addr}: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Patterns the node at `addr` knows its up peers hold.
-fn remote_patterns(v: &serde_json::Value) -> u64 {
-    v["mesh"]["peers"].as_array().map_or(0, |ps| {
-        ps.iter()
-            .filter(|p| p["up"].as_bool() == Some(true))
-            .map(|p| p["patterns"].as_u64().unwrap_or(0))
-            .sum()
-    })
-}
-
-/// Lines of a child's pipe, read on a thread.
-fn lines(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(r).lines() {
-            let Ok(l) = l else { return };
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> String {
-    rx.recv_timeout(PATIENCE)
-        .unwrap_or_else(|_| panic!("no line: {what}"))
-}
+mod cli_util;
+use cli_util::mesh::{
+    lines, mesh_node as start_node, next_line, remote_patterns, wait_stats, Proc,
+};
+use cli_util::{run, skiff};
 
 #[test]
 fn three_nodes_route_and_a_client_fails_over_across_the_mesh() {
@@ -195,12 +83,6 @@ fn three_nodes_route_and_a_client_fails_over_across_the_mesh() {
     });
 }
 
-fn signal(p: &Proc, sig: libc::c_int) {
-    // SAFETY: kill(2) on our own child's pid, with no memory involved.
-    let r = unsafe { libc::kill(p.0.id() as libc::pid_t, sig) };
-    assert_eq!(r, 0, "kill {sig}");
-}
-
 /// The generation B knows A by (0 when A is not up there).
 fn generation_of(v: &serde_json::Value, mesh: &str) -> u64 {
     v["mesh"]["peers"].as_array().map_or(0, |ps| {
@@ -246,9 +128,9 @@ fn a_node_declared_down_while_alive_rejoins_and_its_messages_flow_again() {
     });
 
     // Stopped well past probe_period + suspect_to_down: B declares A down.
-    signal(&a, libc::SIGSTOP);
+    a.signal(libc::SIGSTOP);
     wait_stats(&ba, "A declared down", |v| generation_of(v, &am) == 0);
-    signal(&a, libc::SIGCONT);
+    a.signal(libc::SIGCONT);
     wait_stats(&ba, "A up again, with a new generation", |v| {
         let g = generation_of(v, &am);
         g != 0 && g != gen
@@ -308,7 +190,7 @@ fn a_stalled_local_subscriber_does_not_stall_its_node_in_the_mesh() {
         gen_b = generation_of(v, &bm);
         gen_b != 0
     });
-    signal(&sub, libc::SIGSTOP);
+    sub.signal(libc::SIGSTOP);
     // Far more than the socket buffers and a 100-message queue hold.
     const N: usize = 14_000;
     let mut publisher = Proc(
@@ -336,7 +218,7 @@ fn a_stalled_local_subscriber_does_not_stall_its_node_in_the_mesh() {
     wait_stats(&aa, "B still up, same generation", |v| {
         generation_of(v, &bm) == gen_b
     });
-    signal(&sub, libc::SIGCONT);
+    sub.signal(libc::SIGCONT);
     for i in 0..N {
         let l = next_line(&out, "a held message");
         let want = format!("stall.x {i} ");

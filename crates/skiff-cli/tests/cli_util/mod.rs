@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod mesh;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::mpsc;
