@@ -6,59 +6,28 @@
 //! publishes A never confirmed, hands them back for republishing, and
 //! `skiff pub` prints them and exits non-zero.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use skiff::client::{Client, ClientEvent};
 use skiff::Message;
 
-const PATIENCE: Duration = Duration::from_secs(20);
+mod cli_util;
+use cli_util::mesh::{Proc, PATIENCE};
+use cli_util::{free_port, skiff, wait_line};
 
-fn skiff() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_skiff"))
-}
-
-/// A child process killed (SIGKILL) and reaped on drop.
-struct Proc(Child);
-
-impl Proc {
-    fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .args([sig, &self.0.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(st.success(), "kill {sig}");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a node on a free TCP port; returns once it listens.
+/// Starts a node on a free TCP port; returns once it listens, with its
+/// address.
 fn start_node() -> (Proc, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let addr = format!("127.0.0.1:{}", free_port());
     let mut child = skiff()
-        .args(["node", "--tcp", &format!("127.0.0.1:{port}")])
+        .args(["node", "--tcp", &addr])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn skiff node");
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on tcp") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "node exited");
-    }
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    (Proc(child), format!("127.0.0.1:{port}"))
+    wait_line(child.stderr.take().unwrap(), "listening on tcp", PATIENCE);
+    (Proc(child), addr)
 }
 
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
@@ -89,12 +58,12 @@ async fn unconfirmed_publishes_of_a_killed_node_are_reported_and_handed_back() {
     .await;
 
     // A stops reading; 50 more go into its socket, unconfirmed.
-    a.signal("-STOP");
+    a.signal(libc::SIGSTOP);
     for i in 101..=150u64 {
         p.publish(Message::new("u.a", i.to_string())).await.unwrap();
     }
     assert_eq!(p.link_stats().unconfirmed, 50);
-    a.signal("-KILL");
+    a.signal(libc::SIGKILL);
 
     let t = Instant::now();
     let u = loop {
@@ -165,10 +134,10 @@ fn skiff_pub_names_the_messages_a_killed_node_may_have_lost() {
     // Time for `skiff pub` to read and send them and for A to confirm
     // (ordering only; nothing is measured).
     std::thread::sleep(Duration::from_secs(1));
-    a.signal("-STOP");
+    a.signal(libc::SIGSTOP);
     write(&mut stdin, 101..=150);
     std::thread::sleep(Duration::from_secs(1));
-    a.signal("-KILL");
+    a.signal(libc::SIGKILL);
     write(&mut stdin, 151..=160);
     drop(stdin);
     let out = child.wait_with_output().expect("skiff pub ends");
