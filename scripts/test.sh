@@ -101,7 +101,7 @@ if [ "$fuzz_secs" -gt 0 ] && [ -x scripts/fuzz.sh ]; then
   scripts/fuzz.sh "$fuzz_secs"
 fi
 echo "== deployment files (static)"; deploy/check.sh
-count() { grep -Eo "[0-9]+ $1" "$2" | awk '{s+=$1} END {print s+0}'; }
+count() { { grep -Eo "[0-9]+ $1" "$2" || true; } | awk '{s+=$1} END {print s+0}'; }
 ns_run=$(( $(count passed target/test-netns.txt) + $(count failed target/test-netns.txt) ))
 passed=$(( $(count passed target/test-output.txt) + $(count passed target/test-netns.txt) + $(count passed target/test-python.txt) ))
 failed=$(( $(count failed target/test-output.txt) + $(count failed target/test-netns.txt) + $(count failed target/test-python.txt) ))
