@@ -1,4 +1,6 @@
+use super::keys::{base32_decode, crc16};
 use super::*;
+use skiff_proto::router::{Pattern, Subject};
 
 fn signing_key(seed: u8) -> ed25519_dalek::SigningKey {
     ed25519_dalek::SigningKey::from_bytes(&[seed; 32])
