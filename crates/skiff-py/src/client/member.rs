@@ -14,16 +14,6 @@ struct MemberCore {
     cluster: String,
 }
 
-/// A tunnel as the file-like `skiff.TunnelFile`.
-pub(super) fn wrap_tunnel(py: Python<'_>, t: Tunnel) -> PyResult<Py<PyAny>> {
-    let t = Py::new(py, t)?;
-    Ok(py
-        .import("skiff._io")?
-        .getattr("TunnelFile")?
-        .call1((t,))?
-        .unbind())
-}
-
 /// What a member receives, as Python objects.
 fn incoming(py: Python<'_>, i: Incoming, file: bool) -> PyResult<Py<PyAny>> {
     Ok(match i {
