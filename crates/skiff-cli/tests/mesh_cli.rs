@@ -9,7 +9,7 @@ use std::time::Duration;
 
 mod cli_util;
 use cli_util::mesh::{
-    lines, mesh_node as start_node, next_line, remote_patterns, wait_stats, Proc,
+    lines, mesh_node as start_node, next_line, remote_patterns, subscribe, wait_stats, Proc,
 };
 use cli_util::{run, skiff};
 
@@ -93,6 +93,20 @@ fn generation_of(v: &serde_json::Value, mesh: &str) -> u64 {
     })
 }
 
+/// Two meshed nodes, each seeing the other up: the processes and each
+/// one's [client address, mesh address].
+fn two_nodes(net: &str) -> (Proc, Proc, [String; 2], [String; 2]) {
+    let net = format!("{net}-{}", std::process::id());
+    let (a, aa, am) = start_node(&net, "");
+    let (b, ba, bm) = start_node(&net, &am);
+    for n in [&aa, &ba] {
+        wait_stats(n, "one member up", |v| {
+            v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
+        });
+    }
+    (a, b, [aa, am], [ba, bm])
+}
+
 /// A node that was declared down while it was alive (stopped past the
 /// failure detector's patience, then resumed) rejoins with a new
 /// generation, and its reliable link to the others restarts: what it
@@ -101,23 +115,8 @@ fn generation_of(v: &serde_json::Value, mesh: &str) -> u64 {
 /// arrived from that node, ever.)
 #[test]
 fn a_node_declared_down_while_alive_rejoins_and_its_messages_flow_again() {
-    let net = format!("cli-rejoin-{}", std::process::id());
-    let (a, aa, am) = start_node(&net, "");
-    let (_b, ba, _) = start_node(&net, &am);
-    for n in [&aa, &ba] {
-        wait_stats(n, "one member up", |v| {
-            v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
-        });
-    }
-    let mut sub = Proc(
-        skiff()
-            .args(["sub", "-n", &format!("skiff://{ba}"), "rj.>"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = lines(sub.0.stdout.take().unwrap());
+    let (a, _b, [aa, am], [ba, _]) = two_nodes("cli-rejoin");
+    let (_sub, out) = subscribe(&ba, "rj.>", &[]);
     wait_stats(&aa, "interest from B", |v| remote_patterns(v) == 1);
     run(&["pub", "-n", &format!("skiff://{aa}"), "rj.before", "x"]);
     assert_eq!(next_line(&out, "before the stop"), "rj.before x");
@@ -162,24 +161,8 @@ fn a_node_declared_down_while_alive_rejoins_and_its_messages_flow_again() {
 /// down, and what was in flight was lost.)
 #[test]
 fn a_stalled_local_subscriber_does_not_stall_its_node_in_the_mesh() {
-    let net = format!("cli-stall-{}", std::process::id());
-    let (_a, aa, am) = start_node(&net, "");
-    let (_b, ba, bm) = start_node(&net, &am);
-    for n in [&aa, &ba] {
-        wait_stats(n, "one member up", |v| {
-            v["mesh"]["stats"]["members_up"].as_u64() == Some(1)
-        });
-    }
-    let mut sub = Proc(
-        skiff()
-            .args(["sub", "-n", &format!("skiff://{ba}"), "stall.>"])
-            .args(["--policy", "block", "--queue", "100"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = lines(sub.0.stdout.take().unwrap());
+    let (_a, _b, [aa, am], [ba, bm]) = two_nodes("cli-stall");
+    let (sub, out) = subscribe(&ba, "stall.>", &["--policy", "block", "--queue", "100"]);
     wait_stats(&aa, "interest from B", |v| remote_patterns(v) == 1);
     let (mut gen_a, mut gen_b) = (0, 0);
     wait_stats(&ba, "A's generation", |v| {
