@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz_secs=${1:-${SKIFF_FUZZ_SECONDS:-15}}
+# Each stage prints the seconds since the start, so a slow CI run says where
+# its time went.
+stage() { echo "== $* [+${SECONDS}s]"; }
 
 need_apt=()
 command -v ip >/dev/null || need_apt+=(iproute2)
@@ -25,11 +28,11 @@ fi
 if [ -n "${CI:-}" ]; then export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261122}; fi
 [ -n "${PROPTEST_RNG_SEED:-}" ] && echo "== proptest seed $PROPTEST_RNG_SEED"
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-echo "== python: prometheus-client from PyPI (the monitoring tests parse /metrics with it)"
+stage "python: prometheus-client from PyPI (the monitoring tests parse /metrics with it)"
 mkdir -p target
 if ! target/py-prom/bin/python -c 'import prometheus_client' 2>/dev/null; then
   if python3 -m venv target/py-prom >/dev/null 2>&1; then
@@ -42,16 +45,16 @@ if ! target/py-prom/bin/python -c 'import prometheus_client' 2>/dev/null; then
   fi
 fi
 export SKIFF_TEST_PYTHON="$PWD/target/py-prom/bin/python"
-echo "== cargo test"
+stage "cargo test"
 # Built first, then run under a deadline: a test that hangs (a deadlock)
 # fails the run in minutes instead of stalling it until CI gives up.
 cargo test --workspace --quiet --no-run
 timeout --kill-after=10s "${SKIFF_TEST_DEADLINE:-20m}" cargo test --workspace --quiet 2>&1 | tee target/test-output.txt
-echo "== NATS clients (nats-py, nats.go, nats.js from their registries) against skiff's NATS listener"
+stage "NATS clients (nats-py, nats.go, nats.js from their registries) against skiff's NATS listener"
 cargo build --quiet -p skiff-cli
 tests/nats/run.sh 2>&1 | tee target/test-nats.txt
 grep -q "NATS client suites: passed" target/test-nats.txt
-echo "== python (skiff-py: pytest against mem:// and real skiff node processes)"
+stage "python (skiff-py: pytest against mem:// and real skiff node processes)"
 # The extension is built in debug (overflow checks on), the same way the
 # README installs it: maturin develop into a virtual environment.
 py_venv=target/py-venv
@@ -62,20 +65,20 @@ VIRTUAL_ENV="$PWD/$py_venv" PATH="$PWD/$py_venv/bin:$PATH" \
 SKIFF_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/skiff" \
   "$py_venv/bin/python" -m pytest -q -p no:cacheprovider crates/skiff-py/tests 2>&1 | tee target/test-python.txt
 : > target/test-netns.txt
-echo "== namespace tests (ip netns, veth, iptables 1.4 % drop)"
+stage "namespace tests (ip netns, veth, iptables 1.4 % drop)"
 if [ "$(id -u)" = 0 ] && ip netns add skiff-probe-$$ 2>/dev/null; then
   ip netns del skiff-probe-$$
   timeout --kill-after=10s "${SKIFF_TEST_DEADLINE:-20m}" cargo test -p skiff-cli --test netns --test netns_tunnel --test netns_mesh --test netns_reliable --test netns_scout --quiet -- --ignored --test-threads=1 2>&1 | tee target/test-netns.txt
 else
   echo "SKIPPED: namespace tests need root and 'ip netns' (this machine refused); reported as skipped, not passed"
 fi
-echo "== soak (three meshed nodes, 2 min; an hour by hand: scripts/soak.sh 3600)"
+stage "soak (three meshed nodes, 2 min; an hour by hand: scripts/soak.sh 3600)"
 scripts/soak.sh "${SKIFF_SOAK_SECONDS:-120}" 2>&1 | tee target/soak.txt
-echo "== loom (the shared-memory ring's orderings, model-checked)"
+stage "loom (the shared-memory ring's orderings, model-checked)"
 # Its own cfg and target directory (see crates/skiff/src/shm/loom.rs).
 RUSTFLAGS="--cfg skiff_loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/loom" \
   cargo test --quiet -p skiff --lib shm::loom --release 2>&1 | tee -a target/test-output.txt
-echo "== miri (the ring's unsafe accessors and the credit arithmetic)"
+stage "miri (the ring's unsafe accessors and the credit arithmetic)"
 if ! rustup toolchain list | grep -q '^nightly'; then
   rustup toolchain install nightly --profile minimal
 fi
@@ -96,15 +99,15 @@ else
   echo "miri: shm::ring failed (whole log in target/miri-ring.log)"
   exit 1
 fi
-echo "== fuzz (${fuzz_secs}s per target)"
+stage "fuzz (${fuzz_secs}s per target)"
 if [ "$fuzz_secs" -gt 0 ] && [ -x scripts/fuzz.sh ]; then
   scripts/fuzz.sh "$fuzz_secs"
 fi
-echo "== deployment files (static)"; deploy/check.sh
+stage "deployment files (static)"; deploy/check.sh
 count() { { grep -Eo "[0-9]+ $1" "$2" || true; } | awk '{s+=$1} END {print s+0}'; }
 ns_run=$(( $(count passed target/test-netns.txt) + $(count failed target/test-netns.txt) ))
 passed=$(( $(count passed target/test-output.txt) + $(count passed target/test-netns.txt) + $(count passed target/test-python.txt) ))
 failed=$(( $(count failed target/test-output.txt) + $(count failed target/test-netns.txt) + $(count failed target/test-python.txt) ))
 # Ignored tests that the namespace run then ran are not skipped.
 skipped=$(( $(count ignored target/test-output.txt) - ns_run ))
-echo "tests: $passed passed, $failed failed, $skipped skipped"
+echo "tests: $passed passed, $failed failed, $skipped skipped (${SECONDS}s)"
