@@ -23,53 +23,27 @@ pub(crate) struct TunnelArgs {
     pub(crate) output: Output,
 }
 
-/// Runs the tests asked for.
+/// Runs the tests asked for: each tunnel row, then TCP's row of the same
+/// test.
 pub(crate) fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
     let p = &args.params;
     let rt = tunnel::runtime()?;
     let show = out.progress_enabled();
-    if p.wants(Test::Bulk) {
-        let limits = p.bulk_limits();
-        let pb = report::progress(show, limits.messages, "tunnel bulk");
-        let row = tunnel::stream(&rt, p, p.chunk, limits, "bulk", &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-        let pb = report::spinner(show, "tcp bulk");
-        let row = tcp::stream(p, p.chunk, limits, "bulk", false);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Msgs) {
-        let limits = p.msgs_limits();
-        let pb = report::progress(show, limits.messages, "tunnel msgs");
-        let row = tunnel::stream(&rt, p, p.size, limits, "msgs", &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-        let pb = report::spinner(show, "tcp msgs");
-        let row = tcp::stream(p, p.size, limits, "msgs", true);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Stream) {
-        let limits = p.msgs_limits();
-        let pb = report::progress(show, limits.messages, "tunnel stream");
-        let row = tunnel::byte_stream(&rt, p, p.size, limits, &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-        let pb = report::spinner(show, "tcp stream");
-        let row = tcp::stream(p, p.size, limits, "stream", true);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Pingpong) {
-        let limits = p.pingpong_limits();
-        let pb = report::progress(show, limits.messages, "tunnel pingpong");
-        let row = tunnel::pingpong(&rt, p, limits, &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-        let pb = report::progress(show, limits.messages, "tcp pingpong");
-        let row = tcp::pingpong(p, limits, &pb);
-        pb.finish_and_clear();
+    for t in p.tests.iter().copied() {
+        out.push(tunnel::run_one(&rt, p, t, show)?)?;
+        let limits = p.limits(t);
+        let row = if t == Test::Pingpong {
+            let pb = report::progress(show, limits.messages, "tcp pingpong");
+            let row = tcp::pingpong(p, limits, &pb);
+            pb.finish_and_clear();
+            row
+        } else {
+            let pb = report::spinner(show, &format!("tcp {}", t.name()));
+            let size = if t == Test::Bulk { p.chunk } else { p.size };
+            let row = tcp::stream(p, size, limits, t.name(), t != Test::Bulk);
+            pb.finish_and_clear();
+            row
+        };
         out.push(row?)?;
     }
     Ok(())

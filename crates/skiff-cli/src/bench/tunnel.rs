@@ -7,9 +7,12 @@
 //! - `msgs`: `--messages` messages of `--size` bytes (64 B by default),
 //!   one `send` each (each `recv` returns one message).
 //! - `stream`: the same count of `--size`-byte writes into the tunnel's
-//!   byte stream ([`Tunnel::write_all`], gathered as a TCP send buffer
-//!   gathers small writes), read back as bytes ([`skiff::TunnelStream`]):
-//!   what a TCP connection carrying 64 B records does.
+//!   byte stream, read back as bytes ([`skiff::TunnelStream`]): what a TCP
+//!   connection carrying 64 B records does. The writes go through a tokio
+//!   `BufWriter` of `--stream-buffer` bytes (64 KiB, as the TCP rows of
+//!   skiff-bench go through a 64 KiB `BufWriter`: like for like); with
+//!   `--stream-buffer 0` each is one [`Tunnel::write_all`], gathered by the
+//!   tunnel as a TCP send buffer gathers small writes.
 //! - `pingpong`: one `--size` message each way, timed per round trip.
 //!
 //! Every test stops at its count or after `--duration-secs`, whichever
@@ -40,6 +43,18 @@ pub enum Test {
     Stream,
     /// Round-trip latency.
     Pingpong,
+}
+
+impl Test {
+    /// The test's name in rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::Bulk => "bulk",
+            Test::Msgs => "msgs",
+            Test::Stream => "stream",
+            Test::Pingpong => "pingpong",
+        }
+    }
 }
 
 /// `skiff bench tunnel`
@@ -81,6 +96,11 @@ pub struct TunnelParams {
     /// More endpoint locator options, joined by `&` (e.g. `window=512`).
     #[arg(long, default_value = "")]
     pub options: String,
+    /// User-space write buffer of the `stream` test, in bytes (0: none):
+    /// the tunnel's writes then go through a tokio `BufWriter` of this
+    /// size, as the TCP rows' go through a 64 KiB `BufWriter`.
+    #[arg(long, value_parser = parse_size, default_value = "64k")]
+    pub stream_buffer: usize,
     /// Address the receivers bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -143,6 +163,15 @@ impl TunnelParams {
         self.tests.contains(&t)
     }
 
+    /// When test `t` stops.
+    pub fn limits(&self, t: Test) -> Limits {
+        match t {
+            Test::Bulk => self.bulk_limits(),
+            Test::Msgs | Test::Stream => self.msgs_limits(),
+            Test::Pingpong => self.pingpong_limits(),
+        }
+    }
+
     /// When the bulk tests stop.
     pub fn bulk_limits(&self) -> Limits {
         Limits {
@@ -180,36 +209,30 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 pub fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
     let p = &args.params;
     let rt = runtime()?;
-    let show = out.progress_enabled();
-    if p.wants(Test::Bulk) {
-        let limits = p.bulk_limits();
-        let pb = report::progress(show, limits.messages, "tunnel bulk");
-        let row = stream(&rt, p, p.chunk, limits, "bulk", &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Msgs) {
-        let limits = p.msgs_limits();
-        let pb = report::progress(show, limits.messages, "tunnel msgs");
-        let row = stream(&rt, p, p.size, limits, "msgs", &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Stream) {
-        let limits = p.msgs_limits();
-        let pb = report::progress(show, limits.messages, "tunnel stream");
-        let row = byte_stream(&rt, p, p.size, limits, &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
-    }
-    if p.wants(Test::Pingpong) {
-        let limits = p.pingpong_limits();
-        let pb = report::progress(show, limits.messages, "tunnel pingpong");
-        let row = pingpong(&rt, p, limits, &pb);
-        pb.finish_and_clear();
-        out.push(row?)?;
+    for t in p.tests.iter().copied() {
+        out.push(run_one(&rt, p, t, out.progress_enabled())?)?;
     }
     Ok(())
+}
+
+/// Runs test `t` through a tunnel: its row (the one row printer that
+/// `skiff bench tunnel` and skiff-bench share).
+pub fn run_one(
+    rt: &tokio::runtime::Runtime,
+    p: &TunnelParams,
+    t: Test,
+    show: bool,
+) -> Result<Row, Box<dyn Error>> {
+    let limits = p.limits(t);
+    let pb = report::progress(show, limits.messages, &format!("tunnel {}", t.name()));
+    let row = match t {
+        Test::Bulk => stream(rt, p, p.chunk, limits, "bulk", &pb),
+        Test::Msgs => stream(rt, p, p.size, limits, "msgs", &pb),
+        Test::Stream => byte_stream(rt, p, p.size, limits, &pb),
+        Test::Pingpong => pingpong(rt, p, limits, &pb),
+    };
+    pb.finish_and_clear();
+    row
 }
 
 fn endpoints(args: &TunnelParams, port: u16) -> Result<(Endpoint, Endpoint), Box<dyn Error>> {
@@ -263,14 +286,13 @@ pub fn stream(
         }
         c.close().await?;
         let (got, last) = receiver.await??;
-        row.set_throughput(got, last - start);
-        row.messages = sent;
-        row.lost = Some(sent - got);
-        row.cpu_pct = Some(cpu.pct());
-        let st = c.stats();
-        row.batches = Some(st.packets_sent);
-        row.dropped = Some(st.retransmits);
-        row.options = Some(args.locator(args.port(0)));
+        let run = Run {
+            sent,
+            got,
+            took: last - start,
+            cpu: cpu.pct(),
+        };
+        run.fill(&mut row, &c, args.locator(args.port(0)));
         Ok::<_, Box<dyn Error>>(())
     })?;
     Ok(row)
@@ -286,7 +308,7 @@ pub fn byte_stream(
     limits: Limits,
     pb: &ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (server, client) = endpoints(args, args.port(0))?;
     let mut row = Row::new("stream", &args.mode("tunnel"), size);
     rt.block_on(async {
@@ -309,27 +331,58 @@ pub fn byte_stream(
         });
         let msg = vec![0xA5u8; size];
         let mut sent = 0u64;
+        let mut w = tokio::io::BufWriter::with_capacity(args.stream_buffer, c.into_stream());
         while sent < limits.messages && start.elapsed() < limits.duration {
-            c.write_all(&msg).await?;
+            if args.stream_buffer == 0 {
+                w.get_ref().tunnel().write_all(&msg).await?;
+            } else {
+                w.write_all(&msg).await?;
+            }
             sent += 1;
             if sent.is_multiple_of(4096) {
                 pb.set_position(sent);
             }
         }
-        c.close().await?;
+        w.flush().await?;
+        let c = w.into_inner();
+        c.tunnel().close().await?;
         let (bytes, last) = receiver.await??;
-        let got = bytes / size.max(1) as u64;
-        row.set_throughput(got, last - start);
-        row.messages = sent;
-        row.lost = Some(sent - got);
-        row.cpu_pct = Some(cpu.pct());
-        let st = c.stats();
-        row.batches = Some(st.packets_sent);
-        row.dropped = Some(st.retransmits);
-        row.options = Some(args.locator(args.port(0)));
+        let run = Run {
+            sent,
+            got: bytes / size.max(1) as u64,
+            took: last - start,
+            cpu: cpu.pct(),
+        };
+        let mut options = args.locator(args.port(0));
+        if args.stream_buffer > 0 {
+            options.push_str(&format!(" + BufWriter {}", args.stream_buffer));
+        }
+        run.fill(&mut row, c.tunnel(), options);
         Ok::<_, Box<dyn Error>>(())
     })?;
     Ok(row)
+}
+
+/// What a one-way test measured, for its row.
+struct Run {
+    sent: u64,
+    got: u64,
+    took: Duration,
+    cpu: f64,
+}
+
+impl Run {
+    /// Fills `row` with this run and the sending tunnel's counters.
+    fn fill(&self, row: &mut Row, c: &Tunnel, options: String) {
+        row.set_throughput(self.got, self.took);
+        row.messages = self.sent;
+        row.lost = Some(self.sent - self.got);
+        row.cpu_pct = Some(self.cpu);
+        let st = c.stats();
+        row.batches = Some(st.packets_sent);
+        row.dropped = Some(st.retransmits);
+        row.options = Some(options);
+    }
 }
 
 /// Round trips of one `--size` message each way through a tunnel: a row

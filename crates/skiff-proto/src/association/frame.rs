@@ -667,14 +667,32 @@ impl Reader<'_, Bytes> {
     }
 }
 
+/// Most bytes of a joined message whose buffer is kept for reuse.
+const SPARE_MAX: usize = 256 << 10;
+
 /// Joins a message's pieces, copying only when there is more than one.
-pub(crate) fn join(parts: &mut Vec<Bytes>, total: usize) -> Bytes {
+/// The copy goes into `spare`, the buffer of the message joined before,
+/// when the application has dropped that message (no allocation, no fresh
+/// pages), else into a new buffer; the result becomes the next `spare`
+/// (when at most 256 KiB: a reassembled message held by the application
+/// keeps its own buffer, nothing more).
+pub(crate) fn join(parts: &mut Vec<Bytes>, total: usize, spare: &mut Bytes) -> Bytes {
     if parts.len() == 1 {
         return parts.pop().expect("one part");
     }
-    let mut b = BytesMut::with_capacity(total);
+    let mut b = match std::mem::take(spare).try_into_mut() {
+        Ok(mut b) if b.capacity() >= total => {
+            b.clear();
+            b
+        }
+        _ => BytesMut::with_capacity(total),
+    };
     for p in parts.drain(..) {
         b.extend_from_slice(&p);
     }
-    b.freeze()
+    let msg = b.freeze();
+    if total <= SPARE_MAX {
+        *spare = msg.clone();
+    }
+    msg
 }

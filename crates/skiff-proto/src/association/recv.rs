@@ -55,6 +55,9 @@ pub(super) struct RecvState {
     /// The sentinel was reached in order: the peer's stream is complete.
     pub(super) fin_done: bool,
     largest: Option<(u64, Instant)>,
+    /// The buffer of the last reassembled message, reused once the
+    /// application drops it (see `frame::join`).
+    spare: Bytes,
 }
 
 impl RecvState {
@@ -71,6 +74,7 @@ impl RecvState {
             fin: None,
             fin_done: false,
             largest: None,
+            spare: Bytes::new(),
         }
     }
 
@@ -209,7 +213,7 @@ impl RecvState {
                     if end {
                         let mut p = self.partial.take().expect("matched Some");
                         let total = p.total as usize;
-                        let msg = join(&mut p.parts, total);
+                        let msg = join(&mut p.parts, total, &mut self.spare);
                         self.unread += total;
                         *delivered += 1;
                         events.push_back(Event::Message(msg));

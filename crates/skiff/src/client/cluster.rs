@@ -15,6 +15,7 @@ use skiff_proto::Message;
 use tokio::sync::Notify;
 
 use super::inbox::{self, Shared};
+use super::tunnel_write::{Gather, GatherWake};
 use super::{Answer, Client, Inner, MemberEntry};
 use crate::Error;
 
@@ -175,6 +176,9 @@ pub(crate) struct TunShared {
     state: Mutex<TunState>,
     credit_notify: Notify,
     inbox: Shared<Message>,
+    /// Stream writes gathered into messages (`tunnel_write`).
+    pub(super) gather: Mutex<Gather>,
+    pub(super) wake: GatherWake,
 }
 
 impl TunShared {
@@ -193,6 +197,26 @@ impl TunShared {
         self.state.lock().closed = true;
         self.inbox.lock().close(None);
         self.credit_notify.notify_waiters();
+        // The gathered writes' flusher ends too.
+        self.wake.work.notify_one();
+    }
+
+    /// `Ok` while the tunnel may send; else why not.
+    pub(super) fn check_open(&self) -> Result<(), Error> {
+        let s = self.state.lock();
+        if let Some(node) = &s.lost {
+            return Err(Error::NodeLost { node: node.clone() });
+        }
+        if s.closed {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// The tunnel ended (closed on either side, or its node was lost).
+    pub(super) fn is_ended(&self) -> bool {
+        let s = self.state.lock();
+        s.closed || s.lost.is_some()
     }
 
     /// The node relaying the tunnel was lost: the tunnel ends (its
@@ -211,11 +235,11 @@ impl TunShared {
 /// ([`Error::NodeLost`]).
 #[derive(Debug)]
 pub struct Tunnel {
-    inner: Arc<Inner>,
-    id: u64,
+    pub(super) inner: Arc<Inner>,
+    pub(super) id: u64,
     /// The link session the id belongs to.
-    epoch: u32,
-    shared: Arc<TunShared>,
+    pub(super) epoch: u32,
+    pub(super) shared: Arc<TunShared>,
     window: u32,
     /// Taken since credit was last granted (atomic so that `recv` takes
     /// `&self`: one thread may send while another waits in `recv`).
@@ -238,6 +262,8 @@ impl Tunnel {
             }),
             credit_notify: Notify::new(),
             inbox: inbox::shared(),
+            gather: Mutex::new(Gather::default()),
+            wake: GatherWake::default(),
         });
         (
             Tunnel {
@@ -315,7 +341,7 @@ impl TunnelSender {
 }
 
 /// Sends `msg` on tunnel `id`, waiting for the peer's window.
-async fn send_on(inner: &Inner, id: u64, shared: &TunShared, msg: Message) -> Result<(), Error> {
+pub(super) async fn send_on(inner: &Inner, id: u64, shared: &TunShared, msg: Message) -> Result<(), Error> {
     skiff_proto::wire::check(&msg)?;
     loop {
         let n = shared.credit_notify.notified();
@@ -341,6 +367,10 @@ async fn send_on(inner: &Inner, id: u64, shared: &TunShared, msg: Message) -> Re
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
+        if self.hand_close_to_flusher() {
+            // Gathered writes leave first; the flusher closes after them.
+            return;
+        }
         self.shared.close_local();
         // An id from a lost node could name another tunnel on this one.
         if self.inner.epoch() == self.epoch {

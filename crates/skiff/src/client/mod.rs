@@ -119,6 +119,7 @@ mod status;
 mod stream;
 mod sub;
 mod target;
+mod tunnel_write;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

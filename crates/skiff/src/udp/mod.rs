@@ -36,7 +36,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use socket2::Socket;
 
 use crate::sys;
@@ -83,24 +83,26 @@ pub struct UdpSocket {
 /// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
 /// datagram. The arena is reused once every slice handed out from it is
 /// dropped (a few earlier arenas wait for that); otherwise a new one is
-/// allocated, so holding on to a payload is safe, only costlier: a slice
+/// mapped, so holding on to a payload is safe, only costlier: a slice
 /// keeps its whole arena alive, so copy what must live long
-/// (`Bytes::copy_from_slice`). New arenas are zeroed (`calloc`), the only
-/// per-`recv` cost besides one small reference-count block. Use one batch
-/// per socket: the drop counter follows one socket's count.
+/// (`Bytes::copy_from_slice`). New arenas are anonymous mappings, whose
+/// pages cost something only where datagrams land (see `take_arena`). Use
+/// one batch per socket: the drop counter follows one socket's count.
 #[derive(Debug)]
 pub struct RecvBatch {
     slot_size: usize,
     bufs: sys::RecvBufs,
     meta: Vec<sys::RecvMeta>,
     /// An arena ready for the next `recv`.
-    arena: Option<BytesMut>,
-    /// The arena the last `recv` filled.
+    arena: Option<std::sync::Arc<memmap2::MmapMut>>,
+    /// The arena the last `recv` filled (shared with `filled`'s slices).
+    last: Option<std::sync::Arc<memmap2::MmapMut>>,
+    /// The arena the last `recv` filled, as bytes.
     filled: Bytes,
     /// Datagrams in `filled` not yet drained.
     count: usize,
     /// Earlier arenas, reused once the application drops their slices.
-    kept: Vec<Bytes>,
+    kept: Vec<std::sync::Arc<memmap2::MmapMut>>,
     drops: u64,
     last_ovfl: u32,
 }

@@ -10,7 +10,10 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use memmap2::MmapMut;
 
 use super::{RecvBatch, UdpSocket};
 use crate::sys;
@@ -56,11 +59,11 @@ impl UdpSocket {
 
     fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
         batch.count = 0;
-        let mut arena = batch.take_arena();
+        let mut arena = batch.take_arena()?;
         let r = sys::recvmmsg(
             self.socket.as_fd(),
             &mut batch.bufs,
-            &mut arena,
+            Arc::get_mut(&mut arena).expect("take_arena hands out a unique arena"),
             batch.slot_size,
             &mut batch.meta,
             wait,
@@ -78,7 +81,8 @@ impl UdpSocket {
                 }
                 // A waiting receive reads no GRO segment size.
                 meta[0].maybe_run = wait && self.gro;
-                batch.filled = arena.freeze();
+                batch.filled = Bytes::from_owner(Slices(arena.clone()));
+                batch.last = Some(arena);
                 batch.count = n;
                 Ok(n)
             }
@@ -87,6 +91,16 @@ impl UdpSocket {
                 other
             }
         }
+    }
+}
+
+/// A receive arena as the owner of the [`Bytes`] slices handed out of it:
+/// while any of them lives, the arena is not reused.
+struct Slices(Arc<MmapMut>);
+
+impl AsRef<[u8]> for Slices {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -102,6 +116,7 @@ impl RecvBatch {
             bufs: sys::RecvBufs::new(slots),
             meta: vec![sys::RecvMeta::default(); slots],
             arena: None,
+            last: None,
             filled: Bytes::new(),
             count: 0,
             kept: Vec::new(),
@@ -141,44 +156,36 @@ impl RecvBatch {
         self.drops
     }
 
-    /// An initialized arena of `slots × slot_size` bytes: the spare one, an
-    /// earlier one nobody holds any more, or a new zeroed one. (Zeroed, not
-    /// just reserved: the slots the kernel does not fill would otherwise be
-    /// uninitialized bytes between the slices we hand out.)
-    fn take_arena(&mut self) -> BytesMut {
+    /// An arena of `slots × slot_size` bytes that nobody else holds: the
+    /// spare one, an earlier one whose slices are all dropped, or a new
+    /// one. A new arena is anonymous mapped memory, which the kernel hands
+    /// out zeroed page by page as datagrams first land in it, so its cost
+    /// follows the bytes received, not its size (64 slots of 64 KiB for
+    /// 64 datagrams of 1,472 B touch 64 pages, not 4 MiB); a reused one
+    /// costs nothing.
+    fn take_arena(&mut self) -> io::Result<Arc<MmapMut>> {
         if let Some(a) = self.arena.take() {
-            return a;
+            return Ok(a);
         }
         let total = self.meta.len() * self.slot_size;
-        let last = mem::take(&mut self.filled);
-        if !last.is_empty() {
+        // The slices of the last receive that nobody took go now.
+        drop(mem::take(&mut self.filled));
+        if let Some(mut last) = self.last.take() {
             // The common case first: the application holds nothing of the
             // last arena any more.
-            match last.try_into_mut() {
-                Ok(m) if m.len() == total => return m,
-                Ok(_) => {}
-                Err(b) => self.kept.push(b),
+            if Arc::get_mut(&mut last).is_some() {
+                return Ok(last);
             }
+            self.kept.push(last);
         }
-        while let Some(p) = self.kept.iter().position(Bytes::is_unique) {
-            match self.kept.swap_remove(p).try_into_mut() {
-                Ok(m) if m.len() == total => return m,
-                Ok(_) => {}
-                Err(b) => drop(b),
-            }
+        if let Some(p) = self.kept.iter_mut().position(|a| Arc::get_mut(a).is_some()) {
+            return Ok(self.kept.swap_remove(p));
         }
         if self.kept.len() > KEPT_ARENAS {
             // Forget the oldest: its memory goes when its last slice does.
             self.kept.remove(0);
         }
-        let mut arena = BytesMut::zeroed(total);
-        // Make the arena reference-counted now (splitting off an empty
-        // handle does that), so that it keeps one count block for life:
-        // `freeze` and `try_into_mut` then just hand that block over,
-        // where a plain vector would allocate one at the first slice of
-        // every receive and free it at every reuse.
-        drop(arena.split_to(0));
-        arena
+        Ok(Arc::new(MmapMut::map_anon(total)?))
     }
 }
 
