@@ -96,7 +96,7 @@ pub(crate) fn stream(
         } else {
             Box::new(&s)
         };
-        while sent < limits.messages && start.elapsed() < limits.duration {
+        while sent < limits.messages && !limits.timed_out(sent, start) {
             w.write_all(&msg)?;
             sent += 1;
         }

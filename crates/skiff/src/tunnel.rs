@@ -154,8 +154,11 @@ impl Tunnel {
     /// registered) while the send buffer is full, else how many bytes were
     /// taken. Consecutive writes are gathered into one message, as a TCP
     /// send buffer gathers small writes: they leave at once when a packet's
-    /// worth waits or nothing is in flight, else as soon as the endpoint's
-    /// driver collects (no timer). The peer receives them as messages of
+    /// worth waits or nothing is in flight, else when the data in flight is
+    /// acknowledged (Nagle's rule, with no timer of its own; a lone small
+    /// packet's acknowledgement may be delayed by up to half the probe
+    /// timeout, so a write that must not wait behind an earlier one goes
+    /// with [`Tunnel::send`]). The peer receives them as messages of
     /// any length: read them as one byte stream ([`TunnelStream`]), and do
     /// not mix `write` with [`Tunnel::send`] on a tunnel whose reader
     /// expects the message boundaries.

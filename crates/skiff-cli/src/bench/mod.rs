@@ -116,6 +116,16 @@ pub struct Limits {
     pub duration: Duration,
 }
 
+impl Limits {
+    /// Whether a sender that began at `start` and has sent `sent` is past
+    /// `duration`. The clock is read every 64 messages only: a clock read
+    /// per message costs a small message's loop a good share of its time
+    /// (every transport's loop alike).
+    pub fn timed_out(&self, sent: u64, start: std::time::Instant) -> bool {
+        sent.is_multiple_of(64) && start.elapsed() >= self.duration
+    }
+}
+
 /// Flow control between a benchmark's sender and receiver threads, which
 /// share a process and so can share a counter for free: the sender waits
 /// while `limit` or more messages are sent and not yet received, so it

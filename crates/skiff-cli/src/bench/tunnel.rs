@@ -23,6 +23,7 @@
 
 use std::error::Error;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -99,7 +100,7 @@ pub struct TunnelParams {
     /// User-space write buffer of the `stream` test, in bytes (0: none):
     /// the tunnel's writes then go through a tokio `BufWriter` of this
     /// size, as the TCP rows' go through a 64 KiB `BufWriter`.
-    #[arg(long, value_parser = parse_size, default_value = "64k")]
+    #[arg(long, value_parser = parse_buffer, default_value = "64k")]
     pub stream_buffer: usize,
     /// Address the receivers bind.
     #[arg(long, default_value = "127.0.0.1")]
@@ -197,6 +198,15 @@ impl TunnelParams {
     }
 }
 
+/// A buffer size: 0, or a size as `parse_size` reads it.
+fn parse_buffer(s: &str) -> Result<usize, String> {
+    if s == "0" {
+        Ok(0)
+    } else {
+        parse_size(s)
+    }
+}
+
 /// The runtime the tunnels run on.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -267,17 +277,33 @@ pub fn stream(
         let cpu = CpuMeter::start();
         let start = Instant::now();
         let receiver = tokio::spawn(async move {
+            // The clock is read when the receiver catches up (the next
+            // message is not there yet), not once per message: that stamp
+            // is the time of the last message taken.
             let mut n = 0u64;
             let mut last = Instant::now();
-            while let Some(_m) = s.recv().await? {
+            loop {
+                let ready = s.poll_recv(&mut Context::from_waker(Waker::noop()));
+                let m = match ready {
+                    Poll::Ready(m) => m?,
+                    Poll::Pending => {
+                        last = Instant::now();
+                        s.recv().await?
+                    }
+                };
+                if m.is_none() {
+                    break;
+                }
                 n += 1;
+            }
+            if n > 0 && last < start {
                 last = Instant::now();
             }
             Ok::<_, skiff::TunnelError>((n, last))
         });
         let msg = Bytes::from(vec![0xA5u8; size]);
         let mut sent = 0u64;
-        while sent < limits.messages && start.elapsed() < limits.duration {
+        while sent < limits.messages && !limits.timed_out(sent, start) {
             c.send(msg.clone()).await?;
             sent += 1;
             if sent.is_multiple_of(256) {
@@ -332,7 +358,7 @@ pub fn byte_stream(
         let msg = vec![0xA5u8; size];
         let mut sent = 0u64;
         let mut w = tokio::io::BufWriter::with_capacity(args.stream_buffer, c.into_stream());
-        while sent < limits.messages && start.elapsed() < limits.duration {
+        while sent < limits.messages && !limits.timed_out(sent, start) {
             if args.stream_buffer == 0 {
                 w.get_ref().tunnel().write_all(&msg).await?;
             } else {

@@ -630,7 +630,14 @@ impl Shared {
                 Poll::Pending
             }
             Ok(n) => {
-                self.sent(core, key);
+                if core.send_now(key) {
+                    self.transmit(core);
+                }
+                // Else less than a packet's worth waits behind data in
+                // flight (Nagle's rule, without a timer): the arrival of
+                // that data's acknowledgement wakes the driver, which
+                // collects everything written meanwhile (so do the window
+                // opening and the retransmission timer).
                 Poll::Ready(Ok(n))
             }
             Err(e) => Poll::Ready(Err(e)),
