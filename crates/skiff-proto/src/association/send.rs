@@ -37,7 +37,10 @@
 //! (order is kept). Many tiny writes then travel as one chunk instead of
 //! one chunk (and one queue entry) each, and a gathered message fits its
 //! packet, so the receiver delivers it without reassembly; it reads the
-//! messages as one byte stream.
+//! messages as one byte stream. Less than a packet of gathered bytes waits
+//! while data is in flight (Nagle's rule: the last packet sent asks for a
+//! status, and its acknowledgement lets them go), so a steady stream of
+//! small writes travels in full packets.
 //!
 //! Memory is bounded twice: `send` and `write` refuse once `send_buffer`
 //! bytes are accepted and not yet acknowledged (gathered bytes included; one
@@ -226,6 +229,9 @@ pub(super) struct SendState {
     newest_asked: bool,
     /// A lone small packet to send a second copy of.
     copy_due: Option<u64>,
+    /// The payload budget of the last packet filled (what a full packet
+    /// carries), for Nagle's rule on gathered bytes.
+    budget: usize,
     min_pto: Duration,
     /// The receiver's longest deliberate acknowledgement delay.
     ack_delay: Duration,
@@ -266,6 +272,7 @@ impl SendState {
             tlp_spent: false,
             newest_asked: true,
             copy_due: None,
+            budget: 0,
             min_pto,
             ack_delay,
             rtt,
@@ -381,7 +388,19 @@ impl SendState {
 
     /// Whether a packet (retransmission or new) could be sent now.
     pub(super) fn has_data(&self) -> bool {
-        !self.rtx.is_empty() || (self.has_new() && self.next < self.limit())
+        !self.rtx.is_empty() || (self.has_new() && self.next < self.limit() && !self.holds_tail())
+    }
+
+    /// Nagle's rule for gathered stream bytes: when they are all that is
+    /// new, fill less than a packet and data is in flight, they wait for
+    /// an acknowledgement (the packet before them asked for one) instead
+    /// of leaving as a small packet; more writes fill them meanwhile.
+    fn holds_tail(&self) -> bool {
+        self.queue.is_empty()
+            && !self.close_requested
+            && self.unacked > 0
+            && !self.open.is_empty()
+            && self.open.len() + MIN_PIECE / 8 < self.budget
     }
 
     /// Arms the retransmission timer if it should run and does not.
@@ -491,7 +510,8 @@ impl SendState {
             self.arm(now);
             return Some((seq, true, Tx::Again));
         }
-        if !(self.has_new() && self.next < self.limit()) {
+        self.budget = budget;
+        if !(self.has_new() && self.next < self.limit()) || self.holds_tail() {
             return None;
         }
         let (chunks, bytes) = self.fill(budget);

@@ -341,7 +341,12 @@ impl TunnelSender {
 }
 
 /// Sends `msg` on tunnel `id`, waiting for the peer's window.
-pub(super) async fn send_on(inner: &Inner, id: u64, shared: &TunShared, msg: Message) -> Result<(), Error> {
+pub(super) async fn send_on(
+    inner: &Inner,
+    id: u64,
+    shared: &TunShared,
+    msg: Message,
+) -> Result<(), Error> {
     skiff_proto::wire::check(&msg)?;
     loop {
         let n = shared.credit_notify.notified();
