@@ -6,8 +6,9 @@
 #
 # Runs `skiff-bench tunnel` (tunnel vs plain TCP: bulk goodput, 64 B
 # message rate (`msgs`: one message per send, boundaries kept; `stream`:
-# 64 B writes into the tunnel's byte stream, gathered as a TCP send buffer
-# gathers them), ping-pong latency) three times:
+# 64 B writes into the tunnel's byte stream through a 64 KiB BufWriter, as
+# TCP's row; `--stream-buffer 0`: unbuffered, gathered by the tunnel as a
+# TCP send buffer gathers them), ping-pong latency) three times:
 #   1. lo-lossless: on this host's loopback, tunnel mtu=65507 (what
 #      loopback carries; TCP uses 64 KiB segments there too);
 #   2. ns-lossless: in a fresh network namespace whose loopback has an
@@ -82,8 +83,9 @@ whose loopback has MTU 1500, tunnel mtu=1472; \`ns-drop1.4%\` the same with ipta
 dropping 1.4 % of the packets to the receivers' ports (${dropped:-no} packets dropped).
 \`batches\` is data packets sent by the tunnel and \`lost\` is messages never received
 (0 for reliable transports); bulk MB/s is goodput. The \`stream\` rows are 64 B writes
-into a byte stream (the tunnel's gathered writes; TCP's through a 64 KiB \`BufWriter\`),
-counted as bytes received over 64; \`msgs\` keeps each message's boundaries on the
+into a byte stream, both through a 64 KiB \`BufWriter\` (the tunnel's with
+\`--stream-buffer 0\`: each write gathered by the tunnel itself), counted as bytes
+received over 64; \`msgs\` keeps each message's boundaries on the
 tunnel. Issue 16's targets, per run: tunnel 64 B >= 0.5x TCP, bulk >= 0.9x TCP.
 
 EOF2
