@@ -696,3 +696,42 @@ pub(crate) fn join(parts: &mut Vec<Bytes>, total: usize, spare: &mut Bytes) -> B
     }
     msg
 }
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+
+    fn parts(n: u8) -> Vec<Bytes> {
+        vec![Bytes::from(vec![n; 1000]), Bytes::from(vec![n; 500])]
+    }
+
+    #[test]
+    fn join_reuses_the_buffer_of_a_dropped_message() {
+        let mut spare = Bytes::new();
+        let a = join(&mut parts(1), 1500, &mut spare);
+        assert_eq!(&a[..], &[1u8; 1500][..]);
+        let at = a.as_ptr();
+        drop(a);
+        let b = join(&mut parts(2), 1500, &mut spare);
+        assert_eq!(&b[..], &[2u8; 1500][..]);
+        assert_eq!(
+            b.as_ptr(),
+            at,
+            "the dropped message's buffer was not reused"
+        );
+    }
+
+    #[test]
+    fn join_leaves_a_held_message_alone() {
+        let mut spare = Bytes::new();
+        let a = join(&mut parts(1), 1500, &mut spare);
+        let b = join(&mut parts(2), 1500, &mut spare);
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        assert_eq!(&a[..], &[1u8; 1500][..]);
+        assert_eq!(&b[..], &[2u8; 1500][..]);
+        // A single part is handed over as it is, without a copy.
+        let one = Bytes::from(vec![3u8; 10]);
+        let at = one.as_ptr();
+        assert_eq!(join(&mut vec![one], 10, &mut spare).as_ptr(), at);
+    }
+}
