@@ -344,6 +344,9 @@ fn read_up(
             c.protocol_errors.fetch_add(1, Relaxed);
             break Some(e);
         }
+        // The broker took every publish of the segment: say so, once per
+        // segment, to a client that asked (`Confirm`: one that fails over).
+        out.confirm_taken(session.publishes());
     };
     broker.detach(out.id, error);
     shared.c.detached.fetch_add(1, Relaxed);
