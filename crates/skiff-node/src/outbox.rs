@@ -303,6 +303,10 @@ pub struct ClientOut {
     /// A sink that takes messages at once while a subscription's queue
     /// is empty (see [`Direct`]).
     direct: std::sync::OnceLock<Arc<dyn Direct>>,
+    /// The client's publishes are read in place from its shared-memory
+    /// ring: the mesh may splice them (reference, not copy; see
+    /// `mesh::sendq`).
+    ring_input: AtomicBool,
 }
 
 /// A shared-buffer subscriber of a topic (see `listen::shm_topic`): what
@@ -344,7 +348,19 @@ impl ClientOut {
             confirm: AtomicBool::new(false),
             told: AtomicU64::new(0),
             direct: std::sync::OnceLock::new(),
+            ring_input: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the client's publishes as read in place from its ring (the
+    /// shm listener): the mesh splices them.
+    pub(crate) fn set_ring_input(&self) {
+        self.ring_input.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the client's publishes are read in place from its ring.
+    pub(crate) fn ring_input(&self) -> bool {
+        self.ring_input.load(Ordering::Relaxed)
     }
 
     /// Gives the client a direct sink (once; see [`Direct`]).

@@ -564,10 +564,14 @@ impl Broker {
             }
             if let (Some(m), false) = (forward, fwd.is_empty()) {
                 let max = self.limits.load().max_payload;
+                // An shm client's publishes are slices of its ring: the
+                // mesh splices them (holding that ring space until the
+                // peer has them) instead of copying them.
+                let splice = me.ring_input();
                 let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
                     let (subject, kind, _) = p.parts(max);
-                    (subject, kind, &p.raw[..])
+                    (subject, kind, &p.raw[..], splice.then_some(&p.raw))
                 }));
                 let lost = to_groups
                     .drain(..)

@@ -263,6 +263,8 @@ async fn attach_one(r: Rendezvous, broker: Arc<Broker>, spin: Duration, shared: 
         }
     };
     shared.c.attached.fetch_add(1, Relaxed);
+    // Its publishes are slices of its ring: the mesh splices them.
+    out.set_ring_input();
     let id = out.id;
     shared.rings.lock().push((id, a.up.data_range()));
     let gone = Arc::new(AtomicBool::new(false));
