@@ -861,6 +861,9 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                     l.lost,
                     l.waits
                 );
+                if l.spliced > 0 {
+                    outln!("      spliced (sent from the shm ring, not copied): {}", l.spliced);
+                }
                 if !l.dropped_subjects.is_empty() {
                     let top: Vec<String> = l
                         .dropped_subjects

@@ -367,7 +367,7 @@ impl MeshLink {
     /// Sends a published message (its wire encoding) once to each node
     /// with matching interest.
     pub(crate) fn publish(&self, subject: &str, kind: Option<&str>, raw: &[u8]) -> Sent {
-        self.publish_many(std::iter::once((subject, kind, raw)))
+        self.publish_many(std::iter::once((subject, kind, raw, None)))
     }
 
     /// [`MeshLink::publish`] for a run of messages `(subject, type,
@@ -380,9 +380,14 @@ impl MeshLink {
     /// [`skiff_proto::wire::F_BEST_EFFORT`]), or every subscription of
     /// that node matching it is best effort (`reliable=false` on the
     /// subscription).
+    ///
+    /// An item's fourth part, when given, is the encoding as `Bytes` that
+    /// may be held by reference: on a reliable link a large one is spliced
+    /// (not copied into the link's batch; see `mesh::sendq`), holding its
+    /// memory until the peer acknowledged it or is lost.
     pub(crate) fn publish_many<'a>(
         &self,
-        msgs: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a [u8])>,
+        msgs: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a [u8], Option<&'a Bytes>)>,
     ) -> Sent {
         let mut to: Vec<(SocketAddr, bool)> = Vec::new();
         let mut prev = None;
@@ -391,7 +396,7 @@ impl MeshLink {
         let mut r = Sent::default();
         let mut t = self.tunnels.lock();
         let mut m = self.core.lock();
-        for (subject, kind, raw) in msgs {
+        for (subject, kind, raw, spliced) in msgs {
             if prev != Some((subject, kind)) {
                 to.clear();
                 m.route_reliable(subject, kind, &mut to);
@@ -410,7 +415,11 @@ impl MeshLink {
                     r.sent += 1;
                     continue;
                 }
-                match t.push_node(now, *p, &frame, Some(subject)) {
+                let pushed = match spliced {
+                    Some(b) => t.push_node_spliced(*p, &[op::PUB], b, Some(subject)),
+                    None => t.push_node(now, *p, &frame, Some(subject)),
+                };
+                match pushed {
                     sendq::Pushed::Queued => r.sent += 1,
                     sendq::Pushed::Dropped => r.dropped += 1,
                 }

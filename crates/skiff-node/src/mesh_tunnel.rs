@@ -281,6 +281,23 @@ impl Tunnels {
         })
     }
 
+    /// Queues the node frame `head` then `body`, `body` spliced (kept by
+    /// reference, see [`SendQueue::push_spliced`]), on the reliable link
+    /// to `peer`.
+    pub(crate) fn push_node_spliced(
+        &mut self,
+        peer: SocketAddr,
+        head: &[u8],
+        body: &bytes::Bytes,
+        subject: Option<&str>,
+    ) -> Pushed {
+        let (bytes, policy) = (self.link_bytes, self.link_policy);
+        self.links
+            .entry(peer)
+            .or_insert_with(|| SendQueue::new(bytes, policy))
+            .push_spliced(head, body, subject)
+    }
+
     /// Queues the node frame made of `parts` (a publish's `subject`, for
     /// the drop counters) on the reliable link to `peer`.
     pub(crate) fn push_node(
@@ -678,13 +695,20 @@ impl Tunnels {
                 continue;
             };
             if let Some(q) = self.links.get_mut(peer) {
-                while let Some((b, n)) = q.pop() {
-                    let len = b.len();
-                    match a.send(b.clone()) {
+                while let Some(p) = q.pop() {
+                    let (len, n) = (p.len, p.frames);
+                    // A spliced batch goes in parts: packets copy its
+                    // bodies from where they were read.
+                    let r = if p.parts.len() == 1 {
+                        a.send(p.parts[0].clone())
+                    } else {
+                        a.send_parts(p.parts.clone())
+                    };
+                    match r {
                         Ok(()) => q.sent(len, n),
                         Err(SendError::TooLarge { .. }) => q.refused(n),
                         Err(_) => {
-                            q.unpop(b, n);
+                            q.unpop(p);
                             break;
                         }
                     }

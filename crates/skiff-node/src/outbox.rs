@@ -166,7 +166,7 @@ impl Body {
     }
 
     /// Appends the `Msg` frame for subscription `sid`.
-    fn encode(&self, out: &mut Vec<u8>, sid: u64, token: u64) {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, sid: u64, token: u64) {
         match self {
             Body::Small { len, buf } => encode_msg_raw(out, sid, token, &buf[..usize::from(*len)]),
             Body::Raw(b) => encode_msg_raw(out, sid, token, b),
@@ -199,6 +199,23 @@ pub(crate) enum Push {
     Kill,
     /// The subscription or the client is gone.
     Gone,
+    /// Taken at once by the client's direct sink ([`Direct`]): nothing
+    /// was queued, so there is no writer to wake.
+    Written,
+}
+
+/// A sink that takes a client's messages at once, from the publisher's
+/// thread, instead of its queue and writer (the node's topic buffers for
+/// shm subscribers: `listen::shm_topic`). Called under the broker's
+/// routing lock and the client's outbox lock, only while the
+/// subscription's queue is empty (so order is kept); it must never wait:
+/// it only tries its own lock (lock order: routing lock, outbox lock, then
+/// the sink's lock, taken with `try_lock`; the writer thread takes the
+/// sink's lock before the outbox lock, which is why these never block).
+pub(crate) trait Direct: Send + Sync + std::fmt::Debug {
+    /// Writes every one of `msgs` for subscription `sid` (each with
+    /// `token`) now, or none: `false` when it cannot without waiting.
+    fn try_write(&self, sid: u64, token: u64, msgs: &[Body]) -> bool;
 }
 
 #[derive(Debug)]
@@ -283,6 +300,13 @@ pub struct ClientOut {
     confirm: AtomicBool,
     /// The count the last `Taken` frame carried.
     told: AtomicU64,
+    /// A sink that takes messages at once while a subscription's queue
+    /// is empty (see [`Direct`]).
+    direct: std::sync::OnceLock<Arc<dyn Direct>>,
+    /// The client's publishes are read in place from its shared-memory
+    /// ring: the mesh may splice them (reference, not copy; see
+    /// `mesh::sendq`).
+    ring_input: AtomicBool,
 }
 
 /// A shared-buffer subscriber of a topic (see `listen::shm_topic`): what
@@ -323,7 +347,25 @@ impl ClientOut {
             shared_readers: parking_lot::Mutex::new(Vec::new()),
             confirm: AtomicBool::new(false),
             told: AtomicU64::new(0),
+            direct: std::sync::OnceLock::new(),
+            ring_input: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the client's publishes as read in place from its ring (the
+    /// shm listener): the mesh splices them.
+    pub(crate) fn set_ring_input(&self) {
+        self.ring_input.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the client's publishes are read in place from its ring.
+    pub(crate) fn ring_input(&self) -> bool {
+        self.ring_input.load(Ordering::Relaxed)
+    }
+
+    /// Gives the client a direct sink (once; see [`Direct`]).
+    pub(crate) fn set_direct(&self, d: Arc<dyn Direct>) {
+        let _ = self.direct.set(d);
     }
 
     /// Counts a shared-buffer reader of this (topic) client in.
@@ -619,6 +661,15 @@ impl ClientOut {
         let Some(s) = o.subs.get_mut(&sid) else {
             return Push::Gone;
         };
+        if s.q.is_empty() {
+            if let Some(d) = self.direct.get() {
+                if d.try_write(sid, token, std::slice::from_ref(msg)) {
+                    s.delivered += 1;
+                    o.delivered += 1;
+                    return Push::Written;
+                }
+            }
+        }
         let mut result = Push::Queued;
         if s.q.len() >= s.room() || over {
             match s.policy {
@@ -668,6 +719,15 @@ impl ClientOut {
         let Some(s) = o.subs.get_mut(&sid) else {
             return (0, Push::Gone);
         };
+        if s.q.is_empty() && !msgs.is_empty() {
+            if let Some(d) = self.direct.get() {
+                if d.try_write(sid, 0, msgs) {
+                    s.delivered += msgs.len() as u64;
+                    o.delivered += msgs.len() as u64;
+                    return (msgs.len(), Push::Written);
+                }
+            }
+        }
         let mut last = (msgs.len(), Push::Queued);
         for (k, msg) in msgs.iter().enumerate() {
             let size = msg.cost();

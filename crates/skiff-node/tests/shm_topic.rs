@@ -67,6 +67,9 @@ async fn every_subscriber_reads_each_message_written_once() {
             assert!(!d.is_request());
         }
     }
+    // The publisher's thread wrote (some of) them into the ring itself
+    // (the direct path: nothing was queued for the topic).
+    assert!(shm.topic_stats().direct > 0, "{:?}", shm.topic_stats());
     // Written once for the four: about one frame per message.
     let written = shm.topic_stats().bytes_written;
     assert!(
@@ -98,12 +101,13 @@ async fn credits_hold_the_topic_for_a_slow_reader_and_lose_nothing() {
         .window(64);
     let mut slow = c.subscribe_with("slow", "*", opts).await.unwrap();
     let publisher = h.client().await;
-    let payload = Bytes::from(vec![3u8; 2000]);
-    let n = 6000; // 12 MB: three times the default 4 MiB ring
+    let n = 6000u64; // 12 MB: three times the default 4 MiB ring
     let p = tokio::spawn(async move {
-        for _ in 0..n {
+        for i in 0..n {
+            let mut payload = vec![3u8; 2000];
+            payload[..8].copy_from_slice(&i.to_le_bytes());
             publisher
-                .publish(Message::new("slow", payload.clone()))
+                .publish(Message::new("slow", payload))
                 .await
                 .unwrap();
         }
@@ -113,12 +117,16 @@ async fn credits_hold_the_topic_for_a_slow_reader_and_lose_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Messages are read in place: each is dropped once looked at (a
     // reader that kept them all would hold the ring, for every reader).
-    for _ in 0..n {
+    // In order, though some went into the ring from the publisher's
+    // thread (the direct path) and the rest, while the ring was full,
+    // through the topic's queue and writer thread.
+    for i in 0..n {
         let d = tokio::time::timeout(Duration::from_secs(10), slow.recv())
             .await
             .expect("in time")
             .expect("open");
         assert_eq!(d.payload.len(), 2000);
+        assert_eq!(d.payload[..8], i.to_le_bytes(), "message {i}");
     }
     assert_eq!(slow.dropped(), 0);
     p.await.unwrap();

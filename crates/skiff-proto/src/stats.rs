@@ -326,6 +326,11 @@ pub struct LinkStats {
     /// Frames lost with the peer or its association: queued, or handed to
     /// the association and not known to be acknowledged.
     pub lost: u64,
+    /// Publishes spliced into the link: their bytes referenced where
+    /// they were read (a shared-memory client's ring), not copied into the
+    /// queue's batch; packets copy them from there.
+    #[serde(default)]
+    pub spliced: u64,
     /// Times a publisher waited for room (`block`).
     pub waits: u64,
     /// Waits that reached the deadline (the queue then drops newest until

@@ -265,6 +265,7 @@ impl Broker {
             let Some(e) = subs.get(&id) else { return };
             let msg = Arc::new(msg);
             match e.out.push(e.sid, 0, &Body::Val(msg)) {
+                Push::Written => {}
                 Push::Queued => e.out.wake(),
                 Push::Dropped => e.out.wake(),
                 Push::Full | Push::Gone => {
@@ -390,6 +391,7 @@ impl Broker {
                 let Some(e) = st.subs.get(&id) else { continue };
                 matched += 1;
                 match e.out.push(e.sid, token, body) {
+                    Push::Written => {}
                     Push::Queued | Push::Dropped => e.out.wake(),
                     Push::Full => blocked.push((e.out.clone(), e.sid)),
                     Push::Kill => kill.push(client),
@@ -562,10 +564,14 @@ impl Broker {
             }
             if let (Some(m), false) = (forward, fwd.is_empty()) {
                 let max = self.limits.load().max_payload;
+                // An shm client's publishes are slices of its ring: the
+                // mesh splices them (holding that ring space until the
+                // peer has them) instead of copying them.
+                let splice = me.ring_input();
                 let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
                     let (subject, kind, _) = p.parts(max);
-                    (subject, kind, &p.raw[..])
+                    (subject, kind, &p.raw[..], splice.then_some(&p.raw))
                 }));
                 let lost = to_groups
                     .drain(..)
@@ -589,7 +595,7 @@ impl Broker {
             for (out, sid, rest) in blocked.drain(..) {
                 for body in &rest {
                     tokio::select! {
-                        r = out.wait_space(sid, 0, body) => if r != Push::Queued && r != Push::Dropped {
+                        r = out.wait_space(sid, 0, body) => if !matches!(r, Push::Queued | Push::Dropped | Push::Written) {
                             break;
                         },
                         _ = me.closed() => {
@@ -672,6 +678,7 @@ impl Broker {
         for (id, client) in hits {
             let Some(e) = st.subs.get(&id) else { continue };
             match e.out.push(e.sid, token, body) {
+                Push::Written => n += 1,
                 Push::Queued => {
                     n += 1;
                     e.out.wake()
@@ -753,7 +760,7 @@ fn flush_run(
     for &(id, client) in targets {
         let Some(e) = st.subs.get(&id) else { continue };
         let (k, r) = e.out.push_run(e.sid, run);
-        if k > 0 && !woken.contains(&client) {
+        if k > 0 && r != Push::Written && !woken.contains(&client) {
             woken.push(client);
         }
         match r {

@@ -263,6 +263,8 @@ async fn attach_one(r: Rendezvous, broker: Arc<Broker>, spin: Duration, shared: 
         }
     };
     shared.c.attached.fetch_add(1, Relaxed);
+    // Its publishes are slices of its ring: the mesh splices them.
+    out.set_ring_input();
     let id = out.id;
     shared.rings.lock().push((id, a.up.data_range()));
     let gone = Arc::new(AtomicBool::new(false));
@@ -344,6 +346,9 @@ fn read_up(
             c.protocol_errors.fetch_add(1, Relaxed);
             break Some(e);
         }
+        // The broker took every publish of the segment: say so, once per
+        // segment, to a client that asked (`Confirm`: one that fails over).
+        out.confirm_taken(session.publishes());
     };
     broker.detach(out.id, error);
     shared.c.detached.fetch_add(1, Relaxed);

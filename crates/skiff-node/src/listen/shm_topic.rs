@@ -40,7 +40,7 @@ use skiff_proto::router::{KindPattern, Pattern, Syntax};
 use tokio::runtime::Handle;
 
 use crate::broker::Broker;
-use crate::outbox::{ClientOut, SharedReader};
+use crate::outbox::{Body, ClientOut, SharedReader};
 
 /// Most topics a node keeps buffers for at once.
 pub const MAX_TOPICS: usize = 1024;
@@ -63,6 +63,10 @@ pub struct TopicStats {
     pub bytes_written: u64,
     /// Report lines from readers that did not parse (ignored).
     pub bad_reports: u64,
+    /// Messages written into topic rings by the publishing thread itself
+    /// (the direct path: the topic's queue was empty and its ring had
+    /// room); the others went through the topic's queue and writer thread.
+    pub direct: u64,
 }
 
 #[derive(Debug)]
@@ -80,6 +84,7 @@ pub(crate) struct Topics {
     refused: AtomicU64,
     bad_reports: AtomicU64,
     bytes: Arc<AtomicU64>,
+    direct: Arc<AtomicU64>,
 }
 
 impl Topics {
@@ -91,6 +96,7 @@ impl Topics {
             refused: self.refused.load(Relaxed),
             bytes_written: self.bytes.load(Relaxed),
             bad_reports: self.bad_reports.load(Relaxed),
+            direct: self.direct.load(Relaxed),
         }
     }
 }
@@ -222,10 +228,17 @@ fn join(
         ring.close();
         return Err(f.text);
     }
-    let (o, bytes, handle) = (out.clone(), topics.bytes.clone(), Handle::current());
+    let sink = Arc::new(TopicSink {
+        ring: Mutex::new(Some(ring)),
+        scratch: Mutex::new(Vec::new()),
+        bytes: topics.bytes.clone(),
+        direct: topics.direct.clone(),
+    });
+    out.set_direct(sink.clone());
+    let (o, handle) = (out.clone(), Handle::current());
     let spawned = std::thread::Builder::new()
         .name(format!("skiff-shm-topic-{}", out.id))
-        .spawn(move || write_topic(ring, o, handle, bytes));
+        .spawn(move || write_topic(&sink, o, handle));
     if spawned.is_err() {
         broker.detach(out.id, None);
         return Err("no thread for the topic".into());
@@ -255,16 +268,85 @@ fn leave(ask: &TopicAsk, broker: &Broker, topics: &Topics) {
     }
 }
 
-/// The topic's writer thread: what the broker queued for the topic, into
-/// its ring; credit back to the topic's subscription as frames leave.
-fn write_topic(mut ring: TopicRing, out: Arc<ClientOut>, handle: Handle, bytes: Arc<AtomicU64>) {
+/// A topic's ring as the broker's direct sink ([`crate::outbox::Direct`]):
+/// while nothing is queued for the topic, the thread that publishes (an
+/// shm client's reader, a socket's task, the mesh) writes the message
+/// into the ring itself, one segment per run of messages, and the
+/// topic's readers wake from the ring's futex. No hop through the topic's
+/// queue and its writer thread. When the ring is full (credits), its lock
+/// is held by the writer thread, or messages are already queued, the
+/// message is queued as before and the writer thread takes it.
+///
+/// Lock order: the broker's routing lock, the topic client's outbox lock,
+/// then `ring` (only with `try_lock` there); the writer thread takes
+/// `ring` then the outbox lock. `scratch` is taken only under `ring`.
+#[derive(Debug)]
+struct TopicSink {
+    /// `None` once the writer thread closed it.
+    ring: Mutex<Option<TopicRing>>,
+    /// Frames being encoded by the direct path.
+    scratch: Mutex<Vec<u8>>,
+    bytes: Arc<AtomicU64>,
+    /// Messages written by the direct path (all topics).
+    direct: Arc<AtomicU64>,
+}
+
+impl crate::outbox::Direct for TopicSink {
+    fn try_write(&self, sid: u64, token: u64, msgs: &[Body]) -> bool {
+        let Some(mut ring) = self.ring.try_lock() else {
+            return false;
+        };
+        let Some(ring) = ring.as_mut() else {
+            return false;
+        };
+        let mut buf = self.scratch.lock();
+        buf.clear();
+        for m in msgs {
+            m.encode(&mut buf, sid, token);
+        }
+        let ok = matches!(
+            ring.try_write(buf.len(), |seg| seg.copy_from_slice(&buf)),
+            Ok(true)
+        );
+        if ok {
+            self.bytes.fetch_add(buf.len() as u64, Relaxed);
+            self.direct.fetch_add(msgs.len() as u64, Relaxed);
+        }
+        if buf.capacity() > 1 << 20 {
+            *buf = Vec::new();
+        }
+        ok
+    }
+}
+
+/// The topic's writer thread: what the broker queued for the topic (the
+/// direct path could not take it), into its ring; credit back to the
+/// topic's subscription as frames leave. It holds the ring's lock from
+/// taking frames to writing them, so the direct path cannot write a later
+/// message before them.
+fn write_topic(sink: &TopicSink, out: Arc<ClientOut>, handle: Handle) {
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut go = || !out.is_closed();
-    while handle.block_on(out.next_encoded(&mut buf)) {
+    loop {
+        handle.block_on(out.ready());
+        let mut guard = sink.ring.lock();
+        let Some(ring) = guard.as_mut() else { return };
+        if !out.take_encoded(&mut buf) {
+            if out.is_closed() {
+                // The final frame, if any, then the end.
+                if let Some(f) = out.take_closing() {
+                    f.encode(&mut buf);
+                    let _ = ring.write_frames(&buf, &mut go);
+                }
+                break;
+            }
+            continue;
+        }
         if ring.write_frames(&buf, &mut go).is_err() {
             break;
         }
-        bytes.fetch_add(buf.len() as u64, Relaxed);
+        drop(guard);
+        sink.bytes.fetch_add(buf.len() as u64, Relaxed);
         let frames = count_frames(&buf);
         out.credit(SID, frames);
         buf.clear();
@@ -272,7 +354,9 @@ fn write_topic(mut ring: TopicRing, out: Arc<ClientOut>, handle: Handle, bytes: 
             buf = Vec::with_capacity(64 * 1024);
         }
     }
-    ring.close();
+    if let Some(ring) = sink.ring.lock().take() {
+        ring.close();
+    }
 }
 
 /// Whole frames in `buf` (`| len u32 | body |`…).

@@ -69,10 +69,65 @@ impl SendPolicy {
 
 #[derive(Debug)]
 struct Batch {
-    /// The `nodes` op byte, then frames (varint length + bytes).
+    /// The `nodes` op byte, then frames (varint length + bytes); a
+    /// spliced frame's body is not here but in `refs`.
     buf: Vec<u8>,
+    /// Spliced bodies: (offset in `buf` they follow, bytes), in order.
+    refs: Vec<(usize, Bytes)>,
+    /// Bytes of the batch (`buf` and `refs`).
+    len: usize,
     frames: u32,
 }
+
+impl Batch {
+    /// The batch as the parts of one association message: `buf` cut at
+    /// each spliced body's place, the bodies between (no copy).
+    fn into_parts(self) -> Vec<Bytes> {
+        if self.refs.is_empty() {
+            return vec![Bytes::from(self.buf)];
+        }
+        let buf = Bytes::from(self.buf);
+        let mut parts = Vec::with_capacity(2 * self.refs.len() + 1);
+        let mut at = 0;
+        for (off, body) in self.refs {
+            parts.push(buf.slice(at..off));
+            parts.push(body);
+            at = off;
+        }
+        parts.push(buf.slice(at..));
+        parts
+    }
+
+    /// The frames' bytes in one buffer (a copy; only to count the drops
+    /// of a spliced batch per subject).
+    fn joined(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        let mut at = 0;
+        for (off, body) in &self.refs {
+            v.extend_from_slice(&self.buf[at..*off]);
+            v.extend_from_slice(body);
+            at = *off;
+        }
+        v.extend_from_slice(&self.buf[at..]);
+        v
+    }
+}
+
+/// A batch taken from the queue for the association: its parts.
+#[derive(Debug)]
+pub(crate) struct Popped {
+    /// The parts of one association message (one part unless spliced).
+    pub(crate) parts: Vec<Bytes>,
+    /// Their total length.
+    pub(crate) len: usize,
+    /// Frames in it.
+    pub(crate) frames: u32,
+}
+
+/// A spliced body is at least this long: below, a copy into the batch is
+/// cheaper than the extra chunk header the part costs in packets (and a
+/// batch that fits one packet is delivered without reassembly).
+pub(crate) const SPLICE_MIN: usize = 1024;
 
 /// What [`SendQueue::push`] did with a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +142,8 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub(crate) struct SendQueue {
     batches: VecDeque<Batch>,
+    /// A batch the association had no room for, offered again first.
+    back: Option<Popped>,
     bytes: usize,
     frames: u64,
     max_bytes: usize,
@@ -104,6 +161,7 @@ impl SendQueue {
     pub(crate) fn new(max_bytes: usize, policy: SendPolicy) -> SendQueue {
         SendQueue {
             batches: VecDeque::new(),
+            back: None,
             bytes: 0,
             frames: 0,
             max_bytes,
@@ -154,7 +212,33 @@ impl SendQueue {
     /// Queues the frame made of `parts` (a publish's subject is `subject`,
     /// for the drop counters).
     pub(crate) fn push(&mut self, parts: &[&[u8]], subject: Option<&str>) -> Pushed {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.push_with(parts, None, subject)
+    }
+
+    /// Queues the frame `head` then `body` where `body` is kept by
+    /// reference (spliced: not copied into the batch) when it is at least
+    /// [`SPLICE_MIN`] bytes. The reference holds `body`'s memory (a
+    /// shared-memory client's ring space) until the association lets go
+    /// of it: acknowledged, or the peer lost.
+    pub(crate) fn push_spliced(
+        &mut self,
+        head: &[u8],
+        body: &Bytes,
+        subject: Option<&str>,
+    ) -> Pushed {
+        if body.len() < SPLICE_MIN {
+            return self.push_with(&[head, body], None, subject);
+        }
+        self.push_with(&[head], Some(body), subject)
+    }
+
+    fn push_with(
+        &mut self,
+        parts: &[&[u8]],
+        body: Option<&Bytes>,
+        subject: Option<&str>,
+    ) -> Pushed {
+        let len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + body.map_or(0, |b| b.len());
         let need = varint::len(len as u64) + len;
         if !self.has_room(need) {
             if self.policy == SendPolicy::DropOldest {
@@ -162,10 +246,10 @@ impl SendQueue {
                     let Some(b) = self.batches.pop_front() else {
                         break;
                     };
-                    self.bytes -= b.buf.len();
+                    self.bytes -= b.len;
                     self.frames -= u64::from(b.frames);
                     self.stats.dropped_oldest += u64::from(b.frames);
-                    self.count_batch(&b.buf);
+                    self.count_dropped(&b);
                 }
             }
             if !self.has_room(need) {
@@ -177,11 +261,17 @@ impl SendQueue {
         let open = self
             .batches
             .back()
-            .is_some_and(|b| b.buf.len() + need <= BATCH || b.frames == 0);
+            .is_some_and(|b| b.len + need <= BATCH || b.frames == 0);
         if !open {
-            let mut buf = Vec::with_capacity(need.clamp(BATCH / 4, BATCH) + 1);
+            let copied = need - body.map_or(0, |b| b.len());
+            let mut buf = Vec::with_capacity(copied.clamp(BATCH / 4, BATCH) + 1);
             buf.push(NODES);
-            self.batches.push_back(Batch { buf, frames: 0 });
+            self.batches.push_back(Batch {
+                buf,
+                refs: Vec::new(),
+                len: 1,
+                frames: 0,
+            });
             self.bytes += 1;
         }
         let b = self.batches.back_mut().expect("one open");
@@ -189,6 +279,11 @@ impl SendQueue {
         for p in parts {
             b.buf.extend_from_slice(p);
         }
+        if let Some(body) = body {
+            b.refs.push((b.buf.len(), body.clone()));
+            self.stats.spliced += 1;
+        }
+        b.len += need;
         b.frames += 1;
         self.bytes += need;
         self.frames += 1;
@@ -197,22 +292,30 @@ impl SendQueue {
 
     /// The oldest batch, to offer to the association (put back with
     /// [`SendQueue::unpop`] if it has no room).
-    pub(crate) fn pop(&mut self) -> Option<(Bytes, u32)> {
+    pub(crate) fn pop(&mut self) -> Option<Popped> {
+        if let Some(p) = self.back.take() {
+            self.bytes -= p.len;
+            self.frames -= u64::from(p.frames);
+            return Some(p);
+        }
         let b = self.batches.pop_front()?;
-        self.bytes -= b.buf.len();
+        self.bytes -= b.len;
         self.frames -= u64::from(b.frames);
-        Some((Bytes::from(b.buf), b.frames))
+        let (len, frames) = (b.len, b.frames);
+        Some(Popped {
+            parts: b.into_parts(),
+            len,
+            frames,
+        })
     }
 
     /// Puts back a batch [`SendQueue::pop`] gave (the association had no
-    /// room).
-    pub(crate) fn unpop(&mut self, batch: Bytes, frames: u32) {
-        self.bytes += batch.len();
-        self.frames += u64::from(frames);
-        self.batches.push_front(Batch {
-            buf: batch.into(),
-            frames,
-        });
+    /// room): it is offered first next time.
+    pub(crate) fn unpop(&mut self, p: Popped) {
+        self.bytes += p.len;
+        self.frames += u64::from(p.frames);
+        debug_assert!(self.back.is_none(), "one batch offered at a time");
+        self.back = Some(p);
     }
 
     /// The association took a batch of `len` bytes and `frames` frames.
@@ -243,7 +346,11 @@ impl SendQueue {
         n += self.sent.iter().map(|&(_, f)| u64::from(f)).sum::<u64>();
         let batches = std::mem::take(&mut self.batches);
         for b in &batches {
-            self.count_batch(&b.buf);
+            self.count_dropped(b);
+        }
+        if let Some(p) = self.back.take() {
+            let joined: Vec<u8> = p.parts.iter().flat_map(|x| x.iter().copied()).collect();
+            self.count_batch(&joined);
         }
         self.sent.clear();
         self.bytes = 0;
@@ -270,7 +377,7 @@ impl SendQueue {
 
     /// Whether frames wait.
     pub(crate) fn has_frames(&self) -> bool {
-        !self.batches.is_empty()
+        !self.batches.is_empty() || self.back.is_some()
     }
 
     /// Counts frames received over the peer's association.
@@ -305,6 +412,15 @@ impl SendQueue {
 
     /// Counts the frames of a dropped batch per subject (a drop is rare:
     /// the frames are decoded only then).
+    /// Counts a dropped batch's frames per subject.
+    fn count_dropped(&mut self, b: &Batch) {
+        if b.refs.is_empty() {
+            self.count_batch(&b.buf);
+        } else {
+            self.count_batch(&b.joined());
+        }
+    }
+
     fn count_batch(&mut self, buf: &[u8]) {
         let Ok((frames, _)) =
             skiff_proto::mesh::Frames::checked(Bytes::copy_from_slice(&buf[1..]), usize::MAX)
@@ -350,6 +466,52 @@ mod tests {
         raw
     }
 
+    /// Pops a batch as one buffer (its parts joined).
+    fn pop1(q: &mut SendQueue) -> Option<(Bytes, u32)> {
+        let p = q.pop()?;
+        let joined: Vec<u8> = p.parts.iter().flat_map(|x| x.iter().copied()).collect();
+        assert_eq!(joined.len(), p.len);
+        Some((Bytes::from(joined), p.frames))
+    }
+
+    #[test]
+    fn spliced_bodies_are_referenced_not_copied_and_let_go_with_the_batch() {
+        let mut q = SendQueue::new(1 << 20, SendPolicy::Block);
+        let small = publish("s", 10);
+        let big = Bytes::from(publish("b", 5000));
+        q.push(&[&small], None);
+        assert_eq!(q.push_spliced(&[7u8], &big, Some("b")), Pushed::Queued);
+        q.push(&[&small], None);
+        // A small body is copied as before.
+        assert_eq!(
+            q.push_spliced(&[7u8], &Bytes::from(small.clone()), None),
+            Pushed::Queued
+        );
+        assert_eq!(q.stats("p".into()).spliced, 1);
+        let p = q.pop().unwrap();
+        assert_eq!(p.frames, 4);
+        // The body is a part of its own: the same memory, not a copy.
+        assert_eq!(p.parts.len(), 3);
+        assert_eq!(p.parts[1].as_ptr(), big.as_ptr());
+        let joined: Vec<u8> = p.parts.iter().flat_map(|x| x.iter().copied()).collect();
+        let f = frames_of(&Bytes::from(joined));
+        assert_eq!(f[0][..], small[..]);
+        assert_eq!(f[1][0], 7);
+        assert_eq!(f[1][1..], big[..]);
+        assert_eq!(f[2][..], small[..]);
+        // Offered again when the association had no room, then let go.
+        q.unpop(p);
+        assert!(q.has_frames());
+        let p = q.pop().unwrap();
+        assert!(q.pop().is_none());
+        drop(p);
+        assert!(big.is_unique(), "the queue holds no reference any more");
+        // Lost with the peer: references let go too.
+        q.push_spliced(&[7u8], &big, None);
+        assert_eq!(q.lose_all(), 1);
+        assert!(big.is_unique());
+    }
+
     fn frames_of(batch: &Bytes) -> Vec<Bytes> {
         let (f, n) = skiff_proto::mesh::Frames::checked(batch.slice(1..), usize::MAX).unwrap();
         let v: Vec<Bytes> = f.collect();
@@ -366,7 +528,7 @@ mod tests {
         }
         let mut all = Vec::new();
         let mut batches = 0;
-        while let Some((b, n)) = q.pop() {
+        while let Some((b, n)) = pop1(&mut q) {
             assert!(b.len() <= BATCH + 1100, "{}", b.len());
             let f = frames_of(&b);
             assert_eq!(f.len() as u32, n);
@@ -387,9 +549,9 @@ mod tests {
         q.push(&[&publish("a", 1)], None);
         q.push(&[&big], None);
         q.push(&[&publish("b", 1)], None);
-        let (b1, n1) = q.pop().unwrap();
-        let (b2, n2) = q.pop().unwrap();
-        let (_, n3) = q.pop().unwrap();
+        let (b1, n1) = pop1(&mut q).unwrap();
+        let (b2, n2) = pop1(&mut q).unwrap();
+        let (_, n3) = pop1(&mut q).unwrap();
         assert_eq!((n1, n2, n3), (1, 1, 1));
         assert!(b1.len() < 100);
         assert_eq!(frames_of(&b2)[0][..], big[..]);
@@ -427,7 +589,7 @@ mod tests {
         assert_eq!(by_subject, s.dropped_oldest);
         // What is left is the newest, in order.
         let mut last = None;
-        while let Some((b, _)) = q.pop() {
+        while let Some((b, _)) = pop1(&mut q) {
             for f in frames_of(&b) {
                 let m = skiff_proto::wire::decode_message(&f.slice(1..), usize::MAX).unwrap();
                 last = Some(m.subject);
@@ -444,7 +606,7 @@ mod tests {
         assert!(q.should_wait());
         q.stall();
         assert!(!q.should_wait());
-        while let Some((b, n)) = q.pop() {
+        while let Some((b, n)) = pop1(&mut q) {
             q.sent(b.len(), n);
         }
         assert_eq!(q.push(&[&f], None), Pushed::Queued);
@@ -459,9 +621,9 @@ mod tests {
         for _ in 0..3 {
             q.push(&[&publish("x", 100_000)], None);
         }
-        let (b1, n1) = q.pop().unwrap();
+        let (b1, n1) = pop1(&mut q).unwrap();
         q.sent(b1.len(), n1);
-        let (b2, n2) = q.pop().unwrap();
+        let (b2, n2) = pop1(&mut q).unwrap();
         q.sent(b2.len(), n2);
         // The association holds only the second batch now.
         q.acked(b2.len());

@@ -388,6 +388,31 @@ impl Association {
         Ok(())
     }
 
+    /// Offers one message made of `parts`, as [`send`](Self::send) does a
+    /// message in one piece (same refusals, for the whole length); the
+    /// parts are never joined here: each packet copies its pieces straight
+    /// from them, and they are held (by reference) until acknowledged. The
+    /// peer gets one message. For a sender whose message is a header of
+    /// its own and bytes it holds elsewhere (the node's splice of a
+    /// shared-memory publish into the mesh).
+    pub fn send_parts(&mut self, parts: Vec<Bytes>) -> Result<(), SendError> {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return Err(SendError::Closed);
+        }
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        let max = self.config.max_message.min(self.peer_max_message);
+        if len as u64 > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        if !self.send.has_room(len) {
+            self.send.blocked = true;
+            return Err(SendError::WouldBlock);
+        }
+        self.send.push_parts(parts);
+        self.stats.messages_sent += 1;
+        Ok(())
+    }
+
     /// Writes stream bytes: gathered with the bytes written before into
     /// one message, as a TCP send buffer gathers small writes (see
     /// [`send`](self::send)'s module documentation); the receiver gets them

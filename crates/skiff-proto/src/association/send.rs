@@ -184,10 +184,25 @@ pub(super) struct AckOutcome {
     pub(super) messages_acked: u64,
 }
 
+/// A queued message, or one part of a message sent in parts
+/// ([`SendState::push_parts`]): its pieces go into packets in order, the
+/// first with BEGIN (and the whole message's length), the last with END,
+/// so the peer gets one message without the parts ever being joined here.
+#[derive(Debug)]
+struct Part {
+    bytes: Bytes,
+    /// The message's first part.
+    first: bool,
+    /// The message's last part.
+    last: bool,
+    /// The whole message's length.
+    total: u64,
+}
+
 /// The sending half; see the module documentation.
 #[derive(Debug)]
 pub(super) struct SendState {
-    queue: VecDeque<Bytes>,
+    queue: VecDeque<Part>,
     /// Bytes of the front message already in packets.
     front_off: usize,
     /// Stream writes gathered after `queue`, not yet a message.
@@ -289,7 +304,37 @@ impl SendState {
         self.seal(usize::MAX);
         self.buffered += msg.len();
         self.unsent += msg.len();
-        self.queue.push_back(msg);
+        let total = msg.len() as u64;
+        self.queue.push_back(Part {
+            bytes: msg,
+            first: true,
+            last: true,
+            total,
+        });
+    }
+
+    /// Queues one message made of `parts` (empty parts are skipped), each
+    /// referenced, never copied into one buffer: the packets take their
+    /// pieces from the parts themselves.
+    pub(super) fn push_parts(&mut self, parts: Vec<Bytes>) {
+        self.seal(usize::MAX);
+        let parts: Vec<Bytes> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        let total: usize = parts.iter().map(Bytes::len).sum();
+        if parts.is_empty() {
+            self.push(Bytes::new());
+            return;
+        }
+        self.buffered += total;
+        self.unsent += total;
+        let n = parts.len();
+        for (i, bytes) in parts.into_iter().enumerate() {
+            self.queue.push_back(Part {
+                bytes,
+                first: i == 0,
+                last: i + 1 == n,
+                total: total as u64,
+            });
+        }
     }
 
     /// Gathers stream bytes (see the module documentation): takes as many
@@ -327,7 +372,13 @@ impl SendState {
         let n = n.min(self.open.len());
         if n > 0 {
             let msg = self.open.split_to(n).freeze();
-            self.queue.push_back(msg);
+            let total = msg.len() as u64;
+            self.queue.push_back(Part {
+                bytes: msg,
+                first: true,
+                last: true,
+                total,
+            });
             self.sealed += 1;
         }
     }
@@ -576,10 +627,12 @@ impl SendState {
                 }
                 self.seal(room);
             }
-            let Some(msg) = self.queue.front() else { break };
-            let begin = self.front_off == 0;
-            let rest = msg.len() - self.front_off;
-            let total = msg.len() as u64;
+            let Some(part) = self.queue.front() else {
+                break;
+            };
+            let begin = part.first && self.front_off == 0;
+            let rest = part.bytes.len() - self.front_off;
+            let total = part.total;
             // Overhead with the largest length that could fit, so the chunk
             // never overshoots the budget.
             let over = chunk_overhead(begin, false, total, budget);
@@ -587,8 +640,9 @@ impl SendState {
                 break;
             }
             let n = rest.min(budget - over);
-            let end = n == rest;
-            let piece = msg.slice(self.front_off..self.front_off + n);
+            let whole_part = n == rest;
+            let end = whole_part && part.last;
+            let piece = part.bytes.slice(self.front_off..self.front_off + n);
             let c = Chunk {
                 begin,
                 end,
@@ -599,7 +653,7 @@ impl SendState {
             bytes += n;
             self.unsent -= n;
             chunks.push(c);
-            if end {
+            if whole_part {
                 self.queue.pop_front();
                 self.front_off = 0;
             } else {

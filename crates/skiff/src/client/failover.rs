@@ -276,6 +276,10 @@ impl Inner {
         st.subs.retain(|_, s| s.live);
         for s in st.subs.values() {
             s.inbox.lock().lost();
+            // The reader of the lost node's topic buffer stops.
+            if let Some(g) = &s.topic {
+                g.fetch_add(1, Ordering::AcqRel);
+            }
         }
         st.members.retain(|_, m| m.capacity.is_some());
         st.listeners.emit(ClientEvent::Disconnected {
@@ -306,6 +310,22 @@ impl Inner {
         let st = &mut *st;
         let shared = Arc::new(gap.clone());
         for (&sid, s) in &st.subs {
+            let mut i = s.inbox.lock();
+            i.gaps += 1;
+            i.pending_gap = Some(shared.clone());
+            drop(i);
+            // A shared-buffer subscription reads the new node's buffer of
+            // its topic when the new node is on shm (else it is a plain
+            // subscription there).
+            #[cfg(not(skiff_loom))]
+            if let (Some(g), true) = (&s.topic, gap.to.starts_with("shm://")) {
+                g.fetch_add(1, Ordering::AcqRel);
+                super::shm_topic::restore_kept(self, gap.to.clone(), s, g.clone());
+                continue;
+            }
+            if let Some(g) = &s.topic {
+                g.fetch_add(1, Ordering::AcqRel);
+            }
             ClientFrame::Sub {
                 sid,
                 pattern: s.pattern.clone(),
@@ -317,9 +337,6 @@ impl Inner {
                 best_effort: s.opts.best_effort,
             }
             .encode(&mut out);
-            let mut i = s.inbox.lock();
-            i.gaps += 1;
-            i.pending_gap = Some(shared.clone());
         }
         for (name, m) in &st.members {
             if let Some(capacity) = m.capacity {

@@ -36,7 +36,9 @@
 //!   shared memory (`skiff node --shm name`; the node's socket and the
 //!   rings' files are under `dir/name/`, `dir` as for [`crate::shm`]).
 //!   Publishes are written once into the client's ring and reach the
-//!   node's subscribers as slices of it (see `docs/shm.md`); no failover.
+//!   node's subscribers as slices of it (see `docs/shm.md`). A list
+//!   (`shm://a,b?dir=…`, or shm then others: `shm://a,skiff://host:4747`)
+//!   or `reconnect=true` fails over as `skiff://` does, over the rings.
 //! - `file:///path`: cMsg's file domain: [`Client::publish`] appends to the
 //!   log, [`Client::subscribe`] reads it back; nothing else is supported.
 //!
@@ -114,6 +116,8 @@ mod request;
 #[cfg(not(skiff_loom))]
 mod shm_link;
 #[cfg(not(skiff_loom))]
+mod shm_stream;
+#[cfg(not(skiff_loom))]
 mod shm_topic;
 mod status;
 mod stream;
@@ -174,6 +178,10 @@ struct SubEntry {
     live: bool,
     /// Held by the client-wide stop ([`Client::stop`]).
     gated: bool,
+    /// A shared-buffer subscription of a client that fails over: the
+    /// generation of its topic reader (bumped when the node is lost, which
+    /// stops the reader of the old node's topic; see `shm_topic`).
+    topic: Option<Arc<AtomicU64>>,
 }
 
 /// A cluster membership as the client registered it.
@@ -309,6 +317,23 @@ impl Client {
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
             "skiff" | "tcp" | "unix" | "tls" => {
+                let mut target = target::parse_target(locator)?;
+                if name.is_some() {
+                    target.opts.name = name;
+                }
+                let mut last = None;
+                for (at, addr) in target.addrs.iter().enumerate() {
+                    match stream::open(addr, at, &target.opts).await {
+                        Ok(s) => return Ok(Client::over_stream(s, target)),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or(Error::Closed))
+            }
+            // A list, or `reconnect=true`: the stream link's failover
+            // over shm halves (see `shm_stream`).
+            #[cfg(not(skiff_loom))]
+            "shm" if fails_over(locator)? => {
                 let mut target = target::parse_target(locator)?;
                 if name.is_some() {
                     target.opts.name = name;
@@ -769,4 +794,16 @@ fn join_clients(doc: &mut serde_json::Value, mut page: serde_json::Value) -> Res
         clients.push(c);
     }
     Ok(())
+}
+
+/// Whether an `shm://` locator takes the stream link (which fails over):
+/// a list of nodes, or a link option (`reconnect=true`, `ping`, …) that
+/// only the stream link has.
+#[cfg(not(skiff_loom))]
+fn fails_over(locator: &str) -> Result<bool, Error> {
+    let l: crate::locator::Locator = locator.parse()?;
+    Ok(l.address.contains(',')
+        || l.options
+            .iter()
+            .any(|(k, _)| !matches!(k.as_str(), "dir" | "ring" | "spin")))
 }

@@ -15,8 +15,9 @@
 //! (one copy, like a socket read; the ring space goes back at once),
 //! decodes the frames with the bounded decoder (payloads are slices of
 //! that copy) and dispatches them. A tokio task holds the rendezvous
-//! socket: its end means the node is gone. No failover: the node is on
-//! this host.
+//! socket: its end means the node is gone. No failover here: a client
+//! given a list of nodes takes the stream link over the rings instead
+//! (`shm_stream`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};

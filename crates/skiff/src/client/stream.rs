@@ -381,6 +381,9 @@ pub(crate) enum ReadHalf {
     Tcp(tcp::OwnedReadHalf),
     Unix(unix::OwnedReadHalf),
     Tls(tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// A node on this host over shared memory (see `shm_stream`).
+    #[cfg(not(skiff_loom))]
+    Shm(super::shm_stream::ShmRead),
 }
 
 /// The write half of a node connection.
@@ -389,6 +392,9 @@ pub(crate) enum WriteHalf {
     Tcp(tcp::OwnedWriteHalf),
     Unix(unix::OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// A node on this host over shared memory (see `shm_stream`).
+    #[cfg(not(skiff_loom))]
+    Shm(super::shm_stream::ShmWrite),
 }
 
 impl AsyncRead for ReadHalf {
@@ -401,6 +407,8 @@ impl AsyncRead for ReadHalf {
             ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Unix(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
+            #[cfg(not(skiff_loom))]
+            ReadHalf::Shm(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -415,6 +423,8 @@ impl AsyncWrite for WriteHalf {
             WriteHalf::Tcp(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Unix(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
+            #[cfg(not(skiff_loom))]
+            WriteHalf::Shm(w) => Pin::new(w).poll_write(cx, buf),
         }
     }
 
@@ -423,6 +433,8 @@ impl AsyncWrite for WriteHalf {
             WriteHalf::Tcp(w) => Pin::new(w).poll_flush(cx),
             WriteHalf::Unix(w) => Pin::new(w).poll_flush(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
+            #[cfg(not(skiff_loom))]
+            WriteHalf::Shm(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
@@ -431,6 +443,8 @@ impl AsyncWrite for WriteHalf {
             WriteHalf::Tcp(w) => Pin::new(w).poll_shutdown(cx),
             WriteHalf::Unix(w) => Pin::new(w).poll_shutdown(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
+            #[cfg(not(skiff_loom))]
+            WriteHalf::Shm(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }
@@ -493,7 +507,21 @@ async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
 pub(crate) async fn open(addr: &NodeAddr, at: usize, opts: &LinkOptions) -> Result<Session, Error> {
     let timeout = opts.connect_timeout;
     let open = async {
+        let mut known = None;
         let (mut r, mut w) = match addr {
+            #[cfg(not(skiff_loom))]
+            NodeAddr::Shm(locator) => {
+                let place = crate::shm::attach::parse(locator)?;
+                let rings = crate::shm::attach::client_rendezvous(&place)
+                    .await
+                    .map_err(super::shm_stream::rendezvous_error)?;
+                known = Some((rings.client, rings.max_payload));
+                let (r, w) = super::shm_stream::start(rings)
+                    .map_err(Error::io("start the shm link's threads"))?;
+                (ReadHalf::Shm(r), WriteHalf::Shm(w))
+            }
+            #[cfg(skiff_loom)]
+            NodeAddr::Shm(_) => return Err(Error::Closed),
             NodeAddr::Tcp(a) => {
                 let s = connect_tcp(a.as_str())
                     .await
@@ -528,7 +556,12 @@ pub(crate) async fn open(addr: &NodeAddr, at: usize, opts: &LinkOptions) -> Resu
             }
         };
         let mut buf = BytesMut::with_capacity(64 * 1024);
-        let (client, max_payload) = read_welcome(&mut r, &mut w, &mut buf, &opts.creds).await?;
+        // Over shm the rendezvous gave the id and the limit (the node's
+        // welcome frame in the ring is skipped by the dispatcher).
+        let (client, max_payload) = match known {
+            Some(k) => k,
+            None => read_welcome(&mut r, &mut w, &mut buf, &opts.creds).await?,
+        };
         if let Some(name) = &opts.name {
             let mut out = Vec::new();
             ClientFrame::Hello { name: name.clone() }.encode(&mut out);

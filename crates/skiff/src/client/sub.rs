@@ -477,8 +477,31 @@ impl Client {
         if let Backend::File(f) = &self.inner.backend {
             return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
         }
+        // A client that fails over keeps its shared-buffer subscriptions
+        // across nodes: from the topic's ring on an shm node, as a plain
+        // subscription on any other.
+        let fails_over = matches!(self.inner.link, Some(super::link::Link::Stream(_)));
+        let topic = (fails_over && opts.shared.is_some() && opts.syntax == Syntax::Tokens)
+            .then(|| Arc::new(std::sync::atomic::AtomicU64::new(0)));
         #[cfg(not(skiff_loom))]
-        if let (Some(flow), Some(loc), Syntax::Tokens) = (opts.shared, self.node(), opts.syntax) {
+        if let (Some(gen), Some(loc)) = (&topic, self.node()) {
+            if loc.starts_with("shm://") {
+                return super::shm_topic::subscribe_kept(
+                    self.inner.clone(),
+                    &loc,
+                    pattern,
+                    kind,
+                    opts,
+                    gated,
+                    gen.clone(),
+                )
+                .await;
+            }
+        }
+        #[cfg(not(skiff_loom))]
+        if let (Some(flow), Some(loc), Syntax::Tokens, false) =
+            (opts.shared, self.node(), opts.syntax, fails_over)
+        {
             if loc.starts_with("shm://") {
                 return super::shm_topic::subscribe(
                     self.inner.clone(),
@@ -512,6 +535,7 @@ impl Client {
                     kind: kind.into(),
                     opts,
                     live: false,
+                    topic,
                 },
             );
             self.inner.waiter(&mut st, sid)

@@ -19,6 +19,9 @@ pub(crate) enum NodeAddr {
     Unix(PathBuf),
     /// `host:port` over TLS (`tls://`).
     Tls(String),
+    /// A node on this host over shared memory: its locator
+    /// (`shm://name`, with the list's `dir`, `ring` and `spin` options).
+    Shm(String),
 }
 
 impl fmt::Display for NodeAddr {
@@ -27,6 +30,7 @@ impl fmt::Display for NodeAddr {
             NodeAddr::Tcp(a) => write!(f, "skiff://{a}"),
             NodeAddr::Unix(p) => write!(f, "unix://{}", p.display()),
             NodeAddr::Tls(a) => write!(f, "tls://{a}"),
+            NodeAddr::Shm(l) => f.write_str(l),
         }
     }
 }
@@ -196,15 +200,24 @@ pub(crate) struct NodeTarget {
 /// skip a live node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 
-const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, unconfirmed_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key, name";
+const OPTIONS: &str = "reconnect, ping, ping_timeout, reconnect_buffer, unconfirmed_buffer, connect_timeout, spin_us, token, user, password, key, auth_key, ca, cert, tls_key, name, and for shm:// nodes dir, ring, spin";
 
-/// Parses `skiff://h:p[,h:p…]`, `tcp://…` or `unix:///path[,/path…]` with
-/// the link options `reconnect`, `ping`, `ping_timeout`,
-/// `reconnect_buffer`, `unconfirmed_buffer`, `connect_timeout` and
-/// `spin_us`.
+/// Parses `skiff://h:p[,h:p…]`, `tcp://…`, `unix:///path[,/path…]` or
+/// `shm://name[,name…]` with the link options `reconnect`, `ping`,
+/// `ping_timeout`, `reconnect_buffer`, `unconfirmed_buffer`,
+/// `connect_timeout` and `spin_us`. An entry of the list may name its own
+/// scheme (`shm://a,skiff://10.0.0.2:4747`: shared memory first, then a
+/// node over TCP); shm entries take the `dir`, `ring` and `spin` options.
 pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let l: Locator = locator.parse()?;
-    l.expect_scheme("skiff, tcp, unix, tls")?;
+    l.expect_scheme("skiff, tcp, unix, tls, shm")?;
+    // The shm options, given to every shm entry of the list.
+    let shm_opts: Vec<String> = l
+        .options
+        .iter()
+        .filter(|(k, _)| matches!(k.as_str(), "dir" | "ring" | "spin"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     let mut addrs = Vec::new();
     for a in l.address.split(',') {
         let a = a.trim();
@@ -215,10 +228,31 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
                     .into(),
             });
         }
-        addrs.push(match l.scheme.as_str() {
+        let (scheme, a) = match a.split_once("://") {
+            Some((s, rest)) => (s.to_ascii_lowercase(), rest),
+            None => (l.scheme.clone(), a),
+        };
+        addrs.push(match scheme.as_str() {
             "unix" => NodeAddr::Unix(a.into()),
             "tls" => NodeAddr::Tls(host_port(a)?),
-            _ => NodeAddr::Tcp(host_port(a)?),
+            "skiff" | "tcp" => NodeAddr::Tcp(host_port(a)?),
+            "shm" => {
+                let mut loc = format!("shm://{a}");
+                if !shm_opts.is_empty() {
+                    loc.push('?');
+                    loc.push_str(&shm_opts.join("&"));
+                }
+                // Checked now (name and options), as the other entries are.
+                #[cfg(not(skiff_loom))]
+                crate::shm::attach::parse(&loc)?;
+                NodeAddr::Shm(loc)
+            }
+            _ => {
+                return Err(LocatorError::Scheme {
+                    scheme,
+                    accepted: "skiff, tcp, unix, tls, shm",
+                })
+            }
         });
     }
     let mut reconnect = None;
@@ -230,6 +264,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
     let mut spin_us = crate::spin::DEFAULT_SPIN_US;
     let mut creds = Creds::default();
     let mut name = None;
+    let has_shm = addrs.iter().any(|a| matches!(a, NodeAddr::Shm(_)));
     let (mut ca, mut cert, mut tls_key) = (None::<PathBuf>, None::<PathBuf>, None::<PathBuf>);
     l.options(OPTIONS, |k, v| {
         // `key=` is the TLS client key when it names a PEM file, else the
@@ -249,6 +284,8 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
             "unconfirmed_buffer" => unconfirmed_buffer = Some(parse_bytes(k, v)?),
             "connect_timeout" => connect_timeout = parse_duration(k, v)?,
             "name" => name = Some(check_name(&percent_decode(v))?),
+            // Checked with each shm entry (above).
+            "dir" | "ring" | "spin" if has_shm => {}
             "spin_us" => {
                 spin_us = v
                     .parse::<u64>()
@@ -264,7 +301,7 @@ pub(crate) fn parse_target(locator: &str) -> Result<NodeTarget, LocatorError> {
         }
         Ok(true)
     })?;
-    let tls = if l.scheme == "tls" {
+    let tls = if addrs.iter().any(|a| matches!(a, NodeAddr::Tls(_))) {
         let cfg = crate::tls::client_config(ca.as_deref(), cert.as_deref(), tls_key.as_deref())
             .map_err(|why| LocatorError::Address {
                 addr: l.address.clone(),
@@ -392,6 +429,29 @@ fn host_port(a: &str) -> Result<String, LocatorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shm_lists_mix_schemes_and_share_the_shm_options() {
+        let t =
+            parse_target("shm://a,b,skiff://10.0.0.2:4800?dir=/tmp/x&ring=1M&ping=50ms").unwrap();
+        assert_eq!(
+            t.addrs,
+            vec![
+                NodeAddr::Shm("shm://a?dir=/tmp/x&ring=1M".into()),
+                NodeAddr::Shm("shm://b?dir=/tmp/x&ring=1M".into()),
+                NodeAddr::Tcp("10.0.0.2:4800".into()),
+            ]
+        );
+        assert!(t.opts.reconnect);
+        assert_eq!(t.opts.ping, Duration::from_millis(50));
+        let t = parse_target("skiff://h:1,shm://n").unwrap();
+        assert_eq!(t.addrs[1], NodeAddr::Shm("shm://n".into()));
+        // shm options only with an shm entry; bad names and schemes refused.
+        assert!(parse_target("skiff://a,b?dir=/tmp").is_err());
+        assert!(parse_target("shm://a,bad/name").is_err());
+        assert!(parse_target("shm://a,udp://h:1").is_err());
+        assert!(parse_target("shm://a?ring=1").is_err());
+    }
 
     #[test]
     fn parses_address_lists_and_options() {

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use skiff_proto::credits::Flow;
+use skiff_proto::credits::{CreditError, Flow};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::layout::{Layout, OPEN};
@@ -295,6 +295,49 @@ impl FrameWriter {
             self.pads += 1;
         }
         self.segment(len, go, fill)
+    }
+
+    /// Publishes one segment of exactly `len` bytes, which `fill` writes
+    /// in place, only if the ring has room now (never waits): `Ok(false)`
+    /// when it has not (nothing written, or only a padding segment to the
+    /// ring's end, which readers skip).
+    pub(crate) fn try_write(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, BufferError> {
+        let len = len as u64;
+        if len == 0 || len > self.cap / 2 {
+            return Ok(false);
+        }
+        let pos = self.prod.head() % self.cap;
+        if pos + len > self.cap {
+            if !self.try_segment(self.cap - pos, |b| b.fill(0))? {
+                return Ok(false);
+            }
+            self.pads += 1;
+        }
+        self.try_segment(len, fill)
+    }
+
+    fn try_segment(&mut self, len: u64, fill: impl FnOnce(&mut [u8])) -> Result<bool, BufferError> {
+        let id = self.prod.ring.id;
+        let res = match self.prod.try_reserve(len) {
+            Ok(r) => r,
+            Err(CreditError::WouldBlock { .. } | CreditError::NoRecord { .. }) => return Ok(false),
+            Err(e) => return Err(BufferError::credit(id, e)),
+        };
+        let mut w = self.prod.writable(res);
+        {
+            let (a, b) = w.slices_mut();
+            debug_assert!(b.is_empty(), "padding keeps segments in one piece");
+            fill(a);
+        }
+        self.prod.finish(w);
+        self.prod
+            .commit(len)
+            .map(|_| true)
+            .map_err(|e| BufferError::credit(id, e))
     }
 
     fn segment(

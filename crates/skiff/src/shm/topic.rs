@@ -196,6 +196,19 @@ impl TopicRing {
         self.w.write_frames(buf, go)
     }
 
+    /// Writes one segment of `len` bytes, which `fill` writes in place
+    /// (whole encoded frames), only if the ring has room now: never waits.
+    /// `Ok(false)`: no room (nothing written); the caller queues instead.
+    /// For the node's direct path, which writes a topic's messages from
+    /// the publisher's thread while nothing is queued for the topic.
+    pub fn try_write(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, BufferError> {
+        self.w.try_write(len, fill)
+    }
+
     /// Closes the ring (readers read what was written, then learn the
     /// topic ended) and removes its file.
     pub fn close(self) {

@@ -304,6 +304,51 @@ fn fragmented_message_reassembled() {
 }
 
 #[test]
+fn a_message_sent_in_parts_arrives_whole_and_in_order() {
+    // Parts of every shape (tiny, one packet, many packets, empty) beside
+    // plain messages, through loss, duplication and reordering.
+    let net = Net {
+        loss: 0.03,
+        dup: 0.02,
+        jitter: Duration::from_millis(2),
+        ..Net::default()
+    };
+    let cfg = AssociationConfig {
+        send_buffer: 1 << 20,
+        recv_buffer: 1 << 20,
+        max_message: 64 << 10,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(5, net, cfg);
+    p.connect();
+    let mut want = Vec::new();
+    for i in 0..40usize {
+        let whole = msg(i, 1 + (i * 977) % 9000);
+        if i % 3 == 0 {
+            p.client.send(whole.clone()).unwrap();
+        } else {
+            // Cut at two places, one cut perhaps at an end (an empty part).
+            let a = (i * 13) % (whole.len() + 1);
+            let b = a + (whole.len() - a) / 2;
+            let parts = vec![whole.slice(..a), whole.slice(a..b), whole.slice(b..)];
+            p.client.send_parts(parts).unwrap();
+        }
+        want.push(whole);
+        p.drive();
+    }
+    assert_eq!(Pair::messages(&p.server_events), want);
+    // The whole length is what max_message bounds.
+    let big = msg(0, 40 << 10);
+    assert_eq!(
+        p.client.send_parts(vec![big.clone(), big]),
+        Err(SendError::TooLarge {
+            len: 80 << 10,
+            max: 64 << 10
+        })
+    );
+}
+
+#[test]
 fn message_over_max_message_refused() {
     let cfg = AssociationConfig {
         max_message: 1000,
