@@ -23,15 +23,23 @@
 //!   fourth index, by shape and length (the private `cshape` module): a
 //!   message runs each shape it can match once, for every pattern of that
 //!   shape.
+//! - In the first three, the pairs of a node whose subject pattern holds
+//!   an integer (`run.{i>5 & i<10}`, `*.{i=3}`) are grouped by shape in
+//!   the same way at that node, so that 100,000 ranges behind one literal
+//!   prefix are not run one by one: a message runs the node's shapes once
+//!   and finds the ranges holding the integers it can take.
 
 use rustc_hash::FxHashMap;
 
-use super::cmsg::CmsgPattern;
+use super::cmsg::{CmsgPattern, Elem};
 use super::cshape::Shapes;
 use super::trie::Subs;
 use super::SubId;
 
 const ROOT: u32 = 0;
+
+/// [`Pair::group`] of a pair in its node's `pairs`.
+const LISTED: u32 = u32::MAX;
 
 #[derive(Debug, Default)]
 struct Node {
@@ -40,8 +48,13 @@ struct Node {
     parent: u32,
     /// Children by the first byte of their label, sorted.
     children: Vec<(u8, u32)>,
-    /// Pairs whose prefix ends here (or, in [`Mode::Shape`], unused).
+    /// Pairs whose prefix ends here, run one by one (none in
+    /// [`Mode::Shape`]).
     pairs: Vec<u32>,
+    /// Pairs whose prefix ends here, grouped by shape: in
+    /// [`Mode::Shape`] every pair (at the root), else those whose subject
+    /// pattern holds an integer.
+    shapes: Option<Box<Shapes>>,
 }
 
 /// One distinct (subject pattern, type pattern) pair.
@@ -49,9 +62,12 @@ struct Node {
 pub(super) struct Pair {
     pub(super) subject: CmsgPattern,
     pub(super) kind: CmsgPattern,
-    /// Its trie node (in [`Mode::Shape`], its group of [`Shapes`]).
+    /// Its trie node.
     node: u32,
-    /// Position in its node's (or group's) `pairs`.
+    /// Its group in the node's [`Shapes`], or [`LISTED`]: in the node's
+    /// `pairs`.
+    group: u32,
+    /// Position in its node's `pairs` (or its group's).
     at: u32,
     pub(super) subs: Subs,
 }
@@ -95,8 +111,6 @@ pub(super) struct Index {
     pairs: Vec<Option<Pair>>,
     free_pairs: Vec<u32>,
     by_text: FxHashMap<(Box<str>, Box<str>), u32>,
-    /// [`Mode::Shape`]'s groups (empty in the other modes).
-    shapes: Shapes,
 }
 
 impl Index {
@@ -109,7 +123,6 @@ impl Index {
             pairs: Vec::new(),
             free_pairs: Vec::new(),
             by_text: FxHashMap::default(),
-            shapes: Shapes::default(),
         }
     }
 
@@ -121,7 +134,13 @@ impl Index {
 
     /// Trie nodes in use besides the root, plus pairs held.
     pub(super) fn node_count(&self) -> usize {
-        self.nodes.len() - 1 - self.free_nodes.len() + self.shapes.len() + self.by_text.len()
+        let groups: usize = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.shapes.as_ref())
+            .map(|s| s.len())
+            .sum();
+        self.nodes.len() - 1 - self.free_nodes.len() + groups + self.by_text.len()
     }
 
     /// Adds subscription `id`; returns (pair, position in its list).
@@ -146,41 +165,8 @@ impl Index {
                 let key = subject.inner_key().unwrap_or([0, 0]);
                 self.node_for(&key)
             }
-            Mode::Shape => return self.insert_shaped(key, subject, kind, id),
+            Mode::Shape => ROOT,
         };
-        let at = self.nodes[node as usize].pairs.len() as u32;
-        let mut subs = Subs::default();
-        subs.push(id);
-        let pair = Pair {
-            subject,
-            kind,
-            node,
-            at,
-            subs,
-        };
-        let p = match self.free_pairs.pop() {
-            Some(p) => {
-                self.pairs[p as usize] = Some(pair);
-                p
-            }
-            None => {
-                self.pairs.push(Some(pair));
-                (self.pairs.len() - 1) as u32
-            }
-        };
-        self.nodes[node as usize].pairs.push(p);
-        self.by_text.insert(key, p);
-        (p, 0)
-    }
-
-    /// [`Index::insert`] of a new pair in [`Mode::Shape`].
-    fn insert_shaped(
-        &mut self,
-        key: (Box<str>, Box<str>),
-        subject: CmsgPattern,
-        kind: CmsgPattern,
-        id: SubId,
-    ) -> (u32, u32) {
         let p = match self.free_pairs.pop() {
             Some(p) => p,
             None => {
@@ -188,13 +174,24 @@ impl Index {
                 (self.pairs.len() - 1) as u32
             }
         };
-        let (node, at) = self.shapes.insert(p, &subject);
+        let shaped =
+            self.mode == Mode::Shape || subject.elems.iter().any(|e| matches!(e, Elem::Int(_)));
+        let n = &mut self.nodes[node as usize];
+        let (group, at) = if shaped {
+            n.shapes
+                .get_or_insert_with(Box::default)
+                .insert(p, &subject)
+        } else {
+            n.pairs.push(p);
+            (LISTED, (n.pairs.len() - 1) as u32)
+        };
         let mut subs = Subs::default();
         subs.push(id);
         self.pairs[p as usize] = Some(Pair {
             subject,
             kind,
             node,
+            group,
             at,
             subs,
         });
@@ -230,18 +227,22 @@ impl Index {
             Box::from(pair.subject.as_str()),
             Box::from(pair.kind.as_str()),
         ));
-        if self.mode == Mode::Shape {
-            if let Some(m) = self.shapes.remove(pair.node, pair.at, p, &pair.subject) {
-                self.pair_mut(m).at = pair.at;
-            }
-        } else {
-            let node = &mut self.nodes[pair.node as usize];
+        let node = &mut self.nodes[pair.node as usize];
+        let moved_pair = if pair.group == LISTED {
             node.pairs.swap_remove(pair.at as usize);
-            if let Some(&m) = node.pairs.get(pair.at as usize) {
-                self.pair_mut(m).at = pair.at;
+            node.pairs.get(pair.at as usize).copied()
+        } else {
+            let shapes = node.shapes.as_mut().expect("shaped pair");
+            let m = shapes.remove(pair.group, pair.at, p, &pair.subject);
+            if shapes.len() == 0 {
+                node.shapes = None;
             }
-            self.prune(pair.node);
+            m
+        };
+        if let Some(m) = moved_pair {
+            self.pair_mut(m).at = pair.at;
         }
+        self.prune(pair.node);
         if self.by_text.is_empty() {
             *self = Index::new(self.mode);
         }
@@ -301,7 +302,7 @@ impl Index {
                 label: rest[..common].into(),
                 parent: at,
                 children: vec![(tail[0], c)],
-                pairs: Vec::new(),
+                ..Node::default()
             });
             let cn = &mut self.nodes[c as usize];
             cn.label = tail;
@@ -318,7 +319,7 @@ impl Index {
     fn prune(&mut self, mut node: u32) {
         while node != ROOT {
             let n = &self.nodes[node as usize];
-            if !n.pairs.is_empty() {
+            if !n.pairs.is_empty() || n.shapes.is_some() {
                 return;
             }
             match n.children.len() {
@@ -366,11 +367,8 @@ impl Index {
             return self.walk_bigrams(subject, kind, f);
         }
         if self.mode == Mode::Shape {
-            let full = |p: u32| self.pair(p).subject.matches(subject);
-            return self.shapes.walk(subject, &full, &mut |p| {
-                let pair = self.pair(p);
-                !kind.is_none_or(|k| pair.kind.matches(k)) || f(pair)
-            });
+            self.walk_shapes(ROOT, subject, kind, f);
+            return;
         }
         let mut rev = [0u8; super::subject::MAX_SUBJECT];
         let bytes = if self.mode == Mode::Suffix {
@@ -400,6 +398,9 @@ impl Index {
                 {
                     return;
                 }
+            }
+            if !self.walk_shapes(at, subject, kind, f) {
+                return;
             }
             let Some(&b) = bytes.get(pos) else { return };
             let Some((_, c)) = self.child(at, b) else {
@@ -455,6 +456,29 @@ impl Index {
                     return;
                 }
             }
+            if !self.walk_shapes(node, subject, kind, f) {
+                return;
+            }
         }
+    }
+
+    /// [`Index::walk`] over the pairs of `node` grouped by shape; false
+    /// when `f` asked to stop.
+    #[inline]
+    fn walk_shapes(
+        &self,
+        node: u32,
+        subject: &str,
+        kind: Option<&str>,
+        f: &mut impl FnMut(&Pair) -> bool,
+    ) -> bool {
+        let Some(shapes) = &self.nodes[node as usize].shapes else {
+            return true;
+        };
+        let full = |p: u32| self.pair(p).subject.matches(subject);
+        shapes.walk(subject, &full, &mut |p| {
+            let pair = self.pair(p);
+            !kind.is_none_or(|k| pair.kind.matches(k)) || f(pair)
+        })
     }
 }

@@ -18,9 +18,10 @@
 //!   ranges are kept as intervals, keyed so that the ones containing a
 //!   value of that set are found without visiting the others: intervals
 //!   open above (`i>N`) by their lower end, intervals open below (`i<N`)
-//!   by their upper end, single values (`i=N`) by value. Only ranges
-//!   bounded on both sides (`{i>5 & i<10}`) are tested one by one, and
-//!   only against that set (a binary search each).
+//!   by their upper end, single values (`i=N`) by value, and ranges
+//!   bounded on both sides (`{i>5 & i<10}`) in an interval tree
+//!   ([`super::intervals`]) that finds those holding a value without
+//!   visiting the others.
 //! - A shape with two integers or more is run once as a filter; its
 //!   patterns then run their own matchers.
 
@@ -29,6 +30,7 @@ use std::collections::BTreeSet;
 use rustc_hash::FxHashMap;
 
 use super::cmsg::{self, CmsgPattern, Elem, Range};
+use super::intervals::Stabs;
 use super::subject::MAX_SUBJECT;
 
 /// An integer larger than any `u64` (the value of a longer run of digits).
@@ -54,7 +56,8 @@ struct Group {
     above: BTreeSet<(u128, u32)>,
     below: BTreeSet<(u128, u32)>,
     points: BTreeSet<(u128, u32)>,
-    bounded: Vec<(u128, u128, u32)>,
+    /// Intervals bounded on both sides, found by the values they hold.
+    bounded: Stabs,
 }
 
 /// Where a group is filed (see the module doc).
@@ -138,7 +141,8 @@ impl Group {
             } else if lo == hi {
                 self.points.insert((lo, p));
             } else {
-                self.bounded.push((lo, hi, p));
+                // Both ends below `HUGE`: they fit a `u64`.
+                self.bounded.insert(lo as u64, hi as u64, p);
             }
         }
     }
@@ -151,8 +155,8 @@ impl Group {
                 self.below.remove(&(hi, p));
             } else if lo == hi {
                 self.points.remove(&(lo, p));
-            } else if let Some(i) = self.bounded.iter().position(|&b| b == (lo, hi, p)) {
-                self.bounded.swap_remove(i);
+            } else {
+                self.bounded.remove(lo as u64, hi as u64, p);
             }
         }
     }
@@ -214,7 +218,7 @@ impl Shapes {
             above: BTreeSet::new(),
             below: BTreeSet::new(),
             points: BTreeSet::new(),
-            bounded: Vec::new(),
+            bounded: Stabs::default(),
             shape,
         };
         let bucket = group.bucket();
@@ -273,15 +277,15 @@ impl Shapes {
     /// Calls `f` with every pair whose subject pattern matches `subject`
     /// (each at most once), a group at a time; `full(p)` runs pair `p`'s
     /// own matcher (for shapes of two integers or more). Stops when `f`
-    /// returns false.
+    /// returns false, and returns false then.
     pub(super) fn walk(
         &self,
         subject: &str,
         full: &impl Fn(u32) -> bool,
         f: &mut impl FnMut(u32) -> bool,
-    ) {
+    ) -> bool {
         if subject.len() > MAX_SUBJECT {
-            return;
+            return true;
         }
         let len = subject.chars().count();
         let bytes = subject.as_bytes();
@@ -316,7 +320,7 @@ impl Shapes {
         if let Some(gs) = self.fixed.get(&len) {
             for &g in gs {
                 if !visit(g) {
-                    return;
+                    return false;
                 }
             }
         }
@@ -324,15 +328,16 @@ impl Shapes {
             for &g in &self.digits {
                 let group = self.groups[g as usize].as_ref().expect("live group");
                 if group.min <= len && group.max.is_none_or(|m| len <= m) && !visit(g) {
-                    return;
+                    return false;
                 }
             }
         }
         for &(_, g) in self.open.range(..=(len, u32::MAX)) {
             if !visit(g) {
-                return;
+                return false;
             }
         }
+        true
     }
 }
 
@@ -346,10 +351,9 @@ impl Group {
         for &v in values {
             out.extend(self.points.range((v, 0)..=(v, u32::MAX)).map(|&(_, p)| p));
         }
-        for &(lo, hi, p) in &self.bounded {
-            let i = values.partition_point(|&v| v < lo);
-            if values.get(i).is_some_and(|&v| v <= hi) {
-                out.push(p);
+        for &v in values {
+            if let Ok(v) = u64::try_from(v) {
+                self.bounded.stab(v, out);
             }
         }
     }

@@ -23,6 +23,7 @@ mod cindex;
 pub mod cluster;
 pub mod cmsg;
 mod cshape;
+mod intervals;
 pub mod subject;
 mod trie;
 

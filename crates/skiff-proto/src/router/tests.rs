@@ -653,3 +653,118 @@ fn cmsg_shapes_by_length_and_digits() {
     }
     assert_eq!(r.node_count(), 0);
 }
+
+/// A range of integers in cMsg's syntax, mostly bounded on both sides.
+fn range_text() -> impl Strategy<Value = String> {
+    let end = prop_oneof![
+        4 => 0..40u64,
+        1 => Just(u64::MAX - 1),
+        1 => Just(u64::MAX),
+    ];
+    (0..6u8, end.clone(), end.clone(), end).prop_map(|(form, a, b, c)| match form {
+        0 | 1 => format!("{{i>{a} & i<{b}}}"),
+        2 => format!("{{i>{a} & i<{b} | i={c}}}"),
+        3 => format!("{{i>{a} & i<{b} | i>{c} & i<{}}}", c.saturating_add(5)),
+        4 => format!("{{i<{a} | i>{b}}}"),
+        _ => format!("{{i={a} | i>{b} & i<{c}}}"),
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Integer ranges behind a literal prefix, before a literal suffix,
+    /// around a literal inside and with no literal (each of the four
+    /// indexes, grouped by shape and found by interval): the router gives
+    /// exactly what the reference picks out, before and after removals.
+    #[test]
+    fn cmsg_ranges_match_like_the_reference(
+        subs in prop::collection::vec(
+            (
+                prop::sample::select(vec!["", "run.", "r", "*ab"]),
+                range_text(),
+                prop::sample::select(vec!["", ".x", "*", "ab*", "?"]),
+                prop::sample::select(vec!["*", "t", "t#"]),
+                0..5u64,
+            ),
+            0..80,
+        ),
+        subjects in prop::collection::vec(
+            (
+                prop::sample::select(vec!["", "run.", "r", "xab", "ab"]),
+                prop_oneof![
+                    (0..45u64).prop_map(|v| v.to_string()),
+                    Just("007".to_string()),
+                    Just(u64::MAX.to_string()),
+                    Just("18446744073709551616".to_string()),
+                ],
+                prop::sample::select(vec!["", ".x", "ab", "7", "z"]),
+                prop::sample::select(vec!["t", "t1", "x"]),
+            ),
+            1..16,
+        ),
+        removal in prop::collection::vec(any::<u8>(), 0..80),
+    ) {
+        let mut r = Router::new();
+        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        for (pre, range, post, kind, sub) in &subs {
+            let text = format!("{pre}{range}{post}");
+            let p = CmsgPattern::subject(&text).unwrap();
+            let id = r.subscribe_as(Syntax::Cmsg, &text, kind, *sub).unwrap();
+            live.push((id, p, CmsgPattern::kind(kind).unwrap(), *sub));
+        }
+        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
+            for (pre, n, post, kind) in &subjects {
+                let s = format!("{pre}{n}{post}");
+                let mut want: Vec<(SubId, u64)> = live
+                    .iter()
+                    .filter(|(_, p, k, _)| {
+                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
+                    })
+                    .map(|(id, _, _, sub)| (*id, *sub))
+                    .collect();
+                want.sort();
+                assert_eq!(matched(r, &s, Some(kind)), want, "subject {} type {:?}", s, kind);
+                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
+                assert_eq!(r.has_interest(subj(&s)), any, "interest in {}", s);
+            }
+        };
+        check(&r, &live);
+        for b in removal {
+            if live.is_empty() {
+                break;
+            }
+            let i = b as usize % live.len();
+            let (id, ..) = live.swap_remove(i);
+            prop_assert!(r.unsubscribe(id).is_some());
+        }
+        check(&r, &live);
+        for (id, ..) in live.drain(..) {
+            r.unsubscribe(id);
+        }
+        prop_assert_eq!(r.node_count(), 0);
+    }
+}
+
+#[test]
+fn many_ranges_behind_one_prefix() {
+    let mut r = Router::new();
+    let ids: Vec<SubId> = (0..2_000u64)
+        .map(|k| {
+            let p = format!("run.{{i>{k} & i<{}}}.rate", k + 10);
+            r.subscribe_as(Syntax::Cmsg, &p, "*", k).unwrap()
+        })
+        .collect();
+    // 42 is in (k, k + 10) for k = 33..=41.
+    let got: Vec<u64> = matched(&r, "run.42.rate", None)
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(got, (33..=41).collect::<Vec<u64>>());
+    assert!(matched(&r, "run.42.rat", None).is_empty());
+    assert!(matched(&r, "run.x.rate", None).is_empty());
+    for id in ids {
+        r.unsubscribe(id);
+    }
+    assert_eq!(r.node_count(), 0);
+}
