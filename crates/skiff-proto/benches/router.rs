@@ -23,7 +23,14 @@
 //! - `cmsg_noliteral_mix/N`: N patterns of varied shapes with no literal
 //!   to key by (`*{i>N}*`, `{i<N}`, `*{i=N}*`, `???`, `#`, `*.?`, `?#?`,
 //!   `*{i>N & i<M}*`), the same subject; one in eight has a range bounded
-//!   on both sides, which is tested one by one against the few values.
+//!   on both sides, found by an interval tree.
+//! - `cmsg_ranges/FORM/N`: N patterns of one form with an integer range
+//!   bounded on both sides, each a different range (K = 0..N), against
+//!   `run.42.rate` (9 of them match): `two_sided` is `*{i>K & i<K+10}*`
+//!   (no literal: the index by shape), `prefixed` is
+//!   `run.{i>K & i<K+10}.rate` (behind a literal start), `disjunct` is
+//!   `run.{i>K & i<K+10 | i=K+20}.rate` (the manual's example form),
+//!   `suffixed` is `*{i>K & i<K+10}.rate` (before a literal end).
 //!
 //! Run: `cargo bench -p skiff-proto --bench router` (short measurement
 //! times are set below; criterion's command-line flags override them).
@@ -211,6 +218,39 @@ fn no_literal_matching(c: &mut Criterion) {
     g.finish();
 }
 
+fn range_matching(c: &mut Criterion) {
+    let subject = Subject::new("run.42.rate").unwrap();
+    let mut out = Vec::with_capacity(1024);
+    type Form = fn(u64) -> String;
+    let forms: [(&str, Form); 4] = [
+        ("two_sided", |k| format!("*{{i>{k} & i<{}}}*", k + 10)),
+        ("prefixed", |k| format!("run.{{i>{k} & i<{}}}.rate", k + 10)),
+        ("disjunct", |k| {
+            format!("run.{{i>{k} & i<{} | i={}}}.rate", k + 10, k + 20)
+        }),
+        ("suffixed", |k| format!("*{{i>{k} & i<{}}}.rate", k + 10)),
+    ];
+    let mut g = c.benchmark_group("cmsg_ranges");
+    for (name, form) in forms {
+        for n in [100u64, 100_000] {
+            let mut r = Router::new();
+            for k in 0..n {
+                r.subscribe_as(Syntax::Cmsg, &form(k), "*", k).unwrap();
+            }
+            out.clear();
+            let hits = r.matches(subject, None, &mut out);
+            assert!((9..=13).contains(&hits), "{name}: {hits}");
+            g.bench_with_input(BenchmarkId::new(name, n), &r, |b, r| {
+                b.iter(|| {
+                    out.clear();
+                    r.matches(black_box(subject), black_box(None), &mut out)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 fn picking(c: &mut Criterion) {
     let mut g = c.benchmark_group("pick");
     for m in [5u32, 100] {
@@ -242,6 +282,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = matching, cmsg_matching, no_literal_matching, picking
+    targets = matching, cmsg_matching, no_literal_matching, range_matching, picking
 }
 criterion_main!(benches);

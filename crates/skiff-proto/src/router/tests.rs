@@ -435,21 +435,65 @@ fn cmsg_prefixes_split_and_merge() {
     assert_eq!(r.node_count(), 0);
 }
 
-fn cmsg_piece() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec![
-        "a",
-        "b",
-        "ab",
-        ".",
-        "*",
-        "?",
-        "#",
-        "{i<5}",
-        "{i>3&i<9|i=20}",
-        "0",
-        "1",
-        "7",
-    ])
+/// cMsg subscriptions held, as (id, subject pattern, type pattern,
+/// subscriber).
+type Live = Vec<(SubId, CmsgPattern, CmsgPattern, u64)>;
+
+/// Asserts that the router gives, for each (subject, type) of `cases`,
+/// exactly the subscriptions of `live` that the reference matcher picks
+/// out (besides those of subscriber `other`, token subscriptions held
+/// beside them), and interest in every subject one of them matches (and,
+/// with `exact`, in no other).
+fn agrees_with_reference(
+    r: &Router<u64>,
+    live: &Live,
+    cases: &[(String, &str)],
+    other: Option<u64>,
+    exact: bool,
+) {
+    use super::cmsg::tests::reference;
+    for (s, kind) in cases {
+        let mut want: Vec<(SubId, u64)> = live
+            .iter()
+            .filter(|(_, p, k, _)| reference(p, s) && reference(k, kind))
+            .map(|(id, _, _, sub)| (*id, *sub))
+            .collect();
+        want.sort();
+        let got: Vec<(SubId, u64)> = matched(r, s, Some(kind))
+            .into_iter()
+            .filter(|(_, sub)| Some(*sub) != other)
+            .collect();
+        assert_eq!(got, want, "subject {} type {:?}", s, kind);
+        let any = live.iter().any(|(_, p, _, _)| reference(p, s));
+        if exact {
+            assert_eq!(r.has_interest(subj(s)), any, "interest in {}", s);
+        } else if any {
+            assert!(r.has_interest(subj(s)), "interest in {}", s);
+        }
+    }
+}
+
+/// [`agrees_with_reference`], then again after removing the
+/// subscriptions `removal` picks, then removes the rest.
+fn agrees_before_and_after_removal(
+    r: &mut Router<u64>,
+    mut live: Live,
+    cases: &[(String, &str)],
+    removal: &[u8],
+    other: Option<u64>,
+) {
+    agrees_with_reference(r, &live, cases, other, other.is_none());
+    for &b in removal {
+        if live.is_empty() {
+            break;
+        }
+        let (id, ..) = live.swap_remove(b as usize % live.len());
+        assert!(r.unsubscribe(id).is_some());
+    }
+    agrees_with_reference(r, &live, cases, other, other.is_none());
+    for (id, ..) in live.drain(..) {
+        r.unsubscribe(id);
+    }
 }
 
 fn cmsg_kind() -> impl Strategy<Value = &'static str> {
@@ -464,7 +508,7 @@ proptest! {
     #[test]
     fn cmsg_matches_like_the_reference(
         subs in prop::collection::vec(
-            (prop::collection::vec(cmsg_piece(), 1..6), cmsg_kind(), 0..5u64, any::<bool>()),
+            (prop::collection::vec(super::cmsg::tests::piece(), 1..6), cmsg_kind(), 0..5u64, any::<bool>()),
             0..40,
         ),
         subjects in prop::collection::vec(
@@ -477,7 +521,7 @@ proptest! {
         removal in prop::collection::vec(any::<u8>(), 0..40),
     ) {
         let mut r = Router::new();
-        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        let mut live = Live::new();
         for (pieces, kind, sub, tokens_too) in &subs {
             let text = pieces.concat();
             let Ok(p) = CmsgPattern::subject(&text) else { continue };
@@ -488,42 +532,10 @@ proptest! {
                 let _ = r.subscribe(&text, "*", 100);
             }
         }
-        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
-            for (tokens, kind) in &subjects {
-                let s = tokens.join(".");
-                let mut want: Vec<(SubId, u64)> = live
-                    .iter()
-                    .filter(|(_, p, k, _)| {
-                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
-                    })
-                    .map(|(id, _, _, sub)| (*id, *sub))
-                    .collect();
-                want.sort();
-                let got: Vec<(SubId, u64)> = matched(r, &s, Some(kind))
-                    .into_iter()
-                    .filter(|(_, sub)| *sub != 100)
-                    .collect();
-                assert_eq!(got, want, "subject {} type {:?}", s, kind);
-                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
-                if any {
-                    assert!(r.has_interest(subj(&s)), "interest in {}", s);
-                }
-            }
-        };
-        check(&r, &live);
-        for b in removal {
-            if live.is_empty() {
-                break;
-            }
-            let i = b as usize % live.len();
-            let (id, ..) = live.swap_remove(i);
-            prop_assert!(r.unsubscribe(id).is_some());
-        }
-        check(&r, &live);
+        let cases: Vec<(String, &str)> =
+            subjects.iter().map(|(t, kind)| (t.join("."), *kind)).collect();
+        agrees_before_and_after_removal(&mut r, live, &cases, &removal, Some(100));
         r.remove_subscriber(100);
-        for (id, ..) in live.drain(..) {
-            r.unsubscribe(id);
-        }
         prop_assert_eq!(r.node_count(), 0);
         prop_assert!(r.is_empty());
     }
@@ -592,42 +604,18 @@ proptest! {
         removal in prop::collection::vec(any::<u8>(), 0..60),
     ) {
         let mut r = Router::new();
-        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        let mut live = Live::new();
         for (pieces, kind, sub) in &subs {
             let text = pieces.concat();
             let Ok(p) = CmsgPattern::subject(&text) else { continue };
             let id = r.subscribe_as(Syntax::Cmsg, &text, kind, *sub).unwrap();
             live.push((id, p, CmsgPattern::kind(kind).unwrap(), *sub));
         }
-        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
-            for (tokens, kind, dots) in &subjects {
-                let s = tokens.join(if *dots { "." } else { "" });
-                let mut want: Vec<(SubId, u64)> = live
-                    .iter()
-                    .filter(|(_, p, k, _)| {
-                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
-                    })
-                    .map(|(id, _, _, sub)| (*id, *sub))
-                    .collect();
-                want.sort();
-                assert_eq!(matched(r, &s, Some(kind)), want, "subject {} type {:?}", s, kind);
-                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
-                assert_eq!(r.has_interest(subj(&s)), any, "interest in {}", s);
-            }
-        };
-        check(&r, &live);
-        for b in removal {
-            if live.is_empty() {
-                break;
-            }
-            let i = b as usize % live.len();
-            let (id, ..) = live.swap_remove(i);
-            prop_assert!(r.unsubscribe(id).is_some());
-        }
-        check(&r, &live);
-        for (id, ..) in live.drain(..) {
-            r.unsubscribe(id);
-        }
+        let cases: Vec<(String, &str)> = subjects
+            .iter()
+            .map(|(t, kind, dots)| (t.join(if *dots { "." } else { "" }), *kind))
+            .collect();
+        agrees_before_and_after_removal(&mut r, live, &cases, &removal, None);
         prop_assert_eq!(r.node_count(), 0);
     }
 }
@@ -706,42 +694,18 @@ proptest! {
         removal in prop::collection::vec(any::<u8>(), 0..80),
     ) {
         let mut r = Router::new();
-        let mut live: Vec<(SubId, CmsgPattern, CmsgPattern, u64)> = Vec::new();
+        let mut live = Live::new();
         for (pre, range, post, kind, sub) in &subs {
             let text = format!("{pre}{range}{post}");
             let p = CmsgPattern::subject(&text).unwrap();
             let id = r.subscribe_as(Syntax::Cmsg, &text, kind, *sub).unwrap();
             live.push((id, p, CmsgPattern::kind(kind).unwrap(), *sub));
         }
-        let check = |r: &Router<u64>, live: &[(SubId, CmsgPattern, CmsgPattern, u64)]| {
-            for (pre, n, post, kind) in &subjects {
-                let s = format!("{pre}{n}{post}");
-                let mut want: Vec<(SubId, u64)> = live
-                    .iter()
-                    .filter(|(_, p, k, _)| {
-                        super::cmsg::tests::reference(p, &s) && super::cmsg::tests::reference(k, kind)
-                    })
-                    .map(|(id, _, _, sub)| (*id, *sub))
-                    .collect();
-                want.sort();
-                assert_eq!(matched(r, &s, Some(kind)), want, "subject {} type {:?}", s, kind);
-                let any = live.iter().any(|(_, p, _, _)| super::cmsg::tests::reference(p, &s));
-                assert_eq!(r.has_interest(subj(&s)), any, "interest in {}", s);
-            }
-        };
-        check(&r, &live);
-        for b in removal {
-            if live.is_empty() {
-                break;
-            }
-            let i = b as usize % live.len();
-            let (id, ..) = live.swap_remove(i);
-            prop_assert!(r.unsubscribe(id).is_some());
-        }
-        check(&r, &live);
-        for (id, ..) in live.drain(..) {
-            r.unsubscribe(id);
-        }
+        let cases: Vec<(String, &str)> = subjects
+            .iter()
+            .map(|(pre, n, post, kind)| (format!("{pre}{n}{post}"), *kind))
+            .collect();
+        agrees_before_and_after_removal(&mut r, live, &cases, &removal, None);
         prop_assert_eq!(r.node_count(), 0);
     }
 }

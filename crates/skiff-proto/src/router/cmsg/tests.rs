@@ -219,7 +219,9 @@ fn worst_cases_stay_bounded() {
     assert!(p.matches(&"9".repeat(5000)));
 }
 
-fn piece() -> impl Strategy<Value = &'static str> {
+/// A piece of a pattern: literals, wildcards and ranges (the router's
+/// property tests draw from it too).
+pub(crate) fn piece() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
         "a",
         "b",
