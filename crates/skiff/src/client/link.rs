@@ -31,10 +31,7 @@ impl Link {
         match self {
             Link::Mem(m) => m.send(f).await.map_err(|e| refused(e.code, e.text)),
             Link::Stream(s) => {
-                let publish = match &f {
-                    ClientFrame::Pub(m) => Some(m),
-                    _ => None,
-                };
+                let publish = matches!(f, ClientFrame::Pub(_));
                 s.send_with(holds(&f), publish, |buf| f.encode(buf)).await
             }
             #[cfg(not(skiff_loom))]
@@ -48,9 +45,7 @@ impl Link {
     pub(crate) fn try_publish(&self, msg: &Message) -> Option<Result<(), Error>> {
         match self {
             Link::Stream(s) => {
-                match s.try_send_with(true, Some(msg), &mut |buf: &mut Vec<u8>| {
-                    encode_pub(buf, msg)
-                }) {
+                match s.try_send_with(true, true, &mut |buf: &mut Vec<u8>| encode_pub(buf, msg)) {
                     Ok(true) => Some(Ok(())),
                     Ok(false) => None,
                     Err(e) => Some(Err(e)),

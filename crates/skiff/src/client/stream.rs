@@ -17,7 +17,9 @@ use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
-use skiff_proto::client_frame::{ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD};
+use skiff_proto::client_frame::{
+    ClientFrame, Code, Decoder, ServerFrame, FRAME_OVERHEAD, LEN_PREFIX,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{tcp, unix, TcpStream, UnixStream};
 use tokio::sync::{oneshot, Notify};
@@ -54,6 +56,11 @@ struct TxBuf {
 /// so a failover can say which may not have reached the lost node and
 /// hand them back. Bounded by `max` bytes: when full, the oldest are
 /// forgotten (counted).
+///
+/// They are kept as their encoded `Pub` frames, copied once into one
+/// buffer of bytes (no reference counts taken, no allocation per
+/// publish), and decoded back into messages only when a connection is
+/// lost.
 #[derive(Debug, Default)]
 struct Track {
     /// Bytes of unconfirmed publishes kept (`unconfirmed_buffer`); 0:
@@ -66,9 +73,13 @@ struct Track {
     conn_first: u64,
     /// Every publish up to this one is confirmed.
     confirmed: u64,
-    /// Unconfirmed publishes kept, oldest first, and their cost in bytes.
-    kept: std::collections::VecDeque<(u64, skiff_proto::Message)>,
-    bytes: usize,
+    /// Unconfirmed publishes kept, oldest first: their `Pub` frames
+    /// (length prefix included) in `frames[head..]`, numbered from
+    /// `kept_first` on.
+    frames: Vec<u8>,
+    head: usize,
+    kept_first: u64,
+    kept: usize,
     /// Publishes of lost nodes not yet taken back, and their bytes.
     lost: Vec<(u64, skiff_proto::Message)>,
     lost_bytes: usize,
@@ -77,9 +88,17 @@ struct Track {
     maybe_lost: u64,
 }
 
-/// What keeping `m` costs against `unconfirmed_buffer`.
+/// What keeping `m` costs against `unconfirmed_buffer`: its `Pub` frame,
+/// kept or decoded back.
 fn kept_cost(m: &skiff_proto::Message) -> usize {
-    64 + m.subject.len() + m.payload.len()
+    skiff_proto::client_frame::pub_frame_len(m)
+}
+
+/// The length of the frame at the start of `b` (prefix included).
+fn frame_len(b: &[u8]) -> usize {
+    let mut len = [0u8; LEN_PREFIX];
+    len.copy_from_slice(&b[..LEN_PREFIX]);
+    LEN_PREFIX + u32::from_le_bytes(len) as usize
 }
 
 impl Track {
@@ -88,26 +107,51 @@ impl Track {
             max,
             next: 1,
             conn_first: 1,
+            kept_first: 1,
             ..Track::default()
         }
     }
 
-    /// A publish went to the write buffer (or was held for the next node).
+    /// Bytes of frames kept.
+    fn bytes(&self) -> usize {
+        self.frames.len() - self.head
+    }
+
+    /// A publish went to the write buffer (or was held for the next node)
+    /// as the `Pub` frame `frame`.
     #[inline]
-    fn sent(&mut self, m: &skiff_proto::Message) {
+    fn sent(&mut self, frame: &[u8]) {
         let n = self.next;
         self.next += 1;
         if self.max == 0 {
             return;
         }
-        self.bytes += kept_cost(m);
-        self.kept.push_back((n, m.clone()));
-        while self.bytes > self.max {
-            let Some((_, old)) = self.kept.pop_front() else {
-                break;
-            };
-            self.bytes -= kept_cost(&old);
+        if self.kept == 0 {
+            self.frames.clear();
+            self.head = 0;
+            self.kept_first = n;
+        }
+        self.frames.extend_from_slice(frame);
+        self.kept += 1;
+        while self.bytes() > self.max && self.kept > 0 {
+            self.pop();
             self.forgotten += 1;
+        }
+    }
+
+    /// Lets the oldest kept frame go.
+    fn pop(&mut self) {
+        self.head += frame_len(&self.frames[self.head..]);
+        self.kept -= 1;
+        self.kept_first += 1;
+        if self.kept == 0 {
+            self.frames.clear();
+            self.head = 0;
+        } else if self.head >= self.frames.len() / 2 && self.head >= 4096 {
+            // Moves what is left to the front: each byte moves at most
+            // about once per time it was kept.
+            self.frames.drain(..self.head);
+            self.head = 0;
         }
     }
 
@@ -119,12 +163,8 @@ impl Track {
             .saturating_sub(1)
             .min(self.next - 1);
         self.confirmed = self.confirmed.max(upto);
-        while let Some((k, m)) = self.kept.front() {
-            if *k > self.confirmed {
-                break;
-            }
-            self.bytes -= kept_cost(m);
-            self.kept.pop_front();
+        while self.kept > 0 && self.kept_first <= self.confirmed {
+            self.pop();
         }
     }
 
@@ -138,15 +178,32 @@ impl Track {
         if self.max == 0 || first > last {
             return None;
         }
-        let held = self.kept.len() as u64;
+        let held = self.kept as u64;
         let mut subjects: Vec<String> = Vec::new();
-        for (_, m) in &self.kept {
-            if subjects.len() < 16 && !subjects.iter().any(|s| s == &*m.subject) {
-                subjects.push(m.subject.to_string());
+        let mut at = self.head;
+        let mut n = self.kept_first;
+        while at < self.frames.len() {
+            let len = frame_len(&self.frames[at..]);
+            let body = bytes::Bytes::copy_from_slice(&self.frames[at + LEN_PREFIX..at + len]);
+            at += len;
+            // Frames this client encoded itself: a failure here is a bug,
+            // counted as a forgotten publish rather than a panic.
+            match ClientFrame::decode(body, usize::MAX) {
+                Ok(ClientFrame::Pub(m)) => {
+                    if subjects.len() < 16 && !subjects.iter().any(|s| s == &*m.subject) {
+                        subjects.push(m.subject.to_string());
+                    }
+                    self.lost_bytes += kept_cost(&m);
+                    self.lost.push((n, m));
+                }
+                _ => self.forgotten += 1,
             }
+            n += 1;
         }
-        self.lost_bytes += std::mem::take(&mut self.bytes);
-        self.lost.extend(self.kept.drain(..));
+        self.frames.clear();
+        self.head = 0;
+        self.kept = 0;
+        self.kept_first = self.next;
         // Not taken back from an earlier loss: the oldest go first.
         let mut drop = 0;
         while self.lost_bytes > self.max && drop < self.lost.len() {
@@ -225,12 +282,12 @@ impl StreamTx {
     /// when the buffer becomes non-empty: the writer takes all of it at
     /// once, so one wake-up and one write carry every frame queued since.
     /// `hold`: a publish, which may wait in the buffer while failing over.
-    /// `publish`: the message of a publish, numbered and kept until the
-    /// node confirms it.
+    /// `publish`: `encode` writes one `Pub` frame, numbered and kept until
+    /// the node confirms it.
     pub(crate) async fn send_with(
         &self,
         hold: bool,
-        publish: Option<&skiff_proto::Message>,
+        publish: bool,
         mut encode: impl FnMut(&mut Vec<u8>),
     ) -> Result<(), Error> {
         loop {
@@ -250,7 +307,7 @@ impl StreamTx {
     pub(crate) fn try_send_with(
         &self,
         hold: bool,
-        publish: Option<&skiff_proto::Message>,
+        publish: bool,
         encode: &mut impl FnMut(&mut Vec<u8>),
     ) -> Result<bool, Error> {
         let mut b = self.buf.lock();
@@ -260,9 +317,11 @@ impl StreamTx {
         if let Some(node) = &b.down {
             let node = node.clone();
             return if hold {
+                let before = b.out.len();
                 let r = b.hold(encode, node);
-                if let (Ok(true), Some(m)) = (&r, publish) {
-                    b.track.sent(m);
+                if let (Ok(true), true) = (&r, publish) {
+                    let b = &mut *b;
+                    b.track.sent(&b.out[before..]);
                 }
                 r
             } else {
@@ -273,9 +332,11 @@ impl StreamTx {
             return Ok(false);
         }
         let wake = b.out.is_empty();
+        let before = b.out.len();
         encode(&mut b.out);
-        if let Some(m) = publish {
-            b.track.sent(m);
+        if publish {
+            let b = &mut *b;
+            b.track.sent(&b.out[before..]);
         }
         drop(b);
         if wake {
@@ -810,44 +871,73 @@ mod tests {
         Message::new("t.x", i.to_string())
     }
 
+    /// The `Pub` frame of `m(i)`.
+    fn f(i: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        skiff_proto::client_frame::encode_pub(&mut out, &m(i));
+        out
+    }
+
     #[test]
     fn confirmed_publishes_are_let_go_and_the_rest_reported_on_loss() {
         let mut t = Track::new(1 << 20);
         for i in 1..=10 {
-            t.sent(&m(i));
+            t.sent(&f(i));
         }
         t.taken(4);
-        assert_eq!(t.kept.len(), 6);
+        assert_eq!(t.kept, 6);
         // A count that only grows; a stale or forged one changes nothing.
         t.taken(2);
         t.taken(u64::MAX);
-        assert_eq!(t.kept.len(), 0);
+        assert_eq!((t.kept, t.bytes()), (0, 0));
         for i in 11..=13 {
-            t.sent(&m(i));
+            t.sent(&f(i));
         }
         let u = t.lose("a").expect("three unconfirmed");
         assert_eq!((u.first, u.last, u.held, u.forgotten), (11, 13, 3, 0));
         // The next connection counts from 14.
-        t.sent(&m(14));
+        t.sent(&f(14));
         t.taken(1);
         assert!(t.lose("b").is_none());
         let back: Vec<u64> = t.lost.iter().map(|(n, _)| *n).collect();
         assert_eq!(back, [11, 12, 13]);
+        // Handed back as the messages that were published.
+        let msgs: Vec<Message> = t.lost.iter().map(|(_, m)| m.clone()).collect();
+        assert_eq!(msgs, [m(11), m(12), m(13)]);
     }
 
     #[test]
     fn a_full_buffer_forgets_the_oldest_and_counts_them() {
-        let mut t = Track::new(3 * kept_cost(&m(1)));
+        let mut t = Track::new(3 * f(1).len());
         for i in 1..=5 {
-            t.sent(&m(i));
+            t.sent(&f(i));
         }
         assert_eq!(t.forgotten, 2);
         let u = t.lose("a").unwrap();
         assert_eq!((u.first, u.last, u.held, u.forgotten), (1, 5, 3, 2));
         assert_eq!(t.lost[0].0, 3);
+        assert_eq!(t.lost[0].1, m(3));
         // Nothing kept with no buffer, nothing reported.
         let mut off = Track::new(0);
-        off.sent(&m(1));
+        off.sent(&f(1));
         assert!(off.lose("a").is_none());
+    }
+
+    #[test]
+    fn many_frames_confirmed_in_steps_keep_the_rest_in_order() {
+        // Enough to move the kept frames to the front a few times.
+        let mut t = Track::new(1 << 20);
+        for i in 1..=5_000 {
+            t.sent(&f(i));
+            if i % 7 == 0 {
+                t.taken(i - 3);
+            }
+        }
+        // The last `taken` (at 4,998) confirmed up to 4,995.
+        assert_eq!(t.kept, 5);
+        let u = t.lose("a").unwrap();
+        assert_eq!((u.first, u.last, u.held), (4_996, 5_000, 5));
+        let want: Vec<(u64, Message)> = (4_996..=5_000).map(|i| (i, m(i))).collect();
+        assert_eq!(t.lost, want);
     }
 }
