@@ -232,22 +232,25 @@ fn remote_patterns(v: &serde_json::Value) -> u64 {
 
 /// A subscriber (`skiff sub --policy block`) in host `i`: its lines.
 fn subscribe(lan: &Lan, i: usize, pattern: &str) -> (Proc, mpsc::Receiver<String>) {
-    let mut child = lan
-        .exec(i)
-        .args([env!("CARGO_BIN_EXE_skiff"), "sub", pattern])
-        .args(["-n", "skiff://127.0.0.1:4747", "--policy", "block"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn skiff sub");
-    let out = lines(child.stdout.take().unwrap());
-    (Proc(child), out)
+    subscribe_with(lan, i, pattern, &[])
 }
 
 /// A best-effort subscriber (`skiff sub --best-effort`) in host `i`.
 fn subscribe_best_effort(lan: &Lan, i: usize, pattern: &str) -> (Proc, mpsc::Receiver<String>) {
+    subscribe_with(lan, i, pattern, &["--best-effort"])
+}
+
+/// [`subscribe`] with `extra` arguments.
+fn subscribe_with(
+    lan: &Lan,
+    i: usize,
+    pattern: &str,
+    extra: &[&str],
+) -> (Proc, mpsc::Receiver<String>) {
     let mut child = lan
         .exec(i)
-        .args([env!("CARGO_BIN_EXE_skiff"), "sub", pattern, "--best-effort"])
+        .args([env!("CARGO_BIN_EXE_skiff"), "sub", pattern])
+        .args(extra)
         .args(["-n", "skiff://127.0.0.1:4747", "--policy", "block"])
         .stdout(Stdio::piped())
         .spawn()
@@ -325,6 +328,30 @@ fn may_run() -> bool {
     ok
 }
 
+/// Three hosts (`tag`, `subnet`), a node in each on mesh `net`, every
+/// node seeing the other two up.
+fn three_nodes(tag: &str, subnet: u8, net: &str) -> (Lan, Vec<Proc>) {
+    let lan = Lan::new(tag, subnet);
+    let nodes: Vec<Proc> = (0..3).map(|i| start_node(&lan, i, net)).collect();
+    for i in 0..3 {
+        wait_stats(&lan, i, "members up", |v| {
+            v["mesh"]["stats"]["members_up"].as_u64() == Some(2)
+        });
+    }
+    (lan, nodes)
+}
+
+/// No node's link to a peer dropped or lost anything.
+fn assert_links_lost_nothing(lan: &Lan) {
+    for i in 0..3 {
+        for l in stats(lan, i)["mesh"]["links"].as_array().unwrap() {
+            for c in ["dropped_newest", "dropped_oldest", "lost"] {
+                assert_eq!(l[c].as_u64(), Some(0), "node {}: {l}", i + 1);
+            }
+        }
+    }
+}
+
 /// Best effort beside reliable at `drop` (issue 16, item 5): host 2
 /// subscribes best effort to `be.*`, host 3 reliably to `rel.*`; host 1
 /// publishes numbered streams on both. The reliable streams arrive whole;
@@ -335,14 +362,7 @@ fn run_best_effort(drop: f64, subnet: u8, tag: &str) {
     if !may_run() {
         return;
     }
-    let lan = Lan::new(tag, subnet);
-    let net = format!("be-{}", std::process::id());
-    let _nodes: Vec<Proc> = (0..3).map(|i| start_node(&lan, i, &net)).collect();
-    for i in 0..3 {
-        wait_stats(&lan, i, "members up", |v| {
-            v["mesh"]["stats"]["members_up"].as_u64() == Some(2)
-        });
-    }
+    let (lan, _nodes) = three_nodes(tag, subnet, &format!("be-{}", std::process::id()));
     let (_s2, be) = subscribe_best_effort(&lan, 1, "be.*");
     let (_s3, rel) = subscribe(&lan, 2, "rel.*");
     wait_stats(&lan, 0, "interest", |v| remote_patterns(v) == 2);
@@ -411,32 +431,17 @@ fn run_best_effort(drop: f64, subnet: u8, tag: &str) {
         n - got
     );
     assert!(lost > 0, "at {drop} drop some best-effort datagram is lost");
-    for i in 0..3 {
-        for l in stats(&lan, i)["mesh"]["links"].as_array().unwrap() {
-            for c in ["dropped_newest", "dropped_oldest", "lost"] {
-                assert_eq!(l[c].as_u64(), Some(0), "node {}: {l}", i + 1);
-            }
-        }
-    }
+    assert_links_lost_nothing(&lan);
 }
 
+/// Two numbered publishers on host 1 at `drop`, reliable subscribers on
+/// hosts 2 and 3: every number once and in order; then 1 MiB and
+/// `max_payload` messages byte-identical.
 fn run(drop: f64, subnet: u8, tag: &str) {
-    if !Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"))
-    {
-        eprintln!("SKIPPED: needs root and ip netns");
+    if !may_run() {
         return;
     }
-    let lan = Lan::new(tag, subnet);
-    let net = format!("rel-{}", std::process::id());
-    let _nodes: Vec<Proc> = (0..3).map(|i| start_node(&lan, i, &net)).collect();
-    for i in 0..3 {
-        wait_stats(&lan, i, "members up", |v| {
-            v["mesh"]["stats"]["members_up"].as_u64() == Some(2)
-        });
-    }
+    let (lan, _nodes) = three_nodes(tag, subnet, &format!("rel-{}", std::process::id()));
     let (_s2, rx2) = subscribe(&lan, 1, "rel.*");
     let (_s3, rx3) = subscribe(&lan, 2, "rel.*");
     wait_stats(&lan, 0, "interest", |v| remote_patterns(v) == 2);
@@ -477,14 +482,7 @@ fn run(drop: f64, subnet: u8, tag: &str) {
             "message of {size} bytes differs"
         );
     }
-    for i in 0..3 {
-        let v = stats(&lan, i);
-        for l in v["mesh"]["links"].as_array().unwrap() {
-            for c in ["dropped_newest", "dropped_oldest", "lost"] {
-                assert_eq!(l[c].as_u64(), Some(0), "node {}: {l}", i + 1);
-            }
-        }
-    }
+    assert_links_lost_nothing(&lan);
 }
 
 #[test]
