@@ -62,10 +62,14 @@ pub(super) enum Groups<'a> {
     /// another node chosen for the group (appended here with the group,
     /// for a group frame to that node). A client's publish.
     Mesh(&'a mut Vec<(SocketAddr, Arc<str>)>),
-    /// One member of each group among this node's subscriptions. A
-    /// request (every node with interest gets it and answers for its own
-    /// members).
+    /// One member of each group among this node's subscriptions: a
+    /// request from a node that sent it to every node with members (a
+    /// plain request frame, from nodes before group requests).
     Here,
+    /// One member of each of these groups among this node's
+    /// subscriptions, none of the others: a request from another node,
+    /// which chose this node for these groups (a group request frame).
+    Chosen(&'a [String]),
     /// No group member: a publish another node forwarded (that node chose
     /// for the groups, and sends a group frame to the node it chose).
     Skip,
@@ -168,6 +172,10 @@ impl Broker {
             ..
         } = st;
         let skip = matches!(groups, Groups::Skip);
+        let chosen = match &groups {
+            Groups::Chosen(c) => Some(*c),
+            _ => None,
+        };
         let mut grouped: Vec<(&str, SubId, u64)> = Vec::new();
         router.for_each_match(subject, kind, |id, client| {
             if Some(client) == no_echo {
@@ -175,6 +183,7 @@ impl Broker {
             }
             match subs.get(&id).and_then(|e| e.group.as_deref()) {
                 Some(_) if skip => {}
+                Some(g) if chosen.is_some_and(|c| !c.iter().any(|x| x == g)) => {}
                 Some(g) => grouped.push((g, id, client)),
                 None => each(id, client),
             }
@@ -348,8 +357,13 @@ impl Broker {
         }
     }
 
-    /// Queues `msg` to every subscription matching its subject and type;
-    /// returns how many matched. Waits (with no lock held) for full `block`
+    /// Queues `msg` to every subscription matching its subject and type,
+    /// and hands it to the mesh: a publish to every node with interest; a
+    /// request (`pending`: its token, flags and most replies) to every
+    /// node with interest as a group request naming the queue groups this
+    /// node chose that node for (each group gets it once in the whole
+    /// mesh), each such node counted as one more expected `done`. Returns
+    /// how many matched here. Waits (with no lock held) for full `block`
     /// subscriptions.
     pub(super) async fn fan_out(
         &self,
@@ -357,7 +371,7 @@ impl Broker {
         msg: &Message,
         body: &Body,
         token: u64,
-        pending: Option<u64>,
+        pending: Option<(u64, u8, u32)>,
     ) -> usize {
         let Ok(subject) = Subject::new(&msg.subject) else {
             return 0;
@@ -375,16 +389,12 @@ impl Broker {
             }
             let no_echo = me.no_echo().then_some(me.id);
             let mut hits: Vec<(SubId, u64)> = Vec::new();
-            let groups = match pending {
-                None => Groups::Mesh(&mut picks),
-                Some(_) => Groups::Here,
-            };
             self.route(
                 st,
                 subject,
                 msg.kind.as_deref(),
                 no_echo,
-                groups,
+                Groups::Mesh(&mut picks),
                 |id, client| hits.push((id, client)),
             );
             for (id, client) in hits {
@@ -398,8 +408,30 @@ impl Broker {
                     Push::Gone => matched -= 1,
                 }
             }
-            if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
-                p.expect += matched as u32;
+            if let Some((t, flags, max)) = pending {
+                // Other nodes with matching interest, and those chosen for
+                // a group: each answers with how many it reached (a `done`
+                // frame), then their replies.
+                let mut sent = 0u32;
+                if let Some(m) = self.mesh.get() {
+                    let mut nodes = m.route(&msg.subject, msg.kind.as_deref());
+                    for (a, _) in &picks {
+                        if !nodes.contains(a) {
+                            nodes.push(*a);
+                        }
+                    }
+                    let mut mine: Vec<&str> = Vec::new();
+                    for a in nodes {
+                        mine.clear();
+                        mine.extend(picks.iter().filter(|p| p.0 == a).map(|p| &*p.1));
+                        if m.group_request(a, t, flags, max, &msg.subject, &mine, msg) {
+                            sent += 1;
+                        }
+                    }
+                }
+                if let Some(p) = st.pending.get_mut(&t) {
+                    p.expect += matched as u32 + sent;
+                }
             }
             if pending.is_none() {
                 if let Some(m) = self.mesh.get() {
