@@ -468,3 +468,162 @@ async fn a_request_to_a_queue_group_across_nodes_reaches_one_member_in_all() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A skiff client's subscription in a queue group (`SubOptions::queue_group`):
+/// payloads it was handed, answering each request with its payload.
+async fn skiff_member(
+    n: &Node,
+    pattern: &str,
+    group: &str,
+) -> (
+    skiff::client::Client,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let loc = format!("skiff://{}", n.tcp_addr().unwrap());
+    let c = skiff::client::Client::connect(&loc).await.unwrap();
+    let opts = skiff::client::SubOptions::default().queue_group(group);
+    let mut sub = c.subscribe_with(pattern, "*", opts).await.unwrap();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (g, answer) = (got.clone(), c.clone());
+    tokio::spawn(async move {
+        while let Some(d) = sub.recv().await {
+            let p = String::from_utf8_lossy(&d.msg.payload).into_owned();
+            g.lock().unwrap().push(p.clone());
+            if d.is_request() {
+                let _ = answer
+                    .reply(&d, skiff::Message::new("r", p.into_bytes()))
+                    .await;
+            }
+        }
+    });
+    (c, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skiff_and_nats_queue_members_share_messages_and_requests_across_nodes() {
+    let (a, b) = two(&format!("t-nqs-{}", std::process::id())).await;
+    // On each node a NATS member and a skiff member of group "mix".
+    let mut na = Conn::open(&a, "SUB m.* mix 1\r\n").await;
+    let mut nb = Conn::open(&b, "SUB m.* mix 1\r\n").await;
+    na.answer = true;
+    nb.answer = true;
+    let (_ca, sa) = skiff_member(&a, "m.*", "mix").await;
+    let (_cb, sb) = skiff_member(&b, "m.*", "mix").await;
+    // Each node: its two members and the other node.
+    wait_for("the members known on both nodes", || {
+        a.broker().cluster_members("mix") == 3 && b.broker().cluster_members("mix") == 3
+    })
+    .await;
+    wait_for("interest known both ways", || {
+        [&a, &b].iter().all(|n| {
+            let v = n.broker().mesh().unwrap().view();
+            v.peers.iter().map(|p| p.patterns).sum::<usize>() >= 2
+        })
+    })
+    .await;
+    let skiff_counts = |s: &std::sync::Mutex<Vec<String>>| s.lock().unwrap().len() as u32;
+    let all = |na: &Conn, nb: &Conn| {
+        let mut each: BTreeMap<String, u32> = BTreeMap::new();
+        for c in [na, nb] {
+            for (p, k) in c.got.get("1").into_iter().flatten() {
+                *each.entry(p.clone()).or_default() += k;
+            }
+        }
+        for s in [&sa, &sb] {
+            for p in s.lock().unwrap().iter() {
+                *each.entry(p.clone()).or_default() += 1;
+            }
+        }
+        each
+    };
+
+    // Publishes from a NATS client on A, then requests from B.
+    const N: u32 = 200;
+    let mut pubr = Conn::open(&a, "").await;
+    let mut text = String::new();
+    for i in 0..N {
+        let p = format!("p{i}");
+        text += &format!("PUB m.x {}\r\n{p}\r\n", p.len());
+    }
+    pubr.send(&text).await;
+    pubr.sync().await;
+    let start = Instant::now();
+    loop {
+        na.sync().await;
+        nb.sync().await;
+        let total = na.count("1") + nb.count("1") + skiff_counts(&sa) + skiff_counts(&sb);
+        if total >= N {
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "the group got {total} of {N}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    na.sync().await;
+    nb.sync().await;
+    let each = all(&na, &nb);
+    assert_eq!(each.len() as u32, N, "every message reached the group");
+    assert!(each.values().all(|&k| k == 1), "a message twice");
+    let split = [
+        na.count("1"),
+        skiff_counts(&sa),
+        nb.count("1"),
+        skiff_counts(&sb),
+    ];
+    eprintln!("messages (NATS A, skiff A, NATS B, skiff B): {split:?}");
+    assert!(
+        split.iter().all(|&k| k > 0),
+        "every member shares: {split:?}"
+    );
+
+    // Requests from a NATS client on B: each handed to one member, each
+    // answered (skiff members reply with skiff's `reply`).
+    for c in [&mut na, &mut nb] {
+        c.got.clear();
+    }
+    sa.lock().unwrap().clear();
+    sb.lock().unwrap().clear();
+    let mut req = Conn::open(&b, "SUB _INBOX.t.> 5\r\n").await;
+    let mut text = String::new();
+    for i in 0..N {
+        let p = format!("r{i}");
+        text += &format!("PUB m.y _INBOX.t.{i} {}\r\n{p}\r\n", p.len());
+    }
+    req.send(&text).await;
+    let start = Instant::now();
+    loop {
+        na.sync().await;
+        nb.sync().await;
+        req.sync().await;
+        if req.count("5") >= N {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{} replies of {N}",
+            req.count("5")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    na.sync().await;
+    nb.sync().await;
+    req.sync().await;
+    let each = all(&na, &nb);
+    assert_eq!(each.len() as u32, N, "every request reached the group");
+    assert!(each.values().all(|&k| k == 1), "a request twice");
+    assert_eq!(req.count("5"), N);
+    let split = [
+        na.count("1"),
+        skiff_counts(&sa),
+        nb.count("1"),
+        skiff_counts(&sb),
+    ];
+    eprintln!("requests (NATS A, skiff A, NATS B, skiff B): {split:?}");
+    assert!(
+        split.iter().all(|&k| k > 0),
+        "every member shares: {split:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -103,11 +103,13 @@ enum Pick {
 /// with matching members (`nodes`: cluster member id, address), by the
 /// cluster's capacity-weighted choice (the group is the skiff cluster of
 /// the same name: clients here weigh their capacity, other nodes what they
-/// advertise); a client with several subscriptions in the group, or a
-/// group whose members are not cluster members (a join refused), by round
-/// robin (`turn`).
+/// advertise); among a client's several subscriptions in the group by
+/// its own round robin (`sub_turns`: client → turn), and in a group whose
+/// members are not cluster members (a join refused) by round robin
+/// (`turn`).
 fn pick_member(
     clusters: &mut skiff_proto::router::Clusters<u64>,
+    sub_turns: &mut rustc_hash::FxHashMap<u64, u32>,
     group: &str,
     here: &[(SubId, u64)],
     nodes: &[(u64, SocketAddr)],
@@ -127,9 +129,16 @@ fn pick_member(
             .map_or(Pick::None, |n| Pick::Node(n.1)),
         Some(c) => {
             let mine = here.iter().filter(|h| h.1 == c).count();
+            let k = if mine > 1 {
+                let t = sub_turns.entry(c).or_default();
+                *t = t.wrapping_add(1);
+                *t as usize % mine
+            } else {
+                0
+            };
             here.iter()
                 .filter(|h| h.1 == c)
-                .nth(turn % mine.max(1))
+                .nth(k)
                 .map_or(Pick::None, |h| Pick::Here(h.0, h.1))
         }
         None => {
@@ -169,6 +178,7 @@ impl Broker {
             clusters,
             remote_ids,
             remote_clusters,
+            sub_turns,
             ..
         } = st;
         let skip = matches!(groups, Groups::Skip);
@@ -230,7 +240,7 @@ impl Broker {
                 .find(|r| r.0 == g)
                 .map_or(&[][..], |r| &r.1[..]);
             let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
-            match pick_member(clusters, g, &here, nodes, turn) {
+            match pick_member(clusters, sub_turns, g, &here, nodes, turn) {
                 Pick::Here(id, client) => each(id, client),
                 Pick::Node(a) => {
                     if let Groups::Mesh(out) = &mut groups {
@@ -258,6 +268,7 @@ impl Broker {
                 router,
                 subs,
                 clusters,
+                sub_turns,
                 ..
             } = &mut *st;
             let mut here: Vec<(SubId, u64)> = Vec::new();
@@ -267,7 +278,8 @@ impl Broker {
                 }
             });
             let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
-            let Pick::Here(id, client) = pick_member(clusters, group, &here, &[], turn) else {
+            let Pick::Here(id, client) = pick_member(clusters, sub_turns, group, &here, &[], turn)
+            else {
                 self.remote_drops.fetch_add(1, Relaxed);
                 return;
             };
@@ -670,12 +682,15 @@ impl Broker {
         let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
         if let Some((id, _, pattern, kind, (syntax, lossy))) = removed {
             st.router.unsubscribe(id);
-            let e = st.subs.remove(&id);
+            let group = st.subs.remove(&id).and_then(|e| e.group);
             if let Some(m) = self.mesh.get() {
                 m.remove_interest(syntax, &pattern, &kind, lossy);
-                if let Some(g) = e.and_then(|e| e.group) {
-                    m.remove_interest(Syntax::Tokens, &queue_interest(&g, &pattern), "*", false);
+                if let Some(g) = &group {
+                    m.remove_interest(Syntax::Tokens, &queue_interest(g, &pattern), "*", false);
                 }
+            }
+            if let Some(g) = group {
+                self.group_sub_removed(&mut st, me.id, &g);
             }
         }
         drop(st);
