@@ -1,5 +1,5 @@
 //! Frames between nodes (`skiff_proto::mesh::node_frame`: publish,
-//! request, reply, done, broadcast, queue group) on arbitrary bytes: `NodeFrame::decode`
+//! request, group request, reply, done, broadcast, queue group) on arbitrary bytes: `NodeFrame::decode`
 //! never panics, and a frame it accepts encodes back to the same bytes
 //! (the decoder accepts one encoding of each frame, the encoder writes it).
 #![no_main]

@@ -477,6 +477,12 @@ pub(crate) struct SubArgs {
     /// never repaired.
     #[arg(long)]
     best_effort: bool,
+    /// Join queue group G (NATS `nats sub --queue G`; `--queue` here is
+    /// the queue bound): of the subscriptions in the group that match a
+    /// message, skiff's and NATS clients' alike, one in the whole mesh gets
+    /// each message and each request.
+    #[arg(long, visible_alias = "group", value_name = "G", conflicts_with_all = ["cmsg", "shared_buffer"])]
+    queue_group: Option<String>,
 }
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
@@ -517,6 +523,9 @@ pub(crate) fn subscribe(a: SubArgs) -> Result<()> {
             .best_effort(a.best_effort);
         if a.cmsg {
             opts = opts.cmsg();
+        }
+        if let Some(g) = &a.queue_group {
+            opts = opts.queue_group(g.as_str());
         }
         if let Some(flow) = a.shared_buffer {
             if !a.loc.locator().starts_with("shm://") {
@@ -705,6 +714,16 @@ pub(crate) struct ReplyArgs {
     /// Stop after this many requests.
     #[arg(long)]
     count: Option<u64>,
+    /// Answer as a member of queue group G (NATS `nats reply --queue G`):
+    /// each request to the subject reaches one member of the group in the
+    /// whole mesh, skiff's or NATS clients'.
+    #[arg(
+        long,
+        visible_alias = "group",
+        value_name = "G",
+        conflicts_with = "cluster"
+    )]
+    queue_group: Option<String>,
 }
 
 pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
@@ -737,8 +756,18 @@ pub(crate) fn reply(a: ReplyArgs) -> Result<()> {
                 }
             }
         } else {
-            let mut s = c.subscribe(&a.target, "*").await?;
-            eprintln!("skiff reply: answering requests on {}", a.target);
+            let mut opts = SubOptions::default();
+            if let Some(g) = &a.queue_group {
+                opts = opts.queue_group(g.as_str());
+            }
+            let mut s = c.subscribe_with(&a.target, "*", opts).await?;
+            match &a.queue_group {
+                Some(g) => eprintln!(
+                    "skiff reply: answering requests on {} in queue group {g}",
+                    a.target
+                ),
+                None => eprintln!("skiff reply: answering requests on {}", a.target),
+            }
             while let Some(d) = s.recv().await {
                 if d.is_request() {
                     c.reply(&d, answer(&d)).await?;

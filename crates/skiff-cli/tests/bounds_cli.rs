@@ -231,6 +231,7 @@ fn a_stats_flood_from_a_client_that_never_reads_is_bounded() {
             credit: 16,
             syntax: Default::default(),
             best_effort: false,
+            group: None,
         });
     }
     subs.ping(1);
@@ -511,6 +512,7 @@ fn replies_with_guessed_tokens_do_not_reach_the_requester() {
         credit: 16,
         syntax: skiff_proto::router::Syntax::Tokens,
         best_effort: false,
+        group: None,
     });
     assert!(matches!(responder.next(), ServerFrame::Ack { corr: 1 }));
     let mut requester = node.connect();

@@ -469,6 +469,25 @@ impl MeshLink {
         self.send(peer, &f)
     }
 
+    /// Forwards a request to a subject to `peer`, for its plain
+    /// subscriptions and one member of each of `groups` there (this node
+    /// chose `peer` for them).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn group_request(
+        &self,
+        peer: SocketAddr,
+        token: u64,
+        flags: u8,
+        max: u32,
+        target: &str,
+        groups: &[&str],
+        msg: &Message,
+    ) -> bool {
+        let mut f = Vec::new();
+        node_frame::encode_group_request(&mut f, token, flags, max, target, groups, msg);
+        self.send(peer, &f)
+    }
+
     /// Sends a published message (its wire encoding `raw`) to `peer` for
     /// one member of queue group `group` there (this node chose `peer` for
     /// the group); `false` when the send queue dropped it (counted there).
@@ -530,7 +549,18 @@ impl MeshLink {
                 target,
                 key,
                 msg,
-            } => broker.remote_request(from, token, flags, max, target, key, msg),
+            } => broker.remote_request(from, token, flags, max, target, key, None, msg),
+            NodeFrame::GroupReq {
+                token,
+                flags,
+                max,
+                target,
+                groups,
+                msg,
+            } => {
+                let key = Bytes::new();
+                broker.remote_request(from, token, flags, max, target, key, Some(groups), msg)
+            }
             NodeFrame::Reply { token, msg } => broker.remote_reply(token, msg),
             NodeFrame::Done { token, reached } => broker.remote_done(token, reached),
             NodeFrame::Bcast { cluster, msg } => broker.deliver_broadcast(&cluster, msg),

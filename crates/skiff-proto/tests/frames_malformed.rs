@@ -39,7 +39,7 @@ fn node_empty_and_unknown_op() {
         })
     );
     assert_eq!(node(vec![0]), Err(WireError::Kind(0)));
-    assert_eq!(node(vec![7, 1, 2]), Err(WireError::Kind(7)));
+    assert_eq!(node(vec![8, 1, 2]), Err(WireError::Kind(8)));
     // A group frame whose name runs past the frame.
     assert!(node(vec![op::GROUP, 5, b'a']).is_err());
 }
@@ -59,6 +59,43 @@ fn node_request_target_over_the_limit_is_refused_before_reading_it() {
     b.put_varint(node_frame::MAX_NAME as u64);
     b.extend_from_slice(b"abc");
     assert!(matches!(node(b), Err(WireError::Truncated { .. })));
+}
+
+#[test]
+fn node_group_request_count_over_the_limit_is_refused_before_reading_groups() {
+    let head = || {
+        let mut b = vec![op::GREQ];
+        b.put_u64_le(1);
+        b.put_u8(0);
+        b.put_u32_le(1);
+        b.put_prefixed(b"a.b");
+        b
+    };
+    let mut b = head();
+    b.put_varint(node_frame::MAX_GROUPS as u64 + 1);
+    b.extend_from_slice(&[0u8; 200]);
+    assert!(matches!(node(b), Err(WireError::TooLong { .. })));
+    // A count the frame cannot hold.
+    let mut b = head();
+    b.put_varint(3);
+    b.put_prefixed(b"g");
+    assert!(matches!(node(b), Err(WireError::Truncated { .. })));
+    // A group that is not UTF-8.
+    let mut b = head();
+    b.put_varint(1);
+    b.put_prefixed(&[0xff]);
+    b.extend_from_slice(&msg_bytes(&Message::new("a.b", &b"x"[..])));
+    assert!(matches!(node(b), Err(WireError::Utf8(_))));
+    // Well formed.
+    let mut b = head();
+    b.put_varint(2);
+    b.put_prefixed(b"g1");
+    b.put_prefixed(b"g2");
+    b.extend_from_slice(&msg_bytes(&Message::new("a.b", &b"x"[..])));
+    let NodeFrame::GroupReq { groups, .. } = node(b).unwrap() else {
+        panic!("not a group request")
+    };
+    assert_eq!(groups, ["g1", "g2"]);
 }
 
 #[test]

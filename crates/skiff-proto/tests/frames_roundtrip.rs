@@ -59,6 +59,24 @@ fn node_frame() -> impl Strategy<Value = NodeFrame> {
                 key,
                 msg
             }),
+        (
+            any::<u64>(),
+            any::<u8>(),
+            any::<u32>(),
+            name(),
+            proptest::collection::vec(name(), 0..4),
+            message()
+        )
+            .prop_map(
+                |(token, flags, max, target, groups, msg)| NodeFrame::GroupReq {
+                    token,
+                    flags,
+                    max,
+                    target,
+                    groups,
+                    msg
+                }
+            ),
         (any::<u64>(), message()).prop_map(|(token, msg)| NodeFrame::Reply { token, msg }),
         (any::<u64>(), any::<u32>())
             .prop_map(|(token, reached)| NodeFrame::Done { token, reached }),
@@ -193,6 +211,8 @@ proptest! {
             NodeFrame::Pub { msg } => node_frame::encode_publish(&mut parts, msg),
             NodeFrame::Req { token, flags, max, target, key, msg } =>
                 node_frame::encode_request(&mut parts, *token, *flags, *max, target, key, msg),
+            NodeFrame::GroupReq { token, flags, max, target, groups, msg } =>
+                node_frame::encode_group_request(&mut parts, *token, *flags, *max, target, groups, msg),
             NodeFrame::Reply { token, msg } => node_frame::encode_reply(&mut parts, *token, msg),
             NodeFrame::Done { token, reached } => node_frame::encode_done(&mut parts, *token, *reached),
             NodeFrame::Bcast { cluster, msg } => node_frame::encode_broadcast(&mut parts, cluster, msg),

@@ -278,6 +278,7 @@ impl Client {
         window: i64,
         cmsg: bool,
         reliable: bool,
+        queue_group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<CallFuture<Subscription>> {
         let pattern = str_arg("pattern", pattern)?.to_owned();
         let kind = str_arg("type", kind)?.to_owned();
@@ -288,6 +289,9 @@ impl Client {
             .best_effort(!reliable);
         if cmsg {
             opts = opts.cmsg();
+        }
+        if let Some(g) = queue_group.filter(|g| !g.is_none()) {
+            opts = opts.queue_group(str_arg("queue_group", g)?);
         }
         let c = self.core.c.clone();
         Ok(Box::pin(async move {
@@ -472,7 +476,11 @@ impl Client {
     /// integer, `{i>5 & i<10}` an integer in a range). With
     /// `reliable=False`, what reaches this subscription from other nodes
     /// may travel as datagrams (best effort: loss counted, never repaired).
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None, cmsg=false, reliable=true))]
+    /// With `queue_group='G'` (NATS `queue=`; `queue` here is the bound),
+    /// the subscription is a member of queue group G: of the group's
+    /// subscriptions that match a message, skiff's and NATS clients'
+    /// alike, one in the whole mesh gets each message and request.
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, callback=None, cmsg=false, reliable=true, queue_group=None))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe(
         &self,
@@ -485,6 +493,7 @@ impl Client {
         callback: Option<&Bound<'_, PyAny>>,
         cmsg: bool,
         reliable: bool,
+        queue_group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<Subscription>> {
         let callback = callback.filter(|c| !c.is_none());
         if let Some(cb) = callback {
@@ -505,6 +514,7 @@ impl Client {
             window,
             cmsg,
             reliable,
+            queue_group,
         )?;
         let sub = Py::new(py, run(py, fut)?)?;
         if let Some(cb) = callback {
@@ -515,7 +525,7 @@ impl Client {
     }
 
     /// `subscribe` for asyncio.
-    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, cmsg=false, reliable=true))]
+    #[pyo3(signature = (pattern, *, r#type=None, policy=None, queue=65536, window=4096, cmsg=false, reliable=true, queue_group=None))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_async<'py>(
         &self,
@@ -527,6 +537,7 @@ impl Client {
         window: i64,
         cmsg: bool,
         reliable: bool,
+        queue_group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let star = PyString::new(py, "*").into_any();
         let dflt = PyString::new(py, "drop-oldest").into_any();
@@ -538,6 +549,7 @@ impl Client {
             window,
             cmsg,
             reliable,
+            queue_group,
         )?;
         run_async(py, fut)
     }

@@ -228,3 +228,69 @@ def test_a_client_name_shows_in_the_nodes_stats(node, cli):
         assert f"client {c.id} py-worker 1 " in r.stdout
     with pytest.raises(Exception, match="name"):
         skiff.connect(node.locator, name="bad\nname")
+
+
+def _nats_member(port, pattern, group):
+    """A raw NATS connection in queue group `group`; a list its messages'
+    payloads are appended to (by a thread of its own)."""
+    import socket as so
+    deadline = time.time() + 10
+    while True:
+        try:
+            s = so.create_connection(("127.0.0.1", port), timeout=10)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+    s.sendall(f'CONNECT {{"verbose":false}}\r\nSUB {pattern} {group} 1\r\nPING\r\n'.encode())
+    f = s.makefile("rb")
+    while not f.readline().startswith(b"PONG"):
+        pass
+    got = []
+
+    def read():
+        while True:
+            line = f.readline()
+            if not line:
+                return
+            if line.startswith(b"MSG "):
+                n = int(line.split()[-1])
+                got.append(f.read(n + 2)[:n])
+
+    threading.Thread(target=read, daemon=True).start()
+    return s, got
+
+
+def test_queue_group_shared_with_a_nats_queue_subscriber(make_node):
+    from conftest import free_port
+    port = free_port()
+    n = make_node("--nats", f"127.0.0.1:{port}")
+    subj = "qg" + uuid.uuid4().hex[:8]
+    conn, nats_got = _nats_member(port, f"{subj}.>", "g")
+    with skiff.connect(n.locator) as c:
+        a = c.subscribe(f"{subj}.>", queue_group="g")
+        b = c.subscribe(f"{subj}.>", queue_group="g")
+        plain = c.subscribe(f"{subj}.>")
+        total = 60
+        for i in range(total):
+            c.publish(f"{subj}.x", str(i).encode())
+        c.flush()
+        got_a, got_b = [], []
+        for _ in range(total):
+            plain.next(timeout=10)
+        deadline = time.time() + 10
+        while len(got_a) + len(got_b) + len(nats_got) < total and time.time() < deadline:
+            for s, into in ((a, got_a), (b, got_b)):
+                try:
+                    into.append(s.next(timeout=0.05).data)
+                except skiff.TimeoutError:
+                    pass
+        time.sleep(0.3)
+        for s in (a, b):
+            with pytest.raises(skiff.TimeoutError):
+                s.next(timeout=0.1)
+        everything = sorted(int(d) for d in got_a + got_b + nats_got)
+        assert everything == list(range(total)), "each message once to the group"
+        assert got_a and got_b and nats_got, (len(got_a), len(got_b), len(nats_got))
+    conn.close()

@@ -342,6 +342,65 @@ func meshQueue() {
 	onA := boxes[0].n()
 	check(onA >= n/10 && onA <= n*2/5, "A's member got %d of %d (B's three: %d %d %d)", onA, n, boxes[1].n(), boxes[2].n(), boxes[3].n())
 	check(plainB.n() == n, "a plain subscriber gets every message: %d", plainB.n())
+
+	// Requests to a queue group: one member in the whole mesh is handed
+	// each (weighted as publishes are) and its reply crosses back; no
+	// responders only when no member is left anywhere.
+	var mu sync.Mutex
+	handed := make([]int, len(conns))
+	seenReq := map[string]int{}
+	var rsubs []*nats.Subscription
+	for i, c := range conns {
+		i := i
+		s, err := c.QueueSubscribe("go.mqr", "mqr", func(m *nats.Msg) {
+			mu.Lock()
+			handed[i]++
+			seenReq[string(m.Data)]++
+			mu.Unlock()
+			_ = m.Respond(m.Data)
+		})
+		must(err)
+		must(c.Flush())
+		rsubs = append(rsubs, s)
+	}
+	_, probe2 := collect(conns[1], "go.mqr.probe", "")
+	for i := 0; i < 200 && probe2.n() == 0; i++ {
+		must(pub.Publish("go.mqr.probe", []byte("p")))
+		time.Sleep(25 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	const nr = 200
+	for i := 0; i < nr; i++ {
+		r, err := pub.Request("go.mqr", []byte(strconv.Itoa(i)), 5*time.Second)
+		must(err)
+		check(string(r.Data) == strconv.Itoa(i), "the reply to request %d", i)
+	}
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	twice := 0
+	for _, k := range seenReq {
+		if k != 1 {
+			twice++
+		}
+	}
+	check(len(seenReq) == nr && twice == 0, "each request to one member of the group across the mesh: %d requests, %d more than once (handed %v)", len(seenReq), twice, handed)
+	check(handed[0] >= nr/10 && handed[0] <= nr*2/5, "A's member was handed %d of %d requests: %v", handed[0], nr, handed)
+	mu.Unlock()
+	for _, s := range rsubs {
+		must(s.Unsubscribe())
+	}
+	for _, c := range conns {
+		must(c.Flush())
+	}
+	var err2 error
+	for i := 0; i < 200; i++ {
+		_, err2 = pub.Request("go.mqr", []byte("x"), 2*time.Second)
+		if errors.Is(err2, nats.ErrNoResponders) {
+			break
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	check(errors.Is(err2, nats.ErrNoResponders), "no responders once the group has no member: %v", err2)
 	for _, c := range append(conns, pub) {
 		c.Close()
 	}

@@ -279,6 +279,46 @@ async def mesh_queue():
     check(got == list(range(n)), f"each message once to the group across the mesh ({len(got)} copies)")
     on_a = len(boxes[0])
     check(n // 10 <= on_a <= n * 2 // 5, f"A's member got {on_a} of {n}: {[len(b) for b in boxes]}")
+
+    # Requests to a queue group: one member in the whole mesh is handed
+    # each, and its reply crosses back.
+    handed = [[] for _ in conns]
+    rsubs = []
+    for i, c in enumerate(conns):
+        async def answer(m, i=i):
+            handed[i].append(m.data)
+            await m.respond(m.data)
+        rsubs.append(await c.subscribe("py.mqr", queue="mqr", cb=answer))
+        await c.flush()
+    _, probe2 = await collect(conns[1], "py.mqr.probe")
+    for _ in range(200):
+        await pub.publish("py.mqr.probe", b"p")
+        await asyncio.sleep(0.025)
+        if probe2:
+            break
+    await asyncio.sleep(0.5)
+    nr = 200
+    for i in range(nr):
+        r = await pub.request("py.mqr", str(i).encode(), timeout=5)
+        check(r.data == str(i).encode(), f"the reply to request {i}")
+    await asyncio.sleep(0.3)
+    got = sorted(int(d) for h in handed for d in h)
+    check(got == list(range(nr)), f"each request to one member of the group across the mesh ({len(got)} handed)")
+    on_a = len(handed[0])
+    check(nr // 10 <= on_a <= nr * 2 // 5, f"A's member was handed {on_a} of {nr}: {[len(h) for h in handed]}")
+    for s in rsubs:
+        await s.unsubscribe()
+    for c in conns:
+        await c.flush()
+    none = False
+    for _ in range(200):
+        try:
+            await pub.request("py.mqr", b"x", timeout=2)
+        except NoRespondersError:
+            none = True
+            break
+        await asyncio.sleep(0.025)
+    check(none, "no responders once the group has no member")
     for c in conns + [pub]:
         await c.close()
 

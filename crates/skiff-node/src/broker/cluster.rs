@@ -49,6 +49,49 @@ impl Broker {
         }
     }
 
+    /// Client `me` subscribed in queue group `group` (a `Sub` frame): with
+    /// its first subscription in the group, it becomes a member of the
+    /// cluster of that name with capacity 1 (as a NATS queue subscriber
+    /// does), unless it is one already (its own capacity counts then) or
+    /// may not join (`may_join`: still a queue subscriber).
+    pub(super) fn group_sub_added(&self, me: &Arc<ClientOut>, group: Arc<str>, may_join: bool) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let member = st.clusters.weight(&group, me.id).is_some();
+        let Some(c) = st.clients.get_mut(&me.id) else {
+            return;
+        };
+        let e = c.groups.entry(group.clone()).or_insert((0, false));
+        e.0 += 1;
+        if e.0 == 1 && !member && may_join {
+            e.1 = true;
+            st.clusters.join(&group, me.id, 1);
+            self.advertise_cluster(st, &group);
+        }
+    }
+
+    /// Client `me` ended a subscription in queue group `group`: with its
+    /// last one, it leaves the cluster if [`Broker::group_sub_added`] made
+    /// it a member.
+    pub(super) fn group_sub_removed(&self, st: &mut State, me: u64, group: &str) {
+        let Some(c) = st.clients.get_mut(&me) else {
+            return;
+        };
+        let Some(e) = c.groups.get_mut(group) else {
+            return;
+        };
+        e.0 -= 1;
+        if e.0 > 0 {
+            return;
+        }
+        let joined = e.1;
+        c.groups.remove(group);
+        if joined {
+            st.clusters.leave(group, me);
+            self.advertise_cluster(st, group);
+        }
+    }
+
     /// Client `me` leaves `cluster`.
     pub(super) fn leave(&self, me: &Arc<ClientOut>, corr: u64, cluster: String) {
         let mut st = self.state.lock();

@@ -55,9 +55,10 @@ impl mesh::Inbound for Broker {
         max: u32,
         target: String,
         key: Bytes,
+        groups: Option<Vec<String>>,
         msg: Message,
     ) {
-        Broker::remote_request(self, from, origin, flags, max, target, key, msg)
+        Broker::remote_request(self, from, origin, flags, max, target, key, groups, msg)
     }
 
     fn remote_reply(&self, token: u64, msg: Message) {

@@ -68,6 +68,10 @@ type SidEntry = (SubId, Policy, String, String, (Syntax, bool));
 struct ClientEntry {
     out: Arc<ClientOut>,
     peer: String,
+    /// Queue groups of the client's `Sub` frames → (its subscriptions in
+    /// each, whether the node made it a member of the cluster of that
+    /// name, to be undone with its last subscription in the group).
+    groups: FxHashMap<Arc<str>, (u32, bool)>,
     /// The client's sid → router id, policy and patterns (with their kind
     /// and whether the subscription is best effort between nodes).
     sids: FxHashMap<u64, SidEntry>,
@@ -126,6 +130,9 @@ struct State {
     /// Clusters other nodes have members in → how many such nodes: the
     /// queue groups a publish may have members of elsewhere.
     remote_clusters: FxHashMap<String, u32>,
+    /// A client with several subscriptions in one queue group: the turn of
+    /// its round robin among them.
+    sub_turns: FxHashMap<u64, u32>,
 }
 
 /// Node-wide counters.
@@ -395,6 +402,7 @@ impl Broker {
             ClientEntry {
                 out: out.clone(),
                 peer,
+                groups: FxHashMap::default(),
                 sids: FxHashMap::default(),
                 requests: FxHashMap::default(),
                 serving: FxHashSet::default(),
@@ -449,6 +457,7 @@ impl Broker {
             .fetch_add(dropped_control, Relaxed);
         c.out.close(error);
         st.router.remove_subscriber(client);
+        st.sub_turns.remove(&client);
         for (_, (id, _, pattern, kind, (syntax, lossy))) in c.sids {
             let e = st.subs.remove(&id);
             if let Some(m) = self.mesh.get() {
@@ -692,9 +701,20 @@ impl Broker {
                 credit,
                 syntax,
                 best_effort,
+                group,
             } => {
+                let group: Option<Arc<str>> = group.map(Into::into);
                 let r = self
                     .permit(me, Op::Subscribe(syntax), &pattern)
+                    .and_then(|()| match &group {
+                        Some(g) if syntax != Syntax::Tokens || Subject::new(g).is_err() => Err((
+                            Code::Invalid,
+                            format!(
+                                "queue group {g:?}: a group is a literal subject, and its pattern a token pattern"
+                            ),
+                        )),
+                        _ => Ok(()),
+                    })
                     .and_then(|()| {
                         self.subscribe(
                             me,
@@ -703,9 +723,13 @@ impl Broker {
                             policy,
                             queue,
                             credit,
-                            None,
+                            group.clone(),
                         )
                     });
+                if let (Ok(()), Some(g)) = (&r, group) {
+                    let may_join = self.permit(me, Op::Join, &g).is_ok();
+                    self.group_sub_added(me, g, may_join);
+                }
                 me.control(match r {
                     Ok(()) => ServerFrame::Ack { corr: sid },
                     Err((code, text)) => ServerFrame::Error {

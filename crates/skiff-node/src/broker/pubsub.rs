@@ -62,10 +62,14 @@ pub(super) enum Groups<'a> {
     /// another node chosen for the group (appended here with the group,
     /// for a group frame to that node). A client's publish.
     Mesh(&'a mut Vec<(SocketAddr, Arc<str>)>),
-    /// One member of each group among this node's subscriptions. A
-    /// request (every node with interest gets it and answers for its own
-    /// members).
+    /// One member of each group among this node's subscriptions: a
+    /// request from a node that sent it to every node with members (a
+    /// plain request frame, from nodes before group requests).
     Here,
+    /// One member of each of these groups among this node's
+    /// subscriptions, none of the others: a request from another node,
+    /// which chose this node for these groups (a group request frame).
+    Chosen(&'a [String]),
     /// No group member: a publish another node forwarded (that node chose
     /// for the groups, and sends a group frame to the node it chose).
     Skip,
@@ -99,11 +103,13 @@ enum Pick {
 /// with matching members (`nodes`: cluster member id, address), by the
 /// cluster's capacity-weighted choice (the group is the skiff cluster of
 /// the same name: clients here weigh their capacity, other nodes what they
-/// advertise); a client with several subscriptions in the group, or a
-/// group whose members are not cluster members (a join refused), by round
-/// robin (`turn`).
+/// advertise); among a client's several subscriptions in the group by
+/// its own round robin (`sub_turns`: client → turn), and in a group whose
+/// members are not cluster members (a join refused) by round robin
+/// (`turn`).
 fn pick_member(
     clusters: &mut skiff_proto::router::Clusters<u64>,
+    sub_turns: &mut rustc_hash::FxHashMap<u64, u32>,
     group: &str,
     here: &[(SubId, u64)],
     nodes: &[(u64, SocketAddr)],
@@ -123,9 +129,16 @@ fn pick_member(
             .map_or(Pick::None, |n| Pick::Node(n.1)),
         Some(c) => {
             let mine = here.iter().filter(|h| h.1 == c).count();
+            let k = if mine > 1 {
+                let t = sub_turns.entry(c).or_default();
+                *t = t.wrapping_add(1);
+                *t as usize % mine
+            } else {
+                0
+            };
             here.iter()
                 .filter(|h| h.1 == c)
-                .nth(turn % mine.max(1))
+                .nth(k)
                 .map_or(Pick::None, |h| Pick::Here(h.0, h.1))
         }
         None => {
@@ -165,9 +178,14 @@ impl Broker {
             clusters,
             remote_ids,
             remote_clusters,
+            sub_turns,
             ..
         } = st;
         let skip = matches!(groups, Groups::Skip);
+        let chosen = match &groups {
+            Groups::Chosen(c) => Some(*c),
+            _ => None,
+        };
         let mut grouped: Vec<(&str, SubId, u64)> = Vec::new();
         router.for_each_match(subject, kind, |id, client| {
             if Some(client) == no_echo {
@@ -175,6 +193,7 @@ impl Broker {
             }
             match subs.get(&id).and_then(|e| e.group.as_deref()) {
                 Some(_) if skip => {}
+                Some(g) if chosen.is_some_and(|c| !c.iter().any(|x| x == g)) => {}
                 Some(g) => grouped.push((g, id, client)),
                 None => each(id, client),
             }
@@ -221,7 +240,7 @@ impl Broker {
                 .find(|r| r.0 == g)
                 .map_or(&[][..], |r| &r.1[..]);
             let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
-            match pick_member(clusters, g, &here, nodes, turn) {
+            match pick_member(clusters, sub_turns, g, &here, nodes, turn) {
                 Pick::Here(id, client) => each(id, client),
                 Pick::Node(a) => {
                     if let Groups::Mesh(out) = &mut groups {
@@ -249,6 +268,7 @@ impl Broker {
                 router,
                 subs,
                 clusters,
+                sub_turns,
                 ..
             } = &mut *st;
             let mut here: Vec<(SubId, u64)> = Vec::new();
@@ -258,7 +278,8 @@ impl Broker {
                 }
             });
             let turn = self.group_turn.fetch_add(1, Relaxed) as usize;
-            let Pick::Here(id, client) = pick_member(clusters, group, &here, &[], turn) else {
+            let Pick::Here(id, client) = pick_member(clusters, sub_turns, group, &here, &[], turn)
+            else {
                 self.remote_drops.fetch_add(1, Relaxed);
                 return;
             };
@@ -348,8 +369,13 @@ impl Broker {
         }
     }
 
-    /// Queues `msg` to every subscription matching its subject and type;
-    /// returns how many matched. Waits (with no lock held) for full `block`
+    /// Queues `msg` to every subscription matching its subject and type,
+    /// and hands it to the mesh: a publish to every node with interest; a
+    /// request (`pending`: its token, flags and most replies) to every
+    /// node with interest as a group request naming the queue groups this
+    /// node chose that node for (each group gets it once in the whole
+    /// mesh), each such node counted as one more expected `done`. Returns
+    /// how many matched here. Waits (with no lock held) for full `block`
     /// subscriptions.
     pub(super) async fn fan_out(
         &self,
@@ -357,7 +383,7 @@ impl Broker {
         msg: &Message,
         body: &Body,
         token: u64,
-        pending: Option<u64>,
+        pending: Option<(u64, u8, u32)>,
     ) -> usize {
         let Ok(subject) = Subject::new(&msg.subject) else {
             return 0;
@@ -375,16 +401,12 @@ impl Broker {
             }
             let no_echo = me.no_echo().then_some(me.id);
             let mut hits: Vec<(SubId, u64)> = Vec::new();
-            let groups = match pending {
-                None => Groups::Mesh(&mut picks),
-                Some(_) => Groups::Here,
-            };
             self.route(
                 st,
                 subject,
                 msg.kind.as_deref(),
                 no_echo,
-                groups,
+                Groups::Mesh(&mut picks),
                 |id, client| hits.push((id, client)),
             );
             for (id, client) in hits {
@@ -398,8 +420,30 @@ impl Broker {
                     Push::Gone => matched -= 1,
                 }
             }
-            if let Some(p) = pending.and_then(|t| st.pending.get_mut(&t)) {
-                p.expect += matched as u32;
+            if let Some((t, flags, max)) = pending {
+                // Other nodes with matching interest, and those chosen for
+                // a group: each answers with how many it reached (a `done`
+                // frame), then their replies.
+                let mut sent = 0u32;
+                if let Some(m) = self.mesh.get() {
+                    let mut nodes = m.route(&msg.subject, msg.kind.as_deref());
+                    for (a, _) in &picks {
+                        if !nodes.contains(a) {
+                            nodes.push(*a);
+                        }
+                    }
+                    let mut mine: Vec<&str> = Vec::new();
+                    for a in nodes {
+                        mine.clear();
+                        mine.extend(picks.iter().filter(|p| p.0 == a).map(|p| &*p.1));
+                        if m.group_request(a, t, flags, max, &msg.subject, &mine, msg) {
+                            sent += 1;
+                        }
+                    }
+                }
+                if let Some(p) = st.pending.get_mut(&t) {
+                    p.expect += matched as u32 + sent;
+                }
             }
             if pending.is_none() {
                 if let Some(m) = self.mesh.get() {
@@ -638,12 +682,15 @@ impl Broker {
         let removed = st.clients.get_mut(&me.id).and_then(|c| c.sids.remove(&sid));
         if let Some((id, _, pattern, kind, (syntax, lossy))) = removed {
             st.router.unsubscribe(id);
-            let e = st.subs.remove(&id);
+            let group = st.subs.remove(&id).and_then(|e| e.group);
             if let Some(m) = self.mesh.get() {
                 m.remove_interest(syntax, &pattern, &kind, lossy);
-                if let Some(g) = e.and_then(|e| e.group) {
-                    m.remove_interest(Syntax::Tokens, &queue_interest(&g, &pattern), "*", false);
+                if let Some(g) = &group {
+                    m.remove_interest(Syntax::Tokens, &queue_interest(g, &pattern), "*", false);
                 }
+            }
+            if let Some(g) = group {
+                self.group_sub_removed(&mut st, me.id, &g);
             }
         }
         drop(st);

@@ -101,28 +101,29 @@ impl Broker {
             };
             if req.to_cluster() {
                 self.reach_members(&mut st, token, &mut p, &req, false);
-            } else if let Some(l) = self.mesh.get() {
-                // Other nodes with matching interest: each answers with how
-                // many it reached (a `done` frame), then their replies.
-                let msg = &req.msg;
-                for a in l.route(&req.target, msg.kind.as_deref()) {
-                    if l.request(a, token, req.flags, req.max, &req.target, &[], msg) {
-                        p.expect += 1;
-                    }
-                }
             }
+            // A request to a subject goes to other nodes with its local
+            // delivery (`fan_out`), which chooses the queue groups' members
+            // across the mesh.
             st.pending.insert(token, p);
             token
         };
         if !req.to_cluster() {
+            let (flags, max) = (req.flags, req.max);
             let msg = req.into_subject_message();
             if let Err((code, text)) = self.check_message(&msg, true) {
                 self.finish(token, None);
                 return refuse(code, text);
             }
             let msg = Arc::new(msg);
-            self.fan_out(me, &msg, &Body::Val(msg.clone()), token, Some(token))
-                .await;
+            self.fan_out(
+                me,
+                &msg,
+                &Body::Val(msg.clone()),
+                token,
+                Some((token, flags, max)),
+            )
+            .await;
         }
         let none = self
             .state
@@ -137,8 +138,9 @@ impl Broker {
     }
 
     /// A request another node forwarded (its token `origin`): to local
-    /// responders only; tells that node how many were reached, and relays
-    /// their replies.
+    /// responders only (of the queue groups, one member of each in
+    /// `groups`, or of every group with `None`); tells that node how many
+    /// were reached, and relays their replies.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn remote_request(
         &self,
@@ -148,6 +150,7 @@ impl Broker {
         max: u32,
         target: String,
         key: Bytes,
+        groups: Option<Vec<String>>,
         msg: Message,
     ) {
         let Some(l) = self.mesh.get() else { return };
@@ -174,13 +177,11 @@ impl Broker {
             self.reach_members(st, token, &mut p, &req, true);
         } else {
             let msg = Arc::new(req.into_subject_message());
-            let (n, k) = self.local_deliver(
-                st,
-                &msg,
-                &Body::Val(msg.clone()),
-                token,
-                super::pubsub::Groups::Here,
-            );
+            let groups = match &groups {
+                Some(g) => super::pubsub::Groups::Chosen(g),
+                None => super::pubsub::Groups::Here,
+            };
+            let (n, k) = self.local_deliver(st, &msg, &Body::Val(msg.clone()), token, groups);
             p.expect = n as u32;
             kill = k;
         }

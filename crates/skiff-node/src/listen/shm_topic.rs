@@ -222,6 +222,7 @@ fn join(
         credit: u32::MAX,
         syntax: Syntax::Tokens,
         best_effort: false,
+        group: None,
     };
     if let Err(f) = broker.handle_control(&out, sub) {
         broker.detach(out.id, None);

@@ -46,7 +46,10 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     fn deliver_remote(&self, msg: &Message, raw: &Bytes);
 
     /// A request forwarded by the node at `from` (`origin`: its token
-    /// there, for the reply and the done report).
+    /// there, for the reply and the done report). `groups`: for a request
+    /// to a subject, the queue groups that node chose this node for (a
+    /// group request frame), or `None` from a plain request frame (one
+    /// member of every group here).
     #[allow(clippy::too_many_arguments)]
     fn remote_request(
         &self,
@@ -56,6 +59,7 @@ pub(crate) trait Inbound: Send + Sync + 'static {
         max: u32,
         target: String,
         key: Bytes,
+        groups: Option<Vec<String>>,
         msg: Message,
     );
 

@@ -26,6 +26,7 @@ impl ClientFrame {
                 credit,
                 syntax,
                 best_effort,
+                group,
             } => {
                 let e = Enc::new(out, op::SUB)
                     .v(*sid)
@@ -34,10 +35,11 @@ impl ClientFrame {
                     .u8(*policy as u8)
                     .v(u64::from(*queue))
                     .v(u64::from(*credit));
-                match (syntax, best_effort) {
-                    (Syntax::Tokens, false) => e.end(),
-                    (s, false) => e.u8(*s as u8).end(),
-                    (s, true) => e.u8(*s as u8).u8(1).end(),
+                match (syntax, best_effort, group) {
+                    (Syntax::Tokens, false, None) => e.end(),
+                    (s, false, None) => e.u8(*s as u8).end(),
+                    (s, true, None) => e.u8(*s as u8).u8(1).end(),
+                    (s, b, Some(g)) => e.u8(*s as u8).u8(u8::from(*b) | 2).s(g.as_bytes()).end(),
                 }
             }
             F::Unsub { sid } => Enc::new(out, op::UNSUB).v(*sid).end(),
@@ -128,6 +130,7 @@ impl ClientFrame {
     pub fn decode(body: Bytes, max_payload: usize) -> Result<ClientFrame, WireError> {
         let mut r = Reader::new(&body, max_payload)?;
         use ClientFrame as F;
+        let mut group: Option<String> = None;
         let f = match r.op {
             op::PUB => F::Pub(r.msg()?),
             op::SUB => F::Sub {
@@ -146,13 +149,21 @@ impl ClientFrame {
                 },
                 best_effort: if r.more() {
                     match r.u8("subscription flags")? {
-                        0 => false,
-                        1 => true,
+                        f @ 0..=1 => f == 1,
+                        f @ 2..=3 => {
+                            let g = r.string("queue group", MAX_GROUP)?;
+                            if g.is_empty() {
+                                return Err(WireError::Malformed("empty queue group"));
+                            }
+                            group = Some(g);
+                            f == 3
+                        }
                         _ => return Err(WireError::Malformed("unknown subscription flags")),
                     }
                 } else {
                     false
                 },
+                group: group.take(),
             },
             op::UNSUB => F::Unsub { sid: r.v("sid")? },
             op::CREDIT => F::Credit {

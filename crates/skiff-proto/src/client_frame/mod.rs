@@ -219,6 +219,9 @@ pub mod req_flags {
     pub const MANY: u8 = 2;
 }
 
+/// Longest queue group name in a `Sub` frame.
+pub const MAX_GROUP: usize = 255;
+
 /// What a client sends to its node.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientFrame {
@@ -248,6 +251,13 @@ pub enum ClientFrame {
         /// their loss counted. Encoded as one more trailing byte (flags,
         /// bit 0) after the syntax byte, only when set.
         best_effort: bool,
+        /// A queue group (NATS `SUB subject group sid`): of the matching
+        /// subscriptions in one group, skiff's and NATS clients' alike,
+        /// one in the whole mesh gets each message and request. Flags bit
+        /// 1, then the name (a literal subject, at most [`MAX_GROUP`]
+        /// bytes) after the flags byte; a node that predates queue groups
+        /// refuses the frame (unknown subscription flags).
+        group: Option<String>,
     },
     /// End a subscription.
     Unsub {

@@ -22,6 +22,7 @@ fn client_frames() -> Vec<ClientFrame> {
             credit: 50,
             syntax: Syntax::Tokens,
             best_effort: false,
+            group: None,
         },
         F::Sub {
             sid: 8,
@@ -32,6 +33,7 @@ fn client_frames() -> Vec<ClientFrame> {
             credit: 1,
             syntax: Syntax::Cmsg,
             best_effort: false,
+            group: None,
         },
         F::Sub {
             sid: 9,
@@ -42,6 +44,29 @@ fn client_frames() -> Vec<ClientFrame> {
             credit: 1,
             syntax: Syntax::Tokens,
             best_effort: true,
+            group: None,
+        },
+        F::Sub {
+            sid: 10,
+            pattern: "work.*".into(),
+            kind: "*".into(),
+            policy: Policy::Block,
+            queue: 5,
+            credit: 5,
+            syntax: Syntax::Tokens,
+            best_effort: false,
+            group: Some("workers".into()),
+        },
+        F::Sub {
+            sid: 11,
+            pattern: "work.>".into(),
+            kind: "".into(),
+            policy: Policy::DropOldest,
+            queue: 1,
+            credit: 1,
+            syntax: Syntax::Tokens,
+            best_effort: true,
+            group: Some("a.b".into()),
         },
         F::Unsub { sid: 7 },
         F::Credit { sid: 7, n: 9 },
@@ -391,6 +416,7 @@ fn sub_syntax_is_a_trailing_byte_only_for_cmsg() {
         credit: 1,
         syntax,
         best_effort: false,
+        group: None,
     };
     let (mut tokens, mut cmsg) = (Vec::new(), Vec::new());
     sub(Syntax::Tokens).encode(&mut tokens);
@@ -436,4 +462,53 @@ fn hello_names_are_bounded_and_printable() {
     assert!(ClientFrame::decode(Bytes::from(std::mem::take(&mut raw)), 0).is_err());
     assert!(valid_client_name("skiff-sub"));
     assert!(!valid_client_name("tab\there"));
+}
+
+#[test]
+fn sub_queue_group_is_flags_bit_1_then_its_name_bounded() {
+    let sub = |group: Option<&str>| ClientFrame::Sub {
+        sid: 1,
+        pattern: "a".into(),
+        kind: "*".into(),
+        policy: Policy::DropOldest,
+        queue: 1,
+        credit: 1,
+        syntax: Syntax::Tokens,
+        best_effort: false,
+        group: group.map(Into::into),
+    };
+    let (mut plain, mut grouped) = (Vec::new(), Vec::new());
+    sub(None).encode(&mut plain);
+    sub(Some("g")).encode(&mut grouped);
+    // Syntax byte, flags byte 2, then the name with its length.
+    assert_eq!(&grouped[grouped.len() - 4..], &[0, 2, 1, b'g']);
+    let body = |b: &[u8]| Bytes::copy_from_slice(&b[LEN_PREFIX..]);
+    assert_eq!(
+        ClientFrame::decode(body(&grouped), 1024).unwrap(),
+        sub(Some("g"))
+    );
+    // The frame's body with its trailing group part replaced by `tail`.
+    let with = |tail: &[u8]| {
+        let mut b = plain[LEN_PREFIX..].to_vec();
+        b.extend_from_slice(tail);
+        Bytes::from(b)
+    };
+    assert_eq!(
+        ClientFrame::decode(with(&[0, 2, 0]), 1024),
+        Err(crate::WireError::Malformed("empty queue group"))
+    );
+    assert_eq!(
+        ClientFrame::decode(with(&[0, 4]), 1024),
+        Err(crate::WireError::Malformed("unknown subscription flags"))
+    );
+    // A name over MAX_GROUP is refused before it is read.
+    let mut long = vec![0, 2];
+    crate::varint::put(&mut long, MAX_GROUP as u64 + 1);
+    assert!(matches!(
+        ClientFrame::decode(with(&long), 1024),
+        Err(crate::WireError::TooLong { .. })
+    ));
+    // Cut short, or with more after the name.
+    assert!(ClientFrame::decode(with(&[0, 2, 3, b'a']), 1024).is_err());
+    assert!(ClientFrame::decode(with(&[0, 2, 1, b'a', 0]), 1024).is_err());
 }

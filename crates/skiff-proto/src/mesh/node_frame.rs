@@ -22,11 +22,20 @@
 //! group       +----+-------+---------+
 //!             | 6  | group | message |
 //!             +----+-------+---------+
+//! group req   +----+-----------+-------+---------+--------+-------+--------+---------+
+//!             | 7  | token u64 | flags | max u32 | target | count | group… | message |
+//!             +----+-----------+-------+---------+--------+-------+--------+---------+
 //! ```
 //!
 //! A group frame is a published message for one member of a queue group
 //! on the receiving node: the publishing node chose that node for the
 //! group (the plain publish frame reaches plain subscriptions only).
+//! A group request is a request to a subject for the receiving node's
+//! plain subscriptions and one member of each listed queue group there
+//! (the requesting node chose that node for them; `count` a varint, at
+//! most [`MAX_GROUPS`]); a plain request frame to a subject reaches one
+//! member of every group on the receiving node (what nodes before group
+//! requests did).
 //!
 //! `token` is the origin node's id for the request; `reached` the number
 //! of responders a request reached. Target, key, cluster and group are a varint
@@ -60,7 +69,13 @@ pub mod op {
     pub const BCAST: u8 = 5;
     /// A published message for one member of a queue group.
     pub const GROUP: u8 = 6;
+    /// A request to a subject with the queue groups chosen for the node.
+    pub const GREQ: u8 = 7;
 }
+
+/// Most queue groups one group request names (a subject that more groups
+/// match is answered by the first this many, in the order of their names).
+pub const MAX_GROUPS: usize = 64;
 
 /// A frame between nodes, decoded (see the module documentation).
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +121,23 @@ pub enum NodeFrame {
         /// The message.
         msg: Message,
     },
+    /// A request to a subject for the receiving node's plain
+    /// subscriptions and one member of each of `groups` there.
+    GroupReq {
+        /// The origin node's id for the request.
+        token: u64,
+        /// The request's flags (as the client sent them).
+        flags: u8,
+        /// Most responders wanted.
+        max: u32,
+        /// The subject the request is for.
+        target: String,
+        /// The queue groups the origin node chose this node for (at most
+        /// [`MAX_GROUPS`]).
+        groups: Vec<String>,
+        /// The request message.
+        msg: Message,
+    },
     /// A published message for one member of a queue group on the
     /// receiving node.
     Group {
@@ -134,6 +166,32 @@ pub fn encode_request(
     out.put_u32_le(max);
     out.put_prefixed(target.as_bytes());
     out.put_prefixed(key);
+    wire::encode_message(out, msg, false);
+}
+
+/// Appends a group request frame (what [`NodeFrame::GroupReq`] encodes
+/// to, from borrowed parts; at most [`MAX_GROUPS`] of `groups` are
+/// written).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_group_request<S: AsRef<str>>(
+    out: &mut Vec<u8>,
+    token: u64,
+    flags: u8,
+    max: u32,
+    target: &str,
+    groups: &[S],
+    msg: &Message,
+) {
+    let groups = &groups[..groups.len().min(MAX_GROUPS)];
+    out.put_u8(op::GREQ);
+    out.put_u64_le(token);
+    out.put_u8(flags);
+    out.put_u32_le(max);
+    out.put_prefixed(target.as_bytes());
+    out.put_varint(groups.len() as u64);
+    for g in groups {
+        out.put_prefixed(g.as_ref().as_bytes());
+    }
     wire::encode_message(out, msg, false);
 }
 
@@ -185,6 +243,14 @@ impl NodeFrame {
                 key,
                 msg,
             } => encode_request(out, *token, *flags, *max, target, key, msg),
+            NodeFrame::GroupReq {
+                token,
+                flags,
+                max,
+                target,
+                groups,
+                msg,
+            } => encode_group_request(out, *token, *flags, *max, target, groups, msg),
             NodeFrame::Reply { token, msg } => encode_reply(out, *token, msg),
             NodeFrame::Done { token, reached } => encode_done(out, *token, *reached),
             NodeFrame::Bcast { cluster, msg } => encode_broadcast(out, cluster, msg),
@@ -212,6 +278,26 @@ impl NodeFrame {
                 key: Bytes::copy_from_slice(r.bytes(MAX_NAME, "request key")?),
                 msg: msg(&mut r)?,
             },
+            op::GREQ => {
+                let token = r.u64("group request token")?;
+                let flags = r.u8("group request flags")?;
+                let max = r.u32("group request max")?;
+                let target = r.str(MAX_NAME, "group request target")?.to_owned();
+                let n = r.varint("group request count")?;
+                let n = r.check_len(n, MAX_GROUPS, "group request count")?;
+                let mut groups = Vec::new();
+                for _ in 0..n {
+                    groups.push(r.str(MAX_NAME, "group request group")?.to_owned());
+                }
+                NodeFrame::GroupReq {
+                    token,
+                    flags,
+                    max,
+                    target,
+                    groups,
+                    msg: msg(&mut r)?,
+                }
+            }
             op::REPLY => NodeFrame::Reply {
                 token: r.u64("reply token")?,
                 msg: msg(&mut r)?,

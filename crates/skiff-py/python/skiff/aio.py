@@ -79,14 +79,15 @@ class Client:
     async def subscribe(self, pattern: str, *, type: Optional[str] = None, policy: Optional[str] = None,
                         queue: int = 65536, window: int = 4096,
                         callback: Optional[Callable[[Message], Any]] = None,
-                        cmsg: bool = False, reliable: bool = True) -> "Subscription":
+                        cmsg: bool = False, reliable: bool = True,
+                        queue_group: Optional[str] = None) -> "Subscription":
         """Subscribes (see :meth:`skiff.Client.subscribe`). With
         ``callback`` (a function or a coroutine function), a task calls it
         for each message."""
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         raw = await self._c.subscribe_async(pattern, type=type, policy=policy, queue=queue, window=window,
-                                            cmsg=cmsg, reliable=reliable)
+                                            cmsg=cmsg, reliable=reliable, queue_group=queue_group)
         sub = Subscription(raw)
         if callback is not None:
             sub._task = asyncio.get_running_loop().create_task(sub._run(callback))

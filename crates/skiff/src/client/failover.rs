@@ -335,6 +335,10 @@ impl Inner {
                 credit: s.opts.window.max(1),
                 syntax: s.opts.syntax,
                 best_effort: s.opts.best_effort,
+                group: s
+                    .opts
+                    .queue_group
+                    .and_then(|g| g.name().ok().map(str::to_owned)),
             }
             .encode(&mut out);
         }

@@ -144,7 +144,7 @@ pub use skiff_proto::client_frame::{Code, Policy};
 pub use skiff_proto::router::Syntax;
 pub use skiff_proto::stats::NodeStats;
 pub use status::{ClientEvent, Gap, LinkStats, Unconfirmed};
-pub use sub::{Delivery, SubOptions, Subscription, SubscriptionHandle};
+pub use sub::{Delivery, QueueGroup, SubOptions, Subscription, SubscriptionHandle};
 pub use target::DEFAULT_CONNECT_TIMEOUT;
 
 use crate::Error;

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use skiff_proto::client_frame::{ClientFrame, Policy};
+use skiff_proto::client_frame::{ClientFrame, Policy, MAX_GROUP};
 use skiff_proto::router::{CmsgPattern, KindPattern, Pattern, Syntax};
 use skiff_proto::Message;
 
@@ -21,6 +21,54 @@ use super::inbox::{self, Shared};
 use super::status::Gap;
 use super::{Backend, Client, Inner, SubEntry};
 use crate::Error;
+
+/// A queue group's name ([`SubOptions::queue_group`]), held inline so
+/// that [`SubOptions`] stays `Copy`. A name over
+/// [`skiff_proto::client_frame::MAX_GROUP`] bytes is kept as too long and
+/// refused when subscribing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct QueueGroup {
+    len: usize,
+    name: [u8; MAX_GROUP],
+}
+
+impl QueueGroup {
+    /// The group `name` (too long if over `MAX_GROUP` bytes).
+    pub fn new(name: &str) -> QueueGroup {
+        let mut g = QueueGroup {
+            len: name.len(),
+            name: [0; MAX_GROUP],
+        };
+        if name.len() <= MAX_GROUP {
+            g.name[..name.len()].copy_from_slice(name.as_bytes());
+        }
+        g
+    }
+
+    /// The name, or an error if it is too long.
+    pub fn name(&self) -> Result<&str, Error> {
+        if self.len > MAX_GROUP {
+            return Err(Error::Refused {
+                code: skiff_proto::client_frame::Code::Invalid,
+                reason: format!(
+                    "queue group name of {} bytes is over the limit of {MAX_GROUP}",
+                    self.len
+                ),
+            });
+        }
+        // Whole UTF-8: copied from a `&str` in full.
+        Ok(std::str::from_utf8(&self.name[..self.len]).unwrap_or_default())
+    }
+}
+
+impl std::fmt::Debug for QueueGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Ok(n) => write!(f, "QueueGroup({n:?})"),
+            Err(_) => write!(f, "QueueGroup(<{} bytes, too long>)", self.len),
+        }
+    }
+}
 
 /// Options of one subscription.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +93,10 @@ pub struct SubOptions {
     /// another subscription on this node wants the same messages
     /// reliably). Within one node nothing changes.
     pub best_effort: bool,
+    /// A queue group ([`SubOptions::queue_group`]): of the subscriptions
+    /// in the group that match a message, skiff's and NATS clients' alike,
+    /// one in the whole mesh gets it.
+    pub queue_group: Option<QueueGroup>,
 }
 
 impl Default for SubOptions {
@@ -56,11 +108,26 @@ impl Default for SubOptions {
             syntax: Syntax::Tokens,
             shared: None,
             best_effort: false,
+            queue_group: None,
         }
     }
 }
 
 impl SubOptions {
+    /// Joins queue group `group` (NATS `SUB subject group`): of the
+    /// subscriptions in the group that match a message, skiff clients' and
+    /// NATS clients' alike, one in the whole mesh gets each message and
+    /// each request, chosen by the capacity-weighted choice of the skiff
+    /// cluster of the same name (the client becomes a member with capacity
+    /// 1 unless it joined the cluster itself). The name is a literal
+    /// subject. A node that predates queue groups refuses the
+    /// subscription.
+    #[must_use]
+    pub fn queue_group(mut self, group: &str) -> Self {
+        self.queue_group = Some(QueueGroup::new(group));
+        self
+    }
+
     /// Asks for best effort between nodes (see [`SubOptions::best_effort`]).
     #[must_use]
     pub fn best_effort(mut self, on: bool) -> Self {
@@ -474,6 +541,11 @@ impl Client {
         gated: bool,
     ) -> Result<Subscription, Error> {
         check_patterns(opts.syntax, pattern, kind)?;
+        let group = opts
+            .queue_group
+            .as_ref()
+            .map(|g| g.name().map(str::to_owned))
+            .transpose()?;
         if let Backend::File(f) = &self.inner.backend {
             return f.subscribe(self.inner.clone(), opts.syntax, pattern, kind);
         }
@@ -554,6 +626,7 @@ impl Client {
                     credit: window,
                     syntax: opts.syntax,
                     best_effort: opts.best_effort,
+                    group,
                 },
             )
             .await;

@@ -26,8 +26,8 @@
 //!   cluster named as the group (so skiff clients reach them with cluster
 //!   requests and broadcasts), and each message on the subject reaches
 //!   one member in the whole mesh, chosen by the cluster's
-//!   capacity-weighted choice (`Broker::route`); a request, one member on
-//!   each node with members;
+//!   capacity-weighted choice (`Broker::route`), and so does each request
+//!   (skiff clients' subscriptions with a queue group take part alike);
 //! - headers are message fields (string values), a skiff message's type
 //!   is the header [`TYPE_HEADER`], a header block's status line the
 //!   fields [`STATUS_HEADER`] and [`DESCRIPTION_HEADER`]; fields that are
