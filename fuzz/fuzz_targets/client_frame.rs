@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use skiff_node::broker::Published;
 use skiff_proto::client_frame::{
-    simple_message, valid_client_name, ClientFrame, Decoder, ServerFrame, LEN_PREFIX,
+    simple_message, simple_span, valid_client_name, ClientFrame, Decoder, ServerFrame, LEN_PREFIX,
 };
 use skiff_proto::wire::decode_message_into;
 use skiff_proto::Message;
@@ -48,7 +48,10 @@ fn bodies(body: Bytes) {
             ),
         }
     }
-    let _ = simple_message(&body, MAX_PAYLOAD);
+    if let Some((subject, len)) = simple_message(&body, MAX_PAYLOAD) {
+        let (span, n) = simple_span(&body, MAX_PAYLOAD).expect("a simple message has a span");
+        assert_eq!((&body[span], n), (subject.as_bytes(), len));
+    }
     let len = body.len();
     if let Ok(p) = Published::from_frame(body, MAX_PAYLOAD) {
         assert!(p.raw.len() < len.max(1));

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use bytestring::ByteString;
 use skiff_proto::client_frame::{Code, Policy, ServerFrame, ASYNC_ERROR};
 use skiff_proto::router::{SubId, Subject, Syntax};
 use skiff_proto::{Message, WireError};
@@ -18,13 +19,18 @@ use crate::outbox::{Body, ClientOut, Push};
 
 /// A message from a client's `Pub` frame, for [`Broker::publish_batch`]:
 /// its encoding, and the decoded message unless the encoding is the simple
-/// kind [`skiff_proto::client_frame::simple_message`] reads in place.
+/// kind [`skiff_proto::client_frame::simple_message`] reads in place; for
+/// that kind its subject and payload length, read once here (routing
+/// reads them several times per message).
 #[derive(Debug)]
 pub struct Published {
     /// The message's encoding (checked).
     pub raw: Bytes,
     /// The message, decoded, when it is not simple.
     pub msg: Option<Box<Message>>,
+    /// A simple encoding's subject (checked UTF-8) and payload length;
+    /// empty and 0 when `msg` is set.
+    simple: (ByteString, usize),
 }
 
 impl Published {
@@ -35,23 +41,41 @@ impl Published {
         // Past the op byte in place: no reference-count traffic.
         let op = 1.min(body.len());
         bytes::Buf::advance(&mut body, op);
-        let msg = if skiff_proto::client_frame::simple_message(&body, max_payload).is_some() {
-            None
-        } else {
-            Some(Box::new(skiff_proto::wire::decode_message(
-                &body,
-                max_payload,
-            )?))
-        };
-        Ok(Published { raw: body, msg })
+        if let Some((span, len)) = skiff_proto::client_frame::simple_span(&body, max_payload) {
+            if let Ok(subject) = ByteString::try_from(body.slice(span)) {
+                return Ok(Published::simple(body, subject, len));
+            }
+        }
+        let msg = skiff_proto::wire::decode_message(&body, max_payload)?;
+        Ok(Published::decoded(body, msg))
+    }
+
+    /// A message in the simple encoding `raw`, whose subject is `subject`
+    /// and whose payload is the last `payload_len` bytes of `raw` (the
+    /// caller wrote or checked `raw` so).
+    pub fn simple(raw: Bytes, subject: ByteString, payload_len: usize) -> Published {
+        Published {
+            raw,
+            msg: None,
+            simple: (subject, payload_len),
+        }
+    }
+
+    /// A message that is not in the simple encoding: `raw` is `msg`'s
+    /// encoding.
+    pub fn decoded(raw: Bytes, msg: Message) -> Published {
+        Published {
+            raw,
+            msg: Some(Box::new(msg)),
+            simple: (ByteString::new(), 0),
+        }
     }
 
     /// (subject, type, payload length).
-    fn parts(&self, max_payload: usize) -> (&str, Option<&str>, usize) {
+    fn parts(&self) -> (&str, Option<&str>, usize) {
         match &self.msg {
             Some(m) => (&m.subject, m.kind.as_deref(), m.payload.len()),
-            None => skiff_proto::client_frame::simple_message(&self.raw, max_payload)
-                .map_or(("", None, 0), |(s, n)| (s, None, n)),
+            None => (&self.simple.0, None, self.simple.1),
         }
     }
 }
@@ -528,7 +552,6 @@ impl Broker {
         let mut i = 0;
         while i < batch.len() {
             {
-                let max_payload = self.limits.load().max_payload;
                 let mut st = self.state.lock();
                 let st = &mut *st;
                 let mut prev: Option<usize> = None;
@@ -542,10 +565,10 @@ impl Broker {
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
                     let p = &batch[i];
                     i += 1;
-                    let (subject, kind, payload) = p.parts(max_payload);
+                    let (subject, kind, payload) = p.parts();
                     let same = !grouped
                         && prev.is_some_and(|q| {
-                            let (s, k, _) = batch[q].parts(max_payload);
+                            let (s, k, _) = batch[q].parts();
                             s == subject && k == kind
                         });
                     // A subject seen just before was checked and matched.
@@ -607,21 +630,20 @@ impl Broker {
                 }
             }
             if let (Some(m), false) = (forward, fwd.is_empty()) {
-                let max = self.limits.load().max_payload;
                 // An shm client's publishes are slices of its ring: the
                 // mesh splices them (holding that ring space until the
                 // peer has them) instead of copying them.
                 let splice = me.ring_input();
                 let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
-                    let (subject, kind, _) = p.parts(max);
+                    let (subject, kind, _) = p.parts();
                     (subject, kind, &p.raw[..], splice.then_some(&p.raw))
                 }));
                 let lost = to_groups
                     .drain(..)
                     .filter(|(k, a, g)| {
                         let p = &batch[*k];
-                        !m.publish_group(*a, g, p.parts(max).0, &p.raw)
+                        !m.publish_group(*a, g, p.parts().0, &p.raw)
                     })
                     .count();
                 tell_dropped(me, sent.dropped + lost);

@@ -276,6 +276,17 @@ impl ClientFrame {
 /// (decode those with [`crate::wire::decode_message`]). Accepts only
 /// what `decode_message(raw, max_payload)` accepts.
 pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
+    let (subject, len) = simple_span(raw, max_payload)?;
+    Some((std::str::from_utf8(&raw[subject]).ok()?, len))
+}
+
+/// What [`simple_message`] reads, without checking that the subject is
+/// UTF-8: where the subject lies in `raw`, and the payload length (the
+/// payload is the last that many bytes of `raw`). For an encoding already
+/// checked once (a message read back where it is only copied, not
+/// matched), so the check is not paid again; `None` where
+/// [`simple_message`] would say `None` for any other reason.
+pub fn simple_span(raw: &[u8], max_payload: usize) -> Option<(std::ops::Range<usize>, usize)> {
     const F_SUBJECT: u8 = 1;
     if *raw.first()? & !wire::F_BEST_EFFORT != F_SUBJECT {
         return None;
@@ -286,12 +297,11 @@ pub fn simple_message(raw: &[u8], max_payload: usize) -> Option<(&str, usize)> {
     }
     let start = 1 + a;
     let end = start.checked_add(n as usize)?;
-    let subject = std::str::from_utf8(raw.get(start..end)?).ok()?;
     let (len, b) = varint::get(raw.get(end..)?).ok()?;
     if len > max_payload as u64 || (raw.len() - end - b) as u64 != len {
         return None;
     }
-    Some((subject, len as usize))
+    Some((start..end, len as usize))
 }
 
 /// Appends a `Pub` frame for `msg` (what [`ClientFrame::Pub`] encodes to,

@@ -632,7 +632,7 @@ mod client;
 mod server;
 
 pub use body::Decoder;
-pub use client::{encode_pub, encode_pub_into, is_pub, pub_frame_len, simple_message};
+pub use client::{encode_pub, encode_pub_into, is_pub, pub_frame_len, simple_message, simple_span};
 pub use server::{encode_msg, encode_msg_raw};
 
 #[cfg(test)]

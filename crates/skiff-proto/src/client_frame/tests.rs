@@ -297,7 +297,8 @@ fn codes_and_policies_round_trip() {
 }
 
 /// `simple_message` accepts only what `decode_message` accepts, and reads
-/// the same subject and payload length; it never panics.
+/// the same subject and payload length; `simple_span` reads what it reads
+/// without the UTF-8 check; neither panics.
 #[test]
 fn simple_message_agrees_with_decode_message() {
     let mut inputs: Vec<Vec<u8>> = Vec::new();
@@ -328,6 +329,15 @@ fn simple_message_agrees_with_decode_message() {
     let mut simple = 0;
     for raw in inputs {
         for max in [0, 4, 8, 1 << 20] {
+            // The span is what `simple_message` reads, UTF-8 or not.
+            let span = simple_span(&raw, max);
+            let checked = span
+                .clone()
+                .filter(|(s, _)| std::str::from_utf8(&raw[s.clone()]).is_ok());
+            assert_eq!(
+                checked.map(|(s, n)| (&raw[s], n)),
+                simple_message(&raw, max).map(|(s, n)| (s.as_bytes(), n))
+            );
             if let Some((subject, len)) = simple_message(&raw, max) {
                 simple += 1;
                 let m = crate::wire::decode_message(&Bytes::from(raw.clone()), max)

@@ -25,6 +25,7 @@
 //! and tabs.
 
 use bytes::{Buf, Bytes, BytesMut};
+use std::ops::Range;
 
 mod headers;
 
@@ -216,13 +217,15 @@ impl Parser {
             .position(|&b| b == b' ' || b == b'\t')
             .unwrap_or(line.len());
         let name = &line[..name_end];
-        let rest = line.slice(name_end..);
+        let rest = &line[name_end..];
         let eq = |s: &[u8]| name.eq_ignore_ascii_case(s);
+        // An argument as its own `Bytes` (only those kept are sliced).
+        let arg = |r: &Range<usize>| line.slice(name_end + r.start..name_end + r.end);
+        let mut a: [Range<usize>; 4] = Default::default();
         if eq(b"PUB") {
-            let mut a = [Bytes::new(), Bytes::new(), Bytes::new()];
-            let (subject, reply, total) = match split(&rest, &mut a) {
-                Some(2) => (a[0].clone(), None, &a[1]),
-                Some(3) => (a[0].clone(), Some(a[1].clone()), &a[2]),
+            let (subject, reply, total) = match split(rest, &mut a[..3]) {
+                Some(2) => (arg(&a[0]), None, &rest[a[1].clone()]),
+                Some(3) => (arg(&a[0]), Some(arg(&a[1])), &rest[a[2].clone()]),
                 _ => return Err(NatsError::Args("processPub Parse Error")),
             };
             let total = size(total).ok_or(NatsError::Args("processPub Bad or Missing Size"))?;
@@ -235,10 +238,14 @@ impl Parser {
             });
             Ok(None)
         } else if eq(b"HPUB") {
-            let mut a = [Bytes::new(), Bytes::new(), Bytes::new(), Bytes::new()];
-            let (subject, reply, hdr, total) = match split(&rest, &mut a) {
-                Some(3) => (a[0].clone(), None, &a[1], &a[2]),
-                Some(4) => (a[0].clone(), Some(a[1].clone()), &a[2], &a[3]),
+            let (subject, reply, hdr, total) = match split(rest, &mut a) {
+                Some(3) => (arg(&a[0]), None, &rest[a[1].clone()], &rest[a[2].clone()]),
+                Some(4) => (
+                    arg(&a[0]),
+                    Some(arg(&a[1])),
+                    &rest[a[2].clone()],
+                    &rest[a[3].clone()],
+                ),
                 _ => return Err(NatsError::Args("processHeaderPub Parse Error")),
             };
             let hdr = size(hdr).ok_or(NatsError::Args(
@@ -261,39 +268,40 @@ impl Parser {
             });
             Ok(None)
         } else if eq(b"SUB") {
-            let mut a = [Bytes::new(), Bytes::new(), Bytes::new()];
-            match split(&rest, &mut a) {
+            match split(rest, &mut a[..3]) {
                 Some(2) => Ok(Some(Op::Sub {
-                    subject: a[0].clone(),
+                    subject: arg(&a[0]),
                     queue: None,
-                    sid: a[1].clone(),
+                    sid: arg(&a[1]),
                 })),
                 Some(3) => Ok(Some(Op::Sub {
-                    subject: a[0].clone(),
-                    queue: Some(a[1].clone()),
-                    sid: a[2].clone(),
+                    subject: arg(&a[0]),
+                    queue: Some(arg(&a[1])),
+                    sid: arg(&a[2]),
                 })),
                 _ => Err(NatsError::Args("processSub Parse Error")),
             }
         } else if eq(b"UNSUB") {
-            let mut a = [Bytes::new(), Bytes::new()];
-            match split(&rest, &mut a) {
+            match split(rest, &mut a[..2]) {
                 Some(1) => Ok(Some(Op::Unsub {
-                    sid: a[0].clone(),
+                    sid: arg(&a[0]),
                     max: None,
                 })),
                 Some(2) => Ok(Some(Op::Unsub {
-                    sid: a[0].clone(),
-                    max: Some(size(&a[1]).ok_or(NatsError::Args("processUnsub Parse Error"))?),
+                    sid: arg(&a[0]),
+                    max: Some(
+                        size(&rest[a[1].clone()])
+                            .ok_or(NatsError::Args("processUnsub Parse Error"))?,
+                    ),
                 })),
                 _ => Err(NatsError::Args("processUnsub Parse Error")),
             }
-        } else if eq(b"PING") && blank(&rest) {
+        } else if eq(b"PING") && blank(rest) {
             Ok(Some(Op::Ping))
-        } else if eq(b"PONG") && blank(&rest) {
+        } else if eq(b"PONG") && blank(rest) {
             Ok(Some(Op::Pong))
         } else if eq(b"CONNECT") {
-            Ok(Some(Op::Connect(trim(rest))))
+            Ok(Some(Op::Connect(trim(line.slice(name_end..)))))
         } else if eq(b"INFO") || eq(b"+OK") || eq(b"-ERR") {
             Ok(Some(Op::Ignored))
         } else {
@@ -333,15 +341,16 @@ fn trim(b: Bytes) -> Bytes {
     b.slice(start..end.max(start))
 }
 
-/// Splits `rest` on spaces and tabs into `out`; the number of arguments,
-/// or `None` when there are more than `out` holds.
-fn split(rest: &Bytes, out: &mut [Bytes]) -> Option<usize> {
+/// Splits `rest` on spaces and tabs into `out` (where each argument lies
+/// in `rest`); the number of arguments, or `None` when there are more than
+/// `out` holds.
+fn split(rest: &[u8], out: &mut [Range<usize>]) -> Option<usize> {
     let mut n = 0;
     let mut start = None;
     for (i, &b) in rest.iter().enumerate() {
         if b == b' ' || b == b'\t' {
             if let Some(s) = start.take() {
-                *out.get_mut(n)? = rest.slice(s..i);
+                *out.get_mut(n)? = s..i;
                 n += 1;
             }
         } else if start.is_none() {
@@ -349,7 +358,7 @@ fn split(rest: &Bytes, out: &mut [Bytes]) -> Option<usize> {
         }
     }
     if let Some(s) = start {
-        *out.get_mut(n)? = rest.slice(s..);
+        *out.get_mut(n)? = s..rest.len();
         n += 1;
     }
     Some(n)
@@ -513,6 +522,9 @@ pub const PONG: &[u8] = b"PONG\r\n";
 
 /// Appends `MSG <subject> <sid> [reply] <#bytes>\r\n<payload>\r\n`.
 pub fn encode_msg(out: &mut Vec<u8>, subject: &[u8], sid: &[u8], reply: &[u8], payload: &[u8]) {
+    // One capacity check for the whole message (the size takes at most
+    // 20 digits).
+    out.reserve(subject.len() + sid.len() + reply.len() + payload.len() + 32);
     out.extend_from_slice(b"MSG ");
     out.extend_from_slice(subject);
     out.push(b' ');

@@ -67,9 +67,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use skiff_proto::client_frame::{
-    req_flags, simple_message, ClientFrame, Code, Policy, ServerFrame,
-};
+use skiff_proto::client_frame::{req_flags, simple_span, ClientFrame, Code, Policy, ServerFrame};
 use skiff_proto::nats::{self, ConnectOptions, Op, Parser, MAX_CONTROL_LINE};
 use skiff_proto::router::{Pattern, Subject};
 use skiff_proto::{Field, Message, Value};
@@ -603,10 +601,8 @@ impl Reader {
                 a.extend_from_slice(&subject);
                 skiff_proto::varint::put_buf(a, payload.len() as u64);
                 a.extend_from_slice(&payload);
-                Published {
-                    raw: a.split().freeze(),
-                    msg: None,
-                }
+                // The subject as read (checked above), not read back.
+                Published::simple(a.split().freeze(), subject_str, payload.len())
             }
             Some(h) => {
                 let Some(msg) = self.message(subject_str, Some(h), payload) else {
@@ -614,10 +610,7 @@ impl Reader {
                 };
                 let mut raw = Vec::with_capacity(skiff_proto::wire::encoded_len(&msg, false));
                 skiff_proto::wire::encode_message(&mut raw, &msg, false);
-                Published {
-                    raw: raw.into(),
-                    msg: Some(Box::new(msg)),
-                }
+                Published::decoded(raw.into(), msg)
             }
         };
         if let Some(e) = self.session.handle_publish(p) {
