@@ -4,7 +4,7 @@
 # fuzz run. Installs what it needs. Usage: scripts/test.sh [FUZZ_SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fuzz_secs=${1:-${SKIFF_FUZZ_SECONDS:-15}}
+fuzz_secs=${1:-${SKIFF_FUZZ_SECONDS:-10}}
 # Each stage prints the seconds since the start, so a slow CI run says where
 # its time went.
 stage() { echo "== $* [+${SECONDS}s]"; }
