@@ -309,6 +309,23 @@ impl Client {
         Ok(c)
     }
 
+    /// Opens a stream link (with failover) to the first node of the
+    /// locator's list that answers.
+    async fn open_stream(locator: &str, name: Option<String>) -> Result<Client, Error> {
+        let mut target = target::parse_target(locator)?;
+        if name.is_some() {
+            target.opts.name = name;
+        }
+        let mut last = None;
+        for (at, addr) in target.addrs.iter().enumerate() {
+            match stream::open(addr, at, &target.opts).await {
+                Ok(s) => return Ok(Client::over_stream(s, target)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(Error::Closed))
+    }
+
     async fn open(locator: &str, name: Option<String>) -> Result<Client, Error> {
         let (scheme, rest) = locator
             .split_once("://")
@@ -316,37 +333,11 @@ impl Client {
         let rest = rest.split('?').next().unwrap_or("");
         match scheme {
             "mem" => Client::attach(&*embed::node(rest).ok_or(crate::LocatorError::NoLocalNode)?),
-            "skiff" | "tcp" | "unix" | "tls" => {
-                let mut target = target::parse_target(locator)?;
-                if name.is_some() {
-                    target.opts.name = name;
-                }
-                let mut last = None;
-                for (at, addr) in target.addrs.iter().enumerate() {
-                    match stream::open(addr, at, &target.opts).await {
-                        Ok(s) => return Ok(Client::over_stream(s, target)),
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or(Error::Closed))
-            }
+            "skiff" | "tcp" | "unix" | "tls" => Client::open_stream(locator, name).await,
             // A list, or `reconnect=true`: the stream link's failover
             // over shm halves (see `shm_stream`).
             #[cfg(not(skiff_loom))]
-            "shm" if fails_over(locator)? => {
-                let mut target = target::parse_target(locator)?;
-                if name.is_some() {
-                    target.opts.name = name;
-                }
-                let mut last = None;
-                for (at, addr) in target.addrs.iter().enumerate() {
-                    match stream::open(addr, at, &target.opts).await {
-                        Ok(s) => return Ok(Client::over_stream(s, target)),
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or(Error::Closed))
-            }
+            "shm" if fails_over(locator)? => Client::open_stream(locator, name).await,
             #[cfg(not(skiff_loom))]
             "shm" => {
                 let a = shm_link::attach(locator).await?;
