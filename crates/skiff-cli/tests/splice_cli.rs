@@ -6,48 +6,21 @@
 //! and when B dies (the frames are counted lost), so the publisher is
 //! never left waiting for ring space that leaked.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use skiff::client::Client;
 use skiff::Message;
 
 mod cli_util;
-use cli_util::mesh::{remote_patterns, stats, wait_stats, Proc, PATIENCE};
-use cli_util::{free_port, skiff, wait_line};
+use cli_util::mesh::{mesh_node_with, remote_patterns, stats, wait_stats, Proc, PATIENCE};
 
 /// A meshed node (seeded by `seeds`), with shm at `shm` if given: its
-/// process, client and mesh addresses. Quick failure detection.
+/// process, client and mesh addresses.
 fn node(net: &str, seeds: &str, shm: Option<&str>) -> (Proc, String, String) {
-    let tcp = format!("127.0.0.1:{}", free_port());
-    let mport = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mesh = format!("127.0.0.1:{mport}");
-    let mut args = vec!["node", "--tcp", &tcp, "--mesh", &mesh, "--net", net];
-    args.push("--no-scout");
-    if !seeds.is_empty() {
-        args.extend(["--seeds", seeds]);
+    match shm {
+        Some(name) => mesh_node_with(net, seeds, &["--shm", name]),
+        None => mesh_node_with(net, seeds, &[]),
     }
-    if let Some(s) = shm {
-        args.extend(["--shm", s]);
-    }
-    let mut child = skiff()
-        .args(&args)
-        .env("SKIFF_PROBE_MS", "300")
-        .env("SKIFF_SUSPECT_MS", "900")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn skiff node");
-    let until = if shm.is_some() {
-        "listening on shm"
-    } else {
-        "listening on tcp"
-    };
-    wait_line(child.stderr.take().unwrap(), until, PATIENCE);
-    (Proc(child), tcp, mesh)
 }
 
 /// A's link to B's spliced count.

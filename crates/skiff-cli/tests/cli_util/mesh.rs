@@ -37,6 +37,12 @@ impl Drop for Proc {
 /// defaults are patient), so a test that stops a node sees it declared
 /// down soon, and one that must not be declared down holds past that.
 pub(crate) fn mesh_node(net: &str, seeds: &str) -> (Proc, String, String) {
+    mesh_node_with(net, seeds, &[])
+}
+
+/// [`mesh_node`] with more arguments for `skiff node` (`extra`); with
+/// `--shm` among them, returns once the shared-memory listener is up too.
+pub(crate) fn mesh_node_with(net: &str, seeds: &str, extra: &[&str]) -> (Proc, String, String) {
     let tcp = format!("127.0.0.1:{}", free_port());
     let mport = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
@@ -49,6 +55,12 @@ pub(crate) fn mesh_node(net: &str, seeds: &str) -> (Proc, String, String) {
     if !seeds.is_empty() {
         args.extend(["--seeds", seeds]);
     }
+    args.extend(extra);
+    let until = if extra.contains(&"--shm") {
+        "listening on shm"
+    } else {
+        "listening on tcp"
+    };
     let mut child = skiff()
         .args(&args)
         .env("SKIFF_PROBE_MS", "500")
@@ -58,7 +70,7 @@ pub(crate) fn mesh_node(net: &str, seeds: &str) -> (Proc, String, String) {
         .expect("spawn skiff node");
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    while !line.contains("listening on tcp") {
+    while !line.contains(until) {
         line.clear();
         assert!(err.read_line(&mut line).unwrap() > 0, "node exited");
     }
