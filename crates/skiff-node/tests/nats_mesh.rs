@@ -157,6 +157,34 @@ async fn two(net: &str) -> (Node, Node) {
     (a, b)
 }
 
+/// Waits until each of `a` and `b` knows at least `n` patterns of its peer.
+async fn wait_interest(a: &Node, b: &Node, n: usize) {
+    wait_for("interest known both ways", || {
+        [a, b].iter().all(|node| {
+            let v = node.broker().mesh().unwrap().view();
+            v.peers.iter().map(|p| p.patterns).sum::<usize>() >= n
+        })
+    })
+    .await;
+}
+
+/// Members of queue group `grp` (`sub` subscribes one): one on `a`, three
+/// on `b` (so `b` weighs 3 to `a`'s 1), returned once both nodes know the
+/// cluster: `a` its member and `b`, `b` its three and `a`.
+async fn one_on_a_three_on_b(a: &Node, b: &Node, sub: &str) -> [Conn; 4] {
+    let members = [
+        Conn::open(a, sub).await,
+        Conn::open(b, sub).await,
+        Conn::open(b, sub).await,
+        Conn::open(b, sub).await,
+    ];
+    wait_for("the members known on both nodes", || {
+        a.broker().cluster_members("grp") == 2 && b.broker().cluster_members("grp") == 4
+    })
+    .await;
+    members
+}
+
 /// Publishes `n` numbered messages to `subject` from `from`, then waits
 /// until the `members`' group subscriptions (sid 1) have `n` in total and
 /// the `plain` subscribers (sid 9) `n` each; returns each member's count
@@ -220,24 +248,11 @@ async fn a_queue_group_across_nodes_gets_each_message_once_weighted_by_capacity(
     let (a, b) = two(&format!("t-nq-{}", std::process::id())).await;
     // One member on A, three on B: B weighs 3 to A's member's 1.
     let sub = "SUB q.* grp 1\r\n";
-    let mut ma = Conn::open(&a, sub).await;
-    let mut mb1 = Conn::open(&b, sub).await;
-    let mut mb2 = Conn::open(&b, sub).await;
-    let mut mb3 = Conn::open(&b, sub).await;
+    let [mut ma, mut mb1, mut mb2, mut mb3] = one_on_a_three_on_b(&a, &b, sub).await;
     let mut pa = Conn::open(&a, "SUB q.x 9\r\n").await;
     let mut pb = Conn::open(&b, "SUB q.> 9\r\n").await;
     // Each node knows the other's members (the cluster) and patterns.
-    wait_for("B's members known on A", || {
-        a.broker().cluster_members("grp") == 2 && b.broker().cluster_members("grp") == 4
-    })
-    .await;
-    wait_for("interest known both ways", || {
-        [&a, &b].iter().all(|n| {
-            let v = n.broker().mesh().unwrap().view();
-            v.peers.iter().map(|p| p.patterns).sum::<usize>() >= 3
-        })
-    })
-    .await;
+    wait_interest(&a, &b, 3).await;
 
     const N: u32 = 400;
     let mut pubr = Conn::open(&a, "").await;
@@ -389,24 +404,11 @@ async fn a_request_to_a_queue_group_across_nodes_reaches_one_member_in_all() {
     let (a, b) = two(&format!("t-nqr-{}", std::process::id())).await;
     // One member on A, three on B, each answering.
     let sub = "SUB r.* grp 1\r\n";
-    let mut ma = Conn::open(&a, sub).await;
-    let mut mb1 = Conn::open(&b, sub).await;
-    let mut mb2 = Conn::open(&b, sub).await;
-    let mut mb3 = Conn::open(&b, sub).await;
+    let [mut ma, mut mb1, mut mb2, mut mb3] = one_on_a_three_on_b(&a, &b, sub).await;
     for m in [&mut ma, &mut mb1, &mut mb2, &mut mb3] {
         m.answer = true;
     }
-    wait_for("the members known on both nodes", || {
-        a.broker().cluster_members("grp") == 2 && b.broker().cluster_members("grp") == 4
-    })
-    .await;
-    wait_for("interest known both ways", || {
-        [&a, &b].iter().all(|n| {
-            let v = n.broker().mesh().unwrap().view();
-            v.peers.iter().map(|p| p.patterns).sum::<usize>() >= 2
-        })
-    })
-    .await;
+    wait_interest(&a, &b, 2).await;
 
     const N: u32 = 300;
     for (at, subject) in [(&a, "r.x"), (&b, "r.y")] {
@@ -514,13 +516,7 @@ async fn skiff_and_nats_queue_members_share_messages_and_requests_across_nodes()
         a.broker().cluster_members("mix") == 3 && b.broker().cluster_members("mix") == 3
     })
     .await;
-    wait_for("interest known both ways", || {
-        [&a, &b].iter().all(|n| {
-            let v = n.broker().mesh().unwrap().view();
-            v.peers.iter().map(|p| p.patterns).sum::<usize>() >= 2
-        })
-    })
-    .await;
+    wait_interest(&a, &b, 2).await;
     let skiff_counts = |s: &std::sync::Mutex<Vec<String>>| s.lock().unwrap().len() as u32;
     let all = |na: &Conn, nb: &Conn| {
         let mut each: BTreeMap<String, u32> = BTreeMap::new();
