@@ -16,9 +16,10 @@ mod cli_util;
 use cli_util::mesh::{remote_patterns, stats, wait_stats, Proc, PATIENCE};
 use cli_util::{free_port, skiff, wait_line};
 
-/// A meshed node (seeded by `seeds`), with shm at `shm` if given: its
-/// process, client and mesh addresses. Quick failure detection.
-fn node(net: &str, seeds: &str, shm: Option<&str>) -> (Proc, String, String) {
+/// A meshed node (seeded by `seeds`), with shm at `shm` if given, and
+/// `env` set: its process, client and mesh addresses. Quick failure
+/// detection.
+fn node(net: &str, seeds: &str, shm: Option<&str>, env: &[(&str, &str)]) -> (Proc, String, String) {
     let tcp = format!("127.0.0.1:{}", free_port());
     let mport = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
@@ -38,6 +39,7 @@ fn node(net: &str, seeds: &str, shm: Option<&str>) -> (Proc, String, String) {
         .args(&args)
         .env("SKIFF_PROBE_MS", "300")
         .env("SKIFF_SUSPECT_MS", "900")
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn skiff node");
@@ -67,8 +69,8 @@ async fn shm_publishes_reach_another_node_spliced_and_ring_space_comes_back() {
     let dir = std::env::temp_dir().join(format!("skiff-splice-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let shm = format!("shm://sa?dir={}", dir.display());
-    let (_a, aa, am) = node(&net, "", Some(&shm));
-    let (b, ba, _bm) = node(&net, &am, None);
+    let (_a, aa, am) = node(&net, "", Some(&shm), &[]);
+    let (b, ba, _bm) = node(&net, &am, None, &[]);
     let sub = Client::connect(&format!("skiff://{ba}")).await.unwrap();
     let mut s = sub.subscribe("sp.>", "*").await.unwrap();
     wait_stats(&aa, "B's interest", |v| remote_patterns(v) >= 1);
@@ -140,5 +142,38 @@ async fn shm_publishes_reach_another_node_spliced_and_ring_space_comes_back() {
         assert_eq!(&d.msg.payload[..4], &i.to_le_bytes());
     }
     drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `splice = false` the same publishes reach B, copied into the
+/// link's batches: nothing is spliced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn splice_off_copies_and_delivers_the_same() {
+    let net = format!("nosplice-{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("skiff-nosplice-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let shm = format!("shm://sn?dir={}", dir.display());
+    let (_a, aa, am) = node(&net, "", Some(&shm), &[("SKIFF_SPLICE", "0")]);
+    let (_b, ba, _bm) = node(&net, &am, None, &[]);
+    let sub = Client::connect(&format!("skiff://{ba}")).await.unwrap();
+    let mut s = sub.subscribe("sp.>", "*").await.unwrap();
+    wait_stats(&aa, "B's interest", |v| remote_patterns(v) >= 1);
+    let p = Client::connect(&shm).await.unwrap();
+    let n = 300u32;
+    for i in 0..n {
+        let mut v = vec![(i % 251) as u8; 8192];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        p.publish(Message::new("sp.x", v)).await.unwrap();
+    }
+    p.flush().await.unwrap();
+    for i in 0..n {
+        let d = tokio::time::timeout(PATIENCE, s.recv())
+            .await
+            .expect("in time")
+            .expect("open");
+        assert_eq!(&d.msg.payload[..4], &i.to_le_bytes(), "message {i}");
+        assert_eq!(d.msg.payload.len(), 8192);
+    }
+    assert_eq!(spliced(&aa), 0, "splice = false: nothing spliced");
     let _ = std::fs::remove_dir_all(&dir);
 }
