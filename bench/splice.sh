@@ -23,7 +23,7 @@ if [ -z "${SKIFF:-}" ]; then
     cargo build --release -p skiff-cli --bin skiff >&2
     SKIFF="$target/release/skiff"
 fi
-free_port() { python3 -c 'import socket,sys; s=socket.socket(getattr(socket, sys.argv[1])); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' "$1"; }
+free_port() { python3 -c 'import socket,sys; s=socket.socket(socket.AF_INET, getattr(socket, sys.argv[1])); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' "$1"; }
 pids=()
 stop() {
     for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
