@@ -14,13 +14,15 @@ use skiff::Message;
 mod cli_util;
 use cli_util::mesh::{mesh_node_with, remote_patterns, stats, wait_stats, Proc, PATIENCE};
 
-/// A meshed node (seeded by `seeds`), with shm at `shm` if given: its
-/// process, client and mesh addresses.
-fn node(net: &str, seeds: &str, shm: Option<&str>) -> (Proc, String, String) {
-    match shm {
-        Some(name) => mesh_node_with(net, seeds, &["--shm", name]),
-        None => mesh_node_with(net, seeds, &[]),
+/// A meshed node (seeded by `seeds`), with shm at `shm` if given, and
+/// more `skiff node` arguments (`extra`): its process, client and mesh
+/// addresses.
+fn node(net: &str, seeds: &str, shm: Option<&str>, extra: &[&str]) -> (Proc, String, String) {
+    let mut args = extra.to_vec();
+    if let Some(name) = shm {
+        args.extend(["--shm", name]);
     }
+    mesh_node_with(net, seeds, &args)
 }
 
 /// A's link to B's spliced count.
@@ -40,8 +42,8 @@ async fn shm_publishes_reach_another_node_spliced_and_ring_space_comes_back() {
     let dir = std::env::temp_dir().join(format!("skiff-splice-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let shm = format!("shm://sa?dir={}", dir.display());
-    let (_a, aa, am) = node(&net, "", Some(&shm));
-    let (b, ba, _bm) = node(&net, &am, None);
+    let (_a, aa, am) = node(&net, "", Some(&shm), &[]);
+    let (b, ba, _bm) = node(&net, &am, None, &[]);
     let sub = Client::connect(&format!("skiff://{ba}")).await.unwrap();
     let mut s = sub.subscribe("sp.>", "*").await.unwrap();
     wait_stats(&aa, "B's interest", |v| remote_patterns(v) >= 1);
@@ -113,5 +115,38 @@ async fn shm_publishes_reach_another_node_spliced_and_ring_space_comes_back() {
         assert_eq!(&d.msg.payload[..4], &i.to_le_bytes());
     }
     drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `splice = false` the same publishes reach B, copied into the
+/// link's batches: nothing is spliced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn splice_off_copies_and_delivers_the_same() {
+    let net = format!("nosplice-{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("skiff-nosplice-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let shm = format!("shm://sn?dir={}", dir.display());
+    let (_a, aa, am) = node(&net, "", Some(&shm), &["--set", "splice=false"]);
+    let (_b, ba, _bm) = node(&net, &am, None, &[]);
+    let sub = Client::connect(&format!("skiff://{ba}")).await.unwrap();
+    let mut s = sub.subscribe("sp.>", "*").await.unwrap();
+    wait_stats(&aa, "B's interest", |v| remote_patterns(v) >= 1);
+    let p = Client::connect(&shm).await.unwrap();
+    let n = 300u32;
+    for i in 0..n {
+        let mut v = vec![(i % 251) as u8; 8192];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        p.publish(Message::new("sp.x", v)).await.unwrap();
+    }
+    p.flush().await.unwrap();
+    for i in 0..n {
+        let d = tokio::time::timeout(PATIENCE, s.recv())
+            .await
+            .expect("in time")
+            .expect("open");
+        assert_eq!(&d.msg.payload[..4], &i.to_le_bytes(), "message {i}");
+        assert_eq!(d.msg.payload.len(), 8192);
+    }
+    assert_eq!(spliced(&aa), 0, "splice = false: nothing spliced");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -240,6 +240,7 @@ const SETTINGS: &[&str] = &[
     "probe_ms",
     "suspect_ms",
     "best_effort",
+    "splice",
     "max_subject",
     "max_payload",
     "max_subscriptions",
@@ -520,6 +521,7 @@ impl Config {
                 | "probe_ms"
                 | "suspect_ms"
                 | "best_effort"
+                | "splice"
                 | "mesh_secret"
                 | "mesh_identity"
                 | "mesh_trusted_keys"
@@ -605,7 +607,7 @@ impl Config {
             }
             "net" | "seeds" | "seeds_dns" | "scout" | "max_members" | "max_interest"
             | "interest_rate" | "max_datagram" | "send_queue" | "send_policy"
-            | "send_deadline_ms" | "probe_ms" | "suspect_ms" | "best_effort" => {
+            | "send_deadline_ms" | "probe_ms" | "suspect_ms" | "best_effort" | "splice" => {
                 let m = self.mesh.as_mut().expect("set above");
                 match name {
                     "net" if !value.is_empty() && value.len() <= 255 => m.net = value.into(),
@@ -630,11 +632,16 @@ impl Config {
                             return Err(bad("name:port"));
                         }
                     }
-                    "scout" => {
-                        m.scout = match value {
+                    "scout" | "splice" => {
+                        let on = match value {
                             "1" | "true" | "on" | "yes" => true,
                             "0" | "false" | "off" | "no" => false,
                             _ => return Err(bad("true or false")),
+                        };
+                        if name == "scout" {
+                            m.scout = on;
+                        } else {
+                            m.splice = on;
                         }
                     }
                     "max_members" => m.max_members = num()? as usize,
@@ -859,6 +866,10 @@ mod tests {
         let m = c.mesh.clone().unwrap();
         assert_eq!((m.net.as_str(), m.seeds.len(), m.scout), ("prod", 2, false));
         assert_eq!((m.probe_ms, m.suspect_ms), (1000, 4000));
+        assert!(m.splice, "splicing is on by default");
+        c.apply_env([("SKIFF_SPLICE".into(), "0".into())]).unwrap();
+        assert!(!c.mesh.clone().unwrap().splice);
+        assert!(c.set("splice", "maybe").is_err());
         c.apply_env([
             ("SKIFF_PROBE_MS".into(), "250".into()),
             ("SKIFF_SUSPECT_MS".into(), "1".into()),

@@ -145,6 +145,12 @@ pub struct MeshSettings {
     /// Subject patterns whose publishes travel best effort (datagrams,
     /// loss counted, never repaired) instead of over the reliable link.
     pub best_effort: Vec<String>,
+    /// Whether an shm client's large publishes (>= 1 KiB) go on a reliable
+    /// link by reference into the client's ring (spliced: no copy into the
+    /// send batch; `spliced` in link stats) instead of being copied. On by
+    /// default; off to compare (`bench/splice.sh`) or to release the
+    /// client's ring space as soon as the node has routed a message.
+    pub splice: bool,
     /// The mesh secret: with it (or `trusted_keys`) every datagram between
     /// nodes is authenticated and encrypted (`mesh/seal.rs`), and only
     /// nodes that know it join.
@@ -176,6 +182,7 @@ impl Default for MeshSettings {
             probe_ms: 1000,
             suspect_ms: 4000,
             best_effort: Vec::new(),
+            splice: true,
             secret: None,
             trusted_keys: Vec::new(),
             identity: None,
@@ -227,6 +234,8 @@ pub struct MeshLink {
     best_effort: Vec<String>,
     /// How long a publisher waits for a full `block` link.
     send_deadline: Duration,
+    /// Whether an shm client's large publishes are spliced (`splice`).
+    splice: bool,
     /// No route led to the first seed or the scouting group, so the node
     /// took loopback as its identity (only nodes of this host reach it).
     loopback_fallback: bool,
@@ -240,6 +249,12 @@ impl MeshLink {
     /// host can reach it (they find each other by scouting on loopback).
     pub fn loopback_fallback(&self) -> bool {
         self.loopback_fallback
+    }
+
+    /// Whether the node splices an shm client's large publishes on
+    /// reliable links (the `splice` setting).
+    pub(crate) fn splices(&self) -> bool {
+        self.splice
     }
 
     /// This node's identity key (X25519 public key) when the mesh is

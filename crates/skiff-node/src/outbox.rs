@@ -27,7 +27,9 @@ use skiff_proto::stats::SubCounters;
 use skiff_proto::Message;
 use tokio::sync::Notify;
 
-use skiff_proto::client_frame::{encode_msg, encode_msg_raw, Code, Policy, ServerFrame};
+use skiff_proto::client_frame::{
+    encode_msg, encode_msg_raw, encode_msg_raw_into, msg_raw_frame_len, Code, Policy, ServerFrame,
+};
 
 mod drain;
 
@@ -171,6 +173,29 @@ impl Body {
             Body::Small { len, buf } => encode_msg_raw(out, sid, token, &buf[..usize::from(*len)]),
             Body::Raw(b) => encode_msg_raw(out, sid, token, b),
             Body::Val(m) => encode_msg(out, sid, token, m),
+        }
+    }
+
+    /// Bytes its `Msg` frame for subscription `sid` takes when the
+    /// message is already encoded (`None` for a value).
+    pub(crate) fn raw_frame_len(&self, sid: u64, token: u64) -> Option<usize> {
+        match self {
+            Body::Small { len, .. } => Some(msg_raw_frame_len(sid, token, usize::from(*len))),
+            Body::Raw(b) => Some(msg_raw_frame_len(sid, token, b.len())),
+            Body::Val(_) => None,
+        }
+    }
+
+    /// Writes its `Msg` frame for subscription `sid` into `out`, exactly
+    /// [`Body::raw_frame_len`] bytes; `false` (`out` untouched) for a
+    /// value or another length.
+    pub(crate) fn encode_into(&self, out: &mut [u8], sid: u64, token: u64) -> bool {
+        match self {
+            Body::Small { len, buf } => {
+                encode_msg_raw_into(out, sid, token, &buf[..usize::from(*len)])
+            }
+            Body::Raw(b) => encode_msg_raw_into(out, sid, token, b),
+            Body::Val(_) => false,
         }
     }
 

@@ -41,7 +41,7 @@ use bytes::{Bytes, BytesMut};
 use skiff_proto::client_frame::{is_pub, ClientFrame, Code, Decoder, FRAME_OVERHEAD};
 use skiff_proto::WireError;
 
-use crate::broker::Published;
+use crate::broker::{LastSubject, Published};
 use crate::config::Limits;
 
 /// Most publishes in one run handed to the broker: a bound on what one
@@ -97,6 +97,9 @@ pub struct Session {
     /// How an error names what it closes ("connection", "client").
     closing: &'static str,
     run: Vec<Published>,
+    /// The subject of the client's last publish (checked once per run of
+    /// publishes on one subject).
+    last_subject: LastSubject,
     /// What was read after the run, handed out once the run is.
     held: Option<Event>,
     closed: bool,
@@ -117,6 +120,7 @@ impl Session {
         Session {
             dec: Decoder::new(limits.max_payload + FRAME_OVERHEAD),
             max_payload: limits.max_payload,
+            last_subject: LastSubject::default(),
             closing,
             run: Vec::new(),
             held: None,
@@ -164,7 +168,7 @@ impl Session {
             self.frames += 1;
             self.uncounted += 1;
             if is_pub(&body) {
-                match Published::from_frame(body, self.max_payload) {
+                match Published::from_frame_after(body, self.max_payload, &mut self.last_subject) {
                     Ok(p) => {
                         if let Some(e) = self.handle_publish(p) {
                             return Some(e);

@@ -42,7 +42,7 @@ mod tunnel;
 mod users;
 
 use cluster::release_members;
-pub use pubsub::Published;
+pub use pubsub::{LastSubject, Published};
 use request::Request;
 pub use stats::ClusterView;
 pub use users::{AuthSwap, MAX_CLIENT_NAME};

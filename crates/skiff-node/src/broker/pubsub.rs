@@ -37,12 +37,29 @@ impl Published {
     /// A publish frame's body (its op byte first), checked: the encoding
     /// is kept as a slice of `body` (no copy), and decoded only when it is
     /// not the simple kind.
-    pub fn from_frame(mut body: Bytes, max_payload: usize) -> Result<Published, WireError> {
+    pub fn from_frame(body: Bytes, max_payload: usize) -> Result<Published, WireError> {
+        Published::from_frame_after(body, max_payload, &mut LastSubject::default())
+    }
+
+    /// [`Published::from_frame`] for one of a client's publishes in turn
+    /// (`last` is the client's): a simple message whose subject has the
+    /// bytes of the subject the client repeats (held in `last`, checked
+    /// before) is not checked as UTF-8 again, and takes `last`'s copy of it
+    /// (no reference to the client's ring for the subject).
+    pub fn from_frame_after(
+        mut body: Bytes,
+        max_payload: usize,
+        last: &mut LastSubject,
+    ) -> Result<Published, WireError> {
         // Past the op byte in place: no reference-count traffic.
         let op = 1.min(body.len());
         bytes::Buf::advance(&mut body, op);
         if let Some((span, len)) = skiff_proto::client_frame::simple_span(&body, max_payload) {
+            if body[span.clone()] == *last.checked.as_bytes() {
+                return Ok(Published::simple(body, last.checked.clone(), len));
+            }
             if let Ok(subject) = ByteString::try_from(body.slice(span)) {
+                last.saw(&subject);
                 return Ok(Published::simple(body, subject, len));
             }
         }
@@ -76,6 +93,33 @@ impl Published {
         match &self.msg {
             Some(m) => (&m.subject, m.kind.as_deref(), m.payload.len()),
             None => (&self.simple.0, None, self.simple.1),
+        }
+    }
+}
+
+/// The subject a client's publishes repeat, checked as UTF-8 (at most
+/// `MAX_SUBJECT` bytes), so a run of publishes on one subject is checked
+/// once ([`Published::from_frame_after`]). Its copy is its own: holding a
+/// slice of a client's ring would hold the ring's space.
+#[derive(Debug, Default)]
+pub struct LastSubject {
+    /// The subject seen twice in a row (empty: none; no subject is).
+    checked: ByteString,
+    /// The previous publish's subject, when it was not `checked`.
+    seen: Vec<u8>,
+}
+
+impl LastSubject {
+    /// A checked subject that was not `checked`: it becomes `checked` when
+    /// the previous publish had it too (one copy per run of a subject, none
+    /// per message when every subject differs).
+    fn saw(&mut self, subject: &str) {
+        if self.seen == subject.as_bytes() {
+            self.checked = ByteString::from(subject);
+            self.seen.clear();
+        } else {
+            self.seen.clear();
+            self.seen.extend_from_slice(subject.as_bytes());
         }
     }
 }
@@ -633,7 +677,7 @@ impl Broker {
                 // An shm client's publishes are slices of its ring: the
                 // mesh splices them (holding that ring space until the
                 // peer has them) instead of copying them.
-                let splice = me.ring_input();
+                let splice = me.ring_input() && m.splices();
                 let sent = m.publish_many(fwd.iter().map(|&k| {
                     let p = &batch[k];
                     let (subject, kind, _) = p.parts();
@@ -839,4 +883,51 @@ fn flush_run(
         }
     }
     run.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `Pub` frame's body with a simple message: subject bytes, payload.
+    fn body(subject: &[u8], payload: &[u8]) -> Bytes {
+        // The op byte of `Pub`, as a client encodes it.
+        let mut b = Vec::new();
+        skiff_proto::client_frame::encode_pub(&mut b, &Message::new("x", Bytes::new()));
+        let mut b = vec![b[4], 1];
+        skiff_proto::varint::put(&mut b, subject.len() as u64);
+        b.extend_from_slice(subject);
+        skiff_proto::varint::put(&mut b, payload.len() as u64);
+        b.extend_from_slice(payload);
+        b.into()
+    }
+
+    /// A run of publishes on one subject is checked until it repeats,
+    /// then read from the client's copy; a subject that is not UTF-8 is
+    /// refused after one that was, however alike.
+    #[test]
+    fn last_subject_skips_only_the_same_bytes() {
+        let mut last = LastSubject::default();
+        for n in 0..4 {
+            let p = Published::from_frame_after(body(b"a.b", b"x"), 64, &mut last).unwrap();
+            assert!(p.msg.is_none());
+            assert_eq!(p.parts(), ("a.b", None, 1));
+            // Checked twice, then the copy.
+            assert_eq!(&*last.checked, if n == 0 { "" } else { "a.b" });
+        }
+        assert!(Published::from_frame_after(body(b"a.\xff", b"x"), 64, &mut last).is_err());
+        assert!(Published::from_frame(body(b"a.\xff", b"x"), 64).is_err());
+        assert_eq!(&*last.checked, "a.b");
+        let p = Published::from_frame_after(body(b"c", b""), 64, &mut last).unwrap();
+        assert_eq!(p.parts(), ("c", None, 0));
+        assert_eq!((&*last.checked, &last.seen[..]), ("a.b", &b"c"[..]));
+        // Over the payload limit: decoded, which refuses it.
+        assert!(Published::from_frame_after(body(b"a.b", b"xy"), 1, &mut last).is_err());
+        // Alternating subjects: no copy made.
+        let mut alt = LastSubject::default();
+        for s in [&b"p"[..], b"q", b"p", b"q"] {
+            Published::from_frame_after(body(s, b""), 64, &mut alt).unwrap();
+            assert_eq!(&*alt.checked, "");
+        }
+    }
 }

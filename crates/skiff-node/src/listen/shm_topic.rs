@@ -285,7 +285,8 @@ fn leave(ask: &TopicAsk, broker: &Broker, topics: &Topics) {
 struct TopicSink {
     /// `None` once the writer thread closed it.
     ring: Mutex<Option<TopicRing>>,
-    /// Frames being encoded by the direct path.
+    /// Frames being encoded by the direct path when a message is a value
+    /// (encoded messages are written in place).
     scratch: Mutex<Vec<u8>>,
     bytes: Arc<AtomicU64>,
     /// Messages written by the direct path (all topics).
@@ -300,6 +301,29 @@ impl crate::outbox::Direct for TopicSink {
         let Some(ring) = ring.as_mut() else {
             return false;
         };
+        // Encoded messages (all a publish routes): their frames written
+        // in place into the ring's segment, no scratch copy.
+        let len: Option<usize> = msgs.iter().map(|m| m.raw_frame_len(sid, token)).sum();
+        if let Some(len) = len {
+            let written = ring.try_write(len, |seg| {
+                let mut rest = seg;
+                for m in msgs {
+                    // Lengths from `raw_frame_len`: each frame fits its
+                    // piece exactly.
+                    let n = m.raw_frame_len(sid, token).unwrap_or(0).min(rest.len());
+                    let (frame, after) = std::mem::take(&mut rest).split_at_mut(n);
+                    let ok = m.encode_into(frame, sid, token);
+                    debug_assert!(ok, "a frame of the length it was measured at");
+                    rest = after;
+                }
+            });
+            let ok = matches!(written, Ok(true));
+            if ok {
+                self.bytes.fetch_add(len as u64, Relaxed);
+                self.direct.fetch_add(msgs.len() as u64, Relaxed);
+            }
+            return ok;
+        }
         let mut buf = self.scratch.lock();
         buf.clear();
         for m in msgs {

@@ -123,6 +123,7 @@ pub(crate) async fn start<L: Inbound>(
         max_payload: broker.limits().max_payload,
         best_effort: settings.best_effort.clone(),
         send_deadline: Duration::from_millis(settings.send_deadline_ms),
+        splice: settings.splice,
         loopback_fallback,
         seal: seal.as_ref().map(|s| (s.identity(), s.counters())),
         tunnels: Mutex::new(crate::mesh_tunnel::Tunnels::new(

@@ -25,6 +25,32 @@ pub fn encode_msg_raw(out: &mut Vec<u8>, sid: u64, token: u64, raw: &[u8]) {
     out[start..start + LEN_PREFIX].copy_from_slice(&len.to_le_bytes());
 }
 
+/// Bytes the `Msg` frame [`encode_msg_raw`] appends for a `raw` of
+/// `raw_len` bytes takes, length prefix included.
+pub fn msg_raw_frame_len(sid: u64, token: u64, raw_len: usize) -> usize {
+    LEN_PREFIX + 1 + varint::len(sid) + varint::len(token) + raw_len
+}
+
+/// Writes the `Msg` frame [`encode_msg_raw`] appends into `out`, which
+/// must be exactly [`msg_raw_frame_len`] bytes: a message written once,
+/// in place (a shared-memory ring's segment). `false`, with `out`
+/// untouched, on any other length or a body over 4 GiB.
+pub fn encode_msg_raw_into(out: &mut [u8], sid: u64, token: u64, raw: &[u8]) -> bool {
+    if out.len() != msg_raw_frame_len(sid, token, raw.len())
+        || out.len() - LEN_PREFIX > u32::MAX as usize
+    {
+        return false;
+    }
+    let body = (out.len() - LEN_PREFIX) as u32;
+    let mut w: &mut [u8] = out;
+    bytes::BufMut::put_slice(&mut w, &body.to_le_bytes());
+    bytes::BufMut::put_u8(&mut w, op::MSG);
+    varint::put_buf(&mut w, sid);
+    varint::put_buf(&mut w, token);
+    bytes::BufMut::put_slice(&mut w, raw);
+    true
+}
+
 /// Appends a `Msg` frame for `msg` (what [`ServerFrame::Msg`] encodes to).
 pub fn encode_msg(out: &mut Vec<u8>, sid: u64, token: u64, msg: &Message) {
     Enc::new(out, op::MSG).v(sid).v(token).msg(msg).end();

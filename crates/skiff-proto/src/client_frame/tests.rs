@@ -326,6 +326,8 @@ fn simple_message_agrees_with_decode_message() {
         longer.push(0);
         inputs.push(longer);
     }
+    // A subject that is not UTF-8: the simple form without its check.
+    inputs.push(vec![1, 2, 0xff, 0xfe, 1, 7]);
     let mut simple = 0;
     for raw in inputs {
         for max in [0, 4, 8, 1 << 20] {
@@ -349,6 +351,25 @@ fn simple_message_agrees_with_decode_message() {
         }
     }
     assert!(simple > 0);
+}
+
+/// A message frame written in place is what `encode_msg_raw` appends.
+#[test]
+fn msg_raw_in_place() {
+    let mut raw = Vec::new();
+    crate::wire::encode_message(&mut raw, &msg(), false);
+    for (sid, token) in [(0, 0), (1, 2), (300, u64::MAX)] {
+        let mut v = Vec::new();
+        encode_msg_raw(&mut v, sid, token, &raw);
+        let n = msg_raw_frame_len(sid, token, raw.len());
+        assert_eq!(n, v.len());
+        let mut s = vec![0u8; n];
+        assert!(encode_msg_raw_into(&mut s, sid, token, &raw));
+        assert_eq!(s, v);
+        let mut short = vec![0u8; n - 1];
+        assert!(!encode_msg_raw_into(&mut short, sid, token, &raw));
+        assert!(short.iter().all(|&b| b == 0));
+    }
 }
 
 /// A publish written in place is what `encode_pub` appends, and
