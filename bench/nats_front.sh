@@ -32,7 +32,9 @@ bench/nats/build.sh >&2
 NB="$PWD/bench/nats/natsbench"
 TMP=$(mktemp -d)
 SERVER_PID=
-cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$TMP"; }
+# (stop runs in a command substitution, so SERVER_PID may name a server
+# already stopped: a failed kill must not become the script's status.)
+cleanup() { if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; fi; rm -rf "$TMP"; }
 trap cleanup EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
