@@ -451,26 +451,49 @@ async fn skiff_shape(
     Ok(row)
 }
 
-/// Publishes one latency message and waits for its arrival.
+/// How long a latency probe may take before it counts as lost: over
+/// best-effort links a lost datagram loses the probe, and the run goes on.
+const PROBE_PATIENCE: Duration = Duration::from_millis(100);
+
+/// A probe's number, carried in the first bytes of its payload (as many
+/// of the number's little-endian bytes as fit).
+fn probe_number(payload: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = payload.len().min(8);
+    b[..n].copy_from_slice(&payload[..n]);
+    u64::from_le_bytes(b)
+}
+
+/// Publishes latency probe `seq` and waits for its arrival: its latency,
+/// or `None` when it did not arrive within [`PROBE_PATIENCE`] (lost, or
+/// late: a late probe is passed over when it comes).
 async fn one(
     c: &Client,
-    payload: &Bytes,
-    arrived: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
-) -> Result<Duration, Box<dyn Error>> {
-    let timeout = Duration::from_secs(5);
+    size: usize,
+    seq: u64,
+    arrived: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
+) -> Result<Option<Duration>, Box<dyn Error>> {
+    let mut payload = vec![0x5a; size];
+    let n = size.min(8);
+    payload[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
+    let want = probe_number(&payload);
     let t = Instant::now();
-    c.publish(Message::new("bench.lat", payload.clone()))
-        .await?;
-    tokio::time::timeout(timeout, arrived.recv())
-        .await
-        .map_err(|_| format!("a message did not arrive within {timeout:?}"))?
-        .ok_or("the subscription ended")?;
-    Ok(t.elapsed())
+    c.publish(Message::new("bench.lat", payload)).await?;
+    let deadline = tokio::time::Instant::now() + PROBE_PATIENCE;
+    loop {
+        match tokio::time::timeout_at(deadline, arrived.recv()).await {
+            Err(_) => return Ok(None),
+            Ok(None) => return Err("the subscription ended".into()),
+            Ok(Some(got)) if got == want => return Ok(Some(t.elapsed())),
+            Ok(Some(_)) => {} // an earlier probe, late
+        }
+    }
 }
 
 /// One message at a time from the publisher's node to the first
 /// subscriber's: publish-to-arrival latency, for `dur` after a warm-up of
-/// 1000 messages (or a tenth of `dur`).
+/// 1000 messages (or a tenth of `dur`). Probes that do not arrive within
+/// [`PROBE_PATIENCE`] are counted in the row's `lost`.
 async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
     let sub_client = Client::connect(places.subscriber(0)).await?;
     let mut s = sub_client.subscribe("bench.lat", "*").await?;
@@ -482,7 +505,7 @@ async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Ro
             while let Some(d) = s.recv().await {
                 if d.payload.is_empty() {
                     probed.store(1, Ordering::Relaxed);
-                } else if tx.send(()).is_err() {
+                } else if tx.send(probe_number(&d.payload)).is_err() {
                     break;
                 }
             }
@@ -490,25 +513,32 @@ async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Ro
     };
     let c = Client::connect(&places.publisher).await?;
     probe(&c, "bench.lat", || probed.load(Ordering::Relaxed) > 0).await?;
-    let payload = Bytes::from(vec![0x5a; size]);
+    let size = size.max(1);
+    let mut seq = 0u64;
     let warmup = Instant::now();
     for _ in 0..1000 {
         if warmup.elapsed() >= dur / 10 {
             break;
         }
-        one(&c, &payload, &mut arrived).await?;
+        seq += 1;
+        one(&c, size, seq, &mut arrived).await?;
     }
     let mut hist = report::histogram();
+    let mut lost = 0u64;
     let start = Instant::now();
     while start.elapsed() < dur {
-        let d = one(&c, &payload, &mut arrived).await?;
-        report::record(&mut hist, d);
+        seq += 1;
+        match one(&c, size, seq, &mut arrived).await? {
+            Some(d) => report::record(&mut hist, d),
+            None => lost += 1,
+        }
     }
     let elapsed = start.elapsed();
     reader.abort();
     let mut row = Row::new("skiff", "1x1-latency", size);
     row.set_latency(&hist);
     row.set_throughput(hist.len(), elapsed);
+    row.lost = Some(lost);
     Ok(row)
 }
 
