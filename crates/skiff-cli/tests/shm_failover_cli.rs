@@ -204,8 +204,25 @@ async fn unconfirmed_publishes_of_a_killed_shm_node_are_reported() {
         assert!(t.elapsed() < PATIENCE, "A confirms the first 100");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // A stops reading its ring; 50 more go into it, unconfirmed.
+    // A stops reading its ring; 50 more go into it, unconfirmed. (kill
+    // returns before the process has stopped: wait until it has, or A may
+    // still take one of the 50.)
     a.signal(libc::SIGSTOP);
+    let stat = format!("/proc/{}/stat", a.0.id());
+    let t = Instant::now();
+    while !std::fs::read_to_string(&stat)
+        .map(|st| {
+            st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('T')
+        })
+        .unwrap_or(false)
+    {
+        assert!(t.elapsed() < PATIENCE, "A stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     for i in 101..=150u64 {
         p.publish(Message::new("u.a", i.to_string())).await.unwrap();
     }
