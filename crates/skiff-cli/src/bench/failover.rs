@@ -14,8 +14,8 @@
 //! reaching C. Resolution is the publishing interval (1 ms).
 //!
 //! Each trial also counts messages missed across the gap (a jump in the
-//! sequence, expected: delivery is at most once) and messages delivered
-//! twice (never expected). The `skiff-failover` row has p50 and p99 (with
+//! sequence, expected: delivery is at most once), messages delivered
+//! twice and messages delivered out of order (neither expected). The `skiff-failover` row has p50 and p99 (with
 //! ten trials, the largest) in µs and the largest in its options.
 
 use std::error::Error;
@@ -95,6 +95,8 @@ struct Trial {
     missed: u64,
     /// Messages seen twice.
     duplicates: u64,
+    /// Messages seen once but after a later one (out of order).
+    late: u64,
 }
 
 /// Runs `skiff bench failover`, starting nodes from the binary `skiff`.
@@ -132,7 +134,7 @@ pub fn run(a: &FailoverParams, skiff: &Path, rep: &mut Reporter) -> Result<(), B
     });
     let mut hist = report::histogram();
     let mut worst = Duration::ZERO;
-    let (mut missed, mut duplicates) = (0, 0);
+    let (mut missed, mut duplicates, mut late) = (0, 0, 0);
     let mut outcome = Ok(());
     for i in 0..a.trials {
         let t = rt.block_on(trial(
@@ -146,16 +148,18 @@ pub fn run(a: &FailoverParams, skiff: &Path, rep: &mut Reporter) -> Result<(), B
         match t {
             Ok(t) => {
                 eprintln!(
-                    "failover trial {}: {:.1} ms, {} missed, {} twice",
+                    "failover trial {}: {:.1} ms, {} missed, {} twice, {} late",
                     i + 1,
                     t.recovery.as_secs_f64() * 1e3,
                     t.missed,
-                    t.duplicates
+                    t.duplicates,
+                    t.late
                 );
                 report::record(&mut hist, t.recovery);
                 worst = worst.max(t.recovery);
                 missed += t.missed;
                 duplicates += t.duplicates;
+                late += t.late;
             }
             Err(e) => {
                 outcome = Err(format!("failover trial {}: {e}", i + 1).into());
@@ -170,7 +174,7 @@ pub fn run(a: &FailoverParams, skiff: &Path, rep: &mut Reporter) -> Result<(), B
         row.set_latency(&hist);
         row.lost = Some(missed);
         row.options = Some(format!(
-            "trials={} max_us={:.0} twice={duplicates} net={net}",
+            "trials={} max_us={:.0} twice={duplicates} late={late} net={net}",
             hist.len(),
             worst.as_secs_f64() * 1e6
         ));
@@ -200,6 +204,17 @@ async fn trial(
     let flowing = Instant::now();
     let mut last_seq = 0;
     let mut seen = 0;
+    // Every sequence number delivered in this trial: a number seen again
+    // is a duplicate, one below the highest but new arrived out of order.
+    let mut got = std::collections::HashSet::new();
+    let mut check = |seq: u64, last: u64, t: &mut Trial| {
+        if !got.insert(seq) {
+            t.duplicates += 1;
+        } else if seq <= last {
+            t.late += 1;
+        }
+    };
+    let mut t = Trial::default();
     while seen < 200 {
         let d = tokio::time::timeout(patience, sub.recv())
             .await
@@ -208,7 +223,8 @@ async fn trial(
             })?
             .ok_or("the subscription ended before the kill")?;
         if let Some((seq, _)) = decode(&d.payload) {
-            last_seq = seq;
+            check(seq, last_seq, &mut t);
+            last_seq = last_seq.max(seq);
             seen += 1;
         }
         if flowing.elapsed() > patience {
@@ -218,7 +234,6 @@ async fn trial(
     let killed_ns = epoch.elapsed().as_nanos() as u64;
     let killed = Instant::now();
     a.kill()?;
-    let mut t = Trial::default();
     loop {
         let left = patience.saturating_sub(killed.elapsed());
         let d = tokio::time::timeout(left, sub.recv())
@@ -230,8 +245,8 @@ async fn trial(
         let Some((seq, sent_ns)) = decode(&d.payload) else {
             continue;
         };
+        check(seq, last_seq, &mut t);
         if seq <= last_seq {
-            t.duplicates += 1;
             continue;
         }
         if sent_ns > killed_ns {
@@ -249,9 +264,7 @@ async fn trial(
         match tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
             Ok(Some(d)) => {
                 if let Some((seq, _)) = decode(&d.payload) {
-                    if seq <= last {
-                        t.duplicates += 1;
-                    }
+                    check(seq, last, &mut t);
                     last = last.max(seq);
                 }
             }
