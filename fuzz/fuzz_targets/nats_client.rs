@@ -2,7 +2,8 @@
 //! bytes, read whole and in the chunk sizes the input's first byte picks:
 //! it never panics, never holds more than its limits allow, gives the same
 //! operations however the input is cut, and every header block and
-//! `CONNECT` it hands out is parsed without a panic either.
+//! `CONNECT` it hands out is parsed without a panic either. Where
+//! `Parser::plain_pub` reads a publish in place, it reads what `next` does.
 #![no_main]
 
 use bytes::BytesMut;
@@ -19,7 +20,21 @@ fn run(data: &[u8], chunk: usize) -> (Vec<Op>, bool) {
     for c in data.chunks(chunk.max(1)) {
         buf.extend_from_slice(c);
         loop {
-            match p.next(&mut buf) {
+            // The in-place reading of a plain publish is the operation
+            // `next` returns for the same bytes, and takes as many.
+            let plain = p.plain_pub(&buf).map(|pp| {
+                (buf[pp.subject].to_vec(), buf[pp.payload].to_vec(), buf.len() - pp.len)
+            });
+            let r = p.next(&mut buf);
+            if let Some((subject, payload, left)) = plain {
+                match &r {
+                    Ok(Some(Op::Pub { subject: s, reply: None, headers: None, payload: d })) => {
+                        assert_eq!((&s[..], &d[..], buf.len()), (&subject[..], &payload[..], left));
+                    }
+                    other => panic!("plain_pub took what next reads as {other:?}"),
+                }
+            }
+            match r {
                 Ok(Some(op)) => {
                     match &op {
                         Op::Pub { headers: Some(h), payload, .. } => {

@@ -209,6 +209,44 @@ impl Parser {
         }
     }
 
+    /// The next operation in place, when it is a whole plain publish:
+    /// `PUB <subject> <size>\r\n`, single spaces, no reply subject, with
+    /// its payload and its CRLF all in `buf`, within the limits. The
+    /// caller reads the subject and the payload as slices of `buf` and
+    /// consumes [`PlainPub::len`] bytes; no `Bytes` is made. Anything
+    /// else (and any error) is `None`: [`Parser::next`] reads it. For the
+    /// bytes it takes, this is exactly the `Op::Pub` that `next` returns.
+    pub fn plain_pub(&self, buf: &[u8]) -> Option<PlainPub> {
+        if self.awaiting.is_some() || !buf.starts_with(b"PUB ") {
+            return None;
+        }
+        let end = memchr_nl(buf, self.max_control + 2)?;
+        // The line without its CRLF (a bare LF: left to `next`).
+        if end < 1 || buf[end - 1] != b'\r' || end - 1 > self.max_control {
+            return None;
+        }
+        let rest = &buf[4..end - 1];
+        let space = rest.iter().position(|&b| b == b' ')?;
+        let (subject, digits) = (&rest[..space], &rest[space + 1..]);
+        if subject.is_empty() || subject.contains(&b'\t') {
+            return None;
+        }
+        let total = size(digits)?;
+        if total > self.max_payload as u64 {
+            return None;
+        }
+        let start = end + 1;
+        let stop = start + total as usize;
+        if buf.get(stop..stop + 2)? != b"\r\n" {
+            return None;
+        }
+        Some(PlainPub {
+            subject: 4..4 + space,
+            payload: start..stop,
+            len: stop + 2,
+        })
+    }
+
     /// One control line (without its CRLF): an operation, or `None` when
     /// a payload follows (then `self.awaiting` is set).
     fn line(&mut self, line: Bytes) -> Result<Option<Op>, NatsError> {
@@ -318,6 +356,18 @@ impl Parser {
         }
         Ok(total as usize)
     }
+}
+
+/// A whole plain `PUB` at the start of a buffer ([`Parser::plain_pub`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlainPub {
+    /// Where its subject lies in the buffer.
+    pub subject: Range<usize>,
+    /// Where its payload lies in the buffer.
+    pub payload: Range<usize>,
+    /// Bytes it takes, from the buffer's start (control line, payload
+    /// and their CRLFs).
+    pub len: usize,
 }
 
 /// The index of the first `\n` within the first `limit` bytes.

@@ -229,3 +229,58 @@ fn subjects() {
     assert!(!valid_subject(b"a..b") && !valid_subject(b"a.>.b") && !valid_subject(b""));
     assert!(valid_literal_subject(b"a.b") && !valid_literal_subject(b"a.*"));
 }
+
+/// A whole plain `PUB` is read in place as `next` reads it; anything
+/// else is left to `next`.
+#[test]
+fn plain_pub_reads_what_next_reads() {
+    let p = Parser::new(64, 16);
+    let buf = b"PUB a.b 5\r\nhello\r\nPING\r\n";
+    let pp = p.plain_pub(buf).unwrap();
+    assert_eq!(
+        (&buf[pp.subject.clone()], &buf[pp.payload.clone()]),
+        (&b"a.b"[..], &b"hello"[..])
+    );
+    assert_eq!(&buf[pp.len..], b"PING\r\n");
+    let mut m = BytesMut::from(&buf[..]);
+    let mut q = Parser::new(64, 16);
+    match q.next(&mut m).unwrap() {
+        Some(Op::Pub {
+            subject,
+            reply: None,
+            headers: None,
+            payload,
+        }) => {
+            assert_eq!((&subject[..], &payload[..]), (&b"a.b"[..], &b"hello"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(&m[..], b"PING\r\n");
+    assert_eq!(p.plain_pub(b"PUB a 0\r\n\r\n").map(|x| x.len), Some(11));
+    for other in [
+        &b"PUB a.b 5\r\nhell"[..],   // payload not all here
+        b"PUB a.b 5\r\nhelloXY",     // no CRLF after it
+        b"PUB a.b r 5\r\nhello\r\n", // a reply subject
+        b"PUB  a.b 5\r\nhello\r\n",  // two spaces
+        b"PUB a.b\t5\r\nhello\r\n",  // a tab
+        b"pub a.b 5\r\nhello\r\n",   // lower case
+        b"PUB a.b 5\nhello\r\n",     // a bare LF
+        b"PUB a.b 17\r\n",           // over the payload limit
+        b"PUB a.b x\r\nhello\r\n",   // not a size
+        b"HPUB a.b 0 5\r\nhello\r\n",
+        b"SUB a 1\r\n",
+    ] {
+        assert_eq!(
+            p.plain_pub(other),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(other)
+        );
+    }
+    let long = format!("PUB {} 1\r\nx\r\n", "s".repeat(64));
+    assert_eq!(
+        p.plain_pub(long.as_bytes()),
+        None,
+        "over the control line limit"
+    );
+}

@@ -310,6 +310,7 @@ async fn serve<R, W>(
         session: Session::new(&limits, "connection"),
         parser: Parser::new(MAX_CONTROL_LINE, limits.max_payload),
         arena: BytesMut::new(),
+        last_subject: bytestring::ByteString::new(),
         opts: ConnectOptions {
             echo: true,
             ..ConnectOptions::default()
@@ -423,6 +424,9 @@ struct Reader {
     /// Where publishes are encoded as skiff messages (one allocation per
     /// many).
     arena: BytesMut,
+    /// The subject of the client's last plain publish, checked (a copy:
+    /// it holds no read buffer).
+    last_subject: bytestring::ByteString,
     opts: ConnectOptions,
     /// The client's sid → skiff sid.
     by_sid: FxHashMap<Bytes, u64>,
@@ -445,6 +449,23 @@ impl Reader {
     /// `-ERR` text.
     async fn read(&mut self, buf: &mut BytesMut) -> Result<(), &'static str> {
         loop {
+            // The common operation, a plain publish, read in place: no
+            // `Bytes` made for its line, subject and payload. (Replies
+            // to `_SKIFF_REPLY.` subjects take the general way.)
+            if self.nonce.is_none() {
+                if let Some(pp) = self.parser.plain_pub(buf) {
+                    let subject = &buf[pp.subject.clone()];
+                    if !subject.starts_with(REPLY_PREFIX.as_bytes()) {
+                        self.publish_plain(subject, &buf[pp.payload.clone()])
+                            .await?;
+                        bytes::Buf::advance(buf, pp.len);
+                        if self.opts.verbose {
+                            self.conn.say(nats::OK);
+                        }
+                        continue;
+                    }
+                }
+            }
             let op = match self.parser.next(buf) {
                 Ok(Some(op)) => op,
                 Ok(None) => break,
@@ -548,21 +569,7 @@ impl Reader {
             self.broker.limit_hit();
             return Ok(());
         };
-        let user = self.out.user();
-        let p = &user.permissions;
-        let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
-        let allowed = open
-            || if subject_str.starts_with(REPLY_PREFIX) {
-                p.allow_responses || p.may_publish(&subject_str)
-            } else {
-                p.may_publish(&subject_str)
-            };
-        if !allowed {
-            user.denied.publish.fetch_add(1, Relaxed);
-            self.conn.err(&format!(
-                "Permissions Violation for Publish to {:?}",
-                &*subject_str
-            ));
+        if !self.may_publish(&subject_str) {
             return Ok(());
         }
         // A reply to a request a NATS client was handed.
@@ -586,24 +593,7 @@ impl Reader {
             return self.request(subject_str, reply, msg).await;
         }
         let p = match headers {
-            None => {
-                // The simple encoding, as `client_frame::simple_message`
-                // reads it: subject flag, subject, payload.
-                let a = &mut self.arena;
-                let need = subject.len() + payload.len() + 21;
-                if a.capacity() - a.len() < need {
-                    // A fresh block for many messages (what was split off
-                    // stays with the messages that hold it).
-                    a.reserve(need.max(64 * 1024));
-                }
-                a.put_u8(1);
-                skiff_proto::varint::put_buf(a, subject.len() as u64);
-                a.extend_from_slice(&subject);
-                skiff_proto::varint::put_buf(a, payload.len() as u64);
-                a.extend_from_slice(&payload);
-                // The subject as read (checked above), not read back.
-                Published::simple(a.split().freeze(), subject_str, payload.len())
-            }
+            None => self.simple(subject_str, &payload),
             Some(h) => {
                 let Some(msg) = self.message(subject_str, Some(h), payload) else {
                     return Ok(());
@@ -619,6 +609,80 @@ impl Reader {
                 .map_err(|_| "Unknown Protocol Operation")?;
         }
         Ok(())
+    }
+
+    /// A plain `PUB` (no reply subject, no headers, a subject that is
+    /// not a `_SKIFF_REPLY.` one), its subject and payload read in place:
+    /// what [`Reader::publish`] does with it, without its `Bytes`. A
+    /// client's repeated subject is checked as UTF-8 once.
+    async fn publish_plain(&mut self, subject: &[u8], payload: &[u8]) -> Result<(), &'static str> {
+        if self.opts.pedantic && !nats::valid_literal_subject(subject) {
+            self.conn.err("Invalid Publish Subject");
+            return Ok(());
+        }
+        let subject_str = if subject == self.last_subject.as_bytes() {
+            self.last_subject.clone()
+        } else {
+            let Ok(s) = std::str::from_utf8(subject) else {
+                // Not UTF-8: no skiff subject can match it; counted.
+                self.broker.limit_hit();
+                return Ok(());
+            };
+            self.last_subject = s.into();
+            self.last_subject.clone()
+        };
+        if !self.may_publish(&subject_str) {
+            return Ok(());
+        }
+        let p = self.simple(subject_str, payload);
+        if let Some(e) = self.session.handle_publish(p) {
+            super::act(&self.broker, &self.out, &mut self.session, e)
+                .await
+                .map_err(|_| "Unknown Protocol Operation")?;
+        }
+        Ok(())
+    }
+
+    /// Whether the client may publish to `subject` (else `-ERR` was sent
+    /// and the denial counted).
+    fn may_publish(&self, subject: &str) -> bool {
+        let user = self.out.user();
+        let p = &user.permissions;
+        let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
+        let allowed = open
+            || if subject.starts_with(REPLY_PREFIX) {
+                p.allow_responses || p.may_publish(subject)
+            } else {
+                p.may_publish(subject)
+            };
+        if !allowed {
+            user.denied.publish.fetch_add(1, Relaxed);
+            self.conn.err(&format!(
+                "Permissions Violation for Publish to {:?}",
+                subject
+            ));
+        }
+        allowed
+    }
+
+    /// A message of a subject (checked) and a payload, in the simple
+    /// encoding as `client_frame::simple_message` reads it (subject flag,
+    /// subject, payload), written into the arena.
+    fn simple(&mut self, subject: bytestring::ByteString, payload: &[u8]) -> Published {
+        let a = &mut self.arena;
+        let need = subject.len() + payload.len() + 21;
+        if a.capacity() - a.len() < need {
+            // A fresh block for many messages (what was split off
+            // stays with the messages that hold it).
+            a.reserve(need.max(64 * 1024));
+        }
+        a.put_u8(1);
+        skiff_proto::varint::put_buf(a, subject.len() as u64);
+        a.extend_from_slice(subject.as_bytes());
+        skiff_proto::varint::put_buf(a, payload.len() as u64);
+        a.extend_from_slice(payload);
+        // The subject as read (checked), not read back.
+        Published::simple(a.split().freeze(), subject, payload.len())
     }
 
     /// A skiff message from a NATS publish; `None` (counted) when its
