@@ -10,7 +10,11 @@ allow: with the load generator's CPU per message measured, 2 cores /
 Needs NATS_SERVER, SKIFF (SKIFF_ARGS: more `skiff node` options) and bench/nats/natsbench (bench/nats_front.sh
 builds them). --strace adds a second, shorter run per case under
 `strace -c -f -p SERVER` (syscalls per message; strace slows the server,
-so rates from that run are not reported).
+so rates from that run are not reported). The server's reads and writes
+are counted only there (skiff's sockets use send/recv, which
+/proc/PID/io does not count); natsbench's (Go: read/write) from
+/proc/PID/io. One JSON object per case and server on standard output, a
+line each on standard error.
 """
 import argparse, json, os, re, socket, subprocess, sys, time
 
@@ -112,11 +116,11 @@ def delivered(row, fan):
 def measure(which, case, args):
     name, case_args, fan = case
     proc, url = start(which, args)
-    c0, s0, i0 = cpu(proc.pid), ctxsw(proc.pid), io(proc.pid)
+    c0, s0 = cpu(proc.pid), ctxsw(proc.pid)
     t0 = time.time()
     row, nb_cpu, nb_io = run_nb(args.nb, case_args, url, args.duration_secs)
     wall = time.time() - t0
-    c1, s1, i1 = cpu(proc.pid), ctxsw(proc.pid), io(proc.pid)
+    c1, s1 = cpu(proc.pid), ctxsw(proc.pid)
     proc.terminate()
     proc.wait()
     n = delivered(row, fan)
@@ -126,10 +130,6 @@ def measure(which, case, args):
         "server_ns_per_msg": (c1 - c0) / n * 1e9, "nb_ns_per_msg": nb_cpu / n * 1e9,
         "server_ctxsw_per_msg": ((s1[0] - s0[0]) + (s1[1] - s0[1])) / n,
         "p50_us": row.get("p50_us"), "lost": row.get("lost", 0),
-        "server_reads_per_msg": (i1["syscr"] - i0["syscr"]) / n,
-        "server_writes_per_msg": (i1["syscw"] - i0["syscw"]) / n,
-        "server_bytes_per_read": (i1["rchar"] - i0["rchar"]) / max(1, i1["syscr"] - i0["syscr"]),
-        "server_bytes_per_write": (i1["wchar"] - i0["wchar"]) / max(1, i1["syscw"] - i0["syscw"]),
         "nb_reads_per_msg": nb_io.get("syscr", 0) / n,
         "nb_writes_per_msg": nb_io.get("syscw", 0) / n,
         "nb_bytes_per_read": nb_io.get("rchar", 0) / max(1, nb_io.get("syscr", 0)),
@@ -178,8 +178,6 @@ def main():
             sys.stderr.write(
                 f"{s:5} {case[0]:26} {r['msgs_per_s']:>12,.0f}/s  server {r['server_ns_per_msg']:7.0f} ns/msg"
                 f"  natsbench {r['nb_ns_per_msg']:7.0f} ns/msg  ctxsw/msg {r['server_ctxsw_per_msg']:.3f}"
-                f"  server r/w per msg {r['server_reads_per_msg']:.4f}/{r['server_writes_per_msg']:.4f}"
-                f" ({r['server_bytes_per_read']:,.0f}/{r['server_bytes_per_write']:,.0f} B)"
                 f"  nb r/w per msg {r['nb_reads_per_msg']:.4f}/{r['nb_writes_per_msg']:.4f}"
                 f" ({r['nb_bytes_per_read']:,.0f}/{r['nb_bytes_per_write']:,.0f} B)  lost {r['lost']:,}"
                 f"  ceiling(2 cores/nb) {ceiling:>12,.0f}/s"
