@@ -152,6 +152,7 @@ func pubsub(w where, pubs, subs, size int, dur time.Duration, max uint64) row {
 	var received, dropped, probed atomic.Uint64
 	var last atomic.Int64
 	var conns []*nats.Conn
+	var subscriptions []*nats.Subscription
 	for i := 0; i < subs; i++ {
 		nc := connect(w.sub(i))
 		conns = append(conns, nc)
@@ -171,10 +172,7 @@ func pubsub(w where, pubs, subs, size int, dur time.Duration, max uint64) row {
 		}
 		s.SetPendingLimits(65536, 64<<20)
 		nc.Flush()
-		defer func(s *nats.Subscription) {
-			d, _ := s.Dropped()
-			dropped.Add(uint64(d))
-		}(s)
+		subscriptions = append(subscriptions, s)
 	}
 	var pubConns []*nats.Conn
 	for p := 0; p < pubs; p++ {
@@ -218,6 +216,13 @@ func pubsub(w where, pubs, subs, size int, dur time.Duration, max uint64) row {
 	}
 	elapsed := time.Duration(last.Load() - start.UnixNano())
 	got := received.Load()
+	// Dropped by nats.go as slow consumers (its pending limits), read
+	// before the connections close (a deferred read came after the row
+	// was made, so it always said 0).
+	for _, s := range subscriptions {
+		d, _ := s.Dropped()
+		dropped.Add(uint64(d))
+	}
 	for _, c := range conns {
 		c.Close()
 	}
