@@ -448,6 +448,10 @@ impl Reader {
     /// Everything whole in `buf`, in order. `Err`: close with this
     /// `-ERR` text.
     async fn read(&mut self, buf: &mut BytesMut) -> Result<(), &'static str> {
+        // The client's user for a run of plain publishes: loaded once per
+        // run (a reload's new permissions apply from the next read, or
+        // the next operation of another kind).
+        let mut user: Option<Arc<User>> = None;
         loop {
             // The common operation, a plain publish, read in place: no
             // `Bytes` made for its line, subject and payload. (Replies
@@ -456,7 +460,9 @@ impl Reader {
                 if let Some(pp) = self.parser.plain_pub(buf) {
                     let subject = &buf[pp.subject.clone()];
                     if !subject.starts_with(REPLY_PREFIX.as_bytes()) {
-                        self.publish_plain(subject, &buf[pp.payload.clone()])
+                        let u = &*user
+                            .get_or_insert_with(|| arc_swap::Guard::into_inner(self.out.user()));
+                        self.publish_plain(u, subject, &buf[pp.payload.clone()])
                             .await?;
                         bytes::Buf::advance(buf, pp.len);
                         if self.opts.verbose {
@@ -466,6 +472,7 @@ impl Reader {
                     }
                 }
             }
+            user = None;
             let op = match self.parser.next(buf) {
                 Ok(Some(op)) => op,
                 Ok(None) => break,
@@ -569,7 +576,7 @@ impl Reader {
             self.broker.limit_hit();
             return Ok(());
         };
-        if !self.may_publish(&subject_str) {
+        if !self.may_publish(&self.out.user(), &subject_str) {
             return Ok(());
         }
         // A reply to a request a NATS client was handed.
@@ -615,7 +622,12 @@ impl Reader {
     /// not a `_SKIFF_REPLY.` one), its subject and payload read in place:
     /// what [`Reader::publish`] does with it, without its `Bytes`. A
     /// client's repeated subject is checked as UTF-8 once.
-    async fn publish_plain(&mut self, subject: &[u8], payload: &[u8]) -> Result<(), &'static str> {
+    async fn publish_plain(
+        &mut self,
+        user: &User,
+        subject: &[u8],
+        payload: &[u8],
+    ) -> Result<(), &'static str> {
         if self.opts.pedantic && !nats::valid_literal_subject(subject) {
             self.conn.err("Invalid Publish Subject");
             return Ok(());
@@ -631,7 +643,7 @@ impl Reader {
             self.last_subject = s.into();
             self.last_subject.clone()
         };
-        if !self.may_publish(&subject_str) {
+        if !self.may_publish(user, &subject_str) {
             return Ok(());
         }
         let p = self.simple(subject_str, payload);
@@ -645,8 +657,7 @@ impl Reader {
 
     /// Whether the client may publish to `subject` (else `-ERR` was sent
     /// and the denial counted).
-    fn may_publish(&self, subject: &str) -> bool {
-        let user = self.out.user();
+    fn may_publish(&self, user: &User, subject: &str) -> bool {
         let p = &user.permissions;
         let open = p.publish.allow.is_none() && p.publish.deny.is_empty();
         let allowed = open
