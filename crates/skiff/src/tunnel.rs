@@ -31,6 +31,7 @@ use skiff_proto::association::{AssociationStats, FailReason};
 use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::endpoint::stage::Stage;
 use crate::endpoint::Shared;
 
 /// Why a tunnel operation failed, grouped by who is at fault.
@@ -112,6 +113,8 @@ pub struct Tunnel {
     pub(crate) shared: Arc<Shared>,
     pub(crate) key: u64,
     pub(crate) peer: SocketAddr,
+    /// Its send and receive stages (shared with the endpoint's core).
+    pub(crate) stage: Arc<Stage>,
 }
 
 impl fmt::Debug for Tunnel {
@@ -132,8 +135,21 @@ impl Tunnel {
     /// Sends one message, waiting while the send buffer is full. Returns
     /// once the message is accepted (it is then delivered unless the tunnel
     /// fails, which `recv` and later `send`s report).
+    ///
+    /// Small messages are gathered as a TCP send buffer gathers small
+    /// writes: they leave together once a packet's worth waits, and
+    /// otherwise when nothing is in flight, when the data in flight is
+    /// acknowledged, on [`Tunnel::flush`], when this tunnel's `recv` is
+    /// about to wait, or on close. Each stays one message for the peer.
     pub async fn send(&self, msg: impl Into<Bytes>) -> Result<(), TunnelError> {
         let msg = msg.into();
+        // A small message is staged without waiting (and without a second
+        // reference to it); another, or one that finds the stage full,
+        // waits its turn.
+        let msg = match self.shared.stage_send(self.key, &self.stage, msg) {
+            Ok(()) => return Ok(()),
+            Err(msg) => msg,
+        };
         poll_fn(|cx| self.poll_send(cx, &msg)).await
     }
 
@@ -147,7 +163,13 @@ impl Tunnel {
     /// Offers `msg` without waiting: `Pending` (with the waker registered)
     /// while the send buffer is full.
     pub fn poll_send(&self, cx: &mut Context<'_>, msg: &Bytes) -> Poll<Result<(), TunnelError>> {
-        self.shared.poll_send(self.key, cx, msg)
+        self.shared.poll_send(self.key, &self.stage, cx, msg)
+    }
+
+    /// Sends the small messages `send` gathered now, without waiting for
+    /// the acknowledgement of the data in flight (see [`Tunnel::send`]).
+    pub fn flush(&self) {
+        self.shared.flush(self.key);
     }
 
     /// Writes stream bytes without waiting: `Pending` (with the waker
@@ -188,7 +210,7 @@ impl Tunnel {
 
     /// The next message without waiting; see [`Tunnel::recv`].
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, TunnelError>> {
-        self.shared.poll_recv(self.key, cx)
+        self.shared.poll_recv(self.key, &self.stage, cx)
     }
 
     /// Closes both directions gracefully and waits until both ends have
@@ -223,7 +245,8 @@ impl Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        self.shared.drop_tunnel(self.key);
+        let unread = self.stage.rx.lock().len();
+        self.shared.drop_tunnel(self.key, unread);
     }
 }
 
@@ -292,7 +315,9 @@ impl AsyncWrite for TunnelStream {
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Written bytes are in the tunnel's reliable send buffer already,
-        // and leave without a flush (as a TCP socket's).
+        // and leave without a flush (as a TCP socket's); messages `send`
+        // gathered leave now.
+        self.tunnel.flush();
         Poll::Ready(Ok(()))
     }
 
