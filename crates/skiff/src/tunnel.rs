@@ -6,9 +6,11 @@
 //! What a [`Tunnel`] promises while it lives: every message sent is
 //! delivered once and in order, or the tunnel fails on both sides and says
 //! why ([`TunnelError`]). [`Tunnel::send`] waits while the send buffer is
-//! full, so a slow reader slows the writer instead of growing memory; the
-//! receiving side holds at most its association's window plus
-//! `tunnel_buffer` bytes of unread messages.
+//! full, so a slow reader slows the writer instead of growing memory (the
+//! sending side holds at most `send_buffer` bytes plus a 64 KiB stage of
+//! small messages gathered for the next packets); the receiving side holds
+//! at most its association's window plus `tunnel_buffer` bytes of unread
+//! messages.
 //!
 //! [`Tunnel::close`] closes both directions gracefully: the messages
 //! already accepted by `send` are delivered, the peer's own queued messages

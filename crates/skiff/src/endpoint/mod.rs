@@ -16,7 +16,10 @@
 //! sends what became due itself, without a hand-off to the driver (the
 //! queue's natural batching: while one thread sends, the calls of others
 //! accumulate and leave together in the next batch); otherwise it nudges
-//! the driver.
+//! the driver. A tunnel's small messages do not take that lock one by
+//! one: they wait in the tunnel's own send stage and enter the association
+//! together, and `recv` takes all of a tunnel's received messages at once
+//! into its receive stage (`stage.rs`, with the lock order).
 //!
 //! **Sharing the path**: within one wake-up, small frames to the same host
 //! (acknowledgements, small data packets, best-effort batches) are packed
