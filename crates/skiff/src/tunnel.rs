@@ -138,11 +138,12 @@ impl Tunnel {
     /// once the message is accepted (it is then delivered unless the tunnel
     /// fails, which `recv` and later `send`s report).
     ///
-    /// Small messages are gathered as a TCP send buffer gathers small
-    /// writes: they leave together once a packet's worth waits, and
-    /// otherwise when nothing is in flight, when the data in flight is
-    /// acknowledged, on [`Tunnel::flush`], when this tunnel's `recv` is
-    /// about to wait, or on close. Each stays one message for the peer.
+    /// Small messages are gathered while data is in flight: they leave at
+    /// once when nothing is; else when the data in flight is acknowledged
+    /// (within a round trip) or, behind a lone small packet, at the
+    /// endpoint driver's next wake-up; and when 64 KiB waits, on
+    /// [`Tunnel::flush`], when this tunnel's `recv` is about to wait, on
+    /// close. Each stays one message for the peer.
     pub async fn send(&self, msg: impl Into<Bytes>) -> Result<(), TunnelError> {
         let msg = msg.into();
         // A small message is staged without waiting (and without a second
@@ -169,7 +170,7 @@ impl Tunnel {
     }
 
     /// Sends the small messages `send` gathered now, without waiting for
-    /// the acknowledgement of the data in flight (see [`Tunnel::send`]).
+    /// the endpoint's driver (see [`Tunnel::send`]).
     pub fn flush(&self) {
         self.shared.flush(self.key);
     }

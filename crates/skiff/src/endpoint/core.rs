@@ -112,6 +112,11 @@ impl Conn {
 /// system call per packet.
 const STAGE_BYTES: usize = 64 << 10;
 
+/// Unacknowledged bytes above which the acknowledgement comes without
+/// delay: the receiver holds back only that of a lone packet of at most
+/// 512 payload bytes (the association's delayed acknowledgement).
+const PROMPT_ACK: usize = 512;
+
 /// Moves tunnel `c`'s staged messages into its association while it takes
 /// them (and refreshes the stage's limits from it); closes the association
 /// once the stage is empty if a close waits. Returns whether any moved.
@@ -149,6 +154,8 @@ fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> 
         s.bytes = s.msgs.iter().map(Bytes::len).sum();
     }
     s.busy = a.buffered() > 0;
+    s.prompt = a.buffered() > PROMPT_ACK;
+    s.asked = false;
     let empty = s.msgs.is_empty();
     if c.end.is_some() || c.local_closed || c.dropped {
         s.shut = true;

@@ -68,7 +68,7 @@ pub(crate) mod stage;
 
 use self::core::{Conn, Core};
 pub use self::pump::{Outlet, Pump};
-use self::stage::Stage;
+use self::stage::{Move, Stage};
 
 /// Options of an endpoint locator (`udp://0.0.0.0:4711?…`), with their
 /// defaults.
@@ -303,6 +303,9 @@ pub(crate) struct Shared {
     pub(crate) config: EndpointConfig,
     /// Nudges the driver: something to send or a new deadline.
     pub(crate) wake: Notify,
+    /// Tunnels whose send stage the driver moves at its next wake-up
+    /// (staged while data was in flight). Taken alone, or inside `core`.
+    pub(crate) stage_asks: Mutex<Vec<u64>>,
     pub(crate) shutdown: AtomicBool,
 }
 
@@ -351,6 +354,7 @@ impl Endpoint {
             socket,
             config,
             wake: Notify::new(),
+            stage_asks: Mutex::new(Vec::new()),
             shutdown: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -616,13 +620,8 @@ impl Shared {
         msg: &Bytes,
     ) -> Poll<Result<(), TunnelError>> {
         let staged = stage.tx.lock().offer(msg);
-        if let Some(flush) = staged {
-            if flush {
-                let mut core = self.core.lock();
-                if core.flush(key) {
-                    self.sent(core, key);
-                }
-            }
+        if let Some(how) = staged {
+            self.staged(key, how);
             return Poll::Ready(Ok(()));
         }
         let mut core = self.core.lock();
@@ -646,14 +645,28 @@ impl Shared {
     /// Stages `msg` (owned) in tunnel `key`'s send stage if it is small and
     /// there is room (see `poll_send`); else gives it back.
     pub(crate) fn stage_send(&self, key: u64, stage: &Stage, msg: Bytes) -> Result<(), Bytes> {
-        let flush = stage.tx.lock().offer_owned(msg)?;
-        if flush {
-            let mut core = self.core.lock();
-            if core.flush(key) {
-                self.sent(core, key);
-            }
-        }
+        let how = stage.tx.lock().offer_owned(msg)?;
+        self.staged(key, how);
         Ok(())
+    }
+
+    /// After a message was staged in tunnel `key`: moves the stage now, or
+    /// asks the driver to at its next wake-up (once until it does), or
+    /// nothing.
+    fn staged(&self, key: u64, how: Move) {
+        match how {
+            Move::Now => {
+                let mut core = self.core.lock();
+                if core.flush(key) {
+                    self.sent(core, key);
+                }
+            }
+            Move::Ask => {
+                self.stage_asks.lock().push(key);
+                self.nudge();
+            }
+            Move::Wait => {}
+        }
     }
 
     /// Moves tunnel `key`'s staged messages into its association and sends

@@ -1,9 +1,15 @@
 //! A tunnel's staging areas, outside the endpoint's core lock: small
 //! messages given to [`Tunnel::send`](crate::Tunnel::send) wait in the send
-//! stage until 64 KiB (or a packet's worth, if more) is staged or a moment comes when TCP's
-//! Nagle rule would send (nothing in flight, an acknowledgement arrives,
-//! the caller flushes, `recv` is about to wait, close); then they move into
-//! the association together, under one acquisition of the core lock. On
+//! stage and move into the association together, under one acquisition of
+//! the core lock: at once when nothing is in flight (the sender moves
+//! them), when 64 KiB (or a packet's worth, if more) is staged (the sender
+//! moves them), when the data in flight is acknowledged (TCP's Nagle rule),
+//! on `Tunnel::flush`, a `recv` about to wait, or close. Only while more
+//! than a small packet is in flight do they wait for its acknowledgement,
+//! which then comes within a round trip; behind a lone small packet (whose
+//! acknowledgement the peer may hold back for milliseconds, hoping for a
+//! reply to carry it) they leave at the endpoint driver's next wake-up
+//! instead (the first one staged asks for it). On
 //! the receiving side, `recv` takes every message the core holds for the
 //! tunnel at once into the receive stage and serves the following `recv`s
 //! from there. A small message then costs its sender and its reader a
@@ -39,41 +45,60 @@ pub(crate) struct SendStage {
     /// The largest message staged; larger ones go to the association at
     /// once (after the stage).
     pub(crate) small: usize,
-    /// The association holds unacknowledged data: its acknowledgement
-    /// will come, and the core moves the stage then. Otherwise the sender
-    /// moves the stage itself.
+    /// The association holds unacknowledged data. Otherwise the sender
+    /// moves the stage itself, at once.
     pub(crate) busy: bool,
+    /// More than one small packet's worth is unacknowledged: its
+    /// acknowledgement comes within a round trip (the receiver holds back
+    /// only that of a lone small packet, hoping for a reply to carry it),
+    /// and the core moves the stage then. Otherwise the driver is asked to.
+    pub(crate) prompt: bool,
     /// The tunnel is closing or ended: nothing more is staged (the sender
     /// goes to the core, which says why).
     pub(crate) shut: bool,
+    /// The endpoint's driver was asked to move this stage at its next
+    /// wake-up (cleared when the stage moves).
+    pub(crate) asked: bool,
 }
 
 impl SendStage {
-    /// Stages `msg` if it is small and there is room: `Some(flush)` (the
-    /// sender should move the stage into the association now), `None` if
-    /// it was not staged.
+    /// Stages `msg` if it is small and there is room: what the sender does
+    /// next, or `None` if it was not staged.
     #[inline]
-    pub(crate) fn offer(&mut self, msg: &Bytes) -> Option<bool> {
+    pub(crate) fn offer(&mut self, msg: &Bytes) -> Option<Move> {
         let len = msg.len();
         if self.shut || len > self.small || self.bytes >= self.flush_at {
             return None;
         }
         self.msgs.push_back(msg.clone());
         self.bytes += len;
-        Some(!self.busy || self.bytes >= self.flush_at)
+        Some(self.next_move())
     }
 
-    /// [`SendStage::offer`] for a message the caller gives away: `Ok(flush)`
+    /// What the sender of the message just staged does.
+    #[inline]
+    fn next_move(&mut self) -> Move {
+        if !self.busy || self.bytes >= self.flush_at {
+            Move::Now
+        } else if self.prompt || self.asked {
+            Move::Wait
+        } else {
+            self.asked = true;
+            Move::Ask
+        }
+    }
+
+    /// [`SendStage::offer`] for a message the caller gives away: what to do
     /// if staged, else the message back.
     #[inline]
-    pub(crate) fn offer_owned(&mut self, msg: Bytes) -> Result<bool, Bytes> {
+    pub(crate) fn offer_owned(&mut self, msg: Bytes) -> Result<Move, Bytes> {
         let len = msg.len();
         if self.shut || len > self.small || self.bytes >= self.flush_at {
             return Err(msg);
         }
         self.msgs.push_back(msg);
         self.bytes += len;
-        Ok(!self.busy || self.bytes >= self.flush_at)
+        Ok(self.next_move())
     }
 
     /// Takes every staged message out (on shutdown).
@@ -83,6 +108,22 @@ impl SendStage {
         self.bytes = 0;
         n
     }
+}
+
+/// What a sender does after staging a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Move {
+    /// Move the stage into the association and send now, on this thread:
+    /// nothing is in flight (a lone message, whose latency counts), or a
+    /// stage's worth waits.
+    Now,
+    /// Ask the endpoint's driver to move the stage at its next wake-up
+    /// (a lone small packet is in flight, whose acknowledgement the peer
+    /// may hold back; what is staged until then leaves together).
+    Ask,
+    /// Nothing: the acknowledgement of the data in flight is near, or the
+    /// driver was asked already.
+    Wait,
 }
 
 /// Both stages of one tunnel, shared by its handle and the core.
