@@ -165,6 +165,41 @@ async fn staged_messages_leave_without_a_flush() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_behind_a_lone_small_one_does_not_wait_for_its_held_acknowledgement() {
+    // The receiver may hold back the acknowledgement of a lone small
+    // message, hoping for a reply to carry it (with these settings until
+    // the sender's retransmission timer draws it). The next small message,
+    // staged behind it, must not wait for that acknowledgement (TCP's
+    // Nagle and delayed-ack trap).
+    let (_server, _client, s, c) = connected("min_pto=10s&ack_delay=10s").await;
+    // The receiver holds back acknowledgements only once it measured a
+    // round trip of its own: it sends first.
+    for i in 0..3 {
+        s.send(numbered(1000 + i, 16)).await.unwrap();
+        let m = tokio::time::timeout(T, c.recv()).await.unwrap();
+        assert_eq!(m.unwrap().unwrap(), numbered(1000 + i, 16));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for round in 0..3u64 {
+        c.send(numbered(2 * round, 16)).await.unwrap();
+        let first = tokio::time::timeout(T, s.recv()).await.unwrap();
+        assert_eq!(first.unwrap().unwrap(), numbered(2 * round, 16));
+        c.send(numbered(2 * round + 1, 16)).await.unwrap();
+        let second = tokio::time::timeout(T, s.recv()).await.unwrap();
+        assert_eq!(second.unwrap().unwrap(), numbered(2 * round + 1, 16));
+        // Let the acknowledgement of both reach the sender: the next round
+        // starts with nothing in flight.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Had the second message waited for the first one's acknowledgement,
+    // only the first one's retransmission (its timer expiring, at least
+    // `min_rto` later) would have drawn that acknowledgement.
+    let st = c.stats();
+    assert_eq!(st.rto_expired, 0, "{st:?}");
+    assert_eq!(st.retransmits, 0, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_tunnel_delivers_its_staged_messages() {
     let (_server, _client, s, c) = connected("").await;
     for i in 0..5_000 {
