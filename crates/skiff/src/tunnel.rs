@@ -6,9 +6,11 @@
 //! What a [`Tunnel`] promises while it lives: every message sent is
 //! delivered once and in order, or the tunnel fails on both sides and says
 //! why ([`TunnelError`]). [`Tunnel::send`] waits while the send buffer is
-//! full, so a slow reader slows the writer instead of growing memory; the
-//! receiving side holds at most its association's window plus
-//! `tunnel_buffer` bytes of unread messages.
+//! full, so a slow reader slows the writer instead of growing memory (the
+//! sending side holds at most `send_buffer` bytes plus a 64 KiB stage of
+//! small messages gathered for the next packets); the receiving side holds
+//! at most its association's window plus `tunnel_buffer` bytes of unread
+//! messages.
 //!
 //! [`Tunnel::close`] closes both directions gracefully: the messages
 //! already accepted by `send` are delivered, the peer's own queued messages
@@ -31,6 +33,7 @@ use skiff_proto::association::{AssociationStats, FailReason};
 use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::endpoint::stage::Stage;
 use crate::endpoint::Shared;
 
 /// Why a tunnel operation failed, grouped by who is at fault.
@@ -112,6 +115,8 @@ pub struct Tunnel {
     pub(crate) shared: Arc<Shared>,
     pub(crate) key: u64,
     pub(crate) peer: SocketAddr,
+    /// Its send and receive stages (shared with the endpoint's core).
+    pub(crate) stage: Arc<Stage>,
 }
 
 impl fmt::Debug for Tunnel {
@@ -132,8 +137,22 @@ impl Tunnel {
     /// Sends one message, waiting while the send buffer is full. Returns
     /// once the message is accepted (it is then delivered unless the tunnel
     /// fails, which `recv` and later `send`s report).
+    ///
+    /// Small messages are gathered while data is in flight: they leave at
+    /// once when nothing is; else when the data in flight is acknowledged
+    /// (within a round trip) or, behind a lone small packet, at the
+    /// endpoint driver's next wake-up; and when 64 KiB waits, on
+    /// [`Tunnel::flush`], when this tunnel's `recv` is about to wait, on
+    /// close. Each stays one message for the peer.
     pub async fn send(&self, msg: impl Into<Bytes>) -> Result<(), TunnelError> {
         let msg = msg.into();
+        // A small message is staged without waiting (and without a second
+        // reference to it); another, or one that finds the stage full,
+        // waits its turn.
+        let msg = match self.shared.stage_send(self.key, &self.stage, msg) {
+            Ok(()) => return Ok(()),
+            Err(msg) => msg,
+        };
         poll_fn(|cx| self.poll_send(cx, &msg)).await
     }
 
@@ -147,7 +166,13 @@ impl Tunnel {
     /// Offers `msg` without waiting: `Pending` (with the waker registered)
     /// while the send buffer is full.
     pub fn poll_send(&self, cx: &mut Context<'_>, msg: &Bytes) -> Poll<Result<(), TunnelError>> {
-        self.shared.poll_send(self.key, cx, msg)
+        self.shared.poll_send(self.key, &self.stage, cx, msg)
+    }
+
+    /// Sends the small messages `send` gathered now, without waiting for
+    /// the endpoint's driver (see [`Tunnel::send`]).
+    pub fn flush(&self) {
+        self.shared.flush(self.key);
     }
 
     /// Writes stream bytes without waiting: `Pending` (with the waker
@@ -188,7 +213,7 @@ impl Tunnel {
 
     /// The next message without waiting; see [`Tunnel::recv`].
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, TunnelError>> {
-        self.shared.poll_recv(self.key, cx)
+        self.shared.poll_recv(self.key, &self.stage, cx)
     }
 
     /// Closes both directions gracefully and waits until both ends have
@@ -223,7 +248,8 @@ impl Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        self.shared.drop_tunnel(self.key);
+        let unread = self.stage.rx.lock().len();
+        self.shared.drop_tunnel(self.key, unread);
     }
 }
 
@@ -292,7 +318,9 @@ impl AsyncWrite for TunnelStream {
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Written bytes are in the tunnel's reliable send buffer already,
-        // and leave without a flush (as a TCP socket's).
+        // and leave without a flush (as a TCP socket's); messages `send`
+        // gathered leave now.
+        self.tunnel.flush();
         Poll::Ready(Ok(()))
     }
 

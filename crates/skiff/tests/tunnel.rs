@@ -84,6 +84,168 @@ async fn many_messages_arrive_once_in_order() {
     assert_eq!(s.stats().messages_delivered, u64::from(N));
 }
 
+/// A message whose bytes say its number and length (`len` at least 8).
+fn numbered(i: u64, len: usize) -> Bytes {
+    let mut v = vec![(i % 251) as u8; len];
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    Bytes::from(v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_and_large_sends_keep_order_and_boundaries() {
+    // Small messages are staged and large ones go straight to the
+    // association (after the stage): mixed, every message arrives once,
+    // whole, in order; small ones share packets.
+    for opts in ["", "mtu=65507"] {
+        let (_server, _client, s, c) = connected(opts).await;
+        const N: u64 = 40_000;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let lens: Vec<usize> = (0..N)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if i % 97 == 0 {
+                    8 + (x % 5_000) as usize
+                } else {
+                    8 + (x % 120) as usize
+                }
+            })
+            .collect();
+        let expect = lens.clone();
+        let sender = tokio::spawn(async move {
+            for (i, &len) in lens.iter().enumerate() {
+                c.send(numbered(i as u64, len)).await.unwrap();
+            }
+            c.close().await.unwrap();
+            c.stats()
+        });
+        for (i, &len) in expect.iter().enumerate() {
+            let m = s.recv().await.unwrap().expect("message before close");
+            assert_eq!(m, numbered(i as u64, len), "{opts}: message {i}");
+        }
+        assert_eq!(s.recv().await.unwrap(), None, "{opts}");
+        let st = sender.await.unwrap();
+        assert_eq!(st.messages_sent, N, "{opts}");
+        assert!(
+            st.data_packets < N / 4,
+            "{opts}: {N} messages in {} packets",
+            st.data_packets
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_messages_leave_without_a_flush() {
+    // Bursts of small messages, each followed by silence: the last of each
+    // burst is staged behind data in flight, and must leave when that data
+    // is acknowledged (nothing else will move it).
+    let (_server, _client, s, c) = connected("").await;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut n = 0u64;
+    for _round in 0..300 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let burst = 1 + x % 60;
+        for i in n..n + burst {
+            c.send(numbered(i, 16)).await.unwrap();
+        }
+        for i in n..n + burst {
+            let m = tokio::time::timeout(T, s.recv())
+                .await
+                .expect("a staged message stayed behind")
+                .unwrap()
+                .unwrap();
+            assert_eq!(m, numbered(i, 16));
+        }
+        n += burst;
+    }
+    assert_eq!(c.stats().messages_sent, n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_behind_a_lone_small_one_does_not_wait_for_its_held_acknowledgement() {
+    // The receiver may hold back the acknowledgement of a lone small
+    // message, hoping for a reply to carry it (with these settings until
+    // the sender's retransmission timer draws it). The next small message,
+    // staged behind it, must not wait for that acknowledgement (TCP's
+    // Nagle and delayed-ack trap).
+    let (_server, _client, s, c) = connected("min_pto=10s&ack_delay=10s").await;
+    // The receiver holds back acknowledgements only once it measured a
+    // round trip of its own: it sends first.
+    for i in 0..3 {
+        s.send(numbered(1000 + i, 16)).await.unwrap();
+        let m = tokio::time::timeout(T, c.recv()).await.unwrap();
+        assert_eq!(m.unwrap().unwrap(), numbered(1000 + i, 16));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for round in 0..3u64 {
+        c.send(numbered(2 * round, 16)).await.unwrap();
+        let first = tokio::time::timeout(T, s.recv()).await.unwrap();
+        assert_eq!(first.unwrap().unwrap(), numbered(2 * round, 16));
+        c.send(numbered(2 * round + 1, 16)).await.unwrap();
+        let second = tokio::time::timeout(T, s.recv()).await.unwrap();
+        assert_eq!(second.unwrap().unwrap(), numbered(2 * round + 1, 16));
+        // Let the acknowledgement of both reach the sender: the next round
+        // starts with nothing in flight.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Had the second message waited for the first one's acknowledgement,
+    // only the first one's retransmission (its timer expiring, at least
+    // `min_rto` later) would have drawn that acknowledgement.
+    let st = c.stats();
+    assert_eq!(st.rto_expired, 0, "{st:?}");
+    assert_eq!(st.retransmits, 0, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_tunnel_delivers_its_staged_messages() {
+    let (_server, _client, s, c) = connected("").await;
+    for i in 0..5_000 {
+        c.send(numbered(i, 40)).await.unwrap();
+    }
+    drop(c);
+    for i in 0..5_000 {
+        let m = tokio::time::timeout(T, s.recv()).await.unwrap().unwrap();
+        assert_eq!(m.expect("message before the end"), numbered(i, 40));
+    }
+    assert_eq!(tokio::time::timeout(T, s.recv()).await.unwrap(), Ok(None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_holds_a_sender_of_small_messages() {
+    let opts = "send_buffer=64k&recv_buffer=64k&tunnel_buffer=64k&window=32";
+    let (_server, client, s, c) = connected(opts).await;
+    let mut accepted = 0u64;
+    loop {
+        let m = numbered(accepted, 64);
+        match tokio::time::timeout(Duration::from_millis(300), c.send(m)).await {
+            Ok(r) => {
+                r.unwrap();
+                accepted += 1;
+            }
+            Err(_) => break,
+        }
+        assert!(accepted < 1 << 20, "send never waited: unbounded staging");
+    }
+    // Sender buffer + stage (a packet) + receiver window + queues, with slack.
+    let bound = ((64 + 64 + 64) * 1024 + 32 * 1500) as u64;
+    assert!(accepted * 64 <= bound * 2, "{accepted} messages, no reader");
+    let writer = tokio::spawn(async move {
+        for i in accepted..accepted + 1000 {
+            c.send(numbered(i, 64)).await.unwrap();
+        }
+        c.close().await.unwrap();
+    });
+    for i in 0..accepted + 1000 {
+        assert_eq!(s.recv().await.unwrap().unwrap(), numbered(i, 64));
+    }
+    assert_eq!(s.recv().await.unwrap(), None);
+    writer.await.unwrap();
+    assert_eq!(client.stats().staged_refused, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_waits_while_the_receiver_does_not_read() {
     let opts = "send_buffer=64k&recv_buffer=64k&tunnel_buffer=64k&window=32";

@@ -388,6 +388,37 @@ impl Association {
         Ok(())
     }
 
+    /// Offers the messages at the front of `msgs` in order, each as
+    /// [`send`](Self::send) does, taking them out of `msgs` while they are
+    /// accepted; stops at the first refusal, which is returned with the
+    /// refused message left in front. Returns how many were taken. For a
+    /// caller that gathers small messages and hands them over together
+    /// (a tunnel's send stage).
+    pub fn send_from(
+        &mut self,
+        msgs: &mut std::collections::VecDeque<Bytes>,
+    ) -> (usize, Option<SendError>) {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return (0, msgs.front().map(|_| SendError::Closed));
+        }
+        let max = self.config.max_message.min(self.peer_max_message);
+        let mut n = 0;
+        while let Some(m) = msgs.front() {
+            if m.len() as u64 > max {
+                return (n, Some(SendError::TooLarge { len: m.len(), max }));
+            }
+            if !self.send.has_room(m.len()) {
+                self.send.blocked = true;
+                return (n, Some(SendError::WouldBlock));
+            }
+            let m = msgs.pop_front().expect("front checked");
+            self.send.push(m);
+            self.stats.messages_sent += 1;
+            n += 1;
+        }
+        (n, None)
+    }
+
     /// Offers one message made of `parts`, as [`send`](Self::send) does a
     /// message in one piece (same refusals, for the whole length); the
     /// parts are never joined here: each packet copies its pieces straight
@@ -444,6 +475,12 @@ impl Association {
     /// worth waits, and otherwise may let small writes gather.
     pub fn unsent(&self) -> usize {
         self.send.unsent()
+    }
+
+    /// The largest message [`send`](Self::send) takes: the smaller of
+    /// both ends' `max_message` (this end's until the peer's is known).
+    pub fn max_message(&self) -> u64 {
+        self.config.max_message.min(self.peer_max_message)
     }
 
     /// The most message bytes one data packet carries.

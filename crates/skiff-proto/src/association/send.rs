@@ -642,7 +642,14 @@ impl SendState {
             let n = rest.min(budget - over);
             let whole_part = n == rest;
             let end = whole_part && part.last;
-            let piece = part.bytes.slice(self.front_off..self.front_off + n);
+            // A part that fits whole moves into its chunk (no reference
+            // taken and dropped per small message).
+            let moved = whole_part && self.front_off == 0;
+            let piece = if moved {
+                self.queue.pop_front().expect("front checked").bytes
+            } else {
+                part.bytes.slice(self.front_off..self.front_off + n)
+            };
             let c = Chunk {
                 begin,
                 end,
@@ -654,7 +661,9 @@ impl SendState {
             self.unsent -= n;
             chunks.push(c);
             if whole_part {
-                self.queue.pop_front();
+                if !moved {
+                    self.queue.pop_front();
+                }
                 self.front_off = 0;
             } else {
                 self.front_off += n;

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use skiff_proto::error::Reason;
 use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireError};
 
 use super::pump::{Outlet, Pump};
+use super::stage::Stage;
 use super::{add_stats, wake_all, EndpointStats};
 use crate::tunnel::TunnelError;
 use crate::udp::SendBatch;
@@ -70,6 +72,15 @@ pub(crate) struct Conn {
     pub(crate) final_stats: AssociationStats,
     /// `final_stats` were added to the endpoint's finished total.
     pub(super) folded: bool,
+    /// The tunnel's staging areas (see `stage.rs`).
+    pub(crate) stage: Arc<Stage>,
+    /// Bytes of `inbox_bytes` moved to the receive stage by the last
+    /// [`Core::take_inbox`], still counted against `tunnel_buffer` until
+    /// the next one (the stage is read empty by then).
+    lent: usize,
+    /// Closed (or dropped) while staged messages waited for room: the
+    /// association closes once the stage is empty.
+    close_pending: bool,
 }
 
 impl Conn {
@@ -88,8 +99,73 @@ impl Conn {
             writers: Vec::new(),
             final_stats: AssociationStats::default(),
             folded: false,
+            stage: Arc::default(),
+            lent: 0,
+            close_pending: false,
         }
     }
+}
+
+/// Bytes a tunnel's send stage gathers before its sender moves them into
+/// the association itself (at least a packet's worth): with small packets,
+/// the run of packets they fill leaves in one send (GSO) instead of one
+/// system call per packet.
+const STAGE_BYTES: usize = 64 << 10;
+
+/// Unacknowledged bytes above which the acknowledgement comes without
+/// delay: the receiver holds back only that of a lone packet of at most
+/// 512 payload bytes (the association's delayed acknowledgement).
+const PROMPT_ACK: usize = 512;
+
+/// Moves tunnel `c`'s staged messages into its association while it takes
+/// them (and refreshes the stage's limits from it); closes the association
+/// once the stage is empty if a close waits. Returns whether any moved.
+fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> bool {
+    let mut s = c.stage.tx.lock();
+    let payload = a.packet_payload();
+    s.flush_at = payload.max(STAGE_BYTES);
+    s.small = (payload / 4).min(usize::try_from(a.max_message()).unwrap_or(usize::MAX));
+    let mut moved = 0;
+    while !s.msgs.is_empty() {
+        let (n, refused) = a.send_from(&mut s.msgs);
+        moved += n;
+        match refused {
+            Some(SendError::TooLarge { .. }) => {
+                // Staged under a `small` that the peer's limit no longer
+                // allows (its limit is known before any message is staged,
+                // so this should not happen): dropped and counted.
+                if let Some(m) = s.msgs.pop_front() {
+                    s.bytes -= m.len();
+                }
+                stats.staged_refused += 1;
+            }
+            Some(SendError::WouldBlock) | None => break,
+            Some(_) => {
+                // Closing: the peer closed (or the association ended)
+                // before the stage moved. These were accepted by `send`
+                // and will not be delivered: counted.
+                stats.staged_refused += s.clear() as u64;
+                s.shut = true;
+                break;
+            }
+        }
+    }
+    if moved > 0 {
+        s.bytes = s.msgs.iter().map(Bytes::len).sum();
+    }
+    s.busy = a.buffered() > 0;
+    s.prompt = a.buffered() > PROMPT_ACK;
+    s.asked = false;
+    let empty = s.msgs.is_empty();
+    if c.end.is_some() || c.local_closed || c.dropped {
+        s.shut = true;
+    }
+    drop(s);
+    if empty && c.close_pending {
+        c.close_pending = false;
+        a.close();
+    }
+    moved > 0
 }
 
 /// A frame to send: destination and its bytes in `Core::fbuf`.
@@ -253,15 +329,30 @@ impl Core {
         key: u64,
         f: impl FnOnce(&mut Association) -> Result<usize, SendError>,
     ) -> Result<usize, TunnelError> {
-        let Some(c) = self.conns.get(&key) else {
+        let Core {
+            assocs,
+            conns,
+            stats,
+            ..
+        } = self;
+        let Some(c) = conns.get_mut(&key) else {
             return Err(TunnelError::EndpointGone);
         };
         if let Some(e) = &c.end {
             return Err(e.error(c.peer, c.local_closed));
         }
-        let Some(a) = self.assoc(key) else {
+        if c.local_closed {
+            return Err(TunnelError::Closed);
+        }
+        let Some(a) = assocs.association(Handle(key)) else {
             return Err(TunnelError::EndpointGone);
         };
+        // What was staged goes first (order); while it waits for room,
+        // so does this.
+        flush_stage(c, a, stats);
+        if !c.stage.tx.lock().msgs.is_empty() {
+            return Ok(0);
+        }
         match f(a) {
             Ok(n) => Ok(n),
             Err(SendError::WouldBlock) => Ok(0),
@@ -280,26 +371,34 @@ impl Core {
         }
     }
 
-    /// The next message of tunnel `key`, if one is ready or the tunnel
-    /// ended; and whether events were taken from the association (the
-    /// driver should transmit: the window may have opened).
+    /// Moves every message tunnel `key` holds into `out` (its receive
+    /// stage, read empty), if any is ready: `Some(Ok(()))`; else whether
+    /// the tunnel ended (`Some(Ok(()))` with nothing moved after a graceful
+    /// end, an error after a failure) or not (`None`). Also returns whether
+    /// events were taken from the association (the driver should transmit:
+    /// the window may have opened).
     #[allow(clippy::type_complexity)]
-    pub(crate) fn try_recv(
+    pub(crate) fn take_inbox(
         &mut self,
         key: u64,
         limit: usize,
-    ) -> (Option<Result<Option<Bytes>, TunnelError>>, bool) {
+        out: &mut VecDeque<Bytes>,
+    ) -> (Option<Result<(), TunnelError>>, bool) {
         let mut pumped = false;
         for attempt in 0..2 {
             let Some(c) = self.conns.get_mut(&key) else {
                 return (Some(Err(TunnelError::EndpointGone)), pumped);
             };
-            if let Some(b) = c.inbox.pop_front() {
-                c.inbox_bytes -= b.len();
+            // The messages lent last time were all read.
+            c.inbox_bytes -= c.lent;
+            c.lent = 0;
+            if !c.inbox.is_empty() {
+                std::mem::swap(out, &mut c.inbox);
+                c.lent = c.inbox_bytes;
                 if c.inbox_bytes < limit / 2 {
                     pumped |= self.pump(key, limit);
                 }
-                return (Some(Ok(Some(b))), pumped);
+                return (Some(Ok(())), pumped);
             }
             if attempt == 0 {
                 pumped |= self.pump(key, limit);
@@ -307,7 +406,7 @@ impl Core {
         }
         let c = &self.conns[&key];
         let r = match &c.end {
-            Some(End::Closed(_)) => Some(Ok(None)),
+            Some(End::Closed(_)) => Some(Ok(())),
             Some(e) => Some(Err(e.error(c.peer, c.local_closed))),
             None => None,
         };
@@ -368,6 +467,15 @@ impl Core {
                 add_stats(finished, &c.final_stats);
             }
         }
+        if c.end.is_some() {
+            let mut s = c.stage.tx.lock();
+            s.shut = true;
+            // Accepted by `send` and never in the association: the tunnel
+            // failed (a graceful end empties the stage first).
+            stats.staged_refused += s.clear() as u64;
+        } else if !c.dropped || c.close_pending {
+            any |= flush_stage(c, a, stats);
+        }
         if any {
             wake_all(&mut c.readers);
             wake_all(&mut c.writers);
@@ -379,11 +487,47 @@ impl Core {
     }
 
     pub(crate) fn close(&mut self, key: u64) {
+        self.close_after_stage(key);
         if let Some(c) = self.conns.get_mut(&key) {
             c.local_closed = true;
+            c.stage.tx.lock().shut = true;
         }
-        if let Some(a) = self.assoc(key) {
-            a.close();
+    }
+
+    /// Closes tunnel `key`'s association once its staged messages are in
+    /// it: now, or when acknowledgements make room for the last of them
+    /// (`pump`).
+    fn close_after_stage(&mut self, key: u64) {
+        let Core {
+            assocs,
+            conns,
+            stats,
+            ..
+        } = self;
+        let Some(a) = assocs.association(Handle(key)) else {
+            return;
+        };
+        match conns.get_mut(&key) {
+            Some(c) if c.end.is_none() => {
+                c.close_pending = true;
+                flush_stage(c, a, stats);
+            }
+            _ => a.close(),
+        }
+    }
+
+    /// Moves tunnel `key`'s staged messages into its association (the
+    /// caller flushes, or is about to wait); whether any moved.
+    pub(crate) fn flush(&mut self, key: u64) -> bool {
+        let Core {
+            assocs,
+            conns,
+            stats,
+            ..
+        } = self;
+        match (conns.get_mut(&key), assocs.association(Handle(key))) {
+            (Some(c), Some(a)) => flush_stage(c, a, stats),
+            _ => false,
         }
     }
 
@@ -397,10 +541,9 @@ impl Core {
         self.stats.discarded_after_drop += c.inbox.len() as u64;
         c.inbox.clear();
         c.inbox_bytes = 0;
+        c.lent = 0;
         if c.end.is_none() {
-            if let Some(a) = self.assoc(key) {
-                a.close();
-            }
+            self.close_after_stage(key);
         }
         self.touched.push(key);
     }

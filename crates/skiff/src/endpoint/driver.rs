@@ -103,6 +103,12 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                 let mut core = shared.core.lock();
                 core.stats.wakeups += 1;
                 core.after_input(now, limit);
+                // Send stages staged behind data in flight (see
+                // `Shared::staged`).
+                let asks = std::mem::take(&mut *shared.stage_asks.lock());
+                for key in asks {
+                    core.flush(key);
+                }
                 if out.is_empty() {
                     more |= core.collect(now, &mut out, max_datagram);
                 }

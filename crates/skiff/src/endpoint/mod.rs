@@ -16,7 +16,10 @@
 //! sends what became due itself, without a hand-off to the driver (the
 //! queue's natural batching: while one thread sends, the calls of others
 //! accumulate and leave together in the next batch); otherwise it nudges
-//! the driver.
+//! the driver. A tunnel's small messages do not take that lock one by
+//! one: they wait in the tunnel's own send stage and enter the association
+//! together, and `recv` takes all of a tunnel's received messages at once
+//! into its receive stage (`stage.rs`, with the lock order).
 //!
 //! **Sharing the path**: within one wake-up, small frames to the same host
 //! (acknowledgements, small data packets, best-effort batches) are packed
@@ -61,9 +64,11 @@ mod core;
 mod driver;
 mod pump;
 pub(crate) mod reliable;
+pub(crate) mod stage;
 
 use self::core::{Conn, Core};
 pub use self::pump::{Outlet, Pump};
+use self::stage::{Move, Stage};
 
 /// Options of an endpoint locator (`udp://0.0.0.0:4711?…`), with their
 /// defaults.
@@ -229,6 +234,10 @@ pub struct EndpointStats {
     pub send_errors: u64,
     /// Tunnel messages that arrived after their `Tunnel` was dropped.
     pub discarded_after_drop: u64,
+    /// Small messages a tunnel's `send` accepted into its send stage that
+    /// never reached the association: the tunnel failed or the peer closed
+    /// first (or the peer's `max_message` refused them).
+    pub staged_refused: u64,
     /// Best-effort messages accepted by `push`.
     pub pushed: u64,
     /// Best-effort messages received and kept for `pop`.
@@ -294,6 +303,9 @@ pub(crate) struct Shared {
     pub(crate) config: EndpointConfig,
     /// Nudges the driver: something to send or a new deadline.
     pub(crate) wake: Notify,
+    /// Tunnels whose send stage the driver moves at its next wake-up
+    /// (staged while data was in flight). Taken alone, or inside `core`.
+    pub(crate) stage_asks: Mutex<Vec<u64>>,
     pub(crate) shutdown: AtomicBool,
 }
 
@@ -342,6 +354,7 @@ impl Endpoint {
             socket,
             config,
             wake: Notify::new(),
+            stage_asks: Mutex::new(Vec::new()),
             shutdown: AtomicBool::new(false),
         });
         let s = shared.clone();
@@ -388,10 +401,12 @@ impl Endpoint {
             return Poll::Ready(Err(TunnelError::NotListening));
         }
         if let Some((key, peer)) = core.accepted.pop_front() {
+            let stage = core.conns.get(&key).map(|c| c.stage.clone());
             return Poll::Ready(Ok(Tunnel {
                 shared: self.shared.clone(),
                 key,
                 peer,
+                stage: stage.unwrap_or_default(),
             }));
         }
         register(&mut core.accept_wakers, cx.waker());
@@ -405,14 +420,15 @@ impl Endpoint {
         peer: SocketAddr,
         timeout: Duration,
     ) -> Result<Tunnel, TunnelError> {
-        let key = {
+        let (key, stage) = {
             let mut core = self.shared.core.lock();
             if core.stopped {
                 return Err(TunnelError::EndpointGone);
             }
             let key = core.connect(Instant::now(), peer, self.shared.config.service);
+            let stage = core.conns.get(&key).map(|c| c.stage.clone());
             self.shared.wake.notify_one();
-            key
+            (key, stage.unwrap_or_default())
         };
         // From here the tunnel owns the association: dropping it on error
         // or timeout cleans up.
@@ -420,6 +436,7 @@ impl Endpoint {
             shared: self.shared.clone(),
             key,
             peer,
+            stage,
         };
         let connected = std::future::poll_fn(|cx| self.shared.poll_connected(key, cx));
         match tokio::time::timeout(timeout, connected).await {
@@ -591,12 +608,22 @@ impl Shared {
         }
     }
 
+    /// Offers `msg` to tunnel `key`: a small one into its send stage
+    /// (moved into the association by this call when a packet's worth is
+    /// staged or nothing would otherwise move it), another straight into
+    /// the association after the stage.
     pub(crate) fn poll_send(
         &self,
         key: u64,
+        stage: &Stage,
         cx: &mut Context<'_>,
         msg: &Bytes,
     ) -> Poll<Result<(), TunnelError>> {
+        let staged = stage.tx.lock().offer(msg);
+        if let Some(how) = staged {
+            self.staged(key, how);
+            return Poll::Ready(Ok(()));
+        }
         let mut core = self.core.lock();
         match core.try_send(key, msg) {
             Ok(true) => {
@@ -607,9 +634,47 @@ impl Shared {
                 if let Some(c) = core.conns.get_mut(&key) {
                     register(&mut c.writers, cx.waker());
                 }
+                // The stage may have moved in part: send that.
+                self.transmit(core);
                 Poll::Pending
             }
             Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// Stages `msg` (owned) in tunnel `key`'s send stage if it is small and
+    /// there is room (see `poll_send`); else gives it back.
+    pub(crate) fn stage_send(&self, key: u64, stage: &Stage, msg: Bytes) -> Result<(), Bytes> {
+        let how = stage.tx.lock().offer_owned(msg)?;
+        self.staged(key, how);
+        Ok(())
+    }
+
+    /// After a message was staged in tunnel `key`: moves the stage now, or
+    /// asks the driver to at its next wake-up (once until it does), or
+    /// nothing.
+    fn staged(&self, key: u64, how: Move) {
+        match how {
+            Move::Now => {
+                let mut core = self.core.lock();
+                if core.flush(key) {
+                    self.sent(core, key);
+                }
+            }
+            Move::Ask => {
+                self.stage_asks.lock().push(key);
+                self.nudge();
+            }
+            Move::Wait => {}
+        }
+    }
+
+    /// Moves tunnel `key`'s staged messages into its association and sends
+    /// them (the caller's flush).
+    pub(crate) fn flush(&self, key: u64) {
+        let mut core = self.core.lock();
+        if core.flush(key) {
+            self.transmit(core);
         }
     }
 
@@ -627,6 +692,7 @@ impl Shared {
                 if let Some(c) = core.conns.get_mut(&key) {
                     register(&mut c.writers, cx.waker());
                 }
+                self.transmit(core);
                 Poll::Pending
             }
             Ok(n) => {
@@ -658,26 +724,36 @@ impl Shared {
         }
     }
 
+    /// The next message of tunnel `key`: from its receive stage, else
+    /// every message the core holds for it moves there first (one lock of
+    /// the core for all of them). Before waiting, the tunnel's send stage
+    /// moves into the association (a reader waiting for an answer must not
+    /// hold back its own request).
     pub(crate) fn poll_recv(
         &self,
         key: u64,
+        stage: &Stage,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, TunnelError>> {
+        let mut rx = stage.rx.lock();
+        if let Some(b) = rx.pop_front() {
+            return Poll::Ready(Ok(Some(b)));
+        }
         let limit = self.config.tunnel_buffer;
         let mut core = self.core.lock();
-        let (got, pumped) = core.try_recv(key, limit);
+        let (got, pumped) = core.take_inbox(key, limit, &mut rx);
         match got {
             Some(r) => {
                 if pumped {
                     self.transmit(core);
                 }
-                Poll::Ready(r)
+                Poll::Ready(r.map(|()| rx.pop_front()))
             }
             None => {
                 if let Some(c) = core.conns.get_mut(&key) {
                     register(&mut c.readers, cx.waker());
                 }
-                if pumped {
+                if core.flush(key) || pumped {
                     self.transmit(core);
                 }
                 Poll::Pending
@@ -752,8 +828,13 @@ impl Shared {
             .and_then(|a| a.rtt())
     }
 
-    pub(crate) fn drop_tunnel(&self, key: u64) {
-        self.core.lock().drop_tunnel(key);
+    /// Tunnel `key`'s handle is gone, with `unread` messages left in its
+    /// receive stage (discarded, counted).
+    pub(crate) fn drop_tunnel(&self, key: u64, unread: usize) {
+        let mut core = self.core.lock();
+        core.stats.discarded_after_drop += unread as u64;
+        core.drop_tunnel(key);
+        drop(core);
         self.nudge();
     }
 

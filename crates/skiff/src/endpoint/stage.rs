@@ -1,0 +1,136 @@
+//! A tunnel's staging areas, outside the endpoint's core lock: small
+//! messages given to [`Tunnel::send`](crate::Tunnel::send) wait in the send
+//! stage and move into the association together, under one acquisition of
+//! the core lock: at once when nothing is in flight (the sender moves
+//! them), when 64 KiB (or a packet's worth, if more) is staged (the sender
+//! moves them), when the data in flight is acknowledged (TCP's Nagle rule),
+//! on `Tunnel::flush`, a `recv` about to wait, or close. Only while more
+//! than a small packet is in flight do they wait for its acknowledgement,
+//! which then comes within a round trip; behind a lone small packet (whose
+//! acknowledgement the peer may hold back for milliseconds, hoping for a
+//! reply to carry it) they leave at the endpoint driver's next wake-up
+//! instead (the first one staged asks for it). On
+//! the receiving side, `recv` takes every message the core holds for the
+//! tunnel at once into the receive stage and serves the following `recv`s
+//! from there. A small message then costs its sender and its reader a
+//! short lock of their own instead of the core lock (which the driver and
+//! the other direction contend for) and the association's work per call.
+//!
+//! What stays as it was: order (staged messages enter the association in
+//! the order they were staged, and anything sent another way first moves
+//! the stage into the association), boundaries (each staged message is one
+//! association message), flow control (the stage holds at most about one
+//! packet's worth; beyond that `send` waits for the association to take
+//! it), and close (the stage moves into the association before its close;
+//! while the association has no room the close waits for it).
+//!
+//! Lock order: a tunnel's `rx`, then the endpoint's core, then the
+//! tunnel's `tx`. Whoever holds `tx` takes no other lock.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+/// The send stage; see the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct SendStage {
+    /// Messages staged, oldest first.
+    pub(crate) msgs: VecDeque<Bytes>,
+    /// Their bytes.
+    pub(crate) bytes: usize,
+    /// Staged bytes that make the sender move the stage itself (at least a
+    /// packet's worth; 0 until the core set it: stage nothing).
+    pub(crate) flush_at: usize,
+    /// The largest message staged; larger ones go to the association at
+    /// once (after the stage).
+    pub(crate) small: usize,
+    /// The association holds unacknowledged data. Otherwise the sender
+    /// moves the stage itself, at once.
+    pub(crate) busy: bool,
+    /// More than one small packet's worth is unacknowledged: its
+    /// acknowledgement comes within a round trip (the receiver holds back
+    /// only that of a lone small packet, hoping for a reply to carry it),
+    /// and the core moves the stage then. Otherwise the driver is asked to.
+    pub(crate) prompt: bool,
+    /// The tunnel is closing or ended: nothing more is staged (the sender
+    /// goes to the core, which says why).
+    pub(crate) shut: bool,
+    /// The endpoint's driver was asked to move this stage at its next
+    /// wake-up (cleared when the stage moves).
+    pub(crate) asked: bool,
+}
+
+impl SendStage {
+    /// Stages `msg` if it is small and there is room: what the sender does
+    /// next, or `None` if it was not staged.
+    #[inline]
+    pub(crate) fn offer(&mut self, msg: &Bytes) -> Option<Move> {
+        let len = msg.len();
+        if self.shut || len > self.small || self.bytes >= self.flush_at {
+            return None;
+        }
+        self.msgs.push_back(msg.clone());
+        self.bytes += len;
+        Some(self.next_move())
+    }
+
+    /// What the sender of the message just staged does.
+    #[inline]
+    fn next_move(&mut self) -> Move {
+        if !self.busy || self.bytes >= self.flush_at {
+            Move::Now
+        } else if self.prompt || self.asked {
+            Move::Wait
+        } else {
+            self.asked = true;
+            Move::Ask
+        }
+    }
+
+    /// [`SendStage::offer`] for a message the caller gives away: what to do
+    /// if staged, else the message back.
+    #[inline]
+    pub(crate) fn offer_owned(&mut self, msg: Bytes) -> Result<Move, Bytes> {
+        let len = msg.len();
+        if self.shut || len > self.small || self.bytes >= self.flush_at {
+            return Err(msg);
+        }
+        self.msgs.push_back(msg);
+        self.bytes += len;
+        Ok(self.next_move())
+    }
+
+    /// Takes every staged message out (on shutdown).
+    pub(crate) fn clear(&mut self) -> usize {
+        let n = self.msgs.len();
+        self.msgs.clear();
+        self.bytes = 0;
+        n
+    }
+}
+
+/// What a sender does after staging a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Move {
+    /// Move the stage into the association and send now, on this thread:
+    /// nothing is in flight (a lone message, whose latency counts), or a
+    /// stage's worth waits.
+    Now,
+    /// Ask the endpoint's driver to move the stage at its next wake-up
+    /// (a lone small packet is in flight, whose acknowledgement the peer
+    /// may hold back; what is staged until then leaves together).
+    Ask,
+    /// Nothing: the acknowledgement of the data in flight is near, or the
+    /// driver was asked already.
+    Wait,
+}
+
+/// Both stages of one tunnel, shared by its handle and the core.
+#[derive(Debug, Default)]
+pub(crate) struct Stage {
+    /// Small messages on their way into the association.
+    pub(crate) tx: Mutex<SendStage>,
+    /// Messages taken from the core for `recv`, oldest first.
+    pub(crate) rx: Mutex<VecDeque<Bytes>>,
+}
