@@ -16,6 +16,14 @@
 //!   without a second core.
 //! - `pingpong`: one message each way through two buffers, timed per round
 //!   trip, busy-poll and futex.
+//! - `relay`: three threads and two buffers, as a node between an shm
+//!   publisher and a subscriber of the topic's buffer, with no routing: a
+//!   producer sends each message with the message layer (`more` set), a
+//!   relay thread reads each segment's messages in place and sends each
+//!   into the second buffer (one segment out per segment in), a consumer
+//!   reads every message. What a 1→1 shm fan-out could reach on this
+//!   machine's cores with skiff's own rings (the `relay` rows, busy-poll
+//!   and futex).
 //!
 //! Producer and consumer run as two threads of this process; the ring
 //! files live in `--dir` (default `/dev/shm/skiff`) exactly as between two
@@ -42,6 +50,8 @@ pub enum Test {
     Msgs,
     /// Round-trip latency.
     Pingpong,
+    /// A relay between two buffers: the floor of a node's shm fan-out.
+    Relay,
 }
 
 /// Transports of the buffer tests.
@@ -248,7 +258,118 @@ pub fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
             pingpong_rows(p, size, out)?;
         }
     }
+    if p.wants(Test::Relay) {
+        for &size in &p.sizes {
+            relay_rows(p, size, out)?;
+        }
+    }
     Ok(())
+}
+
+/// Measures and reports the relay rows of `size`: the node's spin (100
+/// µs) and futex wake-ups only.
+pub fn relay_rows(p: &ShmParams, size: usize, out: &mut Reporter) -> Result<(), Box<dyn Error>> {
+    let show = out.progress_enabled();
+    for (spin, wake) in [("100us", "spin=100us"), ("0us", "futex")] {
+        let mode = format!("relay {wake}");
+        let pb = report::spinner(show, &format!("shm {size} B {mode}"));
+        let row = relay(p, size, spin, &mode, p.msgs_limits());
+        pb.finish_and_clear();
+        out.push(row?)?;
+    }
+    Ok(())
+}
+
+/// Producer → buffer → relay thread → buffer → consumer: the relay reads
+/// each segment's messages in place and sends each into the second
+/// buffer, delivering once per segment read (see the module doc).
+fn relay(
+    args: &ShmParams,
+    size: usize,
+    spin: &str,
+    mode: &str,
+    limits: Limits,
+) -> Result<Row, Box<dyn Error>> {
+    let buffer = args.buffer.max(args.batch * 2);
+    let up_loc = args.locator(&name("relay-up"), spin);
+    let down_loc = args.locator(&name("relay-down"), spin);
+    let mut up = Output::open(&up_loc)?;
+    up.create_buffer(1, buffer, Flow::Credits)?;
+    let mut up_in = Input::open(&up_loc)?;
+    up_in.subscribe(1, buffer)?;
+    let mut down = Output::open(&down_loc)?;
+    down.create_buffer(1, buffer, Flow::Credits)?;
+    let mut down_in = Input::open(&down_loc)?;
+    down_in.subscribe(1, buffer)?;
+    let batch = args.batch;
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    let (sent, received, last) =
+        std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
+            let consumer = s.spawn(move || {
+                drain(down_in, |seg| {
+                    let mut n = 0;
+                    for m in seg.messages().map_err(|e| e.to_string())? {
+                        let m = m.map_err(|e| e.to_string())?;
+                        std::hint::black_box(m.first());
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            });
+            let relay = s.spawn(move || -> Result<u64, String> {
+                let mut w = down.messages(1, batch, true).map_err(|e| e.to_string())?;
+                let mut n = 0u64;
+                loop {
+                    let seg = match up_in.recv(Some(Duration::from_secs(2))) {
+                        Ok(Some(seg)) => seg,
+                        Ok(None) | Err(skiff::shm::BufferError::Closed { .. }) => break,
+                        Err(e) => return Err(e.to_string()),
+                    };
+                    let len = seg.len();
+                    for m in seg.messages().map_err(|e| e.to_string())? {
+                        let m = m.map_err(|e| e.to_string())?;
+                        w.send(&m, true).map_err(|e| e.to_string())?;
+                        n += 1;
+                    }
+                    w.flush().map_err(|e| e.to_string())?;
+                    up_in.consumed(1, len).map_err(|e| e.to_string())?;
+                }
+                drop(w);
+                drop(down);
+                Ok(n)
+            });
+            let payload = vec![0xA5u8; size];
+            let mut sent = 0u64;
+            let mut w = up.messages(1, batch, true)?;
+            while sent < limits.messages {
+                if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
+                    break;
+                }
+                w.send(&payload, sent + 1 < limits.messages)?;
+                sent += 1;
+            }
+            w.flush()?;
+            drop(w);
+            drop(up);
+            relay.join().map_err(|_| "relay panicked".to_string())??;
+            let (received, last) = consumer
+                .join()
+                .map_err(|_| "consumer panicked".to_string())??;
+            Ok((sent, received, last))
+        })
+        .map_err(|e| e.to_string())?;
+    let mut row = Row::new("shm", mode, size);
+    row.messages = sent;
+    row.set_throughput(received, last.duration_since(start));
+    row.lost = Some(sent - received);
+    row.cpu_pct = Some(cpu.pct());
+    // All three threads' CPU time per message: what 2 cores divide.
+    let per_msg = cpu.elapsed().0.as_nanos() as f64 / received.max(1) as f64;
+    row.options = Some(format!(
+        "producer -> relay -> consumer, buffers {buffer} B, batch={batch}B, {per_msg:.0} ns CPU per message"
+    ));
+    Ok(row)
 }
 
 /// A unique ring name for one test.

@@ -589,29 +589,39 @@ impl Broker {
     /// Checks a message from a client against the limits.
     fn check_message(&self, msg: &Message, subject_needed: bool) -> Result<(), (Code, String)> {
         self.check_parts(
+            &self.limits.load(),
             &msg.subject,
             msg.kind.as_deref(),
             msg.payload.len(),
             subject_needed,
+            false,
         )
     }
 
     /// Checks a message's size, and its subject (when `subject_needed`)
     /// and type the way a subscription's are checked, so that nothing is
     /// delivered that no one could have subscribed to.
+    ///
+    /// `same`: the subject and type are those of a message checked just
+    /// before against the same `limits` (a publish run's): only the
+    /// payload's size is checked.
     fn check_parts(
         &self,
+        limits: &Limits,
         subject: &str,
         kind: Option<&str>,
         payload: usize,
         subject_needed: bool,
+        same: bool,
     ) -> Result<(), (Code, String)> {
-        let limits = self.limits.load();
         if payload > limits.max_payload {
             return Err(self.limit(format!(
                 "payload of {} bytes is over the node's limit of {} (max_payload)",
                 payload, limits.max_payload
             )));
+        }
+        if same {
+            return Ok(());
         }
         if subject.len() > limits.max_subject {
             return Err(self.limit(format!(

@@ -604,6 +604,8 @@ impl Broker {
                 let mut grouped = false;
                 let no_echo = me.no_echo().then_some(me.id);
                 let mut published = 0u64;
+                // Loaded once per round: a reload applies from the next.
+                let limits = self.limits.load();
                 fwd.clear();
                 to_groups.clear();
                 while i < batch.len() && blocked.is_empty() && kill.is_empty() {
@@ -616,7 +618,9 @@ impl Broker {
                             s == subject && k == kind
                         });
                     // A subject seen just before was checked and matched.
-                    if let Err((code, text)) = self.check_parts(subject, kind, payload, !same) {
+                    if let Err((code, text)) =
+                        self.check_parts(&limits, subject, kind, payload, !same, same)
+                    {
                         me.control(ServerFrame::Error {
                             corr: ASYNC_ERROR,
                             code,

@@ -52,6 +52,15 @@ const ENCODE_NOW: usize = 512;
 /// Most bytes of one run of publishes encoded at once.
 const RUN: usize = 64 << 10;
 
+/// Most emptied runs kept for reuse.
+const SPARE_RUNS: usize = 4;
+
+/// How long the writer thread looks for more frames (yielding its CPU at
+/// each look) before it sleeps: a publisher that publishes again within
+/// it finds the writer awake, with no futex wake-up and no context switch
+/// for each small batch.
+const WRITER_SPIN: Duration = Duration::from_micros(20);
+
 /// What waits for the writer thread.
 #[derive(Debug)]
 // Frames are queued by value, as before runs existed: a box would cost an
@@ -67,6 +76,9 @@ enum Pending {
 struct TxQ {
     frames: VecDeque<Pending>,
     bytes: usize,
+    /// Emptied runs the writer thread gave back, for the next runs of
+    /// publishes (no allocation, no growth per run); at most [`SPARE_RUNS`].
+    spare: Vec<Vec<u8>>,
     closed: Option<Instant>,
     lost: Option<String>,
 }
@@ -168,8 +180,11 @@ impl ShmTx {
         let run = match q.frames.back_mut() {
             Some(Pending::Encoded(v)) if v.len() + n <= RUN => v,
             _ => {
-                q.frames
-                    .push_back(Pending::Encoded(Vec::with_capacity(RUN.min(n * 64))));
+                let v = q
+                    .spare
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(RUN.min(n * 64)));
+                q.frames.push_back(Pending::Encoded(v));
                 match q.frames.back_mut() {
                     Some(Pending::Encoded(v)) => v,
                     _ => unreachable!("just pushed"),
@@ -320,18 +335,20 @@ impl Attached {
     }
 }
 
-/// An item of a batch: a publish written in place, or frame bytes
-/// encoded into the scratch buffer.
+/// An item of a batch: a publish written in place, frame bytes encoded
+/// into the scratch buffer, or whole frames of a run the publishers
+/// encoded (`runs[k]`, copied from there into the ring: one copy).
 enum Item {
     Pub(Message, usize),
     Enc(std::ops::Range<usize>),
+    Run(usize, std::ops::Range<usize>),
 }
 
 impl Item {
     fn len(&self) -> usize {
         match self {
             Item::Pub(_, n) => *n,
-            Item::Enc(r) => r.len(),
+            Item::Enc(r) | Item::Run(_, r) => r.len(),
         }
     }
 }
@@ -343,6 +360,7 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
     let mut batch = VecDeque::new();
     let mut items: Vec<Item> = Vec::new();
     let mut scratch = Vec::new();
+    let mut runs: Vec<Vec<u8>> = Vec::new();
     let max_seg = w.max_segment();
     let mut go = || {
         let q = tx.q.lock();
@@ -351,7 +369,14 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
     loop {
         {
             let mut q = tx.q.lock();
-            while q.frames.is_empty() && q.closed.is_none() && q.lost.is_none() {
+            let idle = |q: &TxQ| q.frames.is_empty() && q.closed.is_none() && q.lost.is_none();
+            if idle(&q) {
+                let until = Instant::now() + WRITER_SPIN;
+                while idle(&q) && Instant::now() < until {
+                    parking_lot::MutexGuard::unlocked(&mut q, std::thread::yield_now);
+                }
+            }
+            while idle(&q) {
                 tx.wake_writer.wait(&mut q);
             }
             if q.lost.is_some() || q.frames.is_empty() {
@@ -359,7 +384,14 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
             }
             std::mem::swap(&mut q.frames, &mut batch);
             q.bytes = 0;
+            // The runs written last time, emptied, for the next publishes.
+            while q.spare.len() < SPARE_RUNS {
+                let Some(mut v) = runs.pop() else { break };
+                v.clear();
+                q.spare.push(v);
+            }
         }
+        runs.clear();
         tx.space.notify_waiters();
         for f in batch.drain(..) {
             match f {
@@ -374,8 +406,7 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                 }
                 Pending::Encoded(v) => {
                     // Whole frames, cut to fit segments.
-                    let base = scratch.len();
-                    scratch.extend_from_slice(&v);
+                    let k = runs.len();
                     let mut at = 0;
                     while at < v.len() {
                         let end = crate::shm::attach::whole_frames(&v, at, max_seg);
@@ -383,9 +414,10 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                         if end == at {
                             break;
                         }
-                        items.push(Item::Enc(base + at..base + end));
+                        items.push(Item::Run(k, at..end));
                         at = end;
                     }
+                    runs.push(v);
                 }
             }
         }
@@ -409,6 +441,7 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                             debug_assert!(ok, "sized by pub_frame_len");
                         }
                         Item::Enc(r) => buf[at..at + n].copy_from_slice(&scratch[r.clone()]),
+                        Item::Run(k, r) => buf[at..at + n].copy_from_slice(&runs[*k][r.clone()]),
                     }
                     at += n;
                 }
@@ -420,6 +453,8 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
             i = j;
         }
         items.clear();
+        // Kept until the next batch is taken, to be given back then.
+        runs.truncate(SPARE_RUNS);
         scratch.clear();
         if scratch.capacity() > 4 << 20 {
             scratch = Vec::new();
