@@ -11,7 +11,7 @@
 # CPU and CPU time per delivered message (at the run's mean rate), and
 # the whole run's CPU time (node and load generator) per delivered
 # message, the figure least moved by other load. SKIFF=path uses that
-# binary.
+# binary; KINDS="shm-shared" runs only that kind (default: tcp shm-shared).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SKIFF=${SKIFF:-${CARGO_TARGET_DIR:-$root/target}/release/skiff}
@@ -49,7 +49,7 @@ proc_ticks() {
 }
 
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; size $size B"
-for kind in tcp shm-shared; do
+for kind in ${KINDS:-tcp shm-shared}; do
     case $kind in
         tcp) args=(--node "skiff://127.0.0.1:$port") ;;
         shm-shared) args=(--node "shm://$name" --shared-buffer credits) ;;
@@ -70,7 +70,7 @@ for kind in tcp shm-shared; do
     wait $sub || true
     node1=$(proc_ticks "$node")
     # msgs/s as printed (e.g. `3.04 M`), as a number.
-    rate=$(grep -E '^skiff ' "$out" | head -1 | awk '{ m = ($6 == "M") ? 1e6 : (($6 == "k") ? 1e3 : 1); print $5 * m }')
+    rate=$(grep -E '^skiff ' "$out" | head -1 | awk '{ m = ($6 == "M") ? 1e6 : (($6 == "k") ? 1e3 : 1); printf "%d", $5 * m }')
     echo "== $kind: $rate msgs/s delivered"
     join <(echo "$a" | sort) <(echo "$b" | sort) | awk -v hz="$hz" -v dt="$(echo "$t1 - $t0" | bc)" -v node="$node" -v rate="${rate:-0}" '
         { pct = ($6 - $3) / hz / dt * 100; cs = ($7 - $4) / dt; split($1, id, "/");
