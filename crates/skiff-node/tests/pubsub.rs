@@ -286,3 +286,42 @@ async fn file_log_appends_and_reads_back() {
     let e = w.join("x", 1).await.unwrap_err();
     assert!(e.to_string().contains("file://"), "{e}");
 }
+
+/// A run of publishes on one subject is checked once for its subject and
+/// type, but every message for its size: after a reload lowers
+/// `max_payload` (the client still sends up to the limit it was welcomed
+/// with), the large messages in the middle of a run are refused and
+/// counted, and the small ones around them are delivered, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_one_subject_checks_each_payload() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let mut cfg = skiff_node::Config::default();
+        cfg.limits.max_payload = 1000;
+        let h = H::with(kind, cfg.clone()).await;
+        let sub = h.client().await;
+        let mut s = sub.subscribe("run", "*").await.unwrap();
+        let c = h.client().await;
+        // A round trip first: the node has read the client's welcome
+        // and made its session (with the limits of then).
+        let before = c.stats().await.unwrap().limit_hits;
+        let mut lower = cfg.limits.clone();
+        lower.max_payload = 100;
+        h.node.broker().set_limits(lower);
+        for i in 0u8..30 {
+            let len = if i % 3 == 1 { 500 } else { 10 };
+            c.publish(Message::new("run", vec![i; len])).await.unwrap();
+        }
+        c.flush().await.unwrap();
+        let got = recv_n(&mut s, 20).await;
+        let want: Vec<u8> = (0u8..30).filter(|i| i % 3 != 1).collect();
+        let seen: Vec<u8> = got.iter().map(|d| d.payload[0]).collect();
+        assert_eq!(seen, want, "{kind:?}");
+        quiet(&mut s).await;
+        eventually(|| {
+            let (n, last) = c.async_errors();
+            n == 10 && last.is_some_and(|t| t.contains("max_payload"))
+        })
+        .await;
+        assert_eq!(c.stats().await.unwrap().limit_hits, before + 10, "{kind:?}");
+    }
+}
