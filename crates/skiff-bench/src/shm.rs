@@ -86,6 +86,11 @@ pub(crate) fn run(args: &ShmArgs, out: &mut Reporter) -> Result<(), Box<dyn Erro
             }
         }
     }
+    if p.wants(Test::Relay) && p.over_shm() {
+        for &size in &p.sizes {
+            shm::relay_rows(p, size, out)?;
+        }
+    }
     Ok(())
 }
 
