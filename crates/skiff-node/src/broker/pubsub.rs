@@ -664,7 +664,7 @@ impl Broker {
                     if forward.is_some() {
                         fwd.push(i - 1);
                     }
-                    run.push(Body::encoded(&p.raw));
+                    Body::push_encoded(&mut run, &p.raw);
                 }
                 flush_run(st, &mut run, &targets, &mut woken, &mut blocked, &mut kill);
                 if let Some(c) = st.clients.get_mut(&me.id) {
