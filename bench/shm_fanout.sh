@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # 1→N fan-out through one node, over TCP clients, shm clients, and shm
 # clients reading the node's shared buffer of the topic (RBMQ's broker of
-# buffers), back to back in one run:
+# buffers), and shm clients reading that buffer in place with publishers
+# bound to the subject (--in-place: `Client::topic_reader`,
+# `Client::publisher`), back to back in one run:
 #
 #   bench/shm_fanout.sh [extra `skiff bench pubsub` options]
 #
@@ -25,11 +27,12 @@ trap 'kill -INT $node 2>/dev/null; wait $node 2>/dev/null || true' EXIT
 for _ in $(seq 1 50); do [ -S "/dev/shm/skiff/$name/node.sock" ] && break; sleep 0.1; done
 common=(--shapes 1x1,1x4,1x16 --sizes 8,256 "$@")
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
-for kind in tcp shm shm-shared; do
+for kind in tcp shm shm-shared shm-in-place; do
     case $kind in
         tcp) args=(--node "skiff://127.0.0.1:$port") ;;
         shm) args=(--node "shm://$name") ;;
         shm-shared) args=(--node "shm://$name" --shared-buffer credits) ;;
+        shm-in-place) args=(--node "shm://$name" --shared-buffer credits --in-place) ;;
     esac
     echo "== $kind: skiff bench pubsub ${args[*]} ${common[*]}"
     "$SKIFF" bench pubsub "${args[@]}" "${common[@]}"

@@ -519,6 +519,137 @@ impl Reader<'_, Bytes> {
     }
 }
 
+/// One message of a frame, read in place: its subject, type and payload
+/// are borrowed from the buffer it was decoded from (a shared-memory
+/// ring's segment), nothing is allocated or reference-counted. Made by
+/// [`decode_message_ref`], which checks the whole message as
+/// [`decode_message_into`] does (fields included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageRef<'a> {
+    /// The subject (empty for a message addressed by destination alone).
+    pub subject: &'a str,
+    /// The type, if the message has one.
+    pub kind: Option<&'a str>,
+    /// The application's bytes.
+    pub payload: &'a [u8],
+    /// Sent best effort (see [`Message::best_effort`]).
+    pub best_effort: bool,
+    /// The whole encoded message (flags to payload), for
+    /// [`MessageRef::to_message`].
+    pub raw: &'a [u8],
+    /// Whether it carries fields (read them with [`MessageRef::to_message`]).
+    pub has_fields: bool,
+}
+
+impl MessageRef<'_> {
+    /// The message as an owned [`Message`] (its bytes copied once), fields
+    /// included.
+    pub fn to_message(&self) -> Result<Message, WireError> {
+        let buf = Bytes::copy_from_slice(self.raw);
+        let mut m = Message::default();
+        decode_message_into(&buf, 0, usize::MAX, &mut m)?;
+        Ok(m)
+    }
+}
+
+/// `b` as UTF-8, or the error naming `what`.
+fn utf8<'a>(b: &'a [u8], what: &'static str) -> Result<&'a str, WireError> {
+    std::str::from_utf8(b).map_err(|_| WireError::Utf8(what))
+}
+
+/// Decodes the message that fills `buf[start..]` in place (see
+/// [`MessageRef`]), with the checks and verdicts of
+/// [`decode_message_into`]: bounded and total on any bytes.
+pub fn decode_message_ref(
+    buf: &[u8],
+    start: usize,
+    max_payload: usize,
+) -> Result<MessageRef<'_>, WireError> {
+    if start > buf.len() {
+        return Err(WireError::Truncated { what: "message" });
+    }
+    let mut r = Reader::at(buf, start);
+    let flags = r.u8("message flags")?;
+    if flags & F_RESERVED != 0 {
+        return Err(WireError::Malformed("reserved message flag bits set"));
+    }
+    let subject = match (flags & F_SUBJECT != 0, flags & F_REPEAT != 0) {
+        (true, true) => return Err(WireError::Malformed("subject both sent and repeated")),
+        (true, false) => {
+            let n = r.varint("subject length")?;
+            if n == 0 {
+                return Err(WireError::Malformed("empty subject sent explicitly"));
+            }
+            utf8(r.take_len(n, MAX_SUBJECT, "subject")?, "subject")?
+        }
+        (false, true) => {
+            return Err(WireError::Malformed(
+                "repeated subject with no previous subject",
+            ))
+        }
+        (false, false) => "",
+    };
+    let kind = if flags & F_KIND != 0 {
+        let n = r.u8("type length")?;
+        Some(utf8(r.take_len(u64::from(n), MAX_KIND, "type")?, "type")?)
+    } else {
+        None
+    };
+    let has_fields = flags & F_FIELDS != 0;
+    if has_fields {
+        let n = r.varint("field count")?;
+        if n == 0 || n > MAX_FIELDS as u64 {
+            return Err(WireError::TooLong {
+                what: "field count",
+                len: n,
+                max: MAX_FIELDS,
+            });
+        }
+        for _ in 0..n {
+            let klen = r.u8("field key length")?;
+            utf8(
+                r.take_len(u64::from(klen), MAX_FIELD_KEY, "field key")?,
+                "field key",
+            )?;
+            match r.u8("field tag")? {
+                TAG_BOOL => {
+                    if r.u8("bool")? > 1 {
+                        return Err(WireError::Malformed("bool is neither 0 nor 1"));
+                    }
+                }
+                TAG_INT => {
+                    r.varint("int")?;
+                }
+                TAG_FLOAT => {
+                    r.take_len(8, 8, "float")?;
+                }
+                TAG_STR => {
+                    let n = r.varint("string length")?;
+                    utf8(r.take_len(n, MAX_DATAGRAM, "string field")?, "string field")?;
+                }
+                TAG_BYTES => {
+                    let n = r.varint("bytes length")?;
+                    r.take_len(n, MAX_DATAGRAM, "bytes field")?;
+                }
+                _ => return Err(WireError::Malformed("unknown field tag")),
+            }
+        }
+    }
+    let n = r.varint("payload length")?;
+    let payload = r.take_len(n, max_payload, "payload")?;
+    if r.pos() != buf.len() {
+        return Err(WireError::Malformed("trailing bytes after the message"));
+    }
+    Ok(MessageRef {
+        subject,
+        kind,
+        payload,
+        best_effort: flags & F_BEST_EFFORT != 0,
+        raw: &buf[start..],
+        has_fields,
+    })
+}
+
 /// A validated datagram whose messages are decoded one at a time, each
 /// straight into wherever the caller wants it: the receive path's way to
 /// avoid building every message in a buffer first and moving it again.
@@ -869,6 +1000,59 @@ pub fn decode(buf: &Bytes) -> Result<(Header, Vec<Message>), WireError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn message_ref_agrees_with_decode_message_into() {
+        let msgs = [
+            Message::new("a.b", "payload")
+                .with_kind("t")
+                .with_field("k", 1i64)
+                .with_field("s", "v"),
+            Message::new("x", ""),
+            Message::from_payload("z"),
+        ];
+        for m in &msgs {
+            let mut v = vec![9u8, 9];
+            encode_message(&mut v, m, false);
+            let b = Bytes::from(v.clone());
+            let r = decode_message_ref(&v, 2, 1 << 20).expect("valid");
+            let mut owned = Message::default();
+            decode_message_into(&b, 2, 1 << 20, &mut owned).expect("valid");
+            assert_eq!(r.subject, &*owned.subject);
+            assert_eq!(r.kind, owned.kind.as_deref());
+            assert_eq!(r.payload, &owned.payload[..]);
+            assert_eq!(r.has_fields, !owned.fields.is_empty());
+            assert_eq!(r.to_message().expect("valid").fields, owned.fields);
+            // Every cut is refused, never a panic, as the owned decoder does.
+            for cut in 2..v.len() {
+                let short = Bytes::copy_from_slice(&v[..cut]);
+                let mut slot = Message::default();
+                assert_eq!(
+                    decode_message_ref(&v[..cut], 2, 1 << 20).is_err(),
+                    decode_message_into(&short, 2, 1 << 20, &mut slot).is_err()
+                );
+            }
+        }
+        assert!(decode_message_ref(&[1, 2], 3, 10).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn message_ref_verdicts_match_the_owned_decoder(
+            bytes in proptest::collection::vec(any::<u8>(), 0..64),
+            max in 0usize..32,
+        ) {
+            let b = Bytes::from(bytes.clone());
+            let mut slot = Message::default();
+            let owned = decode_message_into(&b, 0, max, &mut slot);
+            let r = decode_message_ref(&bytes, 0, max);
+            prop_assert_eq!(owned.is_ok(), r.is_ok());
+            if let Ok(r) = r {
+                prop_assert_eq!(r.payload, &slot.payload[..]);
+                prop_assert_eq!(r.subject, &*slot.subject);
+            }
+        }
+    }
 
     #[test]
     fn encode_into_a_slice_matches_encode() {

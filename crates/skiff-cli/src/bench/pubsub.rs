@@ -75,6 +75,12 @@ pub struct PubsubParams {
     /// (RBMQ's broker of buffers) with this flow: credits or overwrite.
     #[arg(long, value_name = "FLOW", value_parser = parse_flow)]
     pub shared_buffer: Option<skiff::shm::Flow>,
+    /// With --shared-buffer: subscribers over shm:// read the topic's
+    /// buffer in place in a thread of their own (`Client::topic_reader`,
+    /// no Delivery per message), and publishers publish with a publisher
+    /// bound to the subject (`Client::publisher`, no Message per publish).
+    #[arg(long, requires = "shared_buffer")]
+    pub in_place: bool,
 }
 
 /// Parses a buffer's flow: `credits` or `overwrite`.
@@ -258,9 +264,14 @@ impl Session {
             None => "",
         };
         row.options = Some(format!(
-            "{} policy={}{shared}{note}",
+            "{} policy={}{shared}{}{note}",
             self.places.describe(),
-            self.policy.name()
+            self.policy.name(),
+            if self.params.in_place && self.params.shared_buffer.is_some() {
+                " in-place"
+            } else {
+                ""
+            }
         ));
         Ok(row)
     }
@@ -347,6 +358,7 @@ async fn skiff_shape(
     let last = Arc::new(parking_last::Last::default());
     let mut sub_clients = Vec::new();
     let mut readers = Vec::new();
+    let stop_readers = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let plain = SubOptions::default()
         .policy(policy)
         .queue(65_536)
@@ -357,6 +369,43 @@ async fn skiff_shape(
             Some(flow) if url.starts_with("shm://") => plain.shared_buffer(flow),
             _ => plain,
         };
+        let (received, probed, last) = (received.clone(), probed.clone(), last.clone());
+        if a.in_place && opts.shared.is_some() {
+            // Read in place in a thread of its own: each message's
+            // payload looked at where it lies in the ring.
+            let (c, mut r) = sub_rt
+                .spawn(async move {
+                    let c = Client::connect(&url).await?;
+                    let r = c.topic_reader("bench.ps", "*", opts).await?;
+                    Ok::<_, skiff::Error>((c, r))
+                })
+                .await??;
+            let stop = stop_readers.clone();
+            readers.push(sub_rt.spawn_blocking(move || {
+                let mut seen_probe = false;
+                while !stop.load(Ordering::Relaxed) {
+                    let (mut n, mut probe) = (0u64, false);
+                    let got = r.read(Duration::from_millis(50), |m| {
+                        n += u64::from(!m.payload.is_empty());
+                        probe |= m.payload.is_empty();
+                    });
+                    if got.is_err() {
+                        break;
+                    }
+                    if probe && !seen_probe {
+                        seen_probe = true;
+                        probed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if n > 0 {
+                        received.fetch_add(n, Ordering::Relaxed);
+                        last.set();
+                    }
+                }
+                r.dropped()
+            }));
+            sub_clients.push(c);
+            continue;
+        }
         let (c, mut s) = sub_rt
             .spawn(async move {
                 let c = Client::connect(&url).await?;
@@ -364,7 +413,6 @@ async fn skiff_shape(
                 Ok::<_, skiff::Error>((c, s))
             })
             .await??;
-        let (received, probed, last) = (received.clone(), probed.clone(), last.clone());
         readers.push(sub_rt.spawn(async move {
             let mut seen_probe = false;
             // Count what is already queued too before reading the clock:
@@ -402,17 +450,29 @@ async fn skiff_shape(
     let start = Instant::now();
     last.start(start);
     let mut senders = Vec::new();
+    let bound = a.in_place && a.shared_buffer.is_some();
     for c in pub_clients {
         let payload = payload.clone();
         let (dur, max) = (a.duration_secs, a.messages);
         senders.push(tokio::spawn(async move {
             let mut n = 0u64;
-            while n < max {
-                if n & 1023 == 0 && start.elapsed() >= dur {
-                    break;
+            if bound {
+                let p = c.publisher("bench.ps", None)?;
+                while n < max {
+                    if n & 1023 == 0 && start.elapsed() >= dur {
+                        break;
+                    }
+                    p.publish(&payload).await?;
+                    n += 1;
                 }
-                c.publish(Message::new("bench.ps", payload.clone())).await?;
-                n += 1;
+            } else {
+                while n < max {
+                    if n & 1023 == 0 && start.elapsed() >= dur {
+                        break;
+                    }
+                    c.publish(Message::new("bench.ps", payload.clone())).await?;
+                    n += 1;
+                }
             }
             c.flush().await?;
             Ok::<u64, skiff::Error>(n)
@@ -436,6 +496,7 @@ async fn skiff_shape(
     let got = received.load(Ordering::Relaxed);
     let elapsed = last.elapsed();
     drop(sub_clients);
+    stop_readers.store(true, Ordering::Relaxed);
     let mut dropped = 0;
     for r in readers {
         r.abort();

@@ -150,6 +150,24 @@ impl Decoder {
         Ok(Some(buf.split_to(len).freeze()))
     }
 
+    /// As [`Decoder::split`], over a borrowed slice: the next frame body
+    /// at the front of `buf` (advanced past it), nothing reference-counted.
+    pub fn split_slice<'a>(&self, buf: &mut &'a [u8]) -> Result<Option<&'a [u8]>, WireError> {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        if buf.len() < LEN_PREFIX {
+            return Err(WireError::Malformed("a frame cut short"));
+        }
+        let len = self.body_len(&buf[..LEN_PREFIX])?;
+        if buf.len() - LEN_PREFIX < len {
+            return Err(WireError::Malformed("a frame cut short"));
+        }
+        let (body, rest) = buf[LEN_PREFIX..].split_at(len);
+        *buf = rest;
+        Ok(Some(body))
+    }
+
     /// The next frame body at the front of `buf`, split off it without a
     /// copy (a frame body is then a slice of whatever `buf` refers to,
     /// e.g. a shared-memory segment); `Ok(None)` once `buf` is empty. The

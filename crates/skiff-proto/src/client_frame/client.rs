@@ -330,6 +330,64 @@ pub fn encode_pub_into(out: &mut [u8], msg: &Message) -> bool {
     wire::encode_message_into(rest, msg, false)
 }
 
+/// The fixed part of the `Pub` frames of one subject and type, encoded
+/// once (a bound publisher's): each publish then writes the length
+/// prefix, this, the payload's length and the payload, with no
+/// [`Message`] built and no check of the subject or type per publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubHead {
+    /// The op and the message's flags, subject and type.
+    head: Vec<u8>,
+}
+
+impl PubHead {
+    /// The head of `Pub` frames of `subject` and `kind`; the caller has
+    /// checked both (as [`wire::check`] and the router do for a publish).
+    pub fn new(subject: &str, kind: Option<&str>) -> PubHead {
+        let mut m = Message::new(subject, Bytes::new());
+        if let Some(k) = kind {
+            m = m.with_kind(k);
+        }
+        let mut head = vec![op::PUB];
+        wire::encode_message(&mut head, &m, false);
+        // The empty payload's length (one byte, 0) is written per publish.
+        head.pop();
+        PubHead { head }
+    }
+
+    /// Bytes the frame of a `payload` of `len` bytes takes, length prefix
+    /// included (what [`pub_frame_len`] says of the same message).
+    pub fn frame_len(&self, len: usize) -> usize {
+        LEN_PREFIX + self.head.len() + varint::len(len as u64) + len
+    }
+
+    /// Appends the frame of `payload` to `out` (what [`encode_pub`] would).
+    pub fn encode(&self, out: &mut Vec<u8>, payload: &[u8]) {
+        let at = out.len();
+        out.resize(at + self.frame_len(payload.len()), 0);
+        let ok = self.encode_into(&mut out[at..], payload);
+        debug_assert!(ok, "sized by frame_len");
+    }
+
+    /// Writes the frame of `payload` into `out`, which must be exactly
+    /// [`PubHead::frame_len`] bytes; `false`, with `out` untouched, on any
+    /// other length or a body over 4 GiB.
+    pub fn encode_into(&self, out: &mut [u8], payload: &[u8]) -> bool {
+        if out.len() != self.frame_len(payload.len()) || out.len() - LEN_PREFIX > u32::MAX as usize
+        {
+            return false;
+        }
+        let body = (out.len() - LEN_PREFIX) as u32;
+        out[..LEN_PREFIX].copy_from_slice(&body.to_le_bytes());
+        let mut w = &mut out[LEN_PREFIX..];
+        w[..self.head.len()].copy_from_slice(&self.head);
+        w = &mut w[self.head.len()..];
+        varint::put_buf(&mut w, payload.len() as u64);
+        w.copy_from_slice(payload);
+        true
+    }
+}
+
 /// Whether a frame body is a client's `Pub`; its encoded message is then
 /// `body[1..]`.
 pub fn is_pub(body: &[u8]) -> bool {

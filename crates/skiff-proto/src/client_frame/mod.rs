@@ -632,7 +632,9 @@ mod client;
 mod server;
 
 pub use body::Decoder;
-pub use client::{encode_pub, encode_pub_into, is_pub, pub_frame_len, simple_message, simple_span};
+pub use client::{
+    encode_pub, encode_pub_into, is_pub, pub_frame_len, simple_message, simple_span, PubHead,
+};
 pub use server::{encode_msg, encode_msg_raw, encode_msg_raw_into, msg_raw_frame_len};
 
 #[cfg(test)]

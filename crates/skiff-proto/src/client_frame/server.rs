@@ -128,7 +128,7 @@ impl ServerFrame {
     /// decodes it straight into the subscription's queue with
     /// [`crate::wire::decode_message_into`]); `None` for any other
     /// frame.
-    pub fn msg_header(body: &Bytes) -> Result<Option<(u64, u64, usize)>, WireError> {
+    pub fn msg_header(body: &[u8]) -> Result<Option<(u64, u64, usize)>, WireError> {
         if body.first() != Some(&op::MSG) {
             return Ok(None);
         }

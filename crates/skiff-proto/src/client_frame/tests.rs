@@ -543,3 +543,56 @@ fn sub_queue_group_is_flags_bit_1_then_its_name_bounded() {
     assert!(ClientFrame::decode(with(&[0, 2, 3, b'a']), 1024).is_err());
     assert!(ClientFrame::decode(with(&[0, 2, 1, b'a', 0]), 1024).is_err());
 }
+
+#[test]
+fn a_pub_head_encodes_what_encode_pub_does() {
+    for (subject, kind) in [("a.b", None), ("x.y.z", Some("t")), ("s", Some(""))] {
+        let head = PubHead::new(subject, kind);
+        for len in [0usize, 1, 127, 128, 300, 70_000] {
+            let payload = vec![7u8; len];
+            let mut m = Message::new(subject, payload.clone());
+            if let Some(k) = kind {
+                m = m.with_kind(k);
+            }
+            let mut want = Vec::new();
+            encode_pub(&mut want, &m);
+            assert_eq!(head.frame_len(len), pub_frame_len(&m));
+            let mut got = vec![1u8];
+            head.encode(&mut got, &payload);
+            assert_eq!(&got[1..], &want[..]);
+            let mut short = vec![0u8; want.len() - 1];
+            assert!(!head.encode_into(&mut short, &payload));
+        }
+    }
+}
+
+#[test]
+fn split_slice_agrees_with_split() {
+    let mut v = Vec::new();
+    encode_pub(&mut v, &Message::new("a", "b"));
+    encode_pub(&mut v, &Message::new("c", "dd"));
+    let d = Decoder::new(1 << 16);
+    let mut b = Bytes::from(v.clone());
+    let mut s = &v[..];
+    loop {
+        let x = d.split(&mut b).unwrap();
+        let y = d.split_slice(&mut s).unwrap();
+        assert_eq!(x.as_deref(), y);
+        if x.is_none() {
+            break;
+        }
+    }
+    for cut in 1..v.len() {
+        let mut b = Bytes::copy_from_slice(&v[..cut]);
+        let mut s = &v[..cut];
+        loop {
+            let x = d.split(&mut b);
+            let y = d.split_slice(&mut s);
+            assert_eq!(x.is_err(), y.is_err());
+            match (x, y) {
+                (Ok(Some(x)), Ok(Some(y))) => assert_eq!(&x[..], y),
+                _ => break,
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Weak};
 
-use skiff_proto::client_frame::{encode_pub, ClientFrame, ServerFrame};
+use skiff_proto::client_frame::{encode_pub, ClientFrame, PubHead, ServerFrame};
 use skiff_proto::Message;
 
 use super::embed::LocalLink;
@@ -53,6 +53,29 @@ impl Link {
             }
             #[cfg(not(skiff_loom))]
             Link::Shm(s) => s.try_publish(msg),
+            Link::Mem(_) => None,
+        }
+    }
+
+    /// As [`Link::try_publish`] for a bound publisher: the frame of
+    /// `payload` written from its [`PubHead`], no [`Message`] built.
+    pub(crate) fn try_publish_head(
+        &self,
+        head: &PubHead,
+        payload: &[u8],
+    ) -> Option<Result<(), Error>> {
+        match self {
+            Link::Stream(s) => {
+                match s.try_send_with(true, true, &mut |buf: &mut Vec<u8>| {
+                    head.encode(buf, payload)
+                }) {
+                    Ok(true) => Some(Ok(())),
+                    Ok(false) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            #[cfg(not(skiff_loom))]
+            Link::Shm(s) => s.try_publish_head(head, payload),
             Link::Mem(_) => None,
         }
     }

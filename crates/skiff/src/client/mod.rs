@@ -109,8 +109,11 @@ pub mod embed;
 mod events;
 mod failover;
 mod file;
+#[cfg(not(skiff_loom))]
+mod in_place;
 mod inbox;
 mod link;
+mod publisher;
 mod request;
 // Not in the loom build, which leaves out the shm transport.
 #[cfg(not(skiff_loom))]
@@ -140,9 +143,13 @@ pub use cluster::{Incoming, Member, Request, Target, Tunnel, TunnelSender};
 pub use embed::{LocalLink, LocalNode, LocalOutbox, Refusal};
 pub use events::Events;
 pub use file::FileLog;
+#[cfg(not(skiff_loom))]
+pub use in_place::{ReplyToken, TopicMessage, TopicReader};
+pub use publisher::Publisher;
 pub use skiff_proto::client_frame::{Code, Policy};
 pub use skiff_proto::router::Syntax;
 pub use skiff_proto::stats::NodeStats;
+pub use skiff_proto::wire::MessageRef;
 pub use status::{ClientEvent, Gap, LinkStats, Unconfirmed};
 pub use sub::{Delivery, QueueGroup, SubOptions, Subscription, SubscriptionHandle};
 pub use target::DEFAULT_CONNECT_TIMEOUT;
@@ -455,6 +462,11 @@ impl Client {
         if let Some(k) = &msg.kind {
             skiff_proto::router::check_kind(k)?;
         }
+        self.publish_checked(msg).await
+    }
+
+    /// [`Client::publish`] once the subject and type are known good.
+    async fn publish_checked(&self, msg: Message) -> Result<(), Error> {
         if let Backend::File(f) = &self.inner.backend {
             return f.append(&msg);
         }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
-use skiff_proto::client_frame::{encode_pub_into, pub_frame_len, Decoder, FRAME_OVERHEAD};
+use skiff_proto::client_frame::{encode_pub_into, pub_frame_len, Decoder, PubHead, FRAME_OVERHEAD};
 use skiff_proto::client_frame::{ClientFrame, Code, ServerFrame};
 use skiff_proto::Message;
 use tokio::io::AsyncReadExt;
@@ -163,6 +163,32 @@ impl ShmTx {
     /// Encodes a small publish at the end of the queue's last run of
     /// encoded frames (or a new one) if there is room now.
     fn try_encode(&self, msg: &Message) -> Option<Result<(), Error>> {
+        self.try_encode_with(pub_frame_len(msg), |out| encode_pub_into(out, msg))
+    }
+
+    /// Queues a bound publisher's publish of a small `payload` ([`PubHead`])
+    /// if there is room now; `None`: take the frame path.
+    pub(crate) fn try_publish_head(
+        &self,
+        head: &PubHead,
+        payload: &[u8],
+    ) -> Option<Result<(), Error>> {
+        if payload.len() > ENCODE_NOW {
+            return None;
+        }
+        self.try_encode_with(head.frame_len(payload.len()), |out| {
+            head.encode_into(out, payload)
+        })
+    }
+
+    /// Encodes a publish frame of `n` bytes with `encode` at the end of the
+    /// queue's last run of encoded frames (or a new one) if there is room
+    /// now.
+    fn try_encode_with(
+        &self,
+        n: usize,
+        encode: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Option<Result<(), Error>> {
         let mut q = self.q.lock();
         if q.lost.is_some() {
             return Some(Err(Error::NodeLost {
@@ -175,7 +201,6 @@ impl ShmTx {
         if q.bytes >= HIGH_WATER {
             return None;
         }
-        let n = pub_frame_len(msg);
         let wake = q.frames.is_empty();
         let run = match q.frames.back_mut() {
             Some(Pending::Encoded(v)) if v.len() + n <= RUN => v,
@@ -193,8 +218,8 @@ impl ShmTx {
         };
         let at = run.len();
         run.resize(at + n, 0);
-        let ok = encode_pub_into(&mut run[at..], msg);
-        debug_assert!(ok, "sized by pub_frame_len");
+        let ok = encode(&mut run[at..]);
+        debug_assert!(ok, "sized by the caller");
         q.bytes += n;
         drop(q);
         if wake {
