@@ -11,7 +11,10 @@
 # CPU and CPU time per delivered message (at the run's mean rate), and
 # the whole run's CPU time (node and load generator) per delivered
 # message, the figure least moved by other load. SKIFF=path uses that
-# binary; KINDS="shm-shared" runs only that kind (default: tcp shm-shared).
+# binary; KINDS="shm-shared" runs only that kind (default: tcp shm-shared
+# shm-in-place; shm-in-place reads the topic with `Client::topic_reader`
+# on a thread of the subscribers' runtime, `bench-sub`, and publishes with
+# `Client::publisher`).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SKIFF=${SKIFF:-${CARGO_TARGET_DIR:-$root/target}/release/skiff}
@@ -49,10 +52,11 @@ proc_ticks() {
 }
 
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; size $size B"
-for kind in ${KINDS:-tcp shm-shared}; do
+for kind in ${KINDS:-tcp shm-shared shm-in-place}; do
     case $kind in
         tcp) args=(--node "skiff://127.0.0.1:$port") ;;
         shm-shared) args=(--node "shm://$name" --shared-buffer credits) ;;
+        shm-in-place) args=(--node "shm://$name" --shared-buffer credits --in-place) ;;
     esac
     out=$(mktemp)
     node0=$(proc_ticks "$node")
