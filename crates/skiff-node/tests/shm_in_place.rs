@@ -53,9 +53,10 @@ async fn an_in_place_reader_gets_every_message_in_order_with_credits() {
     let c = h.client().await;
     let opts = SubOptions::default().shared_buffer(Flow::Credits);
     let r = c.topic_reader("ip.>", "*", opts).await.unwrap();
-    // Alone on the topic: two credits readers of one topic stall once a
-    // ring's worth went through (seen with two thread subscribers as
-    // well, before this API; left for the topic ring's owners).
+    // Alone on the topic: in this harness (the node in the test's own
+    // process) two credits readers of one topic stall once a ring's worth
+    // went through, two thread subscribers as well (before this API); not
+    // with the node in a process of its own (bench/RESULTS.md).
     let publisher = h.client().await;
     let n = 6000u64; // 12 MB: three times the 4 MiB ring, so credits hold the node
     let p = tokio::spawn(async move {
@@ -87,23 +88,16 @@ async fn an_in_place_reader_gets_every_message_in_order_with_credits() {
     p.await.unwrap();
     // The reader's reports reach the node (sent from its calls: one more
     // call after the throttle's interval sends the last).
+    // (The reader is kept: dropping it would take it off the node's list.)
     let mut r = r;
-    tokio::task::spawn_blocking(move || {
+    let _r = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(150));
         r.try_read(|_| ()).unwrap();
         r
     })
     .await
     .unwrap();
-    let t = std::time::Instant::now();
-    while !shared_readers(&h).contains(&(n, 0)) && t.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        shared_readers(&h).contains(&(n, 0)),
-        "{:?}",
-        shared_readers(&h)
-    );
+    eventually(|| shared_readers(&h).contains(&(n, 0))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

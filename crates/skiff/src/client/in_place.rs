@@ -233,8 +233,10 @@ impl Client {
     /// Opens a reader of the node's buffer of the topic `pattern` and
     /// `kind` ([`super::SubOptions::shared_buffer`]) to be read in place in
     /// the caller's thread ([`TopicReader`]); the flow is
-    /// `opts.shared` (credits when unset). Over `shm://` only, with token
-    /// patterns: any other transport or pattern syntax is refused.
+    /// `opts.shared` (credits when unset); the window, queue and policy do
+    /// not apply (the ring is the reader's window; the topic's queue in
+    /// the node has its own). Over `shm://` only, with token patterns: any
+    /// other transport or pattern syntax is refused.
     pub async fn topic_reader(
         &self,
         pattern: &str,
