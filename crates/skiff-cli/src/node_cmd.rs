@@ -867,7 +867,7 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 );
             }
             outln!(
-                "      links: frames lost {}, gaps reported {}, best-effort frames dropped while delivery was behind {}; associations: packets dropped (forged, replayed, malformed) {}, retransmitted {}",
+                "      links: frames lost {}, gaps reported {}, best-effort frames dropped while delivery was behind {}; associations: packets dropped (duplicates such as a lone small packet's second copy, replays, forged, malformed, out of window) {}, retransmitted {}",
                 m.link_lost, m.gaps_reported, m.delivery_dropped, m.tunnels.packets_dropped, m.tunnels.retransmits
             );
             if !m.links.is_empty() {
