@@ -478,40 +478,7 @@ impl Reader<'_, Bytes> {
             self.skip_str(u64::from(n), MAX_KIND, "type")?;
         }
         if flags & F_FIELDS != 0 {
-            let n = self.varint("field count")?;
-            if n == 0 || n > MAX_FIELDS as u64 {
-                return Err(WireError::TooLong {
-                    what: "field count",
-                    len: n,
-                    max: MAX_FIELDS,
-                });
-            }
-            for _ in 0..n {
-                let klen = self.u8("field key length")?;
-                self.skip_str(u64::from(klen), MAX_FIELD_KEY, "field key")?;
-                match self.u8("field tag")? {
-                    TAG_BOOL => {
-                        if self.u8("bool")? > 1 {
-                            return Err(WireError::Malformed("bool is neither 0 nor 1"));
-                        }
-                    }
-                    TAG_INT => {
-                        self.varint("int")?;
-                    }
-                    TAG_FLOAT => {
-                        self.skip(8, 8, "float")?;
-                    }
-                    TAG_STR => {
-                        let n = self.varint("string length")?;
-                        self.skip_str(n, MAX_DATAGRAM, "string field")?;
-                    }
-                    TAG_BYTES => {
-                        let n = self.varint("bytes length")?;
-                        self.skip(n, MAX_DATAGRAM, "bytes field")?;
-                    }
-                    _ => return Err(WireError::Malformed("unknown field tag")),
-                }
-            }
+            skip_fields(self)?;
         }
         let n = self.varint("payload length")?;
         self.skip(n, MAX_DATAGRAM, "payload")?;
@@ -557,6 +524,51 @@ fn utf8<'a>(b: &'a [u8], what: &'static str) -> Result<&'a str, WireError> {
     std::str::from_utf8(b).map_err(|_| WireError::Utf8(what))
 }
 
+/// Checks a message's fields (their count, then each key, tag and value)
+/// as [`Reader::message_max`] decodes them, building nothing: what both
+/// the datagram's validation and [`decode_message_ref`] need.
+#[inline]
+fn skip_fields<B: AsRef<[u8]> + ?Sized>(r: &mut Reader<'_, B>) -> Result<(), WireError> {
+    let n = r.varint("field count")?;
+    if n == 0 || n > MAX_FIELDS as u64 {
+        return Err(WireError::TooLong {
+            what: "field count",
+            len: n,
+            max: MAX_FIELDS,
+        });
+    }
+    for _ in 0..n {
+        let klen = r.u8("field key length")?;
+        utf8(
+            r.take_len(u64::from(klen), MAX_FIELD_KEY, "field key")?,
+            "field key",
+        )?;
+        match r.u8("field tag")? {
+            TAG_BOOL => {
+                if r.u8("bool")? > 1 {
+                    return Err(WireError::Malformed("bool is neither 0 nor 1"));
+                }
+            }
+            TAG_INT => {
+                r.varint("int")?;
+            }
+            TAG_FLOAT => {
+                r.take_len(8, 8, "float")?;
+            }
+            TAG_STR => {
+                let n = r.varint("string length")?;
+                utf8(r.take_len(n, MAX_DATAGRAM, "string field")?, "string field")?;
+            }
+            TAG_BYTES => {
+                let n = r.varint("bytes length")?;
+                r.take_len(n, MAX_DATAGRAM, "bytes field")?;
+            }
+            _ => return Err(WireError::Malformed("unknown field tag")),
+        }
+    }
+    Ok(())
+}
+
 /// Decodes the message that fills `buf[start..]` in place (see
 /// [`MessageRef`]), with the checks and verdicts of
 /// [`decode_message_into`]: bounded and total on any bytes.
@@ -597,43 +609,7 @@ pub fn decode_message_ref(
     };
     let has_fields = flags & F_FIELDS != 0;
     if has_fields {
-        let n = r.varint("field count")?;
-        if n == 0 || n > MAX_FIELDS as u64 {
-            return Err(WireError::TooLong {
-                what: "field count",
-                len: n,
-                max: MAX_FIELDS,
-            });
-        }
-        for _ in 0..n {
-            let klen = r.u8("field key length")?;
-            utf8(
-                r.take_len(u64::from(klen), MAX_FIELD_KEY, "field key")?,
-                "field key",
-            )?;
-            match r.u8("field tag")? {
-                TAG_BOOL => {
-                    if r.u8("bool")? > 1 {
-                        return Err(WireError::Malformed("bool is neither 0 nor 1"));
-                    }
-                }
-                TAG_INT => {
-                    r.varint("int")?;
-                }
-                TAG_FLOAT => {
-                    r.take_len(8, 8, "float")?;
-                }
-                TAG_STR => {
-                    let n = r.varint("string length")?;
-                    utf8(r.take_len(n, MAX_DATAGRAM, "string field")?, "string field")?;
-                }
-                TAG_BYTES => {
-                    let n = r.varint("bytes length")?;
-                    r.take_len(n, MAX_DATAGRAM, "bytes field")?;
-                }
-                _ => return Err(WireError::Malformed("unknown field tag")),
-            }
-        }
+        skip_fields(&mut r)?;
     }
     let n = r.varint("payload length")?;
     let payload = r.take_len(n, max_payload, "payload")?;
