@@ -59,18 +59,7 @@ async fn two_in_place_readers_of_one_topic_each_get_every_message() {
     let b = c.topic_reader("two.>", "*", opts).await.unwrap();
     let publisher = h.client().await;
     let n = 6000u64; // three rings' worth of 2 KB messages
-    let p = tokio::spawn(async move {
-        for i in 0..n {
-            let mut payload = vec![5u8; 2000];
-            payload[..8].copy_from_slice(&i.to_le_bytes());
-            publisher
-                .publish(Message::new("two.x", payload))
-                .await
-                .unwrap();
-        }
-        publisher.flush().await.unwrap();
-        publisher
-    });
+    let p = common::publish_numbered(publisher, "two.x", n);
     let ((_a, got_a), (_b, got_b)) = tokio::join!(read_n(a, n as usize), read_n(b, n as usize));
     for got in [&got_a, &got_b] {
         assert_eq!(got.len(), n as usize);

@@ -52,18 +52,7 @@ async fn two_subscribers_read_at_once_get_three_rings_worth() {
     let mut s2 = c2.subscribe_with("three.>", "*", opts).await.unwrap();
     let publisher = h.client().await;
     let n = 6000u64;
-    let p = tokio::spawn(async move {
-        for i in 0..n {
-            let mut payload = vec![7u8; 2000];
-            payload[..8].copy_from_slice(&i.to_le_bytes());
-            publisher
-                .publish(Message::new("three.x", payload))
-                .await
-                .unwrap();
-        }
-        publisher.flush().await.unwrap();
-        publisher
-    });
+    let p = common::publish_numbered(publisher, "three.x", n);
     tokio::join!(recv_numbered(&mut s1, n), recv_numbered(&mut s2, n));
     p.await.unwrap();
 }

@@ -127,6 +127,29 @@ pub async fn recv_n(sub: &mut Subscription, n: usize) -> Vec<skiff::client::Deli
     out
 }
 
+/// Publishes `n` messages of 2,000 bytes on `subject` from a task of its
+/// own, message `i` carrying `i` in its first 8 bytes; the task returns
+/// the client once everything is flushed.
+#[allow(dead_code)] // not every test binary publishes numbered messages
+pub fn publish_numbered(
+    publisher: Client,
+    subject: &'static str,
+    n: u64,
+) -> tokio::task::JoinHandle<Client> {
+    tokio::spawn(async move {
+        for i in 0..n {
+            let mut payload = vec![7u8; 2000];
+            payload[..8].copy_from_slice(&i.to_le_bytes());
+            publisher
+                .publish(skiff::Message::new(subject, payload))
+                .await
+                .unwrap();
+        }
+        publisher.flush().await.unwrap();
+        publisher
+    })
+}
+
 /// Asserts nothing more arrives within a short while.
 pub async fn quiet(sub: &mut Subscription) {
     if let Ok(Some(d)) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
