@@ -174,16 +174,12 @@ impl Decoder {
     /// same checks as [`Decoder::next`]; a frame cut short by the end of
     /// `buf` is an error (the caller hands whole frames only).
     pub fn split(&self, buf: &mut Bytes) -> Result<Option<Bytes>, WireError> {
-        if buf.is_empty() {
+        // The checks are `split_slice`'s; only the split differs.
+        let mut view: &[u8] = buf;
+        let Some(body) = self.split_slice(&mut view)? else {
             return Ok(None);
-        }
-        if buf.len() < LEN_PREFIX {
-            return Err(WireError::Malformed("a frame cut short"));
-        }
-        let len = self.body_len(&buf[..LEN_PREFIX])?;
-        if buf.len() - LEN_PREFIX < len {
-            return Err(WireError::Malformed("a frame cut short"));
-        }
+        };
+        let len = body.len();
         buf.advance(LEN_PREFIX);
         Ok(Some(buf.split_to(len)))
     }
