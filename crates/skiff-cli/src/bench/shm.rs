@@ -38,7 +38,7 @@ use std::error::Error;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use skiff::shm::{Flow, InSegment, Input, Output};
+use skiff::shm::{Flow, InSegment, Input, MsgWriter, Output};
 
 use super::report::{self, CpuMeter, Reporter, Row};
 use super::{parse_secs, parse_size, round_trips, Limits, OutputArgs};
@@ -306,17 +306,7 @@ fn relay(
     let start = Instant::now();
     let (sent, received, last) =
         std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
-            let consumer = s.spawn(move || {
-                drain(down_in, |seg| {
-                    let mut n = 0;
-                    for m in seg.messages().map_err(|e| e.to_string())? {
-                        let m = m.map_err(|e| e.to_string())?;
-                        std::hint::black_box(m.first());
-                        n += 1;
-                    }
-                    Ok(n)
-                })
-            });
+            let consumer = s.spawn(move || drain(down_in, touch_messages));
             let relay = s.spawn(move || -> Result<u64, String> {
                 let mut w = down.messages(1, batch, true).map_err(|e| e.to_string())?;
                 let mut n = 0u64;
@@ -339,17 +329,8 @@ fn relay(
                 drop(down);
                 Ok(n)
             });
-            let payload = vec![0xA5u8; size];
-            let mut sent = 0u64;
             let mut w = up.messages(1, batch, true)?;
-            while sent < limits.messages {
-                if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
-                    break;
-                }
-                w.send(&payload, sent + 1 < limits.messages)?;
-                sent += 1;
-            }
-            w.flush()?;
+            let sent = send_messages(&mut w, size, limits, start)?;
             drop(w);
             drop(up);
             relay.join().map_err(|_| "relay panicked".to_string())??;
@@ -465,6 +446,40 @@ fn drain(
     }
 }
 
+/// Reads every message of a segment in place, as a consumer would: the
+/// consumer side of the message-layer rows.
+fn touch_messages(seg: &InSegment<'_>) -> Result<u64, String> {
+    let mut n = 0;
+    for m in seg.messages().map_err(|e| e.to_string())? {
+        let m = m.map_err(|e| e.to_string())?;
+        std::hint::black_box(m.first());
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Sends `size`-byte messages through `w` as a stream (each with `more`
+/// but the last) until the limits, then flushes: the producer side of the
+/// message-layer rows. Returns how many were sent.
+fn send_messages(
+    w: &mut MsgWriter<'_>,
+    size: usize,
+    limits: Limits,
+    start: Instant,
+) -> Result<u64, Box<dyn Error + Send + Sync>> {
+    let payload = vec![0xA5u8; size];
+    let mut sent = 0u64;
+    while sent < limits.messages {
+        if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
+            break;
+        }
+        w.send(&payload, sent + 1 < limits.messages)?;
+        sent += 1;
+    }
+    w.flush()?;
+    Ok(sent)
+}
+
 /// The message layer (`Output::messages`, `InSegment::messages`): the
 /// producer sends each message with `more` (a stream; the last without),
 /// so messages share segments of up to `--batch` bytes; the consumer reads
@@ -485,28 +500,9 @@ fn msg_api(
     let start = Instant::now();
     let (sent, received, segments, last) =
         std::thread::scope(|s| -> Result<_, Box<dyn Error + Send + Sync>> {
-            let consumer = s.spawn(move || {
-                drain(input, |seg| {
-                    let mut n = 0;
-                    for m in seg.messages().map_err(|e| e.to_string())? {
-                        let m = m.map_err(|e| e.to_string())?;
-                        std::hint::black_box(m.first());
-                        n += 1;
-                    }
-                    Ok(n)
-                })
-            });
-            let payload = vec![0xA5u8; size];
-            let mut sent = 0u64;
+            let consumer = s.spawn(move || drain(input, touch_messages));
             let mut w = out.messages(1, args.batch, true)?;
-            while sent < limits.messages {
-                if sent.is_multiple_of(1024) && start.elapsed() >= limits.duration {
-                    break;
-                }
-                w.send(&payload, sent + 1 < limits.messages)?;
-                sent += 1;
-            }
-            w.flush()?;
+            let sent = send_messages(&mut w, size, limits, start)?;
             let segments = w.counts().1;
             drop(w);
             drop(out);
