@@ -284,18 +284,7 @@ async fn a_request_read_in_place_is_answered_with_its_token() {
             }
         }
     });
-    let requester = h.client().await;
-    for i in 0..3 {
-        let got = requester
-            .request(
-                "svc.echo",
-                Message::new("svc.echo", format!("q{i}")),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        assert_eq!(got.payload, Bytes::from(format!("re:q{i}")));
-    }
+    common::ask_echo_three(&h.client().await).await;
     answer.await.unwrap();
 }
 

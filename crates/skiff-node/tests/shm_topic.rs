@@ -256,18 +256,7 @@ async fn a_request_to_a_shared_buffer_subscriber_gets_its_reply() {
             r2.reply(&d, reply).await.unwrap();
         }
     });
-    let requester = h.client().await;
-    for i in 0..3 {
-        let got = requester
-            .request(
-                "svc.echo",
-                Message::new("svc.echo", format!("q{i}")),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        assert_eq!(got.payload, Bytes::from(format!("re:q{i}")));
-    }
+    common::ask_echo_three(&h.client().await).await;
     answer.await.unwrap();
 }
 

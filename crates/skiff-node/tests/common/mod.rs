@@ -150,6 +150,23 @@ pub fn publish_numbered(
     })
 }
 
+/// Sends three requests `q0`..`q2` on `svc.echo` from `requester` and
+/// asserts each reply is `re:` followed by the request's payload: the
+/// requester's side of the echo tests of shared-buffer responders.
+pub async fn ask_echo_three(requester: &Client) {
+    for i in 0..3 {
+        let got = requester
+            .request(
+                "svc.echo",
+                skiff::Message::new("svc.echo", format!("q{i}")),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.payload, bytes::Bytes::from(format!("re:q{i}")));
+    }
+}
+
 /// Asserts nothing more arrives within a short while.
 pub async fn quiet(sub: &mut Subscription) {
     if let Ok(Some(d)) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
