@@ -51,8 +51,8 @@ use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use skiff::endpoint::{Outlet, Pump};
 use skiff_proto::association::{
-    frame::MIN_MTU, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
-    SendError, Transmit,
+    bundle, frame::MIN_MTU, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event,
+    Handle, SendError, Transmit,
 };
 use skiff_proto::mesh::packet::ENVELOPE;
 use skiff_proto::mesh::tunnel_frame::TunnelFrame as TunFrame;
@@ -638,7 +638,12 @@ impl Tunnels {
             while let Some(e) = a.poll_event() {
                 match e {
                     Event::Message(m) if live => s.frames.push((peer, m)),
-                    Event::Message(_) => {
+                    // Mesh links do not offer bundles (the association
+                    // fails on one); split all the same.
+                    Event::Bundle(b) if live => {
+                        s.frames.extend(bundle::records(b).map(|m| (peer, m)));
+                    }
+                    Event::Message(_) | Event::Bundle(_) => {
                         stats.stray_frames += 1;
                         stray = true;
                     }
@@ -667,6 +672,7 @@ impl Tunnels {
             while let Some(e) = a.poll_event() {
                 match e {
                     Event::Message(m) => s.frames.push((peer, m)),
+                    Event::Bundle(b) => s.frames.extend(bundle::records(b).map(|m| (peer, m))),
                     Event::Closed(_) | Event::Failed(_) => dead.push(peer),
                     Event::Connected | Event::Writable => {}
                 }

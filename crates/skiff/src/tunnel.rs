@@ -248,7 +248,7 @@ impl Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        let unread = self.stage.rx.lock().len();
+        let unread = self.stage.rx.lock().messages();
         self.shared.drop_tunnel(self.key, unread);
     }
 }

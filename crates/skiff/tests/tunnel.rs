@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use skiff::{Endpoint, Message, TunnelError};
+use skiff_proto::association::AssociationStats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(5);
@@ -22,6 +23,17 @@ async fn connected(opts: &str) -> (Endpoint, Endpoint, skiff::Tunnel, skiff::Tun
     let (server, client) = pair(opts);
     let (c, s) = tokio::join!(client.connect(server.local_addr(), T), server.accept());
     (server, client, s.unwrap(), c.unwrap())
+}
+
+/// Messages a tunnel's `send` handed to its association: plain ones, and
+/// the small ones carried in bundles.
+fn sent(st: &AssociationStats) -> u64 {
+    st.messages_sent - st.bundles_sent + st.bundled_messages_sent
+}
+
+/// Messages a tunnel's association delivered, bundles split.
+fn delivered(st: &AssociationStats) -> u64 {
+    st.messages_delivered - st.bundles_delivered + st.bundled_messages_delivered
 }
 
 #[tokio::test]
@@ -80,8 +92,53 @@ async fn many_messages_arrive_once_in_order() {
         "graceful end after all messages"
     );
     let c = sender.await.unwrap();
-    assert_eq!(c.stats().messages_sent, u64::from(N));
-    assert_eq!(s.stats().messages_delivered, u64::from(N));
+    assert_eq!(sent(&c.stats()), u64::from(N));
+    assert_eq!(delivered(&s.stats()), u64::from(N));
+    // Small messages gathered behind data in flight travel in bundles: far
+    // fewer association messages than sends.
+    assert!(
+        c.stats().messages_sent < u64::from(N) / 10,
+        "{N} sends made {} association messages",
+        c.stats().messages_sent
+    );
+    assert_eq!(c.stats().bundles_sent, s.stats().bundles_delivered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_offers_no_bundles_gets_none_and_everything_arrives() {
+    // `bundles=false` makes an end offer none at set-up, as an end built
+    // before bundles: the other end then stages small messages as messages
+    // of their own, whichever side initiated.
+    for (client_opts, server_opts) in [("", "bundles=false"), ("bundles=false", "")] {
+        let server = Endpoint::bind(&format!("udp://127.0.0.1:0?{server_opts}")).unwrap();
+        server.listen();
+        let client = Endpoint::bind(&format!("udp://127.0.0.1:0?{client_opts}")).unwrap();
+        let (c, s) = tokio::join!(client.connect(server.local_addr(), T), server.accept());
+        let (c, s) = (c.unwrap(), s.unwrap());
+        const N: u64 = 20_000;
+        let (a, b) = (
+            async {
+                for i in 0..N {
+                    c.send(numbered(i, 8 + (i % 50) as usize)).await.unwrap();
+                    s.send(numbered(i, 8)).await.unwrap();
+                }
+            },
+            async {
+                for i in 0..N {
+                    let m = s.recv().await.unwrap().unwrap();
+                    assert_eq!(m, numbered(i, 8 + (i % 50) as usize));
+                    assert_eq!(c.recv().await.unwrap().unwrap(), numbered(i, 8));
+                }
+            },
+        );
+        tokio::join!(a, b);
+        for t in [&c, &s] {
+            let st = t.stats();
+            assert_eq!(st.bundles_sent, 0, "{client_opts} / {server_opts}");
+            assert_eq!(st.bundles_delivered, 0, "{client_opts} / {server_opts}");
+            assert_eq!(st.messages_sent, N, "{client_opts} / {server_opts}");
+        }
+    }
 }
 
 /// A message whose bytes say its number and length (`len` at least 8).
@@ -126,7 +183,9 @@ async fn small_and_large_sends_keep_order_and_boundaries() {
         }
         assert_eq!(s.recv().await.unwrap(), None, "{opts}");
         let st = sender.await.unwrap();
-        assert_eq!(st.messages_sent, N, "{opts}");
+        assert_eq!(sent(&st), N, "{opts}");
+        assert_eq!(delivered(&s.stats()), N, "{opts}");
+        assert!(st.bundles_sent > 0, "{opts}");
         assert!(
             st.data_packets < N / 4,
             "{opts}: {N} messages in {} packets",
@@ -161,7 +220,7 @@ async fn staged_messages_leave_without_a_flush() {
         }
         n += burst;
     }
-    assert_eq!(c.stats().messages_sent, n);
+    assert_eq!(sent(&c.stats()), n);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,6 +70,12 @@ pub struct AssociationConfig {
     pub idle_timeout: Duration,
     /// Give up a set-up that has not completed after this long.
     pub handshake_timeout: Duration,
+    /// Offer bundles at set-up: the peer may then send several small
+    /// messages as one association message ([`Event::Bundle`](super::Event::Bundle),
+    /// see [`bundle`](super::bundle)), and so may this end
+    /// ([`Association::send_bundle`]). Off by default: an application that
+    /// takes events must split them; tunnels turn it on.
+    pub bundles: bool,
 }
 
 impl Default for AssociationConfig {
@@ -92,6 +98,7 @@ impl Default for AssociationConfig {
             keepalive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            bundles: false,
         }
     }
 }

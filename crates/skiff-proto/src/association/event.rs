@@ -16,6 +16,11 @@ pub enum Event {
     Connected,
     /// A whole message from the peer, in order.
     Message(Bytes),
+    /// A bundle of small messages from the peer, in order, each a message
+    /// of its own: split it with [`bundle::split_next`](super::bundle::split_next)
+    /// (the association checked it). Only once both ends offered bundles
+    /// ([`AssociationConfig::bundles`](super::AssociationConfig::bundles)).
+    Bundle(Bytes),
     /// [`Association::send`] refused with [`SendError::WouldBlock`] earlier
     /// and now has room.
     Writable,
@@ -81,6 +86,9 @@ pub enum SendError {
         /// The limit in force.
         max: u64,
     },
+    /// A bundle for a peer that did not offer bundles at set-up.
+    #[error("the peer does not take bundles")]
+    Unsupported,
 }
 
 /// A datagram to send: its bytes are at the start of the buffer given to
@@ -165,4 +173,12 @@ pub struct AssociationStats {
     pub stray: u64,
     /// Protocol violations (the association failed).
     pub protocol_violations: u64,
+    /// Bundles of small messages sent (each also one of `messages_sent`).
+    pub bundles_sent: u64,
+    /// Small messages carried in those bundles.
+    pub bundled_messages_sent: u64,
+    /// Bundles received (each also one of `messages_delivered`).
+    pub bundles_delivered: u64,
+    /// Small messages carried in those bundles.
+    pub bundled_messages_delivered: u64,
 }

@@ -35,7 +35,9 @@
 //! +--------+-------------------------------+------------+-------+
 //! | cflags | total varint (BEGIN, not END) | len varint | bytes |
 //! +--------+-------------------------------+------------+-------+
-//!     cflags: bit0 BEGIN (first piece of a message), bit1 END (last piece); others 0.
+//!     cflags: bit0 BEGIN (first piece of a message), bit1 END (last piece),
+//!     bit2 BUNDLE (only with BEGIN: the message is a bundle of small messages,
+//!     see `bundle`; sent only to a peer that offered bundles); others 0.
 //!     A whole message is BEGIN|END; a fragment that is not the last has len >= 1.
 //!
 //! flags: 0x01 FIRST  0x02 ACCEPT  0x04 STATUS  0x08 DATA
@@ -43,6 +45,12 @@
 //!        0x20 CLOSE (the DATA's seq is the sender's sentinel: its stream ends there)
 //!        0x40 RESET (the association is aborted)   0x80 reserved (0)
 //! ```
+//!
+//! In a FIRST or an ACCEPT packet nothing has been received yet, so its
+//! STATUS's ack delay measures nothing: there it carries the sender's
+//! feature bits instead (`bundle::FEATURE_BUNDLES`); ends built before
+//! features existed send 0 there and ignore the value, so an old peer and
+//! a new one agree on no features.
 //!
 //! A packet without DATA has no bytes after its last section. DATA with no
 //! chunks is allowed only with CLOSE. FIRST and ACCEPT exclude each other,
@@ -89,7 +97,8 @@ const F_RESERVED: u8 = 0x80;
 
 const C_BEGIN: u8 = 0x01;
 const C_END: u8 = 0x02;
-const C_RESERVED: u8 = 0xfc;
+const C_BUNDLE: u8 = 0x04;
+const C_RESERVED: u8 = 0xf8;
 
 /// Whether `buf` looks like an association packet: skiff's magic, this
 /// version and kind [`KIND`]. A cheap test for demultiplexing; the packet
@@ -205,6 +214,8 @@ pub struct Chunk {
     pub begin: bool,
     /// The last piece of its message.
     pub end: bool,
+    /// Its message is a bundle of small messages (only on a first piece).
+    pub bundle: bool,
     /// The whole message's length; only for a first piece that is not also
     /// the last (zero otherwise).
     pub total: u64,
@@ -554,6 +565,9 @@ fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
     if c.end {
         f |= C_END;
     }
+    if c.bundle {
+        f |= C_BUNDLE;
+    }
     out.push(f);
     if c.begin && !c.end {
         varint::put(out, c.total);
@@ -634,6 +648,12 @@ impl Reader<'_, Bytes> {
         }
         let begin = f & C_BEGIN != 0;
         let end = f & C_END != 0;
+        let bundle = f & C_BUNDLE != 0;
+        if bundle && !begin {
+            return Err(WireError::Malformed(
+                "BUNDLE on a piece that is not the first",
+            ));
+        }
         let total = if begin && !end {
             let t = self.varint("message length")?;
             if t > MAX_MESSAGE {
@@ -661,6 +681,7 @@ impl Reader<'_, Bytes> {
         Ok(Chunk {
             begin,
             end,
+            bundle,
             total,
             bytes,
         })

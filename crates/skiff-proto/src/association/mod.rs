@@ -78,6 +78,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+pub mod bundle;
 mod config;
 pub mod endpoint;
 mod event;
@@ -129,6 +130,8 @@ pub struct Association {
     service: u32,
     mtu: usize,
     peer_max_message: u64,
+    /// Both ends offered bundles at set-up (see [`bundle`]).
+    bundles: bool,
     send: SendState,
     recv: RecvState,
     events: VecDeque<Event>,
@@ -193,6 +196,7 @@ impl Association {
         a.state = State::HalfOpen;
         a.peer_key = Some(p.key);
         a.learn_peer(first.mtu, first.max_message);
+        a.learn_features(p.status.map_or(0, |s| s.ack_delay_us));
         if let Some(st) = &p.status {
             if a.send.valid(st) {
                 a.send.peer_alloc = st.alloc;
@@ -245,6 +249,7 @@ impl Association {
             recv: RecvState::new(config.recv_window, config.recv_buffer, config.max_message),
             mtu: config.mtu,
             peer_max_message: config.max_message,
+            bundles: false,
             config,
             side,
             state: State::Connecting,
@@ -276,6 +281,29 @@ impl Association {
     fn learn_peer(&mut self, mtu: u32, max_message: u64) {
         self.mtu = self.config.mtu.min(mtu as usize);
         self.peer_max_message = max_message;
+    }
+
+    /// The feature bits this end offers at set-up.
+    fn features(&self) -> u64 {
+        if self.config.bundles {
+            bundle::FEATURE_BUNDLES
+        } else {
+            0
+        }
+    }
+
+    /// Takes the peer's feature bits from its set-up packet (carried in
+    /// its STATUS's ack delay, see [`frame`]; 0 from an end that has none).
+    fn learn_features(&mut self, peer: u64) {
+        self.bundles = self.features() & peer & bundle::FEATURE_BUNDLES != 0;
+        self.recv.bundles = self.bundles;
+    }
+
+    /// Whether both ends offered bundles at set-up, so that
+    /// [`send_bundle`](Self::send_bundle) may be used (false until the
+    /// set-up completes on the initiator's side).
+    pub fn bundles(&self) -> bool {
+        self.bundles
     }
 
     /// Where the association stands.
@@ -326,6 +354,8 @@ impl Association {
     pub fn stats(&self) -> AssociationStats {
         let mut s = self.stats;
         s.messages_sent += self.send.sealed;
+        s.bundles_delivered = self.recv.bundles_delivered;
+        s.bundled_messages_delivered = self.recv.bundled_delivered;
         s
     }
 
@@ -385,6 +415,37 @@ impl Association {
         }
         self.send.push(msg);
         self.stats.messages_sent += 1;
+        Ok(())
+    }
+
+    /// Offers a bundle of small messages (see [`bundle`]; `records` is how
+    /// many it holds, for the counters) as one message, as
+    /// [`send`](Self::send) does one; the peer receives it as
+    /// [`Event::Bundle`]. Refused with [`SendError::Unsupported`] unless
+    /// both ends offered bundles ([`bundles`](Self::bundles)).
+    pub fn send_bundle(&mut self, bundle: Bytes, records: usize) -> Result<(), SendError> {
+        if !self.bundles {
+            return Err(SendError::Unsupported);
+        }
+        debug_assert_eq!(bundle::validate(&bundle).ok(), Some(records));
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return Err(SendError::Closed);
+        }
+        let max = self.config.max_message.min(self.peer_max_message);
+        if bundle.len() as u64 > max {
+            return Err(SendError::TooLarge {
+                len: bundle.len(),
+                max,
+            });
+        }
+        if !self.send.has_room(bundle.len()) {
+            self.send.blocked = true;
+            return Err(SendError::WouldBlock);
+        }
+        self.send.push_as(bundle, true);
+        self.stats.messages_sent += 1;
+        self.stats.bundles_sent += 1;
+        self.stats.bundled_messages_sent += records as u64;
         Ok(())
     }
 
@@ -555,7 +616,9 @@ impl Association {
             }
         }
         match (self.side, self.state, &p.accept) {
-            (Side::Initiator, State::Connecting, Some(a)) => self.on_accept(now, a),
+            (Side::Initiator, State::Connecting, Some(a)) => {
+                self.on_accept(now, a, p.status.map_or(0, |s| s.ack_delay_us));
+            }
             (Side::Initiator, _, Some(a)) if Some(a.key) == self.peer_key => {
                 // Our confirmation was lost and the listener answers again.
                 self.ack_now = true;
@@ -703,9 +766,10 @@ impl Association {
         Some(self.config.ack_delay.min(srtt.max(self.config.min_pto) / 2))
     }
 
-    fn on_accept(&mut self, now: Instant, a: &Accept) {
+    fn on_accept(&mut self, now: Instant, a: &Accept, features: u64) {
         self.peer_key = Some(a.key);
         self.learn_peer(a.mtu, a.max_message);
+        self.learn_features(features);
         if self.hs_sends == 1 {
             self.send
                 .rtt
@@ -898,7 +962,7 @@ impl Association {
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         let e = self.events.pop_front()?;
-        if let Event::Message(m) = &e {
+        if let Event::Message(m) | Event::Bundle(m) = &e {
             self.recv.consumed(m.len());
             if self.recv.window_update_due() && self.state == State::Established {
                 self.ack_now = true;
@@ -957,7 +1021,10 @@ impl Association {
                 }
                 let mtu = self.config.mtu as u32;
                 let max_message = self.config.max_message;
-                let status = self.recv.status(now);
+                let mut status = self.recv.status(now);
+                // Nothing is acknowledged at set-up: the ack delay carries
+                // this end's feature bits (see `frame`).
+                status.ack_delay_us = self.features();
                 let mut e;
                 if self.side == Side::Initiator {
                     e = Encoder::new(buf, self.local_key);

@@ -31,6 +31,7 @@ pub(super) enum DataOutcome {
 
 #[derive(Debug)]
 struct Partial {
+    bundle: bool,
     total: u64,
     got: u64,
     parts: Vec<Bytes>,
@@ -58,6 +59,13 @@ pub(super) struct RecvState {
     /// The buffer of the last reassembled message, reused once the
     /// application drops it (see `frame::join`).
     spare: Bytes,
+    /// Both ends offered bundles: a message flagged as one is checked and
+    /// delivered as [`Event::Bundle`]; otherwise a bundle is a protocol
+    /// violation.
+    pub(super) bundles: bool,
+    /// Bundles delivered, and the messages they held.
+    pub(super) bundles_delivered: u64,
+    pub(super) bundled_delivered: u64,
 }
 
 impl RecvState {
@@ -75,6 +83,9 @@ impl RecvState {
             fin_done: false,
             largest: None,
             spare: Bytes::new(),
+            bundles: false,
+            bundles_delivered: 0,
+            bundled_delivered: 0,
         }
     }
 
@@ -185,6 +196,9 @@ impl RecvState {
     ) -> Result<(), &'static str> {
         for c in chunks.iter() {
             let len = c.bytes.len() as u64;
+            if c.bundle && !self.bundles {
+                return Err("a bundle, which this end did not offer");
+            }
             match (c.begin, c.end, self.partial.as_mut()) {
                 (true, true, None) => {
                     if len > self.max_message {
@@ -192,13 +206,15 @@ impl RecvState {
                     }
                     self.unread += c.bytes.len();
                     *delivered += 1;
-                    events.push_back(Event::Message(c.bytes));
+                    let e = self.message(c.bundle, c.bytes)?;
+                    events.push_back(e);
                 }
                 (true, false, None) => {
                     if c.total > self.max_message {
                         return Err("message over max_message");
                     }
                     self.partial = Some(Partial {
+                        bundle: c.bundle,
                         total: c.total,
                         got: len,
                         parts: vec![c.bytes],
@@ -216,7 +232,8 @@ impl RecvState {
                         let msg = join(&mut p.parts, total, &mut self.spare);
                         self.unread += total;
                         *delivered += 1;
-                        events.push_back(Event::Message(msg));
+                        let e = self.message(p.bundle, msg)?;
+                        events.push_back(e);
                     }
                 }
                 _ => return Err("message piece out of place"),
@@ -229,6 +246,21 @@ impl RecvState {
             self.fin_done = true;
         }
         Ok(())
+    }
+
+    /// The event for a whole message; a bundle is checked first (one that
+    /// does not parse is a protocol violation).
+    #[inline]
+    fn message(&mut self, bundle: bool, msg: Bytes) -> Result<Event, &'static str> {
+        if !bundle {
+            return Ok(Event::Message(msg));
+        }
+        let Ok(n) = super::bundle::validate(&msg) else {
+            return Err("a bundle whose records do not parse");
+        };
+        self.bundles_delivered += 1;
+        self.bundled_delivered += n as u64;
+        Ok(Event::Bundle(msg))
     }
 
     /// The application took a message of `len` bytes.

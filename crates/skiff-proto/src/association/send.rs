@@ -195,6 +195,8 @@ struct Part {
     first: bool,
     /// The message's last part.
     last: bool,
+    /// The message is a bundle of small messages (its first chunk says so).
+    bundle: bool,
     /// The whole message's length.
     total: u64,
 }
@@ -301,6 +303,13 @@ impl SendState {
 
     /// Queues a message; the caller has checked room and limits.
     pub(super) fn push(&mut self, msg: Bytes) {
+        self.push_as(msg, false);
+    }
+
+    /// Queues a message, a bundle of small messages if `bundle` (see
+    /// `bundle.rs`); the caller has checked room, limits and that the peer
+    /// takes bundles.
+    pub(super) fn push_as(&mut self, msg: Bytes, bundle: bool) {
         self.seal(usize::MAX);
         self.buffered += msg.len();
         self.unsent += msg.len();
@@ -309,6 +318,7 @@ impl SendState {
             bytes: msg,
             first: true,
             last: true,
+            bundle,
             total,
         });
     }
@@ -332,6 +342,7 @@ impl SendState {
                 bytes,
                 first: i == 0,
                 last: i + 1 == n,
+                bundle: false,
                 total: total as u64,
             });
         }
@@ -377,6 +388,7 @@ impl SendState {
                 bytes: msg,
                 first: true,
                 last: true,
+                bundle: false,
                 total,
             });
             self.sealed += 1;
@@ -631,6 +643,7 @@ impl SendState {
                 break;
             };
             let begin = part.first && self.front_off == 0;
+            let bundle = begin && part.bundle;
             let rest = part.bytes.len() - self.front_off;
             let total = part.total;
             // Overhead with the largest length that could fit, so the chunk
@@ -653,6 +666,7 @@ impl SendState {
             let c = Chunk {
                 begin,
                 end,
+                bundle,
                 total: if begin && !end { total } else { 0 },
                 bytes: piece,
             };

@@ -20,7 +20,7 @@ use skiff_proto::error::Reason;
 use skiff_proto::{compound, wire, Batcher, LossDetector, Message, Verdict, WireError};
 
 use super::pump::{Outlet, Pump};
-use super::stage::Stage;
+use super::stage::{Inbound, SendStage, Stage};
 use super::{add_stats, wake_all, EndpointStats};
 use crate::tunnel::TunnelError;
 use crate::udp::SendBatch;
@@ -61,7 +61,7 @@ pub(crate) struct Conn {
     pub(super) queue: bool,
     /// Messages delivered so far (a reliable queue numbers them).
     pub(super) delivered: u64,
-    inbox: VecDeque<Bytes>,
+    inbox: VecDeque<Inbound>,
     inbox_bytes: usize,
     pub(crate) end: Option<End>,
     pub(crate) connected: bool,
@@ -123,8 +123,15 @@ const PROMPT_ACK: usize = 512;
 fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> bool {
     let mut s = c.stage.tx.lock();
     let payload = a.packet_payload();
+    let max_message = usize::try_from(a.max_message()).unwrap_or(usize::MAX);
     s.flush_at = payload.max(STAGE_BYTES);
-    s.small = (payload / 4).min(usize::try_from(a.max_message()).unwrap_or(usize::MAX));
+    s.small = (payload / 4).min(max_message);
+    s.bundling = a.bundles();
+    // A bundle fills a packet as one whole message (one chunk, never
+    // reassembled) when it starts one.
+    s.bundle_max = payload
+        .saturating_sub(association::frame::chunk_overhead(true, true, 0, payload))
+        .min(max_message);
     let mut moved = 0;
     while !s.msgs.is_empty() {
         let (n, refused) = a.send_from(&mut s.msgs);
@@ -150,13 +157,17 @@ fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> 
             }
         }
     }
+    if s.msgs.is_empty() && s.bundling {
+        moved += move_bundles(&mut s, a, stats);
+    }
     if moved > 0 {
         s.bytes = s.msgs.iter().map(Bytes::len).sum();
+        s.bytes += s.bundles.iter().map(|(b, _)| b.len()).sum::<usize>();
     }
     s.busy = a.buffered() > 0;
     s.prompt = a.buffered() > PROMPT_ACK;
     s.asked = false;
-    let empty = s.msgs.is_empty();
+    let empty = s.is_empty();
     if c.end.is_some() || c.local_closed || c.dropped {
         s.shut = true;
     }
@@ -166,6 +177,39 @@ fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> 
         a.close();
     }
     moved > 0
+}
+
+/// Seals the stage's open bundle and moves its bundles into the
+/// association while it takes them; how many messages they held.
+fn move_bundles(s: &mut SendStage, a: &mut Association, stats: &mut EndpointStats) -> usize {
+    s.seal();
+    let mut moved = 0;
+    while let Some((b, n)) = s.bundles.front() {
+        let n = *n;
+        match a.send_bundle(b.clone(), n) {
+            Ok(()) => {
+                s.bundles.pop_front();
+                moved += n;
+            }
+            Err(SendError::WouldBlock) => break,
+            Err(SendError::TooLarge { .. }) => {
+                // Built under a `bundle_max` that the peer's limit no
+                // longer allows (it is known before anything is staged, so
+                // this should not happen): dropped and counted.
+                s.bundles.pop_front();
+                stats.staged_refused += n as u64;
+            }
+            Err(_) => {
+                // Closing, or the peer does not take bundles (`bundling`
+                // follows the association, so this should not happen):
+                // accepted by `send` and not delivered, counted.
+                stats.staged_refused += s.clear() as u64;
+                s.shut = true;
+                break;
+            }
+        }
+    }
+    moved
 }
 
 /// A frame to send: destination and its bytes in `Core::fbuf`.
@@ -350,7 +394,7 @@ impl Core {
         // What was staged goes first (order); while it waits for room,
         // so does this.
         flush_stage(c, a, stats);
-        if !c.stage.tx.lock().msgs.is_empty() {
+        if !c.stage.tx.lock().is_empty() {
             return Ok(0);
         }
         match f(a) {
@@ -382,7 +426,7 @@ impl Core {
         &mut self,
         key: u64,
         limit: usize,
-        out: &mut VecDeque<Bytes>,
+        out: &mut VecDeque<Inbound>,
     ) -> (Option<Result<(), TunnelError>>, bool) {
         let mut pumped = false;
         for attempt in 0..2 {
@@ -449,13 +493,28 @@ impl Core {
             any = true;
             match ev {
                 Event::Connected => c.connected = true,
-                Event::Message(b) if c.dropped => {
-                    let _ = b;
-                    stats.discarded_after_drop += 1;
+                Event::Message(_) if c.dropped => stats.discarded_after_drop += 1,
+                Event::Bundle(bytes) if c.dropped => {
+                    let n = Inbound {
+                        bytes,
+                        bundle: true,
+                    }
+                    .messages();
+                    stats.discarded_after_drop += n as u64;
                 }
-                Event::Message(b) => {
-                    c.inbox_bytes += b.len();
-                    c.inbox.push_back(b);
+                Event::Message(bytes) => {
+                    c.inbox_bytes += bytes.len();
+                    c.inbox.push_back(Inbound {
+                        bytes,
+                        bundle: false,
+                    });
+                }
+                Event::Bundle(bytes) => {
+                    c.inbox_bytes += bytes.len();
+                    c.inbox.push_back(Inbound {
+                        bytes,
+                        bundle: true,
+                    });
                 }
                 Event::Writable => {}
                 Event::Closed(r) => c.end = Some(End::Closed(r)),
@@ -538,7 +597,8 @@ impl Core {
             return;
         };
         c.dropped = true;
-        self.stats.discarded_after_drop += c.inbox.len() as u64;
+        self.stats.discarded_after_drop +=
+            c.inbox.iter().map(Inbound::messages).sum::<usize>() as u64;
         c.inbox.clear();
         c.inbox_bytes = 0;
         c.lent = 0;

@@ -84,7 +84,10 @@ pub struct EndpointConfig {
     /// window may span, default 3 MiB: the window is the smaller of the
     /// two), `recv_buffer`, `send_buffer` (default 2 MiB each),
     /// `max_message`, `sreq_every`, `ack_delay`, `min_rto`, `min_pto`, `initial_rto`,
-    /// `keepalive`, `idle_timeout`, `handshake_timeout`.
+    /// `keepalive`, `idle_timeout`, `handshake_timeout`, `bundles` (on:
+    /// a tunnel's small messages travel in bundles when the peer offers
+    /// them too; `bundles=false` makes this end offer none, as an end built
+    /// before bundles).
     pub association: AssociationConfig,
     /// Most accepted associations at once (`max_associations`).
     pub max_associations: usize,
@@ -107,7 +110,7 @@ const OPTIONS: &str =
     "service, mtu, window, window_bytes, recv_buffer, send_buffer, max_message, sreq_every, \
      ack_delay, min_rto, min_pto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
      max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
-     gso, gro";
+     gso, gro, bundles";
 
 impl EndpointConfig {
     /// Defaults, bound to `bind`.
@@ -115,7 +118,11 @@ impl EndpointConfig {
         EndpointConfig {
             bind,
             service: 0,
-            association: AssociationConfig::default(),
+            // Tunnels bundle small messages when the peer takes them.
+            association: AssociationConfig {
+                bundles: true,
+                ..AssociationConfig::default()
+            },
             max_associations: 4096,
             max_half_open: 256,
             tunnel_buffer: 1 << 20,
@@ -176,6 +183,7 @@ impl EndpointConfig {
                 "sndbuf" => c.udp.send_buffer = Some(locator::parse_bytes(k, v)?),
                 "rcvbuf" => c.udp.recv_buffer = Some(locator::parse_bytes(k, v)?),
                 "gso" => c.udp.gso = locator::parse_bool(k, v)?,
+                "bundles" => a.bundles = locator::parse_bool(k, v)?,
                 "gro" => c.udp.gro = locator::parse_bool(k, v)?,
                 _ => return Ok(false),
             }
@@ -286,6 +294,10 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.wrong_source += b.wrong_source;
     a.stray += b.stray;
     a.protocol_violations += b.protocol_violations;
+    a.bundles_sent += b.bundles_sent;
+    a.bundled_messages_sent += b.bundled_messages_sent;
+    a.bundles_delivered += b.bundles_delivered;
+    a.bundled_messages_delivered += b.bundled_messages_delivered;
 }
 
 /// What the driver thread and the handles share.
@@ -736,18 +748,18 @@ impl Shared {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, TunnelError>> {
         let mut rx = stage.rx.lock();
-        if let Some(b) = rx.pop_front() {
+        if let Some(b) = rx.pop() {
             return Poll::Ready(Ok(Some(b)));
         }
         let limit = self.config.tunnel_buffer;
         let mut core = self.core.lock();
-        let (got, pumped) = core.take_inbox(key, limit, &mut rx);
+        let (got, pumped) = core.take_inbox(key, limit, &mut rx.items);
         match got {
             Some(r) => {
                 if pumped {
                     self.transmit(core);
                 }
-                Poll::Ready(r.map(|()| rx.pop_front()))
+                Poll::Ready(r.map(|()| rx.pop()))
             }
             None => {
                 if let Some(c) = core.conns.get_mut(&key) {

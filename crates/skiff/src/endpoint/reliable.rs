@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
-use skiff_proto::association::{Association, Event, Handle, SendError, State};
+use skiff_proto::association::{bundle, Association, Event, Handle, SendError, State};
 use skiff_proto::error::{LimitError, UsageError};
 use skiff_proto::{wire, Message};
 
@@ -178,6 +178,30 @@ fn inbox_cost(m: &Message) -> usize {
     m.payload.len() + m.subject.len() + 64
 }
 
+impl QueueState {
+    /// Decodes one message frame from tunnel `key` into the inbox (or
+    /// counts it undecodable); whether it was delivered.
+    fn take_frame(&mut self, c: &mut super::core::Conn, key: u64, b: &Bytes) -> bool {
+        match wire::decode_message(b, self.max_message) {
+            Ok(mut m) => {
+                m.meta.from = Some(c.peer);
+                m.meta.source = key;
+                m.meta.seq = c.delivered;
+                c.delivered += 1;
+                self.counters.received += 1;
+                self.counters.received_bytes += b.len() as u64;
+                self.inbox_bytes += inbox_cost(&m);
+                self.inbox.push_back(m);
+                true
+            }
+            Err(_) => {
+                self.counters.undecodable += 1;
+                false
+            }
+        }
+    }
+}
+
 impl Core {
     /// `pump` for an association of the reliable queue: events into the
     /// shared inbox, the destination's backlog into the association.
@@ -214,20 +238,13 @@ impl Core {
             any = true;
             match ev {
                 Event::Connected => c.connected = true,
-                Event::Message(b) => match wire::decode_message(&b, q.max_message) {
-                    Ok(mut m) => {
-                        m.meta.from = Some(c.peer);
-                        m.meta.source = key;
-                        m.meta.seq = c.delivered;
-                        c.delivered += 1;
-                        q.counters.received += 1;
-                        q.counters.received_bytes += b.len() as u64;
-                        q.inbox_bytes += inbox_cost(&m);
-                        q.inbox.push_back(m);
-                        delivered = true;
+                Event::Message(b) => delivered |= q.take_frame(c, key, &b),
+                // A queue's senders do not bundle; split all the same.
+                Event::Bundle(b) => {
+                    for m in bundle::records(b) {
+                        delivered |= q.take_frame(c, key, &m);
                     }
-                    Err(_) => q.counters.undecodable += 1,
-                },
+                }
                 Event::Writable => {}
                 Event::Closed(r) => c.end = Some(End::Closed(r)),
                 Event::Failed(r) => c.end = Some(End::Failed(r)),

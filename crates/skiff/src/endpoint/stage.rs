@@ -16,10 +16,19 @@
 //! short lock of their own instead of the core lock (which the driver and
 //! the other direction contend for) and the association's work per call.
 //!
+//! When both ends offered bundles at set-up (every skiff tunnel does; see
+//! [`skiff_proto::association::bundle`]), the stage copies each small
+//! message, with its length, into a bundle being built, at most one
+//! packet's payload long, and a move hands the association one message per
+//! bundle instead of one per small message; the receiving association
+//! delivers each bundle as one event, and `recv` splits it one message at a
+//! time (slices of the bundle's buffer). With a peer that did not offer
+//! them, each staged message is one association message as before.
+//!
 //! What stays as it was: order (staged messages enter the association in
 //! the order they were staged, and anything sent another way first moves
 //! the stage into the association), boundaries (each staged message is one
-//! association message), flow control (the stage holds at most about one
+//! message for the peer's `recv`, bundled or not), flow control (the stage holds at most about one
 //! packet's worth; beyond that `send` waits for the association to take
 //! it), and close (the stage moves into the association before its close;
 //! while the association has no room the close waits for it).
@@ -31,6 +40,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use skiff_proto::association::bundle;
 
 /// The send stage; see the module documentation.
 #[derive(Debug, Default)]
@@ -59,6 +69,18 @@ pub(crate) struct SendStage {
     /// The endpoint's driver was asked to move this stage at its next
     /// wake-up (cleared when the stage moves).
     pub(crate) asked: bool,
+    /// Both ends take bundles: small messages are copied into `open`
+    /// instead of queued in `msgs` (which then holds only messages staged
+    /// before the set-up said so, and goes first).
+    pub(crate) bundling: bool,
+    /// Longest bundle: what one packet carries as one whole message (and
+    /// at most the peer's `max_message`).
+    pub(crate) bundle_max: usize,
+    /// The bundle being built and how many records it holds.
+    open: Vec<u8>,
+    open_records: usize,
+    /// Bundles built, oldest first, with their record counts.
+    pub(crate) bundles: VecDeque<(Bytes, usize)>,
 }
 
 impl SendStage {
@@ -66,13 +88,54 @@ impl SendStage {
     /// next, or `None` if it was not staged.
     #[inline]
     pub(crate) fn offer(&mut self, msg: &Bytes) -> Option<Move> {
-        let len = msg.len();
-        if self.shut || len > self.small || self.bytes >= self.flush_at {
+        if !self.takes(msg.len()) {
             return None;
         }
-        self.msgs.push_back(msg.clone());
-        self.bytes += len;
+        if self.bundling {
+            self.put(msg);
+        } else {
+            self.msgs.push_back(msg.clone());
+        }
+        self.bytes += msg.len();
         Some(self.next_move())
+    }
+
+    /// Whether a message of `len` bytes may be staged now.
+    #[inline]
+    fn takes(&self, len: usize) -> bool {
+        !(self.shut
+            || len > self.small
+            || self.bytes >= self.flush_at
+            || (self.bundling && len + bundle::record_overhead(len) > self.bundle_max))
+    }
+
+    /// Copies `msg` into the open bundle (sealing it first if it would grow
+    /// past `bundle_max`).
+    #[inline]
+    fn put(&mut self, msg: &[u8]) {
+        let need = msg.len() + bundle::record_overhead(msg.len());
+        if self.open.len() + need > self.bundle_max {
+            self.seal();
+        }
+        if self.open.capacity() == 0 {
+            self.open.reserve_exact(self.bundle_max);
+        }
+        bundle::put(&mut self.open, msg);
+        self.open_records += 1;
+    }
+
+    /// Closes the open bundle, if any, into `bundles`.
+    pub(crate) fn seal(&mut self) {
+        if self.open_records > 0 {
+            let b = Bytes::from(std::mem::take(&mut self.open));
+            self.bundles.push_back((b, self.open_records));
+            self.open_records = 0;
+        }
+    }
+
+    /// Whether nothing is staged.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.msgs.is_empty() && self.bundles.is_empty() && self.open_records == 0
     }
 
     /// What the sender of the message just staged does.
@@ -93,18 +156,27 @@ impl SendStage {
     #[inline]
     pub(crate) fn offer_owned(&mut self, msg: Bytes) -> Result<Move, Bytes> {
         let len = msg.len();
-        if self.shut || len > self.small || self.bytes >= self.flush_at {
+        if !self.takes(len) {
             return Err(msg);
         }
-        self.msgs.push_back(msg);
+        if self.bundling {
+            self.put(&msg);
+        } else {
+            self.msgs.push_back(msg);
+        }
         self.bytes += len;
         Ok(self.next_move())
     }
 
-    /// Takes every staged message out (on shutdown).
+    /// Takes every staged message out (on shutdown); how many there were.
     pub(crate) fn clear(&mut self) -> usize {
-        let n = self.msgs.len();
+        let n = self.msgs.len()
+            + self.open_records
+            + self.bundles.iter().map(|(_, n)| n).sum::<usize>();
         self.msgs.clear();
+        self.bundles.clear();
+        self.open.clear();
+        self.open_records = 0;
         self.bytes = 0;
         n
     }
@@ -126,11 +198,63 @@ pub(crate) enum Move {
     Wait,
 }
 
+/// A message the association delivered to a tunnel: one message, or a
+/// bundle of them (checked by the association) that `recv` splits.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    pub(crate) bytes: Bytes,
+    pub(crate) bundle: bool,
+}
+
+impl Inbound {
+    /// How many messages it holds.
+    pub(crate) fn messages(&self) -> usize {
+        if self.bundle {
+            bundle::validate(&self.bytes).unwrap_or(0)
+        } else {
+            1
+        }
+    }
+}
+
+/// The receive stage: what `recv` serves without the core lock.
+#[derive(Debug, Default)]
+pub(crate) struct RecvStage {
+    /// Taken from the core, oldest first.
+    pub(crate) items: VecDeque<Inbound>,
+}
+
+impl RecvStage {
+    /// The next message: the front one, or the next of the front bundle
+    /// (a slice of its buffer).
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<Bytes> {
+        loop {
+            let front = self.items.front_mut()?;
+            if !front.bundle {
+                return self.items.pop_front().map(|i| i.bytes);
+            }
+            if let Some(m) = bundle::split_next(&mut front.bytes) {
+                if front.bytes.is_empty() {
+                    self.items.pop_front();
+                }
+                return Some(m);
+            }
+            self.items.pop_front();
+        }
+    }
+
+    /// Messages left to read.
+    pub(crate) fn messages(&self) -> usize {
+        self.items.iter().map(Inbound::messages).sum()
+    }
+}
+
 /// Both stages of one tunnel, shared by its handle and the core.
 #[derive(Debug, Default)]
 pub(crate) struct Stage {
     /// Small messages on their way into the association.
     pub(crate) tx: Mutex<SendStage>,
     /// Messages taken from the core for `recv`, oldest first.
-    pub(crate) rx: Mutex<VecDeque<Bytes>>,
+    pub(crate) rx: Mutex<RecvStage>,
 }

@@ -14,6 +14,7 @@ fn chunk(begin: bool, end: bool, total: u64, b: &'static [u8]) -> Chunk {
     Chunk {
         begin,
         end,
+        bundle: false,
         total,
         bytes: Bytes::from_static(b),
     }
@@ -311,6 +312,7 @@ fn arb_chunks() -> impl Strategy<Value = Vec<Chunk>> {
             .map(|(begin, end, b)| Chunk {
                 begin,
                 end,
+                bundle: false,
                 total: if begin && !end {
                     b.len() as u64 + 10
                 } else {

@@ -2,8 +2,10 @@
 //! and network ([`harness`]), script-like scenarios ([`scripts`]), property
 //! tests over random operations and faults ([`props`]), malformed input
 //! for the codec ([`malformed`]), stream writes ([`stream`]), and the association endpoint between two
-//! hosts that both initiate and accept ([`endpoint`]).
+//! hosts that both initiate and accept ([`endpoint`]), bundles of small
+//! messages ([`bundles`]).
 
+mod bundles;
 mod closes;
 mod endpoint;
 mod harness;

@@ -729,6 +729,7 @@ fn out_of_window_sequence_rejected() {
         e.chunk(&Chunk {
             begin: true,
             end: true,
+            bundle: false,
             total: 0,
             bytes: Bytes::from_static(b"evil"),
         });
@@ -753,6 +754,7 @@ fn protocol_violation_fails_both_sides() {
     e.chunk(&Chunk {
         begin: false,
         end: true,
+        bundle: false,
         total: 0,
         bytes: Bytes::from_static(b"x"),
     });
