@@ -23,7 +23,7 @@
 //! ([`FEATURE_BUNDLES`], see [`Association::bundles`](super::Association::bundles)),
 //! so a peer built before them never gets one.
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, BufMut, Bytes};
 
 use crate::error::WireError;
 use crate::varint;
@@ -39,9 +39,9 @@ pub fn record_overhead(len: usize) -> usize {
 
 /// Appends one record (`msg` with its length) to a bundle being built.
 #[inline]
-pub fn put(out: &mut Vec<u8>, msg: &[u8]) {
-    varint::put(out, msg.len() as u64);
-    out.extend_from_slice(msg);
+pub fn put<B: BufMut + ?Sized>(out: &mut B, msg: &[u8]) {
+    varint::put_buf(out, msg.len() as u64);
+    out.put_slice(msg);
 }
 
 /// Checks that `b` is a bundle: at least one record, every record's length

@@ -38,7 +38,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use skiff_proto::association::bundle;
 
@@ -77,8 +77,12 @@ pub(crate) struct SendStage {
     /// at most the peer's `max_message`).
     pub(crate) bundle_max: usize,
     /// The bundle being built and how many records it holds.
-    open: Vec<u8>,
+    open: BytesMut,
     open_records: usize,
+    /// Bundles sealed lately, oldest first: the buffer of one the
+    /// association has let go of (acknowledged) builds a later bundle,
+    /// instead of fresh pages for every bundle.
+    kept: VecDeque<Bytes>,
     /// Bundles built, oldest first, with their record counts.
     pub(crate) bundles: VecDeque<(Bytes, usize)>,
 }
@@ -118,16 +122,36 @@ impl SendStage {
             self.seal();
         }
         if self.open.capacity() == 0 {
-            self.open.reserve_exact(self.bundle_max);
+            self.open = self.fresh();
         }
         bundle::put(&mut self.open, msg);
         self.open_records += 1;
     }
 
+    /// An empty buffer for a bundle: the oldest kept bundle's, if nothing
+    /// else holds it any more, else a new one.
+    fn fresh(&mut self) -> BytesMut {
+        if let Some(old) = self.kept.pop_front() {
+            match old.try_into_mut() {
+                Ok(mut b) if b.capacity() >= self.bundle_max => {
+                    b.clear();
+                    return b;
+                }
+                Ok(_) => {}
+                Err(old) => self.kept.push_front(old),
+            }
+        }
+        BytesMut::with_capacity(self.bundle_max)
+    }
+
     /// Closes the open bundle, if any, into `bundles`.
     pub(crate) fn seal(&mut self) {
         if self.open_records > 0 {
-            let b = Bytes::from(std::mem::take(&mut self.open));
+            let b = std::mem::take(&mut self.open).freeze();
+            if self.kept.len() >= (KEPT_BYTES / self.bundle_max.max(1)).clamp(4, 64) {
+                self.kept.pop_front();
+            }
+            self.kept.push_back(b.clone());
             self.bundles.push_back((b, self.open_records));
             self.open_records = 0;
         }
@@ -181,6 +205,10 @@ impl SendStage {
         n
     }
 }
+
+/// Bytes of bundle buffers kept for reuse (see `SendStage::kept`; 4 to
+/// 64 buffers): about what the association holds unacknowledged.
+const KEPT_BYTES: usize = 2 << 20;
 
 /// What a sender does after staging a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,4 +285,68 @@ pub(crate) struct Stage {
     pub(crate) tx: Mutex<SendStage>,
     /// Messages taken from the core for `recv`, oldest first.
     pub(crate) rx: Mutex<RecvStage>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundling() -> SendStage {
+        SendStage {
+            flush_at: 1 << 20,
+            small: 256,
+            bundling: true,
+            bundle_max: 1000,
+            ..SendStage::default()
+        }
+    }
+
+    #[test]
+    fn bundles_are_at_most_bundle_max_and_split_back_in_order() {
+        let mut s = bundling();
+        let msgs: Vec<Bytes> = (0..300u32)
+            .map(|i| Bytes::from(vec![i as u8; (i % 90) as usize]))
+            .collect();
+        for m in &msgs {
+            assert!(s.offer(m).is_some());
+        }
+        s.seal();
+        assert!(s.bundles.len() > 1);
+        let mut rx = RecvStage::default();
+        for (b, n) in s.bundles.drain(..) {
+            assert!(b.len() <= 1000);
+            assert_eq!(bundle::validate(&b).unwrap(), n);
+            rx.items.push_back(Inbound {
+                bytes: b,
+                bundle: true,
+            });
+        }
+        assert_eq!(rx.messages(), msgs.len());
+        let got: Vec<Bytes> = std::iter::from_fn(|| rx.pop()).collect();
+        assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn a_bundle_buffer_let_go_of_builds_a_later_bundle() {
+        let mut s = bundling();
+        s.offer(&Bytes::from_static(b"first")).unwrap();
+        s.seal();
+        let (b, _) = s.bundles.pop_front().unwrap();
+        let at = b.as_ptr();
+        // Still held (unacknowledged): a new buffer.
+        s.offer(&Bytes::from_static(b"second")).unwrap();
+        s.seal();
+        let (c, _) = s.bundles.pop_front().unwrap();
+        assert_ne!(c.as_ptr(), at);
+        // Both let go of: the oldest buffer comes back.
+        drop((b, c));
+        s.offer(&Bytes::from_static(b"third")).unwrap();
+        s.seal();
+        let (d, _) = s.bundles.pop_front().unwrap();
+        assert_eq!(d.as_ptr(), at);
+        assert_eq!(
+            bundle::records(d).collect::<Vec<_>>(),
+            vec![Bytes::from_static(b"third")]
+        );
+    }
 }
