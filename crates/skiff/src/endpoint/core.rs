@@ -161,8 +161,7 @@ fn flush_stage(c: &mut Conn, a: &mut Association, stats: &mut EndpointStats) -> 
         moved += move_bundles(&mut s, a, stats);
     }
     if moved > 0 {
-        s.bytes = s.msgs.iter().map(Bytes::len).sum();
-        s.bytes += s.bundles.iter().map(|(b, _)| b.len()).sum::<usize>();
+        s.bytes = s.msgs.iter().map(Bytes::len).sum::<usize>() + s.bundled_bytes();
     }
     s.busy = a.buffered() > 0;
     s.prompt = a.buffered() > PROMPT_ACK;

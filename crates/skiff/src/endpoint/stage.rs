@@ -157,6 +157,11 @@ impl SendStage {
         }
     }
 
+    /// Bytes in bundles, sealed or open (lengths included).
+    pub(crate) fn bundled_bytes(&self) -> usize {
+        self.open.len() + self.bundles.iter().map(|(b, _)| b.len()).sum::<usize>()
+    }
+
     /// Whether nothing is staged.
     pub(crate) fn is_empty(&self) -> bool {
         self.msgs.is_empty() && self.bundles.is_empty() && self.open_records == 0
