@@ -493,27 +493,16 @@ impl Core {
             match ev {
                 Event::Connected => c.connected = true,
                 Event::Message(_) if c.dropped => stats.discarded_after_drop += 1,
-                Event::Bundle(bytes) if c.dropped => {
-                    let n = Inbound {
-                        bytes,
-                        bundle: true,
-                    }
-                    .messages();
-                    stats.discarded_after_drop += n as u64;
+                Event::Bundle(b) if c.dropped => {
+                    stats.discarded_after_drop += Inbound::Bundle(b).messages() as u64;
                 }
-                Event::Message(bytes) => {
-                    c.inbox_bytes += bytes.len();
-                    c.inbox.push_back(Inbound {
-                        bytes,
-                        bundle: false,
-                    });
+                Event::Message(b) => {
+                    c.inbox_bytes += b.len();
+                    c.inbox.push_back(Inbound::Whole(b));
                 }
-                Event::Bundle(bytes) => {
-                    c.inbox_bytes += bytes.len();
-                    c.inbox.push_back(Inbound {
-                        bytes,
-                        bundle: true,
-                    });
+                Event::Bundle(b) => {
+                    c.inbox_bytes += b.len();
+                    c.inbox.push_back(Inbound::Bundle(b));
                 }
                 Event::Writable => {}
                 Event::Closed(r) => c.end = Some(End::Closed(r)),

@@ -753,7 +753,7 @@ impl Shared {
         }
         let limit = self.config.tunnel_buffer;
         let mut core = self.core.lock();
-        let (got, pumped) = core.take_inbox(key, limit, &mut rx.items);
+        let (got, pumped) = core.take_inbox(key, limit, &mut rx.msgs);
         match got {
             Some(r) => {
                 if pumped {

@@ -231,21 +231,22 @@ pub(crate) enum Move {
     Wait,
 }
 
-/// A message the association delivered to a tunnel: one message, or a
-/// bundle of them (checked by the association) that `recv` splits.
+/// What the association delivered to a tunnel: one message, or a bundle
+/// of small ones (checked by the association) that `recv` splits.
 #[derive(Debug)]
-pub(crate) struct Inbound {
-    pub(crate) bytes: Bytes,
-    pub(crate) bundle: bool,
+pub(crate) enum Inbound {
+    /// One message.
+    Whole(Bytes),
+    /// A bundle (see [`bundle`]): its messages not yet read.
+    Bundle(Bytes),
 }
 
 impl Inbound {
     /// How many messages it holds.
     pub(crate) fn messages(&self) -> usize {
-        if self.bundle {
-            bundle::validate(&self.bytes).unwrap_or(0)
-        } else {
-            1
+        match self {
+            Inbound::Whole(_) => 1,
+            Inbound::Bundle(b) => bundle::validate(b).unwrap_or(0),
         }
     }
 }
@@ -254,7 +255,7 @@ impl Inbound {
 #[derive(Debug, Default)]
 pub(crate) struct RecvStage {
     /// Taken from the core, oldest first.
-    pub(crate) items: VecDeque<Inbound>,
+    pub(crate) msgs: VecDeque<Inbound>,
 }
 
 impl RecvStage {
@@ -263,23 +264,23 @@ impl RecvStage {
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<Bytes> {
         loop {
-            let front = self.items.front_mut()?;
-            if !front.bundle {
-                return self.items.pop_front().map(|i| i.bytes);
-            }
-            if let Some(m) = bundle::split_next(&mut front.bytes) {
-                if front.bytes.is_empty() {
-                    self.items.pop_front();
+            if let Inbound::Bundle(b) = self.msgs.front_mut()? {
+                let m = bundle::split_next(b);
+                if b.is_empty() {
+                    self.msgs.pop_front();
                 }
-                return Some(m);
+                if m.is_some() {
+                    return m;
+                }
+            } else if let Some(Inbound::Whole(b)) = self.msgs.pop_front() {
+                return Some(b);
             }
-            self.items.pop_front();
         }
     }
 
     /// Messages left to read.
     pub(crate) fn messages(&self) -> usize {
-        self.items.iter().map(Inbound::messages).sum()
+        self.msgs.iter().map(Inbound::messages).sum()
     }
 }
 
@@ -321,10 +322,7 @@ mod tests {
         for (b, n) in s.bundles.drain(..) {
             assert!(b.len() <= 1000);
             assert_eq!(bundle::validate(&b).unwrap(), n);
-            rx.items.push_back(Inbound {
-                bytes: b,
-                bundle: true,
-            });
+            rx.msgs.push_back(Inbound::Bundle(b));
         }
         assert_eq!(rx.messages(), msgs.len());
         let got: Vec<Bytes> = std::iter::from_fn(|| rx.pop()).collect();
