@@ -10,7 +10,8 @@
 //! from a stranger's address instead of the peer's, bit 2 patches the
 //! skiff header and the receiver's current key into the bytes (so the
 //! fuzzer reaches past the key check), bits 3-5 advance time by that many
-//! times 7 ms first, and bit 6 makes the client send a small message.
+//! times 7 ms first, bit 6 makes the client send a small message and bit 7
+//! a bundle of two (both ends offer bundles).
 #![no_main]
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
+use skiff_proto::association::bundle;
 use skiff_proto::association::frame::{KIND, RTN};
 use skiff_proto::association::{
     Association, AssociationConfig, Endpoint, EndpointConfig, EndpointEvent, Event, Handle,
@@ -51,6 +53,9 @@ impl Session {
             keepalive: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(1),
+            // Both ends offer bundles, so forged chunks flagged BUNDLE reach
+            // the bundle check instead of failing as not offered.
+            bundles: true,
             ..AssociationConfig::default()
         };
         let server_addr: SocketAddr = "10.0.0.2:4747".parse().unwrap();
@@ -149,6 +154,14 @@ fuzz_target!(|data: &[u8]| {
         s.advance(Duration::from_millis(7 * u64::from((op >> 3) & 7)));
         if op & 0x40 != 0 {
             let _ = s.client.send(Bytes::from(sent.to_le_bytes().to_vec()));
+            sent += 1;
+        }
+        if op & 0x80 != 0 {
+            // A bundle of two small messages (refused before set-up).
+            let mut b = Vec::new();
+            bundle::put(&mut b, &sent.to_le_bytes());
+            bundle::put(&mut b, &[]);
+            let _ = s.client.send_bundle(Bytes::from(b), 2);
             sent += 1;
         }
         let to_client = op & 1 == 0;
