@@ -26,6 +26,7 @@ CASES = [
     ("pubsub 1->4 256 B", "pubsub -pubs 1 -subs 4 -size 256", 4),
     ("request 1 requester 8 B", "request -conc 1 -size 8", 1),
     ("request 16 requesters 8 B", "request -conc 16 -size 8", 1),
+    ("request 16 requesters 8 B, a connection each", "request -conc 16 -size 8 -conns per-requester", 1),
 ]
 
 
@@ -52,6 +53,14 @@ def ctxsw(pid):
             elif line.startswith("nonvoluntary_ctxt_switches"):
                 n += int(line.split()[1])
     return v, n
+
+
+def hwm(pid):
+    """Peak RSS (VmHWM) of pid, kB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1])
+    return 0
 
 
 def io(pid):
@@ -121,6 +130,7 @@ def measure(which, case, args):
     row, nb_cpu, nb_io = run_nb(args.nb, case_args, url, args.duration_secs)
     wall = time.time() - t0
     c1, s1 = cpu(proc.pid), ctxsw(proc.pid)
+    rss_kb = hwm(proc.pid)
     proc.terminate()
     proc.wait()
     n = delivered(row, fan)
@@ -129,7 +139,7 @@ def measure(which, case, args):
         "server_cpu_s": c1 - c0, "nb_cpu_s": nb_cpu, "wall_s": wall,
         "server_ns_per_msg": (c1 - c0) / n * 1e9, "nb_ns_per_msg": nb_cpu / n * 1e9,
         "server_ctxsw_per_msg": ((s1[0] - s0[0]) + (s1[1] - s0[1])) / n,
-        "p50_us": row.get("p50_us"), "lost": row.get("lost", 0),
+        "p50_us": row.get("p50_us"), "lost": row.get("lost", 0), "peak_rss_kb": rss_kb,
         "nb_reads_per_msg": nb_io.get("syscr", 0) / n,
         "nb_writes_per_msg": nb_io.get("syscw", 0) / n,
         "nb_bytes_per_read": nb_io.get("rchar", 0) / max(1, nb_io.get("syscr", 0)),
@@ -163,7 +173,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration-secs", type=int, default=2)
     ap.add_argument("--strace", action="store_true")
-    ap.add_argument("--cases", default="1,2,3,4,5,6")
+    ap.add_argument("--cases", default="1,2,3,4,5,6,7")
     ap.add_argument("--servers", default="nats,skiff")
     args = ap.parse_args()
     args.nats_server = os.environ["NATS_SERVER"]
@@ -180,7 +190,7 @@ def main():
                 f"  natsbench {r['nb_ns_per_msg']:7.0f} ns/msg  ctxsw/msg {r['server_ctxsw_per_msg']:.3f}"
                 f"  nb r/w per msg {r['nb_reads_per_msg']:.4f}/{r['nb_writes_per_msg']:.4f}"
                 f" ({r['nb_bytes_per_read']:,.0f}/{r['nb_bytes_per_write']:,.0f} B)  lost {r['lost']:,}"
-                f"  ceiling(2 cores/nb) {ceiling:>12,.0f}/s"
+                f"  ceiling(2 cores/nb) {ceiling:>12,.0f}/s  peak RSS {r['peak_rss_kb'] / 1024:.1f} MB"
                 + (f"  syscalls/msg {r['syscalls_per_msg']:.3f} {r['top_syscalls_per_msg']}" if args.strace else "")
                 + "\n")
 

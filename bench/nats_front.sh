@@ -2,8 +2,9 @@
 # skiff's NATS listener (`skiff node --nats`) against nats-server, driven by
 # the same load generator (bench/nats/natsbench, nats.go) in one run, each
 # case alternating servers back to back: publish/subscribe 1->1 and 1->4 at
-# 8 B and 256 B, request/reply with 1 and 16 requesters, and each server's
-# peak RSS (VmHWM) after the run. Prints a Markdown section for
+# 8 B and 256 B, request/reply with 1 and 16 requesters (16 on one
+# connection, and 16 with a connection each as `nats bench` runs them),
+# and each server's peak RSS (VmHWM) after the run. Prints a Markdown section for
 # bench/RESULTS.md on standard output; progress on standard error.
 #
 #   bench/nats_front.sh [--duration-secs 2] [--trials 3]
@@ -69,6 +70,7 @@ cases=(
     "pubsub 1->4 256 B|pubsub -pubs 1 -subs 4 -size 256"
     "request 1 requester 8 B|request -conc 1 -size 8"
     "request 16 requesters 8 B|request -conc 16 -size 8"
+    "request 16 requesters 8 B, a connection each|request -conc 16 -size 8 -conns per-requester"
 )
 : >"$TMP/rows"
 for t in $(seq "$TRIALS"); do

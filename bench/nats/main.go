@@ -104,6 +104,7 @@ func main() {
 	max := fs.Uint64("messages", 5_000_000, "most messages per publisher")
 	latency := fs.Bool("latency", false, "pubsub: one message at a time, publish-to-arrival latency")
 	queue := fs.String("queue", "", "request: responders form this queue group")
+	conns := fs.String("conns", "one", "request: one (every requester on one connection) or per-requester (each its own, as `nats bench` does)")
 	fs.Parse(os.Args[2:])
 	w := where{pub: *pubURL, subs: subURLs}
 	if w.pub == "" {
@@ -124,7 +125,10 @@ func main() {
 			r = pubsub(w, *pubs, *subs, *size, *dur, *max)
 		}
 	case "request":
-		r = request(w, *conc, *size, *dur, *queue)
+		if *conns != "one" && *conns != "per-requester" {
+			die(fmt.Errorf("-conns must be one or per-requester"))
+		}
+		r = request(w, *conc, *size, *dur, *queue, *conns == "per-requester")
 	default:
 		die(fmt.Errorf("unknown test %q", os.Args[1]))
 	}
@@ -307,7 +311,9 @@ func pubsubLatency(w where, subs, size int, dur time.Duration) row {
 	}
 }
 
-func request(w where, conc, size int, dur time.Duration, queue string) row {
+// request times requests from conc requesters: all on one connection, or
+// (perConn) each on a connection of its own.
+func request(w where, conc, size int, dur time.Duration, queue string, perConn bool) row {
 	for _, url := range w.subs {
 		srv := connect(url)
 		defer srv.Close()
@@ -325,6 +331,15 @@ func request(w where, conc, size int, dur time.Duration, queue string) row {
 	}
 	nc := connect(w.pub)
 	defer nc.Close()
+	// The connection each requester uses.
+	ncs := make([]*nats.Conn, conc)
+	for c := range ncs {
+		ncs[c] = nc
+		if perConn && c > 0 {
+			ncs[c] = connect(w.pub)
+			defer ncs[c].Close()
+		}
+	}
 	payload := make([]byte, size)
 	// Warm up; the first requests may find no route to a responder yet.
 	deadline := time.Now().Add(10 * time.Second)
@@ -344,7 +359,7 @@ func request(w where, conc, size int, dur time.Duration, queue string) row {
 	start := time.Now()
 	for c := 0; c < conc; c++ {
 		wg.Add(1)
-		go func() {
+		go func(nc *nats.Conn) {
 			defer wg.Done()
 			var mine []time.Duration
 			for time.Since(start) < dur {
@@ -357,13 +372,16 @@ func request(w where, conc, size int, dur time.Duration, queue string) row {
 			mu.Lock()
 			lat = append(lat, mine...)
 			mu.Unlock()
-		}()
+		}(ncs[c])
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	rate := float64(len(lat)) / elapsed.Seconds()
 	opts := w.String()
+	if perConn {
+		opts += " conns=per-requester"
+	}
 	if queue != "" {
 		opts += " queue=" + queue
 	}
