@@ -441,3 +441,79 @@ async fn a_queue_group_is_a_skiff_cluster() {
     assert_eq!(&req.await.unwrap().unwrap().payload[..], b"done");
     n.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_slow_subscriber_holds_a_bounded_queue_and_loses_nothing() {
+    // A NATS subscription's queue stops its publisher at 16,384 messages
+    // (plus up to 8,192 being written), long before the client's
+    // pending-bytes bound (16 MiB by default): a subscriber slower than
+    // its publisher costs the node a few MiB, and every message arrives.
+    const N: usize = 200_000;
+    let n = node(|_| {}).await;
+    // A small receive buffer, so the node's socket takes little of it.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = sock.connect(n.nats_addr().unwrap()).await.unwrap();
+    let mut slow = Raw {
+        s,
+        seen: Vec::new(),
+    };
+    slow.expect("INFO {").await;
+    slow.expect("\r\n").await;
+    slow.send("SUB s 1\r\nPING\r\n").await;
+    slow.expect("PONG\r\n").await;
+    let mut fast = Raw::open(&n).await;
+    let publisher = tokio::spawn(async move {
+        for chunk in 0..N / 1000 {
+            let mut b = String::new();
+            for i in chunk * 1000..(chunk + 1) * 1000 {
+                b.push_str(&format!("PUB s 8\r\n{i:08}\r\n"));
+            }
+            fast.send(&b).await;
+        }
+        fast.send("PING\r\n").await;
+        fast.expect("PONG\r\n").await;
+    });
+    let queued = |n: &Node| -> (usize, usize) {
+        let st = n.broker().stats();
+        st.clients
+            .iter()
+            .find_map(|c| {
+                let s = c.subscriptions.first()?;
+                Some((s.counters.queued, c.pending_bytes))
+            })
+            .unwrap_or((0, 0))
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while queued(&n).0 < 16 * 1024 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never filled: {:?}",
+            queued(&n)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (q, bytes) = queued(&n);
+    assert!(q <= 24 * 1024, "{q} messages queued");
+    assert!(bytes < 4 << 20, "{bytes} bytes pending");
+    assert!(!publisher.is_finished(), "the publisher was not stopped");
+    // The subscriber reads: every message, in order.
+    let want: String = (0..N).map(|i| format!("MSG s 1 8\r\n{i:08}\r\n")).collect();
+    let mut got = std::mem::take(&mut slow.seen);
+    let mut buf = vec![0u8; 1 << 16];
+    while got.len() < want.len() {
+        let k = tokio::time::timeout(PATIENCE, slow.s.read(&mut buf))
+            .await
+            .expect("the messages keep coming")
+            .unwrap();
+        assert!(k > 0, "closed after {} bytes", got.len());
+        got.extend_from_slice(&buf[..k]);
+    }
+    assert!(got == want.as_bytes(), "messages lost or out of order");
+    tokio::time::timeout(PATIENCE, publisher)
+        .await
+        .expect("the publisher goes on")
+        .unwrap();
+    n.shutdown().await;
+}

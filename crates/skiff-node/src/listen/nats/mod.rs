@@ -94,6 +94,20 @@ pub const REQUEST_TTL: Duration = Duration::from_secs(60);
 /// they check the version for (headers, no responders).
 pub const ANNOUNCED_VERSION: &str = "2.11.0";
 
+/// Messages a NATS subscription queues before its publishers wait
+/// (nats-server stalls a fast producer in the same way), besides the
+/// client's `max_pending_bytes`. More than a socket write's worth (about
+/// 256 KiB) even of 8-byte messages, so the writer does not run dry, and
+/// small enough that a subscriber slower than its publisher holds a few
+/// MiB at most, not the whole pending-bytes bound (16 MiB of 8-byte
+/// messages held 12 MiB of queue, most of the node's memory).
+const SUB_QUEUE: u32 = 16 * 1024;
+
+/// Credit of a NATS subscription (NATS has none): at most this many of
+/// its messages go into one write, and the writer gives them back before
+/// writing, so a full queue holds [`SUB_QUEUE`] plus at most this many.
+const SUB_CREDIT: u32 = 8 * 1024;
+
 /// Where the NATS listener listens, and what it says about itself.
 #[derive(Debug, Clone)]
 pub(crate) struct NatsListener {
@@ -774,10 +788,12 @@ impl Reader {
             group.clone(),
             // nats-server stalls a fast producer while a subscriber's
             // buffer is nearly full, and closes a subscriber that stops
-            // taking bytes (the write deadline, in the writer).
+            // taking bytes (the write deadline, in the writer). Here the
+            // queue's bound is SUB_QUEUE messages or the client's
+            // pending bytes, whichever is reached first.
             Policy::Block,
-            u32::MAX,
-            u32::MAX,
+            SUB_QUEUE,
+            SUB_CREDIT,
         );
         match r {
             Ok(()) => {
