@@ -21,6 +21,12 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             _ = out.ready() => {}
             _ = conn.wake.notified() => {}
         }
+        // The readers that are ready run first, so what they route to
+        // this connection goes out in this write: requests from many
+        // connections to one responder share a write, at the cost of one
+        // more poll of the runtime's driver per wake-up (measured in
+        // bench/RESULTS.md, session 26).
+        tokio::task::yield_now().await;
         let direct = std::mem::take(&mut conn.shared.lock().direct);
         // Frames queued before a line the reader wrote (a `PONG` after
         // the publishes before its `PING`) go first.
