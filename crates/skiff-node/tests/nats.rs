@@ -448,7 +448,7 @@ async fn a_slow_subscriber_holds_a_bounded_queue_and_loses_nothing() {
     // (plus up to 8,192 being written), long before the client's
     // pending-bytes bound (16 MiB by default): a subscriber slower than
     // its publisher costs the node a few MiB, and every message arrives.
-    const N: usize = 200_000;
+    const N: usize = 400_000;
     let n = node(|_| {}).await;
     // A small receive buffer, so the node's socket takes little of it.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
@@ -472,17 +472,22 @@ async fn a_slow_subscriber_holds_a_bounded_queue_and_loses_nothing() {
             fast.send(&b).await;
         }
         fast.send("PING\r\n").await;
-        fast.expect("PONG\r\n").await;
+        fast
     });
-    let queued = |n: &Node| -> (usize, usize) {
+    // (messages queued for the subscriber, its pending bytes, messages
+    // the node took from the publisher)
+    let queued = |n: &Node| -> (usize, usize, u64) {
         let st = n.broker().stats();
-        st.clients
+        let (q, bytes) = st
+            .clients
             .iter()
             .find_map(|c| {
                 let s = c.subscriptions.first()?;
                 Some((s.counters.queued, c.pending_bytes))
             })
-            .unwrap_or((0, 0))
+            .unwrap_or((0, 0));
+        let published = st.clients.iter().map(|c| c.published).sum();
+        (q, bytes, published)
     };
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while queued(&n).0 < 16 * 1024 {
@@ -493,11 +498,25 @@ async fn a_slow_subscriber_holds_a_bounded_queue_and_loses_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (q, bytes) = queued(&n);
+    // Until the node stops reading the publisher: what it has not read
+    // (the rest, beyond what the sockets' buffers took) waits.
+    let mut last = queued(&n);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = queued(&n);
+        if now.2 == last.2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node kept reading the publisher: {now:?}"
+        );
+        last = now;
+    }
+    let (q, bytes, published) = last;
     assert!(q <= 24 * 1024, "{q} messages queued");
     assert!(bytes < 4 << 20, "{bytes} bytes pending");
-    assert!(!publisher.is_finished(), "the publisher was not stopped");
+    assert!(published < N as u64, "all {published} published");
     // The subscriber reads: every message, in order.
     let want: String = (0..N).map(|i| format!("MSG s 1 8\r\n{i:08}\r\n")).collect();
     let mut got = std::mem::take(&mut slow.seen);
@@ -511,9 +530,10 @@ async fn a_slow_subscriber_holds_a_bounded_queue_and_loses_nothing() {
         got.extend_from_slice(&buf[..k]);
     }
     assert!(got == want.as_bytes(), "messages lost or out of order");
-    tokio::time::timeout(PATIENCE, publisher)
+    let mut fast = tokio::time::timeout(PATIENCE, publisher)
         .await
         .expect("the publisher goes on")
         .unwrap();
+    fast.expect("PONG\r\n").await;
     n.shutdown().await;
 }
