@@ -16,17 +16,22 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     let mut scratch = Scratch::default();
     let mut republish = Vec::new();
     let mut ended = Vec::new();
+    // When the writer last wrote.
+    let mut wrote: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = out.ready() => {}
             _ = conn.wake.notified() => {}
         }
-        // The readers that are ready run first, so what they route to
-        // this connection goes out in this write: requests from many
-        // connections to one responder share a write, at the cost of one
-        // more poll of the runtime's driver per wake-up (measured in
-        // bench/RESULTS.md, session 26).
-        tokio::task::yield_now().await;
+        // On a busy connection, the readers that are ready run first, so
+        // what they route to it goes out in this write: requests from
+        // many connections to one responder share a write. That costs a
+        // poll of the runtime's driver, so a connection that was quiet
+        // (one request at a time) writes at once (bench/RESULTS.md,
+        // session 26).
+        if wrote.is_some_and(|t: Instant| t.elapsed() < COALESCE) {
+            tokio::task::yield_now().await;
+        }
         let direct = std::mem::take(&mut conn.shared.lock().direct);
         // Frames queued before a line the reader wrote (a `PONG` after
         // the publishes before its `PING`) go first.
@@ -53,7 +58,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
         }
         if !buf.is_empty() {
             let deadline = broker.limits().write_deadline_ms;
-            let wrote = if deadline == 0 {
+            let r = if deadline == 0 {
                 w.write_all(&buf).await
             } else {
                 match tokio::time::timeout(Duration::from_millis(deadline), w.write_all(&buf)).await
@@ -67,10 +72,11 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
                     }
                 }
             };
-            if wrote.is_err() {
+            if r.is_err() {
                 broker.detach(out.id, None);
                 return;
             }
+            wrote = Some(Instant::now());
             buf.clear();
             if buf.capacity() > 4 << 20 {
                 buf = Vec::with_capacity(64 * 1024);
@@ -108,6 +114,10 @@ struct Nats<'a> {
     /// Subscriptions that reached their `UNSUB` count.
     ended: &'a mut Vec<u64>,
 }
+
+/// A writer woken within this long of its last write lets the ready
+/// readers run before it writes (see `write_loop`).
+const COALESCE: Duration = Duration::from_micros(50);
 
 /// Bytes written for one socket write before the writer writes them.
 const BATCH_BYTES: usize = 256 * 1024;
