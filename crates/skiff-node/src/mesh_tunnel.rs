@@ -643,7 +643,10 @@ impl Tunnels {
                     Event::Bundle(b) if live => {
                         s.frames.extend(bundle::records(b).map(|m| (peer, m)));
                     }
-                    Event::Message(_) | Event::Bundle(_) => {
+                    // The mesh's associations deliver whole messages
+                    // (`deliver_pieces` off); pieces are joined all the same.
+                    Event::Pieces(p) if live => s.frames.push((peer, p.join())),
+                    Event::Message(_) | Event::Bundle(_) | Event::Pieces(_) => {
                         stats.stray_frames += 1;
                         stray = true;
                     }
@@ -673,6 +676,7 @@ impl Tunnels {
                 match e {
                     Event::Message(m) => s.frames.push((peer, m)),
                     Event::Bundle(b) => s.frames.extend(bundle::records(b).map(|m| (peer, m))),
+                    Event::Pieces(p) => s.frames.push((peer, p.join())),
                     Event::Closed(_) | Event::Failed(_) => dead.push(peer),
                     Event::Connected | Event::Writable => {}
                 }

@@ -28,12 +28,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use std::collections::VecDeque;
+
 use bytes::{Buf, Bytes};
-use skiff_proto::association::{AssociationStats, FailReason};
+use skiff_proto::association::{bundle, AssociationStats, FailReason};
 use skiff_proto::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::endpoint::stage::Stage;
+use crate::endpoint::stage::{Inbound, Stage};
 use crate::endpoint::Shared;
 
 /// Why a tunnel operation failed, grouped by who is at fault.
@@ -239,7 +241,7 @@ impl Tunnel {
     pub fn into_stream(self) -> TunnelStream {
         TunnelStream {
             tunnel: self,
-            read: Bytes::new(),
+            read: VecDeque::new(),
             eof: false,
             chunk: 64 << 10,
         }
@@ -261,7 +263,9 @@ impl Drop for Tunnel {
 #[derive(Debug)]
 pub struct TunnelStream {
     tunnel: Tunnel,
-    read: Bytes,
+    /// Bytes received and not yet read: one message, or the pieces of a
+    /// large one, copied out as they are (never joined first).
+    read: VecDeque<Bytes>,
     eof: bool,
     chunk: usize,
 }
@@ -286,16 +290,29 @@ impl AsyncRead for TunnelStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         while this.read.is_empty() && !this.eof {
-            match this.tunnel.poll_recv(cx) {
+            let t = &this.tunnel;
+            match t.shared.poll_recv_inbound(t.key, &t.stage, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(Some(b))) => this.read = b,
+                Poll::Ready(Ok(Some(Inbound::Whole(b)))) => this.read.push_back(b),
+                Poll::Ready(Ok(Some(Inbound::Pieces(p)))) => this.read.extend(p.into_parts()),
+                Poll::Ready(Ok(Some(Inbound::Bundle(b)))) => this.read.extend(bundle::records(b)),
                 Poll::Ready(Ok(None)) => this.eof = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
             }
+            // Empty messages and pieces carry nothing to read.
+            this.read.retain(|b| !b.is_empty());
         }
-        let n = this.read.len().min(buf.remaining());
-        buf.put_slice(&this.read[..n]);
-        this.read.advance(n);
+        while buf.remaining() > 0 {
+            let Some(b) = this.read.front_mut() else {
+                break;
+            };
+            let n = b.len().min(buf.remaining());
+            buf.put_slice(&b[..n]);
+            b.advance(n);
+            if b.is_empty() {
+                this.read.pop_front();
+            }
+        }
         Poll::Ready(Ok(()))
     }
 }

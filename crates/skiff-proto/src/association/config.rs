@@ -76,6 +76,13 @@ pub struct AssociationConfig {
     /// ([`Association::send_bundle`]). Off by default: an application that
     /// takes events must split them; tunnels turn it on.
     pub bundles: bool,
+    /// Deliver a message larger than one packet as [`Event::Pieces`] (its
+    /// fragments as they arrived, for the application to join on its own
+    /// thread) instead of joined into one buffer as [`Event::Message`].
+    ///
+    /// [`Event::Pieces`]: super::Event::Pieces
+    /// [`Event::Message`]: super::Event::Message
+    pub deliver_pieces: bool,
 }
 
 impl Default for AssociationConfig {
@@ -99,6 +106,7 @@ impl Default for AssociationConfig {
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             bundles: false,
+            deliver_pieces: false,
         }
     }
 }

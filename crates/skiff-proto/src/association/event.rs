@@ -21,6 +21,11 @@ pub enum Event {
     /// (the association checked it). Only once both ends offered bundles
     /// ([`AssociationConfig::bundles`](super::AssociationConfig::bundles)).
     Bundle(Bytes),
+    /// A whole message from the peer, in order, in the pieces it arrived
+    /// in: a message larger than one packet, delivered so only when
+    /// [`AssociationConfig::deliver_pieces`](super::AssociationConfig::deliver_pieces)
+    /// is set (else it comes joined, as [`Event::Message`]).
+    Pieces(Pieces),
     /// [`Association::send`] refused with [`SendError::WouldBlock`] earlier
     /// and now has room.
     Writable,
@@ -29,6 +34,58 @@ pub enum Event {
     /// The association is gone; messages not yet acknowledged may not have
     /// arrived. Last event.
     Failed(FailReason),
+}
+
+/// A message in the pieces it arrived in: slices of the receive buffers,
+/// in order, not copied. The application joins them (or copies them out
+/// where it wants them) on its own thread, so the thread that receives
+/// packets does not copy every byte of a large message once more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pieces {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Pieces {
+    /// The pieces of a message of `len` bytes (their lengths add up to it).
+    pub(super) fn new(parts: Vec<Bytes>, len: usize) -> Pieces {
+        debug_assert_eq!(parts.iter().map(Bytes::len).sum::<usize>(), len);
+        Pieces { parts, len }
+    }
+
+    /// The message's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pieces, in order.
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// The pieces, in order, to read without joining them.
+    pub fn into_parts(self) -> Vec<Bytes> {
+        self.parts
+    }
+
+    /// The message in one buffer: a copy into a new one.
+    pub fn join(self) -> Bytes {
+        self.join_reusing(&mut Bytes::new())
+    }
+
+    /// The message in one buffer: a copy into `spare` if the application
+    /// has dropped every other handle of it and it is large enough (no
+    /// allocation, no fresh pages), else into a new buffer. The result
+    /// becomes the next `spare` when at most 256 KiB (a message the
+    /// application keeps holds its own buffer, nothing more).
+    pub fn join_reusing(mut self, spare: &mut Bytes) -> Bytes {
+        super::frame::join(&mut self.parts, self.len, spare)
+    }
 }
 
 /// Who started a graceful close.
@@ -133,7 +190,7 @@ pub struct AssociationStats {
     /// Messages accepted by `send`, and messages made of bytes gathered
     /// from `write`s.
     pub messages_sent: u64,
-    /// Messages delivered as [`Event::Message`].
+    /// Messages delivered as [`Event::Message`] or [`Event::Pieces`].
     pub messages_delivered: u64,
     /// Data packets sent for the first time.
     pub data_packets: u64,

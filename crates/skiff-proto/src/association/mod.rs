@@ -90,7 +90,9 @@ mod tests;
 
 pub use config::AssociationConfig;
 pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats};
-pub use event::{AssociationStats, CloseReason, Event, FailReason, SendError, State, Transmit};
+pub use event::{
+    AssociationStats, CloseReason, Event, FailReason, Pieces, SendError, State, Transmit,
+};
 pub use frame::{is_association, peek_key, KIND};
 
 use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
@@ -246,7 +248,12 @@ impl Association {
                 config.min_pto,
                 rtt,
             ),
-            recv: RecvState::new(config.recv_window, config.recv_buffer, config.max_message),
+            recv: RecvState::new(
+                config.recv_window,
+                config.recv_buffer,
+                config.max_message,
+                config.deliver_pieces,
+            ),
             mtu: config.mtu,
             peer_max_message: config.max_message,
             bundles: false,
@@ -962,8 +969,13 @@ impl Association {
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         let e = self.events.pop_front()?;
-        if let Event::Message(m) | Event::Bundle(m) = &e {
-            self.recv.consumed(m.len());
+        let taken = match &e {
+            Event::Message(m) | Event::Bundle(m) => Some(m.len()),
+            Event::Pieces(p) => Some(p.len()),
+            _ => None,
+        };
+        if let Some(len) = taken {
+            self.recv.consumed(len);
             if self.recv.window_update_due() && self.state == State::Established {
                 self.ack_now = true;
             }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::frame::{join, Chunks, Sack, Status, MAX_SACK};
-use super::Event;
+use super::{Event, Pieces};
 
 /// What became of one DATA section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +66,17 @@ pub(super) struct RecvState {
     /// Bundles delivered, and the messages they held.
     pub(super) bundles_delivered: u64,
     pub(super) bundled_delivered: u64,
+    /// Deliver fragmented messages as [`Event::Pieces`], unjoined.
+    pieces: bool,
 }
 
 impl RecvState {
-    pub(super) fn new(window: u64, recv_buffer: usize, max_message: u64) -> RecvState {
+    pub(super) fn new(
+        window: u64,
+        recv_buffer: usize,
+        max_message: u64,
+        pieces: bool,
+    ) -> RecvState {
         RecvState {
             rseq: 0,
             alloc: window,
@@ -86,6 +93,7 @@ impl RecvState {
             bundles: false,
             bundles_delivered: 0,
             bundled_delivered: 0,
+            pieces,
         }
     }
 
@@ -229,11 +237,15 @@ impl RecvState {
                     if end {
                         let mut p = self.partial.take().expect("matched Some");
                         let total = p.total as usize;
-                        let msg = join(&mut p.parts, total, &mut self.spare);
                         self.unread += total;
                         *delivered += 1;
-                        let e = self.message(p.bundle, msg)?;
-                        events.push_back(e);
+                        if self.pieces && !p.bundle && p.parts.len() > 1 {
+                            events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
+                        } else {
+                            let msg = join(&mut p.parts, total, &mut self.spare);
+                            let e = self.message(p.bundle, msg)?;
+                            events.push_back(e);
+                        }
                     }
                 }
                 _ => return Err("message piece out of place"),

@@ -492,7 +492,9 @@ impl Core {
             any = true;
             match ev {
                 Event::Connected => c.connected = true,
-                Event::Message(_) if c.dropped => stats.discarded_after_drop += 1,
+                Event::Message(_) | Event::Pieces(_) if c.dropped => {
+                    stats.discarded_after_drop += 1;
+                }
                 Event::Bundle(b) if c.dropped => {
                     stats.discarded_after_drop += Inbound::Bundle(b).messages() as u64;
                 }
@@ -503,6 +505,10 @@ impl Core {
                 Event::Bundle(b) => {
                     c.inbox_bytes += b.len();
                     c.inbox.push_back(Inbound::Bundle(b));
+                }
+                Event::Pieces(p) => {
+                    c.inbox_bytes += p.len();
+                    c.inbox.push_back(Inbound::Pieces(p));
                 }
                 Event::Writable => {}
                 Event::Closed(r) => c.end = Some(End::Closed(r)),

@@ -68,7 +68,7 @@ pub(crate) mod stage;
 
 use self::core::{Conn, Core};
 pub use self::pump::{Outlet, Pump};
-use self::stage::{Move, Stage};
+use self::stage::{Inbound, Move, RecvStage, Stage};
 
 /// Options of an endpoint locator (`udp://0.0.0.0:4711?…`), with their
 /// defaults.
@@ -348,7 +348,13 @@ impl Endpoint {
             max_associations: config.max_associations,
             max_half_open: config.max_half_open,
             seed: rand::random(),
-            association: config.association.clone(),
+            // A large message reaches `recv` in its pieces, joined by the
+            // reader on its own thread, not by the driver (whose thread
+            // receives every packet of every tunnel).
+            association: AssociationConfig {
+                deliver_pieces: true,
+                ..config.association.clone()
+            },
         });
         let batcher = Batcher::new(BatcherConfig {
             qthresh: config.datagram_limit(),
@@ -747,8 +753,29 @@ impl Shared {
         stage: &Stage,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, TunnelError>> {
+        self.poll_recv_with(key, stage, cx, RecvStage::pop)
+    }
+
+    /// [`Shared::poll_recv`] taking a message as it came (a large one in
+    /// its pieces).
+    pub(crate) fn poll_recv_inbound(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Inbound>, TunnelError>> {
+        self.poll_recv_with(key, stage, cx, RecvStage::pop_inbound)
+    }
+
+    fn poll_recv_with<T>(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+        pop: impl Fn(&mut RecvStage) -> Option<T>,
+    ) -> Poll<Result<Option<T>, TunnelError>> {
         let mut rx = stage.rx.lock();
-        if let Some(b) = rx.pop() {
+        if let Some(b) = pop(&mut rx) {
             return Poll::Ready(Ok(Some(b)));
         }
         let limit = self.config.tunnel_buffer;
@@ -758,8 +785,10 @@ impl Shared {
             Some(r) => {
                 if pumped {
                     self.transmit(core);
+                } else {
+                    drop(core);
                 }
-                Poll::Ready(r.map(|()| rx.pop()))
+                Poll::Ready(r.map(|()| pop(&mut rx)))
             }
             None => {
                 if let Some(c) = core.conns.get_mut(&key) {

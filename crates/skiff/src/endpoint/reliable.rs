@@ -239,6 +239,7 @@ impl Core {
             match ev {
                 Event::Connected => c.connected = true,
                 Event::Message(b) => delivered |= q.take_frame(c, key, &b),
+                Event::Pieces(p) => delivered |= q.take_frame(c, key, &p.join()),
                 // A queue's senders do not bundle; split all the same.
                 Event::Bundle(b) => {
                     for m in bundle::records(b) {

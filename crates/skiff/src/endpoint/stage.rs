@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use skiff_proto::association::bundle;
+use skiff_proto::association::{bundle, Pieces};
 
 /// The send stage; see the module documentation.
 #[derive(Debug, Default)]
@@ -239,23 +239,32 @@ pub(crate) enum Inbound {
     Whole(Bytes),
     /// A bundle (see [`bundle`]): its messages not yet read.
     Bundle(Bytes),
+    /// A message larger than a packet in the pieces it arrived in, joined
+    /// by the reader when it takes it (a byte stream copies them out as
+    /// they are).
+    Pieces(Pieces),
 }
 
 impl Inbound {
     /// How many messages it holds.
     pub(crate) fn messages(&self) -> usize {
         match self {
-            Inbound::Whole(_) => 1,
+            Inbound::Whole(_) | Inbound::Pieces(_) => 1,
             Inbound::Bundle(b) => bundle::validate(b).unwrap_or(0),
         }
     }
 }
 
-/// The receive stage: what `recv` serves without the core lock.
+/// The receive stage: what `recv` serves without the core lock, and the
+/// buffer of the last message in pieces joined there, reused for the next
+/// when the application has dropped it (the join is the reader's copy, on
+/// its thread; with the buffer reused it costs no allocation and no fresh
+/// pages).
 #[derive(Debug, Default)]
 pub(crate) struct RecvStage {
     /// Taken from the core, oldest first.
     pub(crate) msgs: VecDeque<Inbound>,
+    spare: Bytes,
 }
 
 impl RecvStage {
@@ -272,10 +281,20 @@ impl RecvStage {
                 if m.is_some() {
                     return m;
                 }
-            } else if let Some(Inbound::Whole(b)) = self.msgs.pop_front() {
-                return Some(b);
+            } else {
+                match self.msgs.pop_front()? {
+                    Inbound::Whole(b) => return Some(b),
+                    Inbound::Pieces(p) => return Some(p.join_reusing(&mut self.spare)),
+                    Inbound::Bundle(_) => unreachable!("a bundle is split at the front"),
+                }
             }
         }
+    }
+
+    /// The oldest message as it came: a bundle whole, pieces as pieces (a
+    /// byte stream copies them out as they are).
+    pub(crate) fn pop_inbound(&mut self) -> Option<Inbound> {
+        self.msgs.pop_front()
     }
 
     /// Messages left to read.

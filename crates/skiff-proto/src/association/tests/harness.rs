@@ -428,6 +428,7 @@ impl Pair {
             .iter()
             .filter_map(|e| match e {
                 Event::Message(m) => Some(m.clone()),
+                Event::Pieces(p) => Some(p.clone().join()),
                 _ => None,
             })
             .collect()

@@ -304,6 +304,54 @@ fn fragmented_message_reassembled() {
 }
 
 #[test]
+fn fragmented_messages_delivered_as_pieces() {
+    // `deliver_pieces`: messages larger than a packet arrive as their
+    // fragments (one per packet, no copy), the others whole, in order and
+    // byte-identical once joined, through loss, duplication and reordering.
+    let net = Net {
+        loss: 0.03,
+        dup: 0.02,
+        jitter: Duration::from_millis(2),
+        ..Net::default()
+    };
+    let cfg = AssociationConfig {
+        deliver_pieces: true,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(11, net, cfg);
+    p.connect();
+    let sizes = [50_000, 10, 1_100, 1_200, 20_000, 0, 3_000];
+    let sent: Vec<Bytes> = sizes.iter().enumerate().map(|(i, &n)| msg(i, n)).collect();
+    for m in &sent {
+        while p.client.send(m.clone()).is_err() {
+            p.step();
+        }
+    }
+    p.drive();
+    let got = Pair::messages(&p.server_events);
+    assert_eq!(got, sent, "every message arrives whole and in order");
+    let delivered = p.server_events.iter().filter_map(|e| match e {
+        Event::Message(m) => Some((m.len(), 1)),
+        Event::Pieces(ps) => {
+            assert!(ps.parts().len() > 1, "a one-piece message comes whole");
+            assert!(ps.parts().iter().all(|b| b.len() < 1200));
+            assert_eq!(ps.parts().iter().map(Bytes::len).sum::<usize>(), ps.len());
+            Some((ps.len(), ps.parts().len()))
+        }
+        _ => None,
+    });
+    for (len, parts) in delivered {
+        if len >= 1200 {
+            assert!(
+                parts > 1,
+                "a message of {len} bytes over a packet comes in pieces"
+            );
+        }
+    }
+    assert_eq!(p.srv().stats().messages_delivered, sent.len() as u64);
+}
+
+#[test]
 fn a_message_sent_in_parts_arrives_whole_and_in_order() {
     // Parts of every shape (tiny, one packet, many packets, empty) beside
     // plain messages, through loss, duplication and reordering.
