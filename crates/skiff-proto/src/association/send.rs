@@ -162,6 +162,18 @@ impl Sent {
     }
 }
 
+/// Keeps the chunk list of an acknowledged packet, emptied (its payload
+/// references dropped), for a later packet, unless enough are kept or it
+/// grew large.
+fn recycle(spare: &mut Vec<Vec<Chunk>>, mut chunks: Vec<Chunk>) {
+    if spare.len() < SPARE_CHUNK_LISTS && chunks.capacity() <= SPARE_CHUNK_CAPACITY {
+        chunks.clear();
+        if chunks.capacity() > 0 {
+            spare.push(chunks);
+        }
+    }
+}
+
 /// What kind of transmission [`SendState::next_packet`] chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Tx {
@@ -253,7 +265,16 @@ pub(super) struct SendState {
     /// The receiver's longest deliberate acknowledgement delay.
     ack_delay: Duration,
     pub(super) rtt: Rtt,
+    /// Chunk lists of acknowledged packets, emptied, for the next packets
+    /// (no allocation per packet; see `recycle`).
+    spare_chunks: Vec<Vec<Chunk>>,
 }
+
+/// Chunk lists kept for reuse, at most.
+const SPARE_CHUNK_LISTS: usize = 256;
+/// Largest capacity of a chunk list kept for reuse (a packet of many tiny
+/// messages may have needed thousands; such a list is freed).
+const SPARE_CHUNK_CAPACITY: usize = 64;
 
 impl SendState {
     pub(super) fn new(
@@ -293,6 +314,7 @@ impl SendState {
             min_pto,
             ack_delay,
             rtt,
+            spare_chunks: Vec::new(),
         }
     }
 
@@ -623,7 +645,7 @@ impl SendState {
 
     /// Takes chunks from the queue for one packet.
     fn fill(&mut self, mut budget: usize) -> (Vec<Chunk>, usize) {
-        let mut chunks = Vec::new();
+        let mut chunks = self.spare_chunks.pop().unwrap_or_default();
         let mut bytes = 0;
         loop {
             if self.queue.is_empty() && !self.open.is_empty() {
@@ -719,7 +741,8 @@ impl SendState {
         let mut max_tx = self.largest_acked_tx;
         let advanced = st.rseq > self.una;
         while self.una < st.rseq {
-            let p = self.inflight.pop_front().expect("una < rseq <= next");
+            let mut p = self.inflight.pop_front().expect("una < rseq <= next");
+            recycle(&mut self.spare_chunks, std::mem::take(&mut p.chunks));
             out.messages_acked += u64::from(p.ends);
             if !p.acked {
                 self.buffered -= p.bytes;
@@ -735,7 +758,7 @@ impl SendState {
                 let p = &mut self.inflight[(seq - self.una) as usize];
                 if !p.acked {
                     p.acked = true;
-                    p.chunks = Vec::new();
+                    recycle(&mut self.spare_chunks, std::mem::take(&mut p.chunks));
                     self.buffered -= p.bytes;
                     self.unacked -= 1;
                     max_tx = max_tx.max(p.tx);

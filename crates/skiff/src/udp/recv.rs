@@ -19,8 +19,15 @@ use super::{RecvBatch, UdpSocket};
 use crate::sys;
 
 /// Earlier receive arenas kept for reuse while the application still holds
-/// slices of them.
-const KEPT_ARENAS: usize = 4;
+/// slices of them. An arena forgotten for lack of room here is replaced by
+/// a fresh mapping, whose pages the kernel then zeroes as datagrams land
+/// in them: a cost on every byte received. A tunnel's unread messages
+/// (`tunnel_buffer` plus the association's receive buffer, about 3 MiB)
+/// are slices of the arenas of as many receives as they arrived in, 256 KiB
+/// or so each under a GRO stream; 16 keeps them all. Only touched pages
+/// are resident, so the arenas kept hold about the bytes received into
+/// them, not 16 times the batch's size.
+const KEPT_ARENAS: usize = 16;
 /// Most slots of a [`RecvBatch`] (`UIO_MAXIOV`).
 const MAX_SLOTS: usize = 1024;
 /// Largest useful slot: no UDP datagram or GRO run is longer.
