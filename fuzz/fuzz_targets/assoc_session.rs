@@ -11,7 +11,9 @@
 //! skiff header and the receiver's current key into the bytes (so the
 //! fuzzer reaches past the key check), bits 3-5 advance time by that many
 //! times 7 ms first, bit 6 makes the client send a small message and bit 7
-//! a bundle of two (both ends offer bundles).
+//! a bundle of two (both ends offer bundles), and with a `len` above 127
+//! also a message of several packets. Both ends deliver messages larger
+//! than a packet in pieces (`deliver_pieces`), whose lengths must add up.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -56,6 +58,7 @@ impl Session {
             // Both ends offer bundles, so forged chunks flagged BUNDLE reach
             // the bundle check instead of failing as not offered.
             bundles: true,
+            deliver_pieces: true,
             ..AssociationConfig::default()
         };
         let server_addr: SocketAddr = "10.0.0.2:4747".parse().unwrap();
@@ -109,10 +112,12 @@ impl Session {
                 }
             }
             while let Some(e) = self.client.poll_event() {
+                check_pieces(&e);
                 any |= !matches!(e, Event::Closed(_) | Event::Failed(_));
             }
             if let Some(a) = self.server.and_then(|h| self.listener.association(h)) {
-                while a.poll_event().is_some() {
+                while let Some(e) = a.poll_event() {
+                    check_pieces(&e);
                     any = true;
                 }
             }
@@ -141,6 +146,14 @@ impl Session {
     }
 }
 
+/// A message in pieces is at most `max_message` and its pieces add up.
+fn check_pieces(e: &Event) {
+    if let Event::Pieces(p) = e {
+        assert!(p.len() <= 64 << 10);
+        assert_eq!(p.parts().iter().map(|b| b.len()).sum::<usize>(), p.len());
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut s = Session::new();
     let stranger: SocketAddr = "10.9.9.9:4000".parse().unwrap();
@@ -162,6 +175,11 @@ fuzz_target!(|data: &[u8]| {
             bundle::put(&mut b, &sent.to_le_bytes());
             bundle::put(&mut b, &[]);
             let _ = s.client.send_bundle(Bytes::from(b), 2);
+            if len > 127 {
+                let _ = s
+                    .client
+                    .send(Bytes::from(vec![sent as u8; 2_000 + len * 7]));
+            }
             sent += 1;
         }
         let to_client = op & 1 == 0;
