@@ -406,20 +406,7 @@ impl Association {
     /// [`Event::Writable`] follows when there is room), when the message is
     /// over either end's `max_message`, or once the association is closing.
     pub fn send(&mut self, msg: Bytes) -> Result<(), SendError> {
-        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
-            return Err(SendError::Closed);
-        }
-        let max = self.config.max_message.min(self.peer_max_message);
-        if msg.len() as u64 > max {
-            return Err(SendError::TooLarge {
-                len: msg.len(),
-                max,
-            });
-        }
-        if !self.send.has_room(msg.len()) {
-            self.send.blocked = true;
-            return Err(SendError::WouldBlock);
-        }
+        self.admit(msg.len())?;
         self.send.push(msg);
         self.stats.messages_sent += 1;
         Ok(())
@@ -435,24 +422,30 @@ impl Association {
             return Err(SendError::Unsupported);
         }
         debug_assert_eq!(bundle::validate(&bundle).ok(), Some(records));
-        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
-            return Err(SendError::Closed);
-        }
-        let max = self.config.max_message.min(self.peer_max_message);
-        if bundle.len() as u64 > max {
-            return Err(SendError::TooLarge {
-                len: bundle.len(),
-                max,
-            });
-        }
-        if !self.send.has_room(bundle.len()) {
-            self.send.blocked = true;
-            return Err(SendError::WouldBlock);
-        }
+        self.admit(bundle.len())?;
         self.send.push_as(bundle, true);
         self.stats.messages_sent += 1;
         self.stats.bundles_sent += 1;
         self.stats.bundled_messages_sent += records as u64;
+        Ok(())
+    }
+
+    /// Whether a message of `len` bytes may be queued now: refused once
+    /// the association is closing, over either end's `max_message`, or
+    /// while the send buffer has no room (which marks the sender blocked,
+    /// so an [`Event::Writable`] follows).
+    fn admit(&mut self, len: usize) -> Result<(), SendError> {
+        if matches!(self.state, State::Closed | State::Drained) || self.send.close_requested {
+            return Err(SendError::Closed);
+        }
+        let max = self.config.max_message.min(self.peer_max_message);
+        if len as u64 > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        if !self.send.has_room(len) {
+            self.send.blocked = true;
+            return Err(SendError::WouldBlock);
+        }
         Ok(())
     }
 
