@@ -344,6 +344,29 @@ async fn probe(c: &Client, subject: &str, ready: impl Fn() -> bool) -> Result<()
     Ok(())
 }
 
+/// What one subscriber's reader adds to the shape's counts after each
+/// read pass: `n` messages, and whether the pass held a probe (an empty
+/// message; the first one seen is counted once in `probed`).
+struct Tally {
+    received: Arc<AtomicU64>,
+    probed: Arc<AtomicU64>,
+    last: Arc<parking_last::Last>,
+    seen_probe: bool,
+}
+
+impl Tally {
+    fn add(&mut self, n: u64, probe: bool) {
+        if probe && !self.seen_probe {
+            self.seen_probe = true;
+            self.probed.fetch_add(1, Ordering::Relaxed);
+        }
+        if n > 0 {
+            self.received.fetch_add(n, Ordering::Relaxed);
+            self.last.set();
+        }
+    }
+}
+
 async fn skiff_shape(
     places: &Places,
     sub_rt: &tokio::runtime::Handle,
@@ -369,7 +392,12 @@ async fn skiff_shape(
             Some(flow) if url.starts_with("shm://") => plain.shared_buffer(flow),
             _ => plain,
         };
-        let (received, probed, last) = (received.clone(), probed.clone(), last.clone());
+        let mut tally = Tally {
+            received: received.clone(),
+            probed: probed.clone(),
+            last: last.clone(),
+            seen_probe: false,
+        };
         if a.in_place && opts.shared.is_some() {
             // Read in place in a thread of its own: each message's
             // payload looked at where it lies in the ring.
@@ -382,7 +410,6 @@ async fn skiff_shape(
                 .await??;
             let stop = stop_readers.clone();
             readers.push(sub_rt.spawn_blocking(move || {
-                let mut seen_probe = false;
                 while !stop.load(Ordering::Relaxed) {
                     let (mut n, mut probe) = (0u64, false);
                     let got = r.read(Duration::from_millis(50), |m| {
@@ -392,14 +419,7 @@ async fn skiff_shape(
                     if got.is_err() {
                         break;
                     }
-                    if probe && !seen_probe {
-                        seen_probe = true;
-                        probed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if n > 0 {
-                        received.fetch_add(n, Ordering::Relaxed);
-                        last.set();
-                    }
+                    tally.add(n, probe);
                 }
                 r.dropped()
             }));
@@ -414,10 +434,8 @@ async fn skiff_shape(
             })
             .await??;
         readers.push(sub_rt.spawn(async move {
-            let mut seen_probe = false;
             // Count what is already queued too before reading the clock:
-            // one clock read per wake-up, not per message. Empty messages
-            // are probes.
+            // one clock read per wake-up, not per message.
             while let Some(d) = s.recv().await {
                 let mut n = u64::from(!d.payload.is_empty());
                 let mut probe = d.payload.is_empty();
@@ -425,14 +443,7 @@ async fn skiff_shape(
                     n += u64::from(!d.payload.is_empty());
                     probe |= d.payload.is_empty();
                 }
-                if probe && !seen_probe {
-                    seen_probe = true;
-                    probed.fetch_add(1, Ordering::Relaxed);
-                }
-                if n > 0 {
-                    received.fetch_add(n, Ordering::Relaxed);
-                    last.set();
-                }
+                tally.add(n, probe);
             }
             s.dropped()
         }));
