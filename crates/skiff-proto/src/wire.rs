@@ -387,14 +387,7 @@ impl Reader<'_, Bytes> {
         };
         let mut fields = Vec::new();
         if flags & F_FIELDS != 0 {
-            let n = self.varint("field count")?;
-            if n == 0 || n > MAX_FIELDS as u64 {
-                return Err(WireError::TooLong {
-                    what: "field count",
-                    len: n,
-                    max: MAX_FIELDS,
-                });
-            }
+            let n = field_count(self)?;
             // Each field takes at least 3 bytes, so a claimed count cannot
             // make us allocate more than the datagram could hold.
             fields.reserve((n as usize).min(self.remaining() / 3));
@@ -524,11 +517,10 @@ fn utf8<'a>(b: &'a [u8], what: &'static str) -> Result<&'a str, WireError> {
     std::str::from_utf8(b).map_err(|_| WireError::Utf8(what))
 }
 
-/// Checks a message's fields (their count, then each key, tag and value)
-/// as [`Reader::message_max`] decodes them, building nothing: what both
-/// the datagram's validation and [`decode_message_ref`] need.
+/// A message's field count, read and bounded: present only when non-zero
+/// (the flag says so), at most [`MAX_FIELDS`].
 #[inline]
-fn skip_fields<B: AsRef<[u8]> + ?Sized>(r: &mut Reader<'_, B>) -> Result<(), WireError> {
+fn field_count<B: AsRef<[u8]> + ?Sized>(r: &mut Reader<'_, B>) -> Result<u64, WireError> {
     let n = r.varint("field count")?;
     if n == 0 || n > MAX_FIELDS as u64 {
         return Err(WireError::TooLong {
@@ -537,6 +529,15 @@ fn skip_fields<B: AsRef<[u8]> + ?Sized>(r: &mut Reader<'_, B>) -> Result<(), Wir
             max: MAX_FIELDS,
         });
     }
+    Ok(n)
+}
+
+/// Checks a message's fields (their count, then each key, tag and value)
+/// as [`Reader::message_max`] decodes them, building nothing: what both
+/// the datagram's validation and [`decode_message_ref`] need.
+#[inline]
+fn skip_fields<B: AsRef<[u8]> + ?Sized>(r: &mut Reader<'_, B>) -> Result<(), WireError> {
+    let n = field_count(r)?;
     for _ in 0..n {
         let klen = r.u8("field key length")?;
         utf8(
