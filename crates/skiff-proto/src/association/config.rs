@@ -26,11 +26,10 @@ pub struct AssociationConfig {
     /// mtu` packets (never fewer than 16), so the memory a window pins (the
     /// receiver holds what arrives out of order within it) does not grow
     /// with the datagram size. The default, 3 MiB, is about 2,100 packets
-    /// at the default mtu and 48 at loopback's 65,507 bytes: at 1.4 % loss
-    /// a hole at `rseq` stays open for a round trip or two while the sender
-    /// goes on within the window, and with 256 packets (the old default)
-    /// the sender stalled on it (tunnel bulk in a namespace: 1.2–1.4 GB/s
-    /// with 1.4 % drop against 1.7–2.0 GB/s with this window).
+    /// at the default mtu and 48 at loopback's 65,507 bytes: under loss a
+    /// hole at `rseq` stays open for a round trip or two while the sender
+    /// goes on within the window, and a window of 256 packets stalled the
+    /// sender on it (`bench/RESULTS.md` has the runs).
     pub window_bytes: usize,
     /// Bytes accepted by [`Association::send`] and not yet acknowledged, at
     /// most (one larger message is accepted when nothing is buffered).

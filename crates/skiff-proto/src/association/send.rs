@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::frame::{chunk_overhead, Chunk, Encoder, Status};
+use super::frame::{chunk_overhead, Chunk, Encoder, Sack, Status};
 use crate::varint;
 
 /// A packet counts as lost once a packet transmitted this many
@@ -235,6 +235,16 @@ pub(super) struct SendState {
     inflight: VecDeque<Sent>,
     unacked: usize,
     rtx: VecDeque<u64>,
+    /// `(tx, seq)` of every transmission not yet judged by the SACK rule,
+    /// oldest first (`tx` ascends). A status looks only at those that
+    /// `DUPTHRESH` younger acknowledged transmissions have overtaken, each
+    /// once, instead of the whole flight on every status (with a hole at
+    /// `una`, thousands of packets at the default window).
+    unjudged: VecDeque<(u64, u64)>,
+    /// The selective ranges of the last status applied: every packet in
+    /// them is acknowledged already, so a status walks only what its
+    /// ranges add (they repeat from status to status until a hole fills).
+    last_sack: Sack,
     /// The peer's `alloc`: never send this sequence number or above.
     pub(super) peer_alloc: u64,
     window: u64,
@@ -270,6 +280,33 @@ pub(super) struct SendState {
     spare_chunks: Vec<Vec<Chunk>>,
 }
 
+/// The parts of `[a, b)` outside `done` (ascending, disjoint ranges): what a
+/// selective range adds to those already applied.
+fn news(a: u64, b: u64, done: &[(u64, u64)]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut from = a;
+    let mut rest = done.iter();
+    std::iter::from_fn(move || loop {
+        if from >= b {
+            return None;
+        }
+        match rest.next() {
+            Some(&(_, y)) if y <= from => {}
+            Some(&(x, y)) if x < b => {
+                let gap = (from < x).then_some((from, x));
+                from = from.max(y);
+                if gap.is_some() {
+                    return gap;
+                }
+            }
+            _ => {
+                let r = (from, b);
+                from = b;
+                return Some(r);
+            }
+        }
+    })
+}
+
 /// Chunk lists kept for reuse, at most.
 const SPARE_CHUNK_LISTS: usize = 256;
 /// Largest capacity of a chunk list kept for reuse (a packet of many tiny
@@ -297,6 +334,8 @@ impl SendState {
             inflight: VecDeque::new(),
             unacked: 0,
             rtx: VecDeque::new(),
+            unjudged: VecDeque::new(),
+            last_sack: Sack::default(),
             peer_alloc: 0,
             window,
             close_requested: false,
@@ -590,6 +629,7 @@ impl SendState {
             p.sent = now;
             self.tx += 1;
             p.tx = self.tx;
+            self.unjudged.push_back((self.tx, seq));
             p.sends += 1;
             self.newest_asked = true;
             self.arm(now);
@@ -608,6 +648,7 @@ impl SendState {
         }
         self.next += 1;
         self.tx += 1;
+        self.unjudged.push_back((self.tx, seq));
         self.inflight.push_back(Sent {
             chunks,
             close,
@@ -754,19 +795,22 @@ impl SendState {
             self.una += 1;
         }
         for &(a, b) in st.sack.ranges() {
-            for seq in a.max(self.una)..b {
-                let p = &mut self.inflight[(seq - self.una) as usize];
-                if !p.acked {
-                    p.acked = true;
-                    recycle(&mut self.spare_chunks, std::mem::take(&mut p.chunks));
-                    self.buffered -= p.bytes;
-                    self.unacked -= 1;
-                    max_tx = max_tx.max(p.tx);
-                    out.progress = true;
-                    note(seq, p);
+            for (a, b) in news(a.max(self.una), b, self.last_sack.ranges()) {
+                for seq in a..b {
+                    let p = &mut self.inflight[(seq - self.una) as usize];
+                    if !p.acked {
+                        p.acked = true;
+                        recycle(&mut self.spare_chunks, std::mem::take(&mut p.chunks));
+                        self.buffered -= p.bytes;
+                        self.unacked -= 1;
+                        max_tx = max_tx.max(p.tx);
+                        out.progress = true;
+                        note(seq, p);
+                    }
                 }
             }
         }
+        self.last_sack = st.sack;
         // Karn: only a packet sent once gives a sample, and only the packet
         // the ack delay refers to.
         if let (Some((seq, sent, 1)), Some(largest)) = (newest, st.largest()) {
@@ -778,11 +822,20 @@ impl SendState {
             }
         }
         self.largest_acked_tx = max_tx;
-        for (i, p) in self.inflight.iter_mut().enumerate() {
-            if !p.acked && !p.lost && p.tx + DUPTHRESH <= max_tx {
-                p.lost = true;
-                self.rtx.push_back(self.una + i as u64);
-                out.fast_lost += 1;
+        while let Some(&(tx, seq)) = self.unjudged.front() {
+            if tx + DUPTHRESH > max_tx {
+                break;
+            }
+            self.unjudged.pop_front();
+            // Judged once: a packet acknowledged, already lost, or sent
+            // again since (a younger `tx`, judged on its own) is passed.
+            let i = seq.checked_sub(self.una).map(|i| i as usize);
+            if let Some(p) = i.and_then(|i| self.inflight.get_mut(i)) {
+                if !p.acked && !p.lost && p.tx == tx {
+                    p.lost = true;
+                    self.rtx.push_back(seq);
+                    out.fast_lost += 1;
+                }
             }
         }
         if advanced || out.progress {
@@ -809,6 +862,9 @@ impl SendState {
                 n += 1;
             }
         }
+        // Every packet not acknowledged is lost now; nothing is left for
+        // the SACK rule to judge until they are sent again.
+        self.unjudged.clear();
         self.rto_deadline = None;
         // The timeout recovers the whole tail; no probe until progress.
         self.tlp_spent = true;
@@ -821,6 +877,32 @@ impl SendState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// `news` yields exactly the numbers of `[a, b)` outside `done`,
+        /// ascending and each once.
+        #[test]
+        fn news_is_the_range_minus_what_was_done(
+            a in 0u64..200,
+            len in 0u64..200,
+            cuts in proptest::collection::vec(0u64..400, 0..32),
+        ) {
+            let b = a + len;
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            cuts.dedup();
+            // Disjoint, ascending, separated ranges, as a SACK holds them.
+            let done: Vec<(u64, u64)> = cuts
+                .chunks_exact(2)
+                .map(|c| (c[0], c[1]))
+                .collect();
+            let got: Vec<u64> = news(a, b, &done).flat_map(|(x, y)| x..y).collect();
+            let want: Vec<u64> = (a..b)
+                .filter(|n| !done.iter().any(|&(x, y)| (x..y).contains(n)))
+                .collect();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn rtt_follows_rfc6298() {
