@@ -46,6 +46,10 @@ pub(super) struct RecvState {
     pub(super) alloc: u64,
     window: u64,
     held: BTreeMap<u64, (bool, Chunks)>,
+    /// The runs of consecutive numbers in `held`, `start -> end`
+    /// (exclusive), kept as packets arrive: a status names the first
+    /// `MAX_SACK` of them without walking every held packet.
+    runs: BTreeMap<u64, u64>,
     partial: Option<Partial>,
     /// Bytes of delivered messages the application has not taken.
     pub(super) unread: usize,
@@ -82,6 +86,7 @@ impl RecvState {
             alloc: window,
             window,
             held: BTreeMap::new(),
+            runs: BTreeMap::new(),
             partial: None,
             unread: 0,
             recv_buffer,
@@ -118,23 +123,8 @@ impl RecvState {
     pub(super) fn status(&mut self, now: Instant) -> Status {
         self.alloc = self.want_alloc();
         let mut sack = Sack::default();
-        let mut run: Option<(u64, u64)> = None;
-        for &seq in self.held.keys() {
-            run = match run {
-                Some((a, b)) if b == seq => Some((a, seq + 1)),
-                Some((a, b)) => {
-                    if !sack.push(a, b) {
-                        break;
-                    }
-                    Some((seq, seq + 1))
-                }
-                None => Some((seq, seq + 1)),
-            };
-        }
-        if let Some((a, b)) = run {
-            if sack.ranges().len() < MAX_SACK {
-                sack.push(a, b);
-            }
+        for (&a, &b) in self.runs.iter().take(MAX_SACK) {
+            sack.push(a, b);
         }
         let ack_delay_us = self.largest.map_or(0, |(_, at)| {
             let d = now.saturating_duration_since(at);
@@ -180,6 +170,7 @@ impl RecvState {
         }
         if seq > self.rseq {
             self.held.insert(seq, (close, chunks));
+            self.add_run(seq);
             return Ok(DataOutcome::Held);
         }
         self.process(close, &chunks, events, delivered)?;
@@ -192,7 +183,29 @@ impl RecvState {
             self.process(close, &chunks, events, delivered)?;
             self.rseq += 1;
         }
+        // What was released was the first run, whole.
+        if let Some(e) = self.runs.first_entry() {
+            if *e.key() < self.rseq {
+                debug_assert_eq!(*e.get(), self.rseq);
+                e.remove();
+            }
+        }
         Ok(DataOutcome::InOrder)
+    }
+
+    /// Adds `seq`, just held, to the runs: it extends the run ending at
+    /// it, joins the one starting after it, or starts its own.
+    fn add_run(&mut self, seq: u64) {
+        let end = match self.runs.remove(&(seq + 1)) {
+            Some(end) => end,
+            None => seq + 1,
+        };
+        match self.runs.range_mut(..seq).next_back() {
+            Some((_, e)) if *e == seq => *e = end,
+            _ => {
+                self.runs.insert(seq, end);
+            }
+        }
     }
 
     fn process(
@@ -288,5 +301,40 @@ impl RecvState {
     /// Packets held above a gap (for tests of the memory bound).
     pub(super) fn held(&self) -> usize {
         self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// The runs kept as packets arrive name what walking the held
+        /// packets would: the first `MAX_SACK` runs, after every packet,
+        /// whatever the order and duplicates.
+        #[test]
+        fn sack_ranges_are_the_runs_of_held_packets(
+            arrivals in proptest::collection::vec(0u64..300, 0..600),
+        ) {
+            let mut r = RecvState::new(4096, 1 << 20, 1 << 20, false);
+            let now = Instant::now();
+            let mut events = VecDeque::new();
+            let mut delivered = 0;
+            for seq in arrivals {
+                r.on_data(now, seq, false, Chunks::default(), &mut events, &mut delivered)
+                    .unwrap();
+                let mut want = Vec::new();
+                for &k in r.held.keys() {
+                    match want.last_mut() {
+                        Some((_, b)) if *b == k => *b = k + 1,
+                        _ => want.push((k, k + 1)),
+                    }
+                }
+                want.truncate(MAX_SACK);
+                let st = r.status(now);
+                proptest::prop_assert_eq!(st.sack.ranges(), &want[..]);
+                proptest::prop_assert!(r.held.keys().all(|&k| k > r.rseq));
+            }
+        }
     }
 }
