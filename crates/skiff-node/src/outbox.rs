@@ -771,8 +771,27 @@ impl ClientOut {
                 }
             }
         }
+        // The longest prefix that fits as it is, checked and queued in one
+        // go (a run of a fast publisher's messages mostly does); the
+        // rest one by one under the subscription's policy, as `push`.
+        let room = s.room().saturating_sub(s.q.len());
+        let (mut fit, mut bytes) = (0, 0);
+        for msg in msgs.iter().take(room) {
+            let size = msg.cost();
+            if o.pending_bytes + bytes + size > o.max_pending {
+                break;
+            }
+            bytes += size;
+            fit += 1;
+        }
+        if fit > 0 && self.fits(&mut o.reserved, o.pending_bytes + bytes + o.input) {
+            s.q.extend(msgs[..fit].iter().map(|m| (0, m.clone())));
+            o.pending_bytes += bytes;
+        } else {
+            fit = 0;
+        }
         let mut last = (msgs.len(), Push::Queued);
-        for (k, msg) in msgs.iter().enumerate() {
+        for (k, msg) in msgs.iter().enumerate().skip(fit) {
             let size = msg.cost();
             let pending = o.pending_bytes + size;
             if s.q.len() >= s.room()
@@ -837,6 +856,28 @@ impl ClientOut {
                     self.wake();
                     return other;
                 }
+            }
+            n.await;
+        }
+    }
+
+    /// Queues `msgs` in order for a `block` subscription (token 0),
+    /// waiting for room as often as it takes: what [`ClientOut::wait_space`]
+    /// does for each in turn, but all that fits is queued under one lock
+    /// per wake-up (a publisher held back by a slow subscriber otherwise
+    /// took the lock and woke the writer once per message). Returns the
+    /// last result, never `Push::Full`; stops early at `Push::Gone`.
+    pub(crate) async fn wait_space_run(&self, sid: u64, mut msgs: &[Body]) -> Push {
+        loop {
+            let mut n = pin!(self.space.notified());
+            n.as_mut().enable();
+            let (k, r) = self.push_run(sid, msgs);
+            msgs = &msgs[k..];
+            if k > 0 || r == Push::Dropped {
+                self.wake();
+            }
+            if r != Push::Full {
+                return r;
             }
             n.await;
         }

@@ -707,15 +707,11 @@ impl Broker {
                 );
             }
             for (out, sid, rest) in blocked.drain(..) {
-                for body in &rest {
-                    tokio::select! {
-                        r = out.wait_space(sid, 0, body) => if !matches!(r, Push::Queued | Push::Dropped | Push::Written) {
-                            break;
-                        },
-                        _ = me.closed() => {
-                            batch.clear();
-                            return;
-                        }
+                tokio::select! {
+                    _ = out.wait_space_run(sid, &rest) => {}
+                    _ = me.closed() => {
+                        batch.clear();
+                        return;
                     }
                 }
             }
