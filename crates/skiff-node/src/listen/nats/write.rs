@@ -50,6 +50,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             }
         }
         buf.extend_from_slice(&direct);
+        scratch.end_run();
         for (sid, n) in scratch.credit.drain() {
             out.credit(sid, n);
         }
@@ -102,6 +103,65 @@ struct Scratch {
     reply: String,
     /// Credit to give back per subscription.
     credit: FxHashMap<u64, u32>,
+    /// The subscription of the run of messages being taken, and how many
+    /// of them: added to `credit` when the run ends (the outbox hands a
+    /// subscription's messages out in runs).
+    run: Option<(u64, u32)>,
+    /// The line of the last `MSG` written without a reply (`MSG <subject>
+    /// <sid> <size>\r\n`), and what it was made of: the next message with
+    /// the same subject, subscription and size copies it.
+    head: Vec<u8>,
+    head_of: (Vec<u8>, u64, usize),
+}
+
+impl Scratch {
+    /// Counts a message of subscription `sid` taken (its credit, given
+    /// back before the write).
+    fn taken(&mut self, sid: u64) {
+        match &mut self.run {
+            Some((s, n)) if *s == sid => *n += 1,
+            _ => {
+                self.end_run();
+                self.run = Some((sid, 1));
+            }
+        }
+    }
+
+    /// Adds the current run to `credit`.
+    fn end_run(&mut self) {
+        if let Some((sid, n)) = self.run.take() {
+            *self.credit.entry(sid).or_default() += n;
+        }
+    }
+
+    /// Appends `MSG <subject> <sid> <size>\r\n<payload>\r\n` (no reply)
+    /// to `out`, the line copied when the last one is the same.
+    fn encode_msg(
+        &mut self,
+        out: &mut Vec<u8>,
+        subject: &[u8],
+        sid: u64,
+        nats_sid: &[u8],
+        payload: &[u8],
+    ) {
+        let (s, id, len) = &self.head_of;
+        if *id == sid && *len == payload.len() && s[..] == *subject && !self.head.is_empty() {
+            out.reserve(self.head.len() + payload.len() + 2);
+            out.extend_from_slice(&self.head);
+            out.extend_from_slice(payload);
+            out.extend_from_slice(b"\r\n");
+            return;
+        }
+        let start = out.len();
+        nats::encode_msg(out, subject, nats_sid, b"", payload);
+        self.head.clear();
+        self.head
+            .extend_from_slice(&out[start..out.len() - payload.len() - 2]);
+        self.head_of.0.clear();
+        self.head_of.0.extend_from_slice(subject);
+        self.head_of.1 = sid;
+        self.head_of.2 = payload.len();
+    }
 }
 
 /// Encodes what the outbox hands out as NATS protocol.
@@ -128,7 +188,7 @@ impl Sink for Nats<'_> {
     }
 
     fn msg(&mut self, sid: u64, token: u64, body: Body) {
-        *self.s.credit.entry(sid).or_default() += 1;
+        self.s.taken(sid);
         let headers = self.sh.headers;
         let Some(sub) = self.sh.subs.get_mut(&sid) else {
             return;
@@ -166,6 +226,11 @@ impl Sink for Nats<'_> {
         // (it is only copied).
         if let Some((subject, len)) = simple_span(raw, usize::MAX) {
             let payload = &raw[raw.len() - len..];
+            if token == 0 {
+                self.s
+                    .encode_msg(self.out, &raw[subject], sid, &sub.sid, payload);
+                return;
+            }
             nats::encode_msg(
                 self.out,
                 &raw[subject],
