@@ -109,6 +109,14 @@ const SUB_QUEUE: u32 = 16 * 1024;
 /// writing, so a full queue holds [`SUB_QUEUE`] plus at most this many.
 const SUB_CREDIT: u32 = 8 * 1024;
 
+/// The least room a connection's reader reads into.
+const READ_MIN: usize = 64 * 1024;
+
+/// The most room a connection's reader reads into, reached while each
+/// read fills what it had (a publisher faster than the node): fewer,
+/// larger reads.
+const READ_MAX: usize = 256 * 1024;
+
 /// Where the NATS listener listens, and what it says about itself.
 #[derive(Debug, Clone)]
 pub(crate) struct NatsListener {
@@ -273,7 +281,11 @@ async fn serve<R, W>(
     // A node with users: the client must authenticate in time.
     let auth_deadline = tokio::time::sleep(users.timeout());
     tokio::pin!(auth_deadline);
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut buf = BytesMut::with_capacity(READ_MIN);
+    // Room for the next read: grows while reads fill it (a fast
+    // publisher: fewer, larger reads), back to the least when one does
+    // not, and then the buffer shrinks back too.
+    let mut room = READ_MIN;
     let mut error: Option<&'static str> = None;
     let keepalive = limits.ping_interval_ms > 0;
     let every = Duration::from_millis(limits.ping_interval_ms.max(1));
@@ -288,12 +300,18 @@ async fn serve<R, W>(
     tokio::pin!(timer);
     loop {
         if buf.capacity() - buf.len() < 4096 {
-            buf.reserve(64 * 1024);
+            buf.reserve(room);
         }
+        let space = buf.capacity() - buf.len();
         tokio::select! {
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {
+                Ok(n) => {
+                    if n == space {
+                        room = (room * 2).min(READ_MAX);
+                    } else {
+                        room = READ_MIN;
+                    }
                     heard = true;
                     if let Some(s) = &this.spin {
                         s.touch();
@@ -336,6 +354,9 @@ async fn serve<R, W>(
                 error = Some(text);
                 break;
             }
+        }
+        if room == READ_MIN && buf.is_empty() && buf.capacity() > 2 * READ_MIN {
+            buf = BytesMut::with_capacity(READ_MIN);
         }
         if reader.parser.mid_op(&buf) {
             if begun.is_none() {
