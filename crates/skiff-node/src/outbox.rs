@@ -987,6 +987,82 @@ mod tests {
         }
     }
 
+    /// Messages `from..to`, each its number as payload.
+    fn numbered(from: u8, to: u8) -> Vec<Body> {
+        (from..to)
+            .map(|i| Body::value(Message::new("s", vec![i])))
+            .collect()
+    }
+
+    /// The payloads of the messages of subscription `sid` taken now
+    /// (given the credit to take them all).
+    fn taken(out: &ClientOut, sid: u64) -> Vec<u8> {
+        out.credit(sid, 1_000);
+        let mut frames = Vec::new();
+        out.take(&mut frames);
+        frames
+            .into_iter()
+            .filter_map(|f| match f {
+                ServerFrame::Msg { sid: s, msg, .. } if s == sid => Some(msg.payload[0]),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A run is queued up to the queue's room or the pending-bytes bound,
+    /// and what does not fit goes as each policy says, counted.
+    #[test]
+    fn push_run_queues_what_fits_then_applies_the_policy() {
+        let run = numbered(0, 10);
+        let out = ClientOut::new(1, 1 << 20, None);
+        out.add_sub(1, 4, Policy::Block, 0);
+        out.add_sub(2, 4, Policy::DropNewest, 0);
+        out.add_sub(3, 4, Policy::DropOldest, 0);
+        out.add_sub(4, 4, Policy::Disconnect, 0);
+        assert_eq!(out.push_run(1, &run), (4, Push::Full));
+        assert_eq!(out.push_run(2, &run), (10, Push::Dropped));
+        assert_eq!(out.push_run(3, &run), (10, Push::Dropped));
+        assert_eq!(out.push_run(4, &run), (4, Push::Kill));
+        assert_eq!(out.sub_counters(2).unwrap().dropped, 6);
+        assert_eq!(out.sub_counters(3).unwrap().dropped, 6);
+        assert_eq!(taken(&out, 1), [0, 1, 2, 3]);
+        assert_eq!(taken(&out, 2), [0, 1, 2, 3]);
+        assert_eq!(taken(&out, 3), [6, 7, 8, 9]);
+        // The client's pending-bytes bound: three messages' worth.
+        let out = ClientOut::new(1, 3 * run[0].cost(), None);
+        out.add_sub(1, 100, Policy::Block, 0);
+        assert_eq!(out.push_run(1, &run), (3, Push::Full));
+        assert_eq!(taken(&out, 1), [0, 1, 2]);
+        assert_eq!(out.push_run(1, &run[3..]), (3, Push::Full));
+        assert_eq!(taken(&out, 1), [3, 4, 5]);
+    }
+
+    /// A publisher held back by a full `block` subscription queues the
+    /// rest of its run as room comes, in order, none lost.
+    #[tokio::test]
+    async fn a_blocked_run_is_queued_in_order_as_room_comes() {
+        let out = Arc::new(ClientOut::new(1, 1 << 20, None));
+        out.add_sub(1, 3, Policy::Block, 0);
+        let run = numbered(0, 20);
+        let (k, r) = out.push_run(1, &run);
+        assert_eq!((k, r), (3, Push::Full));
+        let rest = run[k..].to_vec();
+        let blocked = tokio::spawn({
+            let out = out.clone();
+            async move { out.wait_space_run(1, &rest).await }
+        });
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            if got.len() >= 20 {
+                break;
+            }
+            got.extend(taken(&out, 1));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(blocked.await.unwrap(), Push::Queued);
+        assert_eq!(got, (0..20).collect::<Vec<u8>>());
+    }
+
     #[test]
     fn control_frames_count_until_taken() {
         let out = ClientOut::new(1, 10_000, None);
