@@ -335,7 +335,7 @@ impl Endpoint {
     /// [`KIND`](super::KIND)) and hands it to its association, accepting
     /// a new one for a FIRST.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
-        let p = match Packet::decode(&bytes) {
+        let mut p = match Packet::decode(&bytes) {
             Ok(p) => p,
             Err(_) => {
                 self.stats.malformed += 1;
@@ -362,11 +362,12 @@ impl Endpoint {
             }
             return;
         }
-        slot.assoc.handle_packet(now, p);
+        // By reference: a packet is a few hundred bytes, moved for nothing.
+        slot.assoc.handle_packet(now, &mut p);
         self.after(key);
     }
 
-    fn handle_first(&mut self, now: Instant, from: SocketAddr, p: Packet) {
+    fn handle_first(&mut self, now: Instant, from: SocketAddr, mut p: Packet) {
         let first = p.first.expect("checked by caller");
         if !self.listening {
             self.stats.first_not_listening += 1;
@@ -379,7 +380,7 @@ impl Endpoint {
         if let Some(&key) = self.firsts.get(&(from, p.key)) {
             self.stats.first_duplicate += 1;
             if let Some(s) = self.slots.get_mut(&key) {
-                s.assoc.handle_packet(now, p);
+                s.assoc.handle_packet(now, &mut p);
             }
             self.after(key);
             return;

@@ -424,7 +424,9 @@ impl Packet {
             });
         }
         if has(F_STATUS) {
-            p.status = Some(r.status()?);
+            // Decoded in place: a status is a few hundred bytes, and this
+            // runs for every packet.
+            r.status_into(p.status.insert(Status::default()))?;
         }
         if has(F_DATA) {
             let seq = r.varint("sequence number")?;
@@ -599,13 +601,16 @@ impl Reader<'_, Bytes> {
         Ok(m)
     }
 
-    fn status(&mut self) -> Result<Status, WireError> {
+    fn status_into(&mut self, st: &mut Status) -> Result<(), WireError> {
         let rseq = self.varint("rseq")?;
         let alloc = rseq
             .checked_add(self.varint("alloc")?)
             .ok_or(WireError::Malformed("alloc overflows"))?;
         let ack_delay_us = self.varint("ack delay")?;
         let n = self.u8("range count")?;
+        st.rseq = rseq;
+        st.alloc = alloc;
+        st.ack_delay_us = ack_delay_us;
         if usize::from(n) > MAX_SACK {
             return Err(WireError::TooLong {
                 what: "sack ranges",
@@ -613,7 +618,6 @@ impl Reader<'_, Bytes> {
                 max: MAX_SACK,
             });
         }
-        let mut sack = Sack::default();
         let mut prev = rseq;
         let overflow = WireError::Malformed("sack range overflows");
         for _ in 0..n {
@@ -630,15 +634,10 @@ impl Reader<'_, Bytes> {
             if end > alloc {
                 return Err(WireError::Malformed("sack range beyond alloc"));
             }
-            sack.push(start, end);
+            st.sack.push(start, end);
             prev = end;
         }
-        Ok(Status {
-            rseq,
-            alloc,
-            ack_delay_us,
-            sack,
-        })
+        Ok(())
     }
 
     fn chunk(&mut self) -> Result<Chunk, WireError> {

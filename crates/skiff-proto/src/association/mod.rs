@@ -570,7 +570,7 @@ impl Association {
     /// Takes a datagram addressed to this association (from a driver that
     /// owns it alone; an [`Endpoint`] routes its own).
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
-        let p = match Packet::decode(&bytes) {
+        let mut p = match Packet::decode(&bytes) {
             Ok(p) => p,
             Err(_) => {
                 self.stats.malformed += 1;
@@ -586,7 +586,7 @@ impl Association {
             self.stats.wrong_source += 1;
             return;
         }
-        self.handle_packet(now, p);
+        self.handle_packet(now, &mut p);
     }
 
     /// Counts a packet with this association's key from another address
@@ -596,7 +596,7 @@ impl Association {
     }
 
     /// Takes a decoded packet whose key and source were checked.
-    pub(crate) fn handle_packet(&mut self, now: Instant, p: Packet) {
+    pub(crate) fn handle_packet(&mut self, now: Instant, p: &mut Packet) {
         if matches!(self.state, State::Drained) {
             self.stats.stray += 1;
             return;
@@ -617,7 +617,7 @@ impl Association {
         }
         match (self.side, self.state, &p.accept) {
             (Side::Initiator, State::Connecting, Some(a)) => {
-                self.on_accept(now, a, p.status.map_or(0, |s| s.ack_delay_us));
+                self.on_accept(now, a, p.status.as_ref().map_or(0, |s| s.ack_delay_us));
             }
             (Side::Initiator, _, Some(a)) if Some(a.key) == self.peer_key => {
                 // Our confirmation was lost and the listener answers again.
@@ -681,7 +681,7 @@ impl Association {
         // The packet's acknowledgement waits for the reply (`hold`), or it
         // is a copy that needs none of its own (`copy`).
         let (mut hold, mut copy) = (false, false);
-        if let Some(d) = p.data {
+        if let Some(d) = p.data.take() {
             let had_gap = self.recv.held() > 0;
             // A lone small request: it asks for a status while no
             // acknowledgement is pending. Its acknowledgement may wait for

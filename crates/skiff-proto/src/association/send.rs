@@ -717,6 +717,14 @@ impl SendState {
             }
             let n = rest.min(budget - over);
             let whole_part = n == rest;
+            if bundle && !whole_part && !chunks.is_empty() {
+                // A bundle that does not fit what is left of a packet
+                // holding others starts the next packet, where it fits
+                // whole (bundles are at most a packet's payload): the
+                // receiver then splits it where it landed, never joining
+                // its fragments first.
+                break;
+            }
             let end = whole_part && part.last;
             // A part that fits whole moves into its chunk (no reference
             // taken and dropped per small message).
@@ -957,5 +965,43 @@ mod tests {
         }
         assert_eq!(got, 250);
         assert!(s.inflight.back().unwrap().chunks.last().unwrap().end);
+    }
+
+    #[test]
+    fn a_bundle_that_does_not_fit_a_packets_rest_starts_the_next_packet() {
+        let now = Instant::now();
+        let mut s = SendState::new(
+            64,
+            1 << 20,
+            Duration::ZERO,
+            Duration::ZERO,
+            Rtt::new(
+                Duration::from_secs(1),
+                Duration::ZERO,
+                Duration::from_secs(60),
+            ),
+        );
+        s.peer_alloc = 64;
+        s.push(Bytes::from(vec![1u8; 40]));
+        s.push_as(Bytes::from(vec![2u8; 80]), true);
+        s.push_as(Bytes::from(vec![3u8; 10]), true);
+        s.push(Bytes::from(vec![4u8; 150]));
+        // The first packet has room for the plain message and a piece of
+        // the bundle: the bundle waits for the next packet instead.
+        let (seq, _, _) = s.next_packet(now, 100, 8).unwrap();
+        let p = &s.inflight[seq as usize];
+        assert_eq!(p.chunks.len(), 1);
+        assert!(p.chunks[0].begin && p.chunks[0].end && !p.chunks[0].bundle);
+        // The next packet carries it whole, and the small bundle after it
+        // (which fits) beside it; a plain message is still fragmented.
+        let (seq, _, _) = s.next_packet(now, 100, 8).unwrap();
+        let p = &s.inflight[seq as usize];
+        assert!(p.chunks.len() >= 2, "{:?}", p.chunks);
+        assert!(p.chunks[0].bundle && p.chunks[0].begin && p.chunks[0].end);
+        assert_eq!(p.chunks[0].bytes.len(), 80);
+        assert!(p.chunks[1].bundle && p.chunks[1].begin && p.chunks[1].end);
+        if let Some(c) = p.chunks.get(2) {
+            assert!(c.begin && !c.end && !c.bundle);
+        }
     }
 }
