@@ -361,9 +361,10 @@ mod tests {
         assert_eq!(got, msgs);
     }
 
-    /// Seals one bundle of one 990-byte message; its buffer.
+    /// Seals one bundle of one 246-byte message (248 bytes with its
+    /// length); its buffer.
     fn one_bundle(s: &mut SendStage, byte: u8) -> Bytes {
-        s.offer(&Bytes::from(vec![byte; 990])).unwrap();
+        s.offer(&Bytes::from(vec![byte; 246])).unwrap();
         s.seal();
         s.bundles.pop_front().unwrap().0
     }
@@ -385,9 +386,8 @@ mod tests {
             }
             held.push(b);
         }
-        // 992 bytes each with its length: back to back, until less than a
-        // whole bundle is left.
-        assert_eq!(held.len(), SLAB_BYTES / 992 + 1);
+        // Back to back, until less than a whole bundle (1000) is left.
+        assert_eq!(held.len(), (SLAB_BYTES - 1000) / 248 + 2);
         // The first slab's bundles are let go of (acknowledged); the
         // second slab is used up: the first comes back for the third.
         let second = held.pop().unwrap();
@@ -395,7 +395,7 @@ mod tests {
             assert_eq!(bundle::records(b).next().unwrap()[0], i as u8);
         }
         let mut third = None;
-        for k in 0..2 * SLAB_BYTES / 992 {
+        for k in 0..2 * SLAB_BYTES / 248 {
             let b = one_bundle(&mut s, k as u8);
             if in_first(&b) {
                 third = Some(b);
