@@ -361,12 +361,19 @@ impl PubHead {
         LEN_PREFIX + self.head.len() + varint::len(len as u64) + len
     }
 
-    /// Appends the frame of `payload` to `out` (what [`encode_pub`] would).
+    /// Appends the frame of `payload` to `out` (what [`encode_pub`] would):
+    /// each byte written once (no zero fill first), and nothing appended
+    /// for a body over 4 GiB.
     pub fn encode(&self, out: &mut Vec<u8>, payload: &[u8]) {
-        let at = out.len();
-        out.resize(at + self.frame_len(payload.len()), 0);
-        let ok = self.encode_into(&mut out[at..], payload);
-        debug_assert!(ok, "sized by frame_len");
+        let n = self.frame_len(payload.len());
+        let Ok(body) = u32::try_from(n - LEN_PREFIX) else {
+            return;
+        };
+        out.reserve(n);
+        out.extend_from_slice(&body.to_le_bytes());
+        out.extend_from_slice(&self.head);
+        varint::put(out, payload.len() as u64);
+        out.extend_from_slice(payload);
     }
 
     /// Writes the frame of `payload` into `out`, which must be exactly

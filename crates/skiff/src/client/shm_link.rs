@@ -163,7 +163,12 @@ impl ShmTx {
     /// Encodes a small publish at the end of the queue's last run of
     /// encoded frames (or a new one) if there is room now.
     fn try_encode(&self, msg: &Message) -> Option<Result<(), Error>> {
-        self.try_encode_with(pub_frame_len(msg), |out| encode_pub_into(out, msg))
+        self.try_encode_with(pub_frame_len(msg), |run, n| {
+            let at = run.len();
+            run.resize(at + n, 0);
+            let ok = encode_pub_into(&mut run[at..], msg);
+            debug_assert!(ok, "sized by pub_frame_len");
+        })
     }
 
     /// Queues a bound publisher's publish of a small `payload` ([`PubHead`])
@@ -176,18 +181,20 @@ impl ShmTx {
         if payload.len() > ENCODE_NOW {
             return None;
         }
-        self.try_encode_with(head.frame_len(payload.len()), |out| {
-            head.encode_into(out, payload)
+        // Appended, not written over a zero fill: the run's bytes are
+        // written once (their lines were last read by the writer thread).
+        self.try_encode_with(head.frame_len(payload.len()), |run, _| {
+            head.encode(run, payload)
         })
     }
 
-    /// Encodes a publish frame of `n` bytes with `encode` at the end of the
+    /// Appends a publish frame of `n` bytes with `encode(run, n)` to the
     /// queue's last run of encoded frames (or a new one) if there is room
     /// now.
     fn try_encode_with(
         &self,
         n: usize,
-        encode: impl FnOnce(&mut [u8]) -> bool,
+        encode: impl FnOnce(&mut Vec<u8>, usize),
     ) -> Option<Result<(), Error>> {
         let mut q = self.q.lock();
         if q.lost.is_some() {
@@ -217,9 +224,8 @@ impl ShmTx {
             }
         };
         let at = run.len();
-        run.resize(at + n, 0);
-        let ok = encode(&mut run[at..]);
-        debug_assert!(ok, "sized by the caller");
+        encode(run, n);
+        debug_assert_eq!(run.len(), at + n, "sized by the caller");
         q.bytes += n;
         drop(q);
         if wake {
