@@ -932,21 +932,23 @@ mod tests {
         assert_eq!(r.rto(), ms(60_000));
     }
 
+    /// A sender with a 64-packet window the peer has opened, 1 MiB of
+    /// buffer and no delays.
+    fn sender() -> SendState {
+        let rtt = Rtt::new(
+            Duration::from_secs(1),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        );
+        let mut s = SendState::new(64, 1 << 20, Duration::ZERO, Duration::ZERO, rtt);
+        s.peer_alloc = 64;
+        s
+    }
+
     #[test]
     fn fill_fragments_and_coalesces() {
         let now = Instant::now();
-        let mut s = SendState::new(
-            64,
-            1 << 20,
-            Duration::ZERO,
-            Duration::ZERO,
-            Rtt::new(
-                Duration::from_secs(1),
-                Duration::ZERO,
-                Duration::from_secs(60),
-            ),
-        );
-        s.peer_alloc = 64;
+        let mut s = sender();
         s.push(Bytes::from_static(b"a"));
         s.push(Bytes::from_static(b"bb"));
         s.push(Bytes::from(vec![7u8; 250]));
@@ -970,18 +972,7 @@ mod tests {
     #[test]
     fn a_bundle_that_does_not_fit_a_packets_rest_starts_the_next_packet() {
         let now = Instant::now();
-        let mut s = SendState::new(
-            64,
-            1 << 20,
-            Duration::ZERO,
-            Duration::ZERO,
-            Rtt::new(
-                Duration::from_secs(1),
-                Duration::ZERO,
-                Duration::from_secs(60),
-            ),
-        );
-        s.peer_alloc = 64;
+        let mut s = sender();
         s.push(Bytes::from(vec![1u8; 40]));
         s.push_as(Bytes::from(vec![2u8; 80]), true);
         s.push_as(Bytes::from(vec![3u8; 10]), true);
