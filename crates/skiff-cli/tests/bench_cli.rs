@@ -152,3 +152,29 @@ fn request_still_accepts_no_floor_and_starts_its_node() {
     assert_eq!(rows[0]["test"], "skiff-request");
     assert_eq!(rows[0]["mode"], "conc=1");
 }
+
+#[test]
+fn pubsub_latency_row_times_every_probe_on_a_healthy_node() {
+    // One message at a time through the node it starts: every probe
+    // arrives (a late one is timed when it comes, not called lost).
+    let out = skiff(&[
+        "bench",
+        "pubsub",
+        "--json",
+        "--shapes",
+        "1x1",
+        "--sizes",
+        "8",
+        "--duration-secs",
+        "1",
+        "--latency",
+    ]);
+    let rows = rows(&out);
+    let lat = rows
+        .iter()
+        .find(|r| r["mode"] == "1x1-latency")
+        .expect("a 1x1-latency row");
+    assert_eq!(lat["lost"], 0, "{lat}");
+    assert!(lat["messages"].as_u64().unwrap() > 0, "{lat}");
+    assert!(lat["p50_us"].as_f64().unwrap() > 0.0, "{lat}");
+}

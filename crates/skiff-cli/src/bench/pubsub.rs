@@ -536,14 +536,33 @@ fn probe_number(payload: &[u8]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Probes that did not arrive within [`PROBE_PATIENCE`], by number, with
+/// when they were sent: one that still comes was late, not lost, and its
+/// latency is kept for the row then.
+#[derive(Default)]
+struct Overdue {
+    sent: std::collections::HashMap<u64, Instant>,
+    late: Vec<Duration>,
+}
+
+impl Overdue {
+    /// Probe `got` arrived: if it was overdue, its latency is kept.
+    fn arrived(&mut self, got: u64) {
+        if let Some(t) = self.sent.remove(&got) {
+            self.late.push(t.elapsed());
+        }
+    }
+}
+
 /// Publishes latency probe `seq` and waits for its arrival: its latency,
-/// or `None` when it did not arrive within [`PROBE_PATIENCE`] (lost, or
-/// late: a late probe is passed over when it comes).
+/// or `None` when it did not arrive within [`PROBE_PATIENCE`] (it is then
+/// `overdue`: lost, or late, and counted as such when it comes).
 async fn one(
     c: &Client,
     size: usize,
     seq: u64,
     arrived: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
+    overdue: &mut Overdue,
 ) -> Result<Option<Duration>, Box<dyn Error>> {
     let mut payload = vec![0x5a; size];
     let n = size.min(8);
@@ -554,18 +573,23 @@ async fn one(
     let deadline = tokio::time::Instant::now() + PROBE_PATIENCE;
     loop {
         match tokio::time::timeout_at(deadline, arrived.recv()).await {
-            Err(_) => return Ok(None),
+            Err(_) => {
+                overdue.sent.insert(want, t);
+                return Ok(None);
+            }
             Ok(None) => return Err("the subscription ended".into()),
             Ok(Some(got)) if got == want => return Ok(Some(t.elapsed())),
-            Ok(Some(_)) => {} // an earlier probe, late
+            Ok(Some(got)) => overdue.arrived(got),
         }
     }
 }
 
 /// One message at a time from the publisher's node to the first
 /// subscriber's: publish-to-arrival latency, for `dur` after a warm-up of
-/// 1000 messages (or a tenth of `dur`). Probes that do not arrive within
-/// [`PROBE_PATIENCE`] are counted in the row's `lost`.
+/// 1000 messages (or a tenth of `dur`). A probe that does not arrive
+/// within [`PROBE_PATIENCE`] is passed over; if it comes later (by the
+/// end, or within a second after) its latency is in the row, and only
+/// those that never come are the row's `lost`.
 async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
     let sub_client = Client::connect(places.subscriber(0)).await?;
     let mut s = sub_client.subscribe("bench.lat", "*").await?;
@@ -588,29 +612,40 @@ async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Ro
     let size = size.max(1);
     let mut seq = 0u64;
     let warmup = Instant::now();
+    let mut overdue = Overdue::default();
     for _ in 0..1000 {
         if warmup.elapsed() >= dur / 10 {
             break;
         }
         seq += 1;
-        one(&c, size, seq, &mut arrived).await?;
+        one(&c, size, seq, &mut arrived, &mut overdue).await?;
     }
+    // What the warm-up left overdue is not the run's.
+    let mut overdue = Overdue::default();
     let mut hist = report::histogram();
-    let mut lost = 0u64;
     let start = Instant::now();
     while start.elapsed() < dur {
         seq += 1;
-        match one(&c, size, seq, &mut arrived).await? {
-            Some(d) => report::record(&mut hist, d),
-            None => lost += 1,
+        if let Some(d) = one(&c, size, seq, &mut arrived, &mut overdue).await? {
+            report::record(&mut hist, d);
         }
     }
     let elapsed = start.elapsed();
+    let grace = tokio::time::Instant::now() + Duration::from_secs(1);
+    while !overdue.sent.is_empty() {
+        match tokio::time::timeout_at(grace, arrived.recv()).await {
+            Ok(Some(got)) => overdue.arrived(got),
+            _ => break,
+        }
+    }
     reader.abort();
+    for d in overdue.late.drain(..) {
+        report::record(&mut hist, d);
+    }
     let mut row = Row::new("skiff", "1x1-latency", size);
     row.set_latency(&hist);
     row.set_throughput(hist.len(), elapsed);
-    row.lost = Some(lost);
+    row.lost = Some(overdue.sent.len() as u64);
     Ok(row)
 }
 
