@@ -527,6 +527,11 @@ async fn skiff_shape(
 /// best-effort links a lost datagram loses the probe, and the run goes on.
 const PROBE_PATIENCE: Duration = Duration::from_millis(100);
 
+/// How long the latency run waits, after its last probe, for probes still
+/// overdue: a reliable link repairs a loss within a few retransmission
+/// timeouts, which back off from 200 ms.
+const LATE_GRACE: Duration = Duration::from_secs(5);
+
 /// A probe's number, carried in the first bytes of its payload (as many
 /// of the number's little-endian bytes as fit).
 fn probe_number(payload: &[u8]) -> u64 {
@@ -588,8 +593,8 @@ async fn one(
 /// subscriber's: publish-to-arrival latency, for `dur` after a warm-up of
 /// 1000 messages (or a tenth of `dur`). A probe that does not arrive
 /// within [`PROBE_PATIENCE`] is passed over; if it comes later (by the
-/// end, or within a second after) its latency is in the row, and only
-/// those that never come are the row's `lost`.
+/// end, or within [`LATE_GRACE`] after) its latency is in the row, and
+/// only those that never come are the row's `lost`.
 async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Row, Box<dyn Error>> {
     let sub_client = Client::connect(places.subscriber(0)).await?;
     let mut s = sub_client.subscribe("bench.lat", "*").await?;
@@ -631,7 +636,7 @@ async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Ro
         }
     }
     let elapsed = start.elapsed();
-    let grace = tokio::time::Instant::now() + Duration::from_secs(1);
+    let grace = tokio::time::Instant::now() + LATE_GRACE;
     while !overdue.sent.is_empty() {
         match tokio::time::timeout_at(grace, arrived.recv()).await {
             Ok(Some(got)) => overdue.arrived(got),
@@ -639,6 +644,14 @@ async fn skiff_latency(places: &Places, size: usize, dur: Duration) -> Result<Ro
         }
     }
     reader.abort();
+    if !overdue.late.is_empty() || !overdue.sent.is_empty() {
+        eprintln!(
+            "skiff bench: {} B latency probes: {} late (over {PROBE_PATIENCE:?}, timed when they came), {} never came",
+            size,
+            overdue.late.len(),
+            overdue.sent.len()
+        );
+    }
     for d in overdue.late.drain(..) {
         report::record(&mut hist, d);
     }
