@@ -396,13 +396,17 @@ async fn small_tunnel_writes_through_nodes_are_gathered() {
         .unwrap();
     assert!(got == want, "the bytes differ from what was written");
     assert_eq!(ta.gathered_messages(), messages);
+    // How many writes share a message depends on how far the writer runs
+    // ahead of the flusher on the other worker (about ten each on a loaded
+    // 2-core machine, hundreds on an idle one); one each is what this
+    // catches, so the bound leaves room for a slow machine.
     assert!(
-        messages * 10 <= u64::from(WRITES),
+        messages * 4 <= u64::from(WRITES),
         "{messages} tunnel messages for {WRITES} writes: not gathered"
     );
     let sent = frames() - frames_before;
     assert!(
-        sent * 10 <= u64::from(WRITES),
+        sent * 4 <= u64::from(WRITES),
         "{sent} mesh frames for {WRITES} writes: not gathered"
     );
 
