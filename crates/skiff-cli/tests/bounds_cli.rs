@@ -337,16 +337,26 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
     // Eight clients that never read could hold 8 MiB; the budget is 4.
     // They write until the node holds most of its budget for them (a
     // loaded machine may be slow to read them: a write that times out is
-    // tried again until then).
+    // tried again until then, for up to three minutes; an idle 2-core
+    // machine takes seconds, one running seven such tests at a load of 14
+    // took over a minute).
     let done = Arc::new(AtomicBool::new(false));
     let flooders: Vec<_> = (0..8)
         .map(|_| {
-            let c = TcpStream::connect(&node.addr).unwrap();
-            // A small receive buffer: the pongs pile up in the node, not
-            // in this socket (loopback buffers grow to megabytes).
-            socket2::SockRef::from(&c)
-                .set_recv_buffer_size(4096)
-                .unwrap();
+            // A small receive buffer, set before connecting so that the
+            // window offered is small from the start: the pongs pile up
+            // in the node, not in this socket (loopback buffers grow to
+            // megabytes, which a slow machine takes long to fill).
+            let addr: std::net::SocketAddr = node.addr.parse().unwrap();
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                None,
+            )
+            .unwrap();
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.connect(&addr.into()).unwrap();
+            let c: TcpStream = sock.into();
             let done = done.clone();
             std::thread::spawn(move || {
                 let mut s = c;
@@ -368,7 +378,7 @@ fn the_node_budget_bounds_all_clients_together_and_refuses_new_ones() {
     let t = Instant::now();
     let used = loop {
         let used = watcher.stats()["pending_budget_used"].as_u64();
-        if used.is_some_and(|u| u > 3 << 20) || t.elapsed() > Duration::from_secs(60) {
+        if used.is_some_and(|u| u > 3 << 20) || t.elapsed() > Duration::from_secs(180) {
             break used;
         }
         let rss = node.rss();
