@@ -5,7 +5,7 @@ one run (alternating per case, fresh servers). Says what the two cores
 allow: with the load generator's CPU per message measured, 2 cores /
 (its CPU per message) is the rate no server can exceed on this machine.
 
-    bench/nats_cost.py [--duration-secs 2] [--strace] [--cases 1,2,3]
+    bench/nats_cost.py [--duration-secs 2] [--strace] [--cases 1,2,3] [--servers nats,skiff,floor]
 
 Needs NATS_SERVER, SKIFF (SKIFF_ARGS: more `skiff node` options) and bench/nats/natsbench (bench/nats_front.sh
 builds them). --strace adds a second, shorter run per case under
@@ -15,6 +15,13 @@ are counted only there (skiff's sockets use send/recv, which
 /proc/PID/io does not count); natsbench's (Go: read/write) from
 /proc/PID/io. One JSON object per case and server on standard output, a
 line each on standard error.
+
+Server `floor` (not run unless named in --servers): bench/nats/floor_relay.c,
+the least a NATS server can do (one thread, no hand-offs, trivial parsing),
+compiled with cc on first use ($FLOOR_ARGS: its mode, e.g. `threads`): how
+fast the load generator runs against a server that costs almost nothing.
+It is measured for the request rows; its pub/sub (no flow control: a slow
+subscriber stalls it) is no floor.
 """
 import argparse, json, os, re, socket, subprocess, sys, time
 
@@ -79,6 +86,8 @@ def start(which, args):
     p = port()
     if which == "nats":
         cmd = [args.nats_server, "-a", "127.0.0.1", "-p", str(p)]
+    elif which == "floor":
+        cmd = [floor_relay(), str(p), *os.environ.get("FLOOR_ARGS", "").split()]
     else:
         cmd = [args.skiff, "node", "--tcp", "none", "--nats", f"127.0.0.1:{p}",
                *os.environ.get("SKIFF_ARGS", "").split()]
@@ -90,6 +99,15 @@ def start(which, args):
         except OSError:
             time.sleep(0.05)
     sys.exit(f"{which} did not start")
+
+
+def floor_relay():
+    """bench/nats/floor_relay.c, compiled next to itself if older than its source."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nats")
+    src, exe = os.path.join(here, "floor_relay.c"), os.path.join(here, "floor_relay")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        subprocess.run(["cc", "-O2", "-pthread", "-o", exe, src], check=True)
+    return exe
 
 
 def run_nb(nb, case_args, url, dur):
@@ -176,8 +194,9 @@ def main():
     ap.add_argument("--cases", default="1,2,3,4,5,6,7")
     ap.add_argument("--servers", default="nats,skiff")
     args = ap.parse_args()
-    args.nats_server = os.environ["NATS_SERVER"]
-    args.skiff = os.environ["SKIFF"]
+    servers = args.servers.split(",")
+    args.nats_server = os.environ["NATS_SERVER"] if "nats" in servers else None
+    args.skiff = os.environ["SKIFF"] if "skiff" in servers else None
     args.nb = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nats", "natsbench")
     for i in args.cases.split(","):
         case = CASES[int(i) - 1]

@@ -1,0 +1,345 @@
+/*
+ * floor_relay: the least a NATS server can do for bench/nats/natsbench's
+ * rows, to measure the floor of a row's rate on this machine: how fast
+ * the load generator runs against a server that costs almost nothing.
+ *
+ * One thread, one epoll loop (as skiff's node with one worker), plain
+ * NATS core only: INFO, CONNECT, PING/PONG, SUB (a queue group is taken
+ * as a plain subscription), UNSUB, PUB with or without a reply subject,
+ * MSG out. Subjects match with `*` and `>`. What a client's read routes
+ * to other clients is written to them at the end of that read ("flush on
+ * the producer's read loop", as nats-server does), with no hand-off to
+ * another task. No limits, no authentication, no slow-consumer handling,
+ * no headers: a measuring tool for loopback benchmarks, never a server.
+ *
+ *   cc -O2 -pthread -o floor_relay bench/nats/floor_relay.c
+ *   ./floor_relay PORT           # listens on 127.0.0.1:PORT, one thread
+ *   ./floor_relay PORT threads   # a thread per connection (blocking
+ *                                # reads, as nats-server's goroutines),
+ *                                # writing to other connections under a
+ *                                # lock each
+ *   ./floor_relay PORT spin      # one thread that polls (epoll_wait
+ *                                # without sleeping) up to 100 us after
+ *                                # traffic before it sleeps, as skiff's
+ *                                # node does (`spin_us`)
+ *   ./floor_relay PORT batch     # one thread that writes once per
+ *                                # epoll_wait, after every ready read
+ *
+ * Used by bench/nats_floor.sh (bench/RESULTS.md, session 28).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXFD 4096
+#define INBUF (1 << 20)
+#define MAXSUBS 4096
+
+struct conn {
+    int open;
+    char *in;
+    size_t in_len;
+    char *out;
+    size_t out_len, out_cap;
+    int dirty;
+};
+
+struct sub {
+    int fd;
+    char sid[64];
+    char subj[256];
+};
+
+static struct conn conns[MAXFD];
+static struct sub subs[MAXSUBS];
+static int nsubs;
+static int dirty[MAXFD];
+static int ndirty;
+/* Threads mode: the subscriptions and every connection's output are
+ * shared; one lock (held while routing and flushing a read's output). */
+static int threaded, spin, batch;
+static pthread_mutex_t big = PTHREAD_MUTEX_INITIALIZER;
+
+static void out_put(int fd, const char *p, size_t n) {
+    struct conn *c = &conns[fd];
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 65536;
+        while (cap < c->out_len + n) cap *= 2;
+        c->out = realloc(c->out, cap);
+        if (!c->out) abort();
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    if (!c->dirty) {
+        c->dirty = 1;
+        dirty[ndirty++] = fd;
+    }
+}
+
+/* Writes everything pending for fd, waiting for room if need be. */
+static void flush_fd(int fd) {
+    struct conn *c = &conns[fd];
+    size_t off = 0;
+    while (off < c->out_len) {
+        ssize_t n = send(fd, c->out + off, c->out_len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, 1000);
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            break; /* closed: dropped (a measuring tool) */
+        }
+    }
+    c->out_len = 0;
+    c->dirty = 0;
+}
+
+static void flush_all(void) {
+    for (int i = 0; i < ndirty; i++) flush_fd(dirty[i]);
+    ndirty = 0;
+}
+
+/* Whether subject (len n) matches pattern (NUL-terminated): tokens split
+ * on '.', `*` one token, `>` the rest. */
+static int matches(const char *pat, const char *s, size_t n) {
+    const char *end = s + n;
+    while (1) {
+        const char *pe = strchr(pat, '.');
+        size_t pl = pe ? (size_t)(pe - pat) : strlen(pat);
+        const char *se = memchr(s, '.', (size_t)(end - s));
+        size_t sl = se ? (size_t)(se - s) : (size_t)(end - s);
+        if (pl == 1 && pat[0] == '>') return 1;
+        if (!(pl == 1 && pat[0] == '*') && (pl != sl || memcmp(pat, s, pl) != 0)) return 0;
+        if (!pe && !se) return 1;
+        if (!pe || !se) return 0;
+        pat = pe + 1;
+        s = se + 1;
+    }
+}
+
+/* Splits line (len n) at spaces into at most max args; count. */
+static int split(char *line, size_t n, char **args, size_t *lens, int max) {
+    int k = 0;
+    size_t i = 0;
+    while (i < n && k < max) {
+        while (i < n && (line[i] == ' ' || line[i] == '\t')) i++;
+        if (i >= n) break;
+        args[k] = line + i;
+        while (i < n && line[i] != ' ' && line[i] != '\t') i++;
+        lens[k] = (size_t)(line + i - args[k]);
+        k++;
+    }
+    return k;
+}
+
+static void close_conn(int ep, int fd) {
+    epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+    conns[fd].open = 0;
+    conns[fd].in_len = 0;
+    conns[fd].out_len = 0;
+    for (int i = 0; i < nsubs;) {
+        if (subs[i].fd == fd) subs[i] = subs[--nsubs];
+        else i++;
+    }
+}
+
+/* Handles every whole operation in fd's input; -1: close it. */
+static int handle(int fd) {
+    struct conn *c = &conns[fd];
+    char *p = c->in, *end = c->in + c->in_len;
+    char hdr[1024];
+    while (p < end) {
+        char *nl = memmem(p, (size_t)(end - p), "\r\n", 2);
+        if (!nl) break;
+        size_t ll = (size_t)(nl - p);
+        char *args[5];
+        size_t lens[5];
+        if (ll >= 4 && strncasecmp(p, "PUB ", 4) == 0) {
+            int k = split(p + 4, ll - 4, args, lens, 4);
+            if (k < 2 || k > 3) return -1;
+            size_t size = strtoul(args[k - 1], NULL, 10);
+            if ((size_t)(end - (nl + 2)) < size + 2) break; /* payload not here yet */
+            char *payload = nl + 2;
+            for (int i = 0; i < nsubs; i++) {
+                if (!matches(subs[i].subj, args[0], lens[0])) continue;
+                int h;
+                if (k == 3)
+                    h = snprintf(hdr, sizeof hdr, "MSG %.*s %s %.*s %zu\r\n", (int)lens[0], args[0],
+                                 subs[i].sid, (int)lens[1], args[1], size);
+                else
+                    h = snprintf(hdr, sizeof hdr, "MSG %.*s %s %zu\r\n", (int)lens[0], args[0],
+                                 subs[i].sid, size);
+                if (h <= 0 || (size_t)h >= sizeof hdr) return -1;
+                out_put(subs[i].fd, hdr, (size_t)h);
+                out_put(subs[i].fd, payload, size + 2);
+            }
+            p = payload + size + 2;
+            continue;
+        }
+        if (ll >= 4 && strncasecmp(p, "SUB ", 4) == 0) {
+            int k = split(p + 4, ll - 4, args, lens, 4);
+            if (k < 2 || k > 3 || nsubs >= MAXSUBS) return -1;
+            if (lens[0] >= sizeof subs[0].subj || lens[k - 1] >= sizeof subs[0].sid) return -1;
+            struct sub *s = &subs[nsubs++];
+            s->fd = fd;
+            memcpy(s->subj, args[0], lens[0]);
+            s->subj[lens[0]] = 0;
+            memcpy(s->sid, args[k - 1], lens[k - 1]);
+            s->sid[lens[k - 1]] = 0;
+        } else if (ll >= 6 && strncasecmp(p, "UNSUB ", 6) == 0) {
+            int k = split(p + 6, ll - 6, args, lens, 3);
+            if (k == 1) {
+                for (int i = 0; i < nsubs; i++) {
+                    if (subs[i].fd == fd && strlen(subs[i].sid) == lens[0] &&
+                        memcmp(subs[i].sid, args[0], lens[0]) == 0) {
+                        subs[i] = subs[--nsubs];
+                        break;
+                    }
+                }
+            }
+        } else if (ll >= 4 && strncasecmp(p, "PING", 4) == 0) {
+            out_put(fd, "PONG\r\n", 6);
+        }
+        /* CONNECT, PONG, +OK, -ERR: nothing to do. */
+        p = nl + 2;
+    }
+    size_t left = (size_t)(end - p);
+    memmove(c->in, p, left);
+    c->in_len = left;
+    return c->in_len == INBUF ? -1 : 0;
+}
+
+/* Threads mode: one connection's reader; what a read routes is written
+ * by this thread before the next read. */
+static void *conn_thread(void *arg) {
+    int fd = (int)(long)arg;
+    struct conn *c = &conns[fd];
+    for (;;) {
+        ssize_t r = recv(fd, c->in + c->in_len, INBUF - c->in_len, 0);
+        if (r <= 0 && !(r < 0 && errno == EINTR)) break;
+        if (r < 0) continue;
+        c->in_len += (size_t)r;
+        pthread_mutex_lock(&big);
+        int bad = handle(fd) < 0;
+        flush_all();
+        pthread_mutex_unlock(&big);
+        if (bad) break;
+    }
+    pthread_mutex_lock(&big);
+    for (int i = 0; i < nsubs;) {
+        if (subs[i].fd == fd) subs[i] = subs[--nsubs];
+        else i++;
+    }
+    conns[fd].open = 0;
+    pthread_mutex_unlock(&big);
+    close(fd);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: floor_relay PORT [threads]\n");
+        return 2;
+    }
+    threaded = argc > 2 && strcmp(argv[2], "threads") == 0;
+    spin = argc > 2 && strcmp(argv[2], "spin") == 0;
+    batch = argc > 2 && strcmp(argv[2], "batch") == 0;
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 128)) {
+        perror("listen");
+        return 1;
+    }
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
+    epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+    static const char info[] = "INFO {\"server_id\":\"FLOOR\",\"version\":\"2.11.0\",\"proto\":1,"
+                               "\"headers\":false,\"max_payload\":1048576}\r\n";
+    struct epoll_event evs[256];
+    struct timespec last = {0};
+    for (;;) {
+        int n = epoll_wait(ep, evs, 256, spin ? 0 : -1);
+        if (spin) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (n > 0) {
+                last = now;
+            } else if ((now.tv_sec - last.tv_sec) * 1000000000L + (now.tv_nsec - last.tv_nsec) >
+                       100000L) {
+                n = epoll_wait(ep, evs, 256, -1);
+                clock_gettime(CLOCK_MONOTONIC, &last);
+            } else {
+                sched_yield();
+                continue;
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == l) {
+                int c;
+                while ((c = accept4(l, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+                    if (c >= MAXFD) {
+                        close(c);
+                        continue;
+                    }
+                    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                    if (!conns[c].in) conns[c].in = malloc(INBUF);
+                    if (threaded) {
+                        /* Blocking; a thread of its own. */
+                        fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
+                        pthread_mutex_lock(&big);
+                        conns[c].open = 1;
+                        conns[c].in_len = 0;
+                        out_put(c, info, sizeof info - 1);
+                        flush_all();
+                        pthread_mutex_unlock(&big);
+                        pthread_t t;
+                        pthread_create(&t, NULL, conn_thread, (void *)(long)c);
+                        pthread_detach(t);
+                        continue;
+                    }
+                    conns[c].open = 1;
+                    conns[c].in_len = 0;
+                    struct epoll_event e = {.events = EPOLLIN, .data.fd = c};
+                    epoll_ctl(ep, EPOLL_CTL_ADD, c, &e);
+                    out_put(c, info, sizeof info - 1);
+                }
+                continue;
+            }
+            struct conn *c = &conns[fd];
+            if (!c->open) continue;
+            ssize_t r = recv(fd, c->in + c->in_len, INBUF - c->in_len, 0);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                close_conn(ep, fd);
+                continue;
+            }
+            if (r > 0) {
+                c->in_len += (size_t)r;
+                if (handle(fd) < 0) close_conn(ep, fd);
+            }
+            /* The producer's read loop flushes what its read routed. */
+            if (!batch) flush_all();
+        }
+        flush_all();
+    }
+}
