@@ -16,7 +16,7 @@ are counted only there (skiff's sockets use send/recv, which
 /proc/PID/io. One JSON object per case and server on standard output, a
 line each on standard error.
 
-Server `floor` (not run unless named in --servers): bench/nats/floor_relay.c,
+Server `floor` (not run unless named in --servers): bench/nats_floor_relay.c,
 the least a NATS server can do (one thread, no hand-offs, trivial parsing),
 compiled with cc on first use ($FLOOR_ARGS: its mode, e.g. `threads`): how
 fast the load generator runs against a server that costs almost nothing.
@@ -102,9 +102,12 @@ def start(which, args):
 
 
 def floor_relay():
-    """bench/nats/floor_relay.c, compiled next to itself if older than its source."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nats")
-    src, exe = os.path.join(here, "floor_relay.c"), os.path.join(here, "floor_relay")
+    """bench/nats_floor_relay.c, compiled into $CARGO_TARGET_DIR (else target/)
+    when older than its source."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.environ.get("CARGO_TARGET_DIR") or os.path.join(here, "..", "target")
+    os.makedirs(out, exist_ok=True)
+    src, exe = os.path.join(here, "nats_floor_relay.c"), os.path.join(out, "nats_floor_relay")
     if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
         subprocess.run(["cc", "-O2", "-pthread", "-o", exe, src], check=True)
     return exe

@@ -1,5 +1,5 @@
 /*
- * floor_relay: the least a NATS server can do for bench/nats/natsbench's
+ * nats_floor_relay: the least a NATS server can do for bench/nats/natsbench's
  * rows, to measure the floor of a row's rate on this machine: how fast
  * the load generator runs against a server that costs almost nothing.
  *
@@ -12,20 +12,19 @@
  * another task. No limits, no authentication, no slow-consumer handling,
  * no headers: a measuring tool for loopback benchmarks, never a server.
  *
- *   cc -O2 -pthread -o floor_relay bench/nats/floor_relay.c
- *   ./floor_relay PORT           # listens on 127.0.0.1:PORT, one thread
- *   ./floor_relay PORT threads   # a thread per connection (blocking
- *                                # reads, as nats-server's goroutines),
- *                                # writing to other connections under a
- *                                # lock each
- *   ./floor_relay PORT spin      # one thread that polls (epoll_wait
- *                                # without sleeping) up to 100 us after
- *                                # traffic before it sleeps, as skiff's
- *                                # node does (`spin_us`)
- *   ./floor_relay PORT batch     # one thread that writes once per
- *                                # epoll_wait, after every ready read
+ *   cc -O2 -pthread -o nats_floor_relay bench/nats_floor_relay.c
+ *   nats_floor_relay PORT          # on 127.0.0.1:PORT, one thread
+ *   nats_floor_relay PORT threads  # a thread per connection (blocking
+ *                                  # reads, as nats-server's goroutines),
+ *                                  # routing and writing under one lock
+ *   nats_floor_relay PORT spin     # one thread that polls (epoll_wait
+ *                                  # without sleeping) up to 100 us after
+ *                                  # traffic before it sleeps, as skiff's
+ *                                  # node does (`spin_us`)
+ *   nats_floor_relay PORT batch    # one thread that writes once per
+ *                                  # epoll_wait, after every ready read
  *
- * Used by bench/nats_floor.sh (bench/RESULTS.md, session 28).
+ * Run by bench/nats_cost.py as server `floor` (bench/RESULTS.md, session 28).
  */
 #define _GNU_SOURCE
 #include <errno.h>
