@@ -9,8 +9,10 @@
  * MSG out. Subjects match with `*` and `>`. What a client's read routes
  * to other clients is written to them at the end of that read ("flush on
  * the producer's read loop", as nats-server does), with no hand-off to
- * another task. No limits, no authentication, no slow-consumer handling,
- * no headers: a measuring tool for loopback benchmarks, never a server.
+ * another task; what a socket does not take waits for EPOLLOUT, and
+ * while more than 8 MiB waits the loop reads nothing (flow control). No
+ * limits, no authentication, no slow-consumer handling, no headers: a
+ * measuring tool for loopback benchmarks, never a server.
  *
  *   cc -O2 -pthread -o nats_floor_relay bench/nats_floor_relay.c
  *   nats_floor_relay PORT          # on 127.0.0.1:PORT, one thread
@@ -51,14 +53,23 @@ struct conn {
     char *in;
     size_t in_len;
     char *out;
-    size_t out_len, out_cap;
+    /* Pending output: out[out_off..out_len]. */
+    size_t out_off, out_len, out_cap;
     int dirty;
+    /* Registered for EPOLLOUT: the socket took only part of it. */
+    int want_out;
 };
 
 struct sub {
     int fd;
     char sid[64];
     char subj[256];
+    /* The last `MSG` line without a reply sent for it, and its subject
+     * and size: the next one the same is copied, not formatted. */
+    char hdr[400];
+    int hdr_len;
+    char hdr_subj[256];
+    size_t hdr_subj_len, hdr_size;
 };
 
 static struct conn conns[MAXFD];
@@ -71,8 +82,19 @@ static int ndirty;
 static int threaded, spin, batch;
 static pthread_mutex_t big = PTHREAD_MUTEX_INITIALIZER;
 
+/* Output pending in all connections; above OUT_LIMIT the loop stops
+ * reading until the subscribers take it (flow control, as a server's). */
+static size_t pending_total;
+#define OUT_LIMIT (8u << 20)
+static int ep_fd = -1;
+
 static void out_put(int fd, const char *p, size_t n) {
     struct conn *c = &conns[fd];
+    if (c->out_off > 0 && c->out_len + n > c->out_cap) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
     if (c->out_len + n > c->out_cap) {
         size_t cap = c->out_cap ? c->out_cap : 65536;
         while (cap < c->out_len + n) cap *= 2;
@@ -82,31 +104,58 @@ static void out_put(int fd, const char *p, size_t n) {
     }
     memcpy(c->out + c->out_len, p, n);
     c->out_len += n;
+    pending_total += n;
     if (!c->dirty) {
         c->dirty = 1;
         dirty[ndirty++] = fd;
     }
 }
 
-/* Writes everything pending for fd, waiting for room if need be. */
+static void want_out(int fd, int on) {
+    struct conn *c = &conns[fd];
+    if (threaded || c->want_out == on) return;
+    struct epoll_event e = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.fd = fd};
+    epoll_ctl(ep_fd, EPOLL_CTL_MOD, fd, &e);
+    c->want_out = on;
+}
+
+/* Writes what fd's socket takes of its pending output (all of it on a
+ * blocking socket); the rest waits for EPOLLOUT. */
 static void flush_fd(int fd) {
     struct conn *c = &conns[fd];
-    size_t off = 0;
-    while (off < c->out_len) {
-        ssize_t n = send(fd, c->out + off, c->out_len - off, MSG_NOSIGNAL);
+    c->dirty = 0;
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         if (n > 0) {
-            off += (size_t)n;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            poll(&p, 1, 1000);
+            c->out_off += (size_t)n;
+            pending_total -= (size_t)n;
         } else if (n < 0 && errno == EINTR) {
             continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            want_out(fd, 1);
+            return;
         } else {
             break; /* closed: dropped (a measuring tool) */
         }
     }
-    c->out_len = 0;
-    c->dirty = 0;
+    pending_total -= c->out_len - c->out_off;
+    c->out_off = c->out_len = 0;
+    want_out(fd, 0);
+}
+
+/* Flow control: while too much is pending, waits for the sockets that
+ * hold it to take some, reading nothing meanwhile. */
+static void drain_backlog(void) {
+    static struct pollfd ps[MAXFD];
+    while (pending_total > OUT_LIMIT) {
+        int k = 0;
+        for (int fd = 0; fd < MAXFD; fd++)
+            if (conns[fd].open && conns[fd].out_off < conns[fd].out_len)
+                ps[k++] = (struct pollfd){.fd = fd, .events = POLLOUT};
+        if (k == 0 || poll(ps, (nfds_t)k, 1000) <= 0) return;
+        for (int i = 0; i < k; i++)
+            if (ps[i].revents) flush_fd(ps[i].fd);
+    }
 }
 
 static void flush_all(void) {
@@ -152,7 +201,9 @@ static void close_conn(int ep, int fd) {
     close(fd);
     conns[fd].open = 0;
     conns[fd].in_len = 0;
-    conns[fd].out_len = 0;
+    pending_total -= conns[fd].out_len - conns[fd].out_off;
+    conns[fd].out_off = conns[fd].out_len = 0;
+    conns[fd].want_out = 0;
     for (int i = 0; i < nsubs;) {
         if (subs[i].fd == fd) subs[i] = subs[--nsubs];
         else i++;
@@ -178,15 +229,29 @@ static int handle(int fd) {
             char *payload = nl + 2;
             for (int i = 0; i < nsubs; i++) {
                 if (!matches(subs[i].subj, args[0], lens[0])) continue;
+                struct sub *sb = &subs[i];
                 int h;
+                if (k == 2 && sb->hdr_len > 0 && sb->hdr_size == size && sb->hdr_subj_len == lens[0] &&
+                    memcmp(sb->hdr_subj, args[0], lens[0]) == 0) {
+                    out_put(sb->fd, sb->hdr, (size_t)sb->hdr_len);
+                    out_put(sb->fd, payload, size + 2);
+                    continue;
+                }
                 if (k == 3)
                     h = snprintf(hdr, sizeof hdr, "MSG %.*s %s %.*s %zu\r\n", (int)lens[0], args[0],
-                                 subs[i].sid, (int)lens[1], args[1], size);
+                                 sb->sid, (int)lens[1], args[1], size);
                 else
                     h = snprintf(hdr, sizeof hdr, "MSG %.*s %s %zu\r\n", (int)lens[0], args[0],
-                                 subs[i].sid, size);
+                                 sb->sid, size);
                 if (h <= 0 || (size_t)h >= sizeof hdr) return -1;
-                out_put(subs[i].fd, hdr, (size_t)h);
+                if (k == 2 && (size_t)h <= sizeof sb->hdr && lens[0] <= sizeof sb->hdr_subj) {
+                    memcpy(sb->hdr, hdr, (size_t)h);
+                    sb->hdr_len = h;
+                    memcpy(sb->hdr_subj, args[0], lens[0]);
+                    sb->hdr_subj_len = lens[0];
+                    sb->hdr_size = size;
+                }
+                out_put(sb->fd, hdr, (size_t)h);
                 out_put(subs[i].fd, payload, size + 2);
             }
             p = payload + size + 2;
@@ -198,6 +263,7 @@ static int handle(int fd) {
             if (lens[0] >= sizeof subs[0].subj || lens[k - 1] >= sizeof subs[0].sid) return -1;
             struct sub *s = &subs[nsubs++];
             s->fd = fd;
+            s->hdr_len = 0;
             memcpy(s->subj, args[0], lens[0]);
             s->subj[lens[0]] = 0;
             memcpy(s->sid, args[k - 1], lens[k - 1]);
@@ -270,6 +336,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     int ep = epoll_create1(0);
+    ep_fd = ep;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
     epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
     static const char info[] = "INFO {\"server_id\":\"FLOOR\",\"version\":\"2.11.0\",\"proto\":1,"
@@ -327,6 +394,8 @@ int main(int argc, char **argv) {
             }
             struct conn *c = &conns[fd];
             if (!c->open) continue;
+            if (evs[i].events & EPOLLOUT) flush_fd(fd);
+            if (!(evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) continue;
             ssize_t r = recv(fd, c->in + c->in_len, INBUF - c->in_len, 0);
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
                 close_conn(ep, fd);
@@ -338,7 +407,9 @@ int main(int argc, char **argv) {
             }
             /* The producer's read loop flushes what its read routed. */
             if (!batch) flush_all();
+            drain_backlog();
         }
         flush_all();
+        drain_backlog();
     }
 }

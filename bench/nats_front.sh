@@ -7,7 +7,13 @@
 # and each server's peak RSS (VmHWM) after the run. Prints a Markdown section for
 # bench/RESULTS.md on standard output; progress on standard error.
 #
-#   bench/nats_front.sh [--duration-secs 2] [--trials 3]
+#   bench/nats_front.sh [--duration-secs 2] [--trials 3] [--floor]
+#
+# --floor adds a third server to each case: bench/nats_floor_relay.c, the
+# least a NATS server can do (one thread, no hand-offs), and two columns,
+# its msg/s and its ratio to nats-server: what the load generator reaches
+# against a server that costs almost nothing (the floor of each row on
+# this machine).
 #
 # nats-server: $NATS_SERVER, else the newest v2 from the Go module proxy
 # (`go install github.com/nats-io/nats-server/v2@latest`, into
@@ -16,11 +22,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=2
 TRIALS=3
+FLOOR=
 while [ $# -gt 0 ]; do
     case $1 in
         --duration-secs) DUR=$2; shift 2 ;;
         --trials) TRIALS=$2; shift 2 ;;
-        *) echo "usage: bench/nats_front.sh [--duration-secs N] [--trials N]" >&2; exit 2 ;;
+        --floor) FLOOR=1; shift ;;
+        *) echo "usage: bench/nats_front.sh [--duration-secs N] [--trials N] [--floor]" >&2; exit 2 ;;
     esac
 done
 target="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -30,6 +38,13 @@ if [ -z "${SKIFF:-}" ]; then
     SKIFF="$target/release/skiff"
 fi
 bench/nats/build.sh >&2
+servers="nats skiff"
+if [ -n "$FLOOR" ]; then
+    RELAY="$target/nats_floor_relay"
+    mkdir -p "$target"
+    cc -O2 -pthread -o "$RELAY" bench/nats_floor_relay.c
+    servers="nats skiff floor"
+fi
 NB="$PWD/bench/nats/natsbench"
 TMP=$(mktemp -d)
 SERVER_PID=
@@ -46,6 +61,7 @@ start() {
     case $1 in
         nats) "$NATS_SERVER" -a 127.0.0.1 -p "$p" >"$TMP/server.log" 2>&1 & ;;
         skiff) "$SKIFF" node --tcp none --nats "127.0.0.1:$p" >"$TMP/server.log" 2>&1 & ;;
+        floor) "$RELAY" "$p" >"$TMP/server.log" 2>&1 & ;;
     esac
     SERVER_PID=$!
     URL="nats://127.0.0.1:$p"
@@ -76,7 +92,7 @@ cases=(
 for t in $(seq "$TRIALS"); do
     for c in "${cases[@]}"; do
         name=${c%%|*}; args=${c#*|}
-        for s in nats skiff; do
+        for s in $servers; do
             start "$s"
             # shellcheck disable=SC2086
             row=$("$NB" $args -url "$URL" -duration "${DUR}s")
@@ -101,11 +117,17 @@ for line in open(rows):
 med = lambda v: statistics.median(v) if v else None
 print(f"### NATS front end: skiff node --nats against {version}, natsbench (nats.go)\n")
 print(f"{trials} trials of {dur} s per case and server, alternating, each on a fresh server; medians. Load while running: `{load.strip()}`.\n")
-print("| case | nats-server msg/s | skiff msg/s | skiff / nats | nats p50 µs | skiff p50 µs | nats peak RSS MB | skiff peak RSS MB |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+floor = any("floor" in d for d in data.values())
+fh, fs = (" floor msg/s | floor / nats |", " ---: | ---: |") if floor else ("", "")
+print(f"| case | nats-server msg/s | skiff msg/s | skiff / nats | nats p50 µs | skiff p50 µs | nats peak RSS MB | skiff peak RSS MB |{fh}")
+print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{fs}")
 for name, d in data.items():
     n, k = d["nats"], d["skiff"]
     nr, kr = med(n["rate"]), med(k["rate"])
     p = lambda v: f"{v:.0f}" if v is not None else "-"
-    print(f"| {name} | {nr:,.0f} | {kr:,.0f} | {kr / nr:.2f} | {p(med(n['p50']))} | {p(med(k['p50']))} | {max(n['rss'])/1024:.1f} | {max(k['rss'])/1024:.1f} |")
+    fc = ""
+    if floor:
+        fr = med(d["floor"]["rate"])
+        fc = f" {fr:,.0f} | {fr / nr:.2f} |"
+    print(f"| {name} | {nr:,.0f} | {kr:,.0f} | {kr / nr:.2f} | {p(med(n['p50']))} | {p(med(k['p50']))} | {max(n['rss'])/1024:.1f} | {max(k['rss'])/1024:.1f} |{fc}")
 PY
