@@ -123,7 +123,6 @@ static void want_out(int fd, int on) {
  * blocking socket); the rest waits for EPOLLOUT. */
 static void flush_fd(int fd) {
     struct conn *c = &conns[fd];
-    c->dirty = 0;
     while (c->out_off < c->out_len) {
         ssize_t n = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         if (n > 0) {
@@ -159,7 +158,11 @@ static void drain_backlog(void) {
 }
 
 static void flush_all(void) {
-    for (int i = 0; i < ndirty; i++) flush_fd(dirty[i]);
+    /* (A connection is listed once: `dirty` is cleared only here.) */
+    for (int i = 0; i < ndirty; i++) {
+        conns[dirty[i]].dirty = 0;
+        flush_fd(dirty[i]);
+    }
     ndirty = 0;
 }
 
