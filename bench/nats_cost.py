@@ -18,10 +18,9 @@ line each on standard error.
 
 Server `floor` (not run unless named in --servers): bench/nats_floor_relay.c,
 the least a NATS server can do (one thread, no hand-offs, trivial parsing),
-compiled with cc on first use ($FLOOR_ARGS: its mode, e.g. `threads`): how
-fast the load generator runs against a server that costs almost nothing.
-It is measured for the request rows; its pub/sub (no flow control: a slow
-subscriber stalls it) is no floor.
+compiled with cc into $CARGO_TARGET_DIR (else target/) on first use
+($FLOOR_ARGS: its mode, e.g. `threads`): how fast the load generator runs
+against a server that costs almost nothing.
 """
 import argparse, json, os, re, socket, subprocess, sys, time
 
