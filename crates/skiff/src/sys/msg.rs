@@ -327,9 +327,9 @@ impl RecvBufs {
 
 /// Receives up to `bufs.slots()` datagrams in one `recvmmsg(2)` (one
 /// `recvmsg(2)` when a single slot is used) without blocking: datagram `i`
-/// goes to `arena[i * slot_size..][..slot_size]` and its description to
-/// `out[i]` (slots beyond `arena` or `out` are not used). Returns how many
-/// arrived; `WouldBlock` if none was waiting.
+/// goes to `slots[i]` and its description to `out[i]` (slots beyond
+/// `slots` or `out` are not used). Returns how many arrived; `WouldBlock`
+/// if none was waiting.
 ///
 /// With `wait` it instead blocks for one datagram (until the socket's
 /// `SO_RCVTIMEO` passes: `WouldBlock`) with a plain `recvfrom(2)`: a
@@ -340,25 +340,23 @@ impl RecvBufs {
 /// [`meminfo_drops`](super::meminfo_drops)) and the `UDP_GRO` segment
 /// size, so on a socket with GRO on such a buffer may be a coalesced run
 /// whose stride the caller must find (`RecvMeta::maybe_run`).
-pub(crate) fn recvmmsg(
+pub(crate) fn recvmmsg<S: AsMut<[u8]>>(
     fd: BorrowedFd<'_>,
     bufs: &mut RecvBufs,
-    arena: &mut [u8],
-    slot_size: usize,
+    slots: &mut [S],
     out: &mut [RecvMeta],
     wait: bool,
 ) -> io::Result<usize> {
-    let slot_size = slot_size.max(1);
     // A waiting receive takes one datagram: a request/reply exchange has
     // only one, and asking the kernel for more costs a second, failing
     // attempt inside the call.
-    let slots = if wait { 1 } else { bufs.slots() };
-    let n = slots.min(out.len()).min(arena.len() / slot_size);
+    let most = if wait { 1 } else { bufs.slots() };
+    let n = most.min(out.len()).min(slots.len());
     if n == 0 {
         return Ok(0);
     }
     if wait {
-        out[0] = recvfrom(fd, &mut arena[..slot_size], &mut bufs.names[0])?;
+        out[0] = recvfrom(fd, slots[0].as_mut(), &mut bufs.names[0])?;
         return Ok(1);
     }
     let RecvBufs {
@@ -367,7 +365,8 @@ pub(crate) fn recvmmsg(
         names,
         ctrls,
     } = bufs;
-    for (i, slot) in arena.chunks_exact_mut(slot_size).take(n).enumerate() {
+    for (i, slot) in slots.iter_mut().take(n).enumerate() {
+        let slot = slot.as_mut();
         iovs[i] = libc::iovec {
             iov_base: slot.as_mut_ptr() as *mut c_void,
             iov_len: slot.len(),
@@ -385,7 +384,7 @@ pub(crate) fn recvmmsg(
     let got = if n == 1 {
         // One slot: plain `recvmsg(2)`, which skips recvmmsg's per-call
         // work (its loop, timeout and error bookkeeping).
-        // SAFETY: `hdrs[0]` points to the first slot of `arena`, to
+        // SAFETY: `hdrs[0]` points to `slots[0]`, to
         // `names[0]` and `ctrls[0]`, all borrowed mutably for the call and
         // sized as the header says; the kernel writes only inside them.
         let r = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
@@ -395,8 +394,8 @@ pub(crate) fn recvmmsg(
         hdrs[0].msg_len = r as u32;
         1
     } else {
-        // SAFETY: the first `n` headers point to `n` distinct slots of
-        // `arena`, to `names[i]` and `ctrls[i]`, all borrowed mutably for
+        // SAFETY: the first `n` headers point to the `n` distinct buffers
+        // of `slots`, to `names[i]` and `ctrls[i]`, all borrowed mutably for
         // the call and sized as the headers say; the kernel writes only
         // inside them.
         let r = unsafe {
@@ -418,7 +417,7 @@ pub(crate) fn recvmmsg(
         let mut m = RecvMeta {
             from: decode_addr(&names[i], h.msg_hdr.msg_namelen)
                 .unwrap_or_else(|| RecvMeta::default().from),
-            len: (h.msg_len as usize).min(slot_size),
+            len: (h.msg_len as usize).min(iovs[i].iov_len),
             truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             gro_segment: None,
             rxq_ovfl: None,

@@ -6,7 +6,7 @@
 //! `sendto(2)`, which costs less), and cuts large batches into segments
 //! in the kernel (`UDP_SEGMENT`, GSO) where it can; [`UdpSocket::recv`]
 //! takes whatever is waiting with one `recvmmsg(2)` into a [`RecvBatch`],
-//! whose datagrams come out as zero-copy [`Bytes`] slices of one arena,
+//! whose datagrams come out as zero-copy [`Bytes`] slices of reused slots,
 //! with coalesced runs (`UDP_GRO`) and the kernel's receive-drop counter
 //! (`SO_RXQ_OVFL`). [`UdpSocket::recv_wait`], the blocking receive of a
 //! request/reply exchange, is instead one plain `recvfrom(2)`, the cheapest
@@ -78,31 +78,31 @@ pub struct UdpSocket {
 }
 
 /// Reusable receive buffers for [`UdpSocket::recv`]; received datagrams
-/// come out as zero-copy [`Bytes`] slices of one arena.
+/// come out as zero-copy [`Bytes`] slices of their slots.
 ///
-/// Each `recv` fills one arena of `slots × slot_size` bytes, a slot per
-/// datagram. The arena is reused once every slice handed out from it is
-/// dropped (a few earlier arenas wait for that); otherwise a new one is
-/// mapped, so holding on to a payload is safe, only costlier: a slice
-/// keeps its whole arena alive, so copy what must live long
-/// (`Bytes::copy_from_slice`). New arenas are anonymous mappings, whose
-/// pages cost something only where datagrams land (see `take_arena`). Use
-/// one batch per socket: the drop counter follows one socket's count.
+/// Each `recv` fills up to `slots` slots of `slot_size` bytes, one per
+/// datagram (or GRO run). A slot is reused once every slice handed out
+/// from it is dropped (the batch keeps a few free slots per slot for
+/// that); otherwise a new one is mapped, so holding on to a payload is
+/// safe, only costlier: a slice keeps its whole slot alive, so copy what
+/// must live long (`Bytes::copy_from_slice`). New slots are anonymous
+/// mappings, whose pages cost something only where datagrams land (see
+/// `refill`). Use one batch per socket: the drop counter follows one
+/// socket's count.
 #[derive(Debug)]
 pub struct RecvBatch {
     slot_size: usize,
     bufs: sys::RecvBufs,
     meta: Vec<sys::RecvMeta>,
-    /// An arena ready for the next `recv`.
-    arena: Option<std::sync::Arc<memmap2::MmapMut>>,
-    /// The arena the last `recv` filled (shared with `filled`'s slices).
-    last: Option<std::sync::Arc<memmap2::MmapMut>>,
-    /// The arena the last `recv` filled, as bytes.
-    filled: Bytes,
+    /// A buffer per slot for the next `recv`, nobody else holding them.
+    ready: Vec<memmap2::MmapMut>,
+    /// What the last `recv` filled, a [`Bytes`] per slot (each the owner
+    /// of its slot), not yet drained.
+    filled: Vec<Bytes>,
+    /// Free slots, which slots come back to when their slices are dropped.
+    pool: std::sync::Arc<recv::SlotPool>,
     /// Datagrams in `filled` not yet drained.
     count: usize,
-    /// Earlier arenas, reused once the application drops their slices.
-    kept: Vec<std::sync::Arc<memmap2::MmapMut>>,
     drops: u64,
     last_ovfl: u32,
 }

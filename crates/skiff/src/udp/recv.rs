@@ -1,6 +1,6 @@
 //! Receiving: whatever is waiting in one `recvmmsg(2)` into a
 //! [`RecvBatch`], whose datagrams come out as zero-copy [`Bytes`] slices
-//! of one arena, with coalesced runs (`UDP_GRO`) and the kernel's drop
+//! of reused slots, with coalesced runs (`UDP_GRO`) and the kernel's drop
 //! counter (`SO_RXQ_OVFL`); or, waiting, one plain `recvfrom(2)`.
 
 use std::io;
@@ -8,26 +8,25 @@ use std::mem;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use memmap2::MmapMut;
+use parking_lot::Mutex;
 
 use super::{RecvBatch, UdpSocket};
 use crate::sys;
 
-/// Earlier receive arenas kept for reuse while the application still holds
-/// slices of them. An arena forgotten for lack of room here is replaced by
-/// a fresh mapping, whose pages the kernel then zeroes as datagrams land
-/// in them: a cost on every byte received. A tunnel's unread messages
-/// (`tunnel_buffer` plus the association's receive buffer, about 3 MiB)
-/// are slices of the arenas of as many receives as they arrived in, 256 KiB
-/// or so each under a GRO stream; 16 keeps them all. Only touched pages
-/// are resident, so the arenas kept hold about the bytes received into
-/// them, not 16 times the batch's size.
-const KEPT_ARENAS: usize = 16;
+/// Free slots a [`RecvBatch`] keeps, per slot it receives into, for reuse:
+/// a slot whose last slice is dropped comes back to its batch's pool (up
+/// to this many per slot; beyond, it is unmapped), so that datagrams land
+/// in pages already written, where a fresh mapping's pages are each
+/// faulted in and zeroed by the kernel as datagrams land in them: a cost
+/// on every byte received. A slot is reused as soon as its own slices are
+/// gone, whatever the other slots of its receive hold: a reader lagging
+/// behind pins only the slots its unread data lie in.
+const KEPT_PER_SLOT: usize = 4;
 /// Most slots of a [`RecvBatch`] (`UIO_MAXIOV`).
 const MAX_SLOTS: usize = 1024;
 /// Largest useful slot: no UDP datagram or GRO run is longer.
@@ -66,12 +65,14 @@ impl UdpSocket {
 
     fn recv_inner(&self, batch: &mut RecvBatch, wait: bool) -> io::Result<usize> {
         batch.count = 0;
-        let mut arena = batch.take_arena()?;
+        // The slices of the last receive that nobody took go now (and
+        // their slots back to the pool).
+        batch.filled.clear();
+        batch.refill()?;
         let r = sys::recvmmsg(
             self.socket.as_fd(),
             &mut batch.bufs,
-            Arc::get_mut(&mut arena).expect("take_arena hands out a unique arena"),
-            batch.slot_size,
+            &mut batch.ready,
             &mut batch.meta,
             wait,
         );
@@ -81,6 +82,9 @@ impl UdpSocket {
                     meta,
                     drops,
                     last_ovfl,
+                    ready,
+                    filled,
+                    pool,
                     ..
                 } = batch;
                 for v in meta[..n].iter().filter_map(|m| m.rxq_ovfl) {
@@ -88,26 +92,59 @@ impl UdpSocket {
                 }
                 // A waiting receive reads no GRO segment size.
                 meta[0].maybe_run = wait && self.gro;
-                batch.filled = Bytes::from_owner(Slices(arena.clone()));
-                batch.last = Some(arena);
+                // Each filled slot becomes the owner of its bytes; the
+                // slots after them wait for the next receive.
+                for (slot, m) in ready.drain(..n).zip(&meta[..n]) {
+                    filled.push(Bytes::from_owner(Filled {
+                        slot: Some(slot),
+                        len: m.len,
+                        pool: pool.clone(),
+                    }));
+                }
                 batch.count = n;
                 Ok(n)
             }
-            other => {
-                batch.arena = Some(arena);
-                other
-            }
+            other => other,
         }
     }
 }
 
-/// A receive arena as the owner of the [`Bytes`] slices handed out of it:
-/// while any of them lives, the arena is not reused.
-struct Slices(Arc<MmapMut>);
+/// The free slots of one [`RecvBatch`], shared with the owners of the
+/// slices handed out of it: a slot whose slices are all dropped comes back
+/// here, up to `cap` of them.
+#[derive(Debug)]
+pub(super) struct SlotPool {
+    free: Mutex<Vec<MmapMut>>,
+    cap: usize,
+}
 
-impl AsRef<[u8]> for Slices {
+/// A received slot as the owner of the [`Bytes`] handed out of it: its
+/// first `len` bytes; the slot goes back to its pool when the last slice
+/// of it is dropped.
+struct Filled {
+    /// `Some` until dropped.
+    slot: Option<MmapMut>,
+    len: usize,
+    pool: Arc<SlotPool>,
+}
+
+impl AsRef<[u8]> for Filled {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        match &self.slot {
+            Some(s) => &s[..self.len],
+            None => &[],
+        }
+    }
+}
+
+impl Drop for Filled {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            let mut free = self.pool.free.lock();
+            if free.len() < self.pool.cap {
+                free.push(slot);
+            }
+        }
     }
 }
 
@@ -122,11 +159,13 @@ impl RecvBatch {
             slot_size: slot_size.clamp(1, MAX_SLOT),
             bufs: sys::RecvBufs::new(slots),
             meta: vec![sys::RecvMeta::default(); slots],
-            arena: None,
-            last: None,
-            filled: Bytes::new(),
+            ready: Vec::with_capacity(slots),
+            filled: Vec::with_capacity(slots),
+            pool: Arc::new(SlotPool {
+                free: Mutex::new(Vec::new()),
+                cap: slots * KEPT_PER_SLOT,
+            }),
             count: 0,
-            kept: Vec::new(),
             drops: 0,
             last_ovfl: 0,
         }
@@ -136,17 +175,16 @@ impl RecvBatch {
     /// taken when the iterator is dropped are discarded.
     pub fn drain(&mut self) -> impl Iterator<Item = Received> + '_ {
         let n = mem::take(&mut self.count);
-        let (filled, slot) = (&self.filled, self.slot_size);
-        self.meta[..n].iter().enumerate().map(move |(i, m)| {
-            let at = i * slot;
-            Received {
+        self.meta[..n]
+            .iter()
+            .zip(self.filled.drain(..))
+            .map(move |(m, data)| Received {
                 from: m.from,
-                data: filled.slice(at..at + m.len),
+                data,
                 segment_size: m.gro_segment,
                 maybe_run: m.maybe_run,
                 truncated: m.truncated,
-            }
-        })
+            })
     }
 
     /// Cumulative kernel drops on the socket, as reported by `SO_RXQ_OVFL`
@@ -163,36 +201,35 @@ impl RecvBatch {
         self.drops
     }
 
-    /// An arena of `slots × slot_size` bytes that nobody else holds: the
-    /// spare one, an earlier one whose slices are all dropped, or a new
-    /// one. A new arena is anonymous mapped memory, which the kernel hands
-    /// out zeroed page by page as datagrams first land in it, so its cost
-    /// follows the bytes received, not its size (64 slots of 64 KiB for
-    /// 64 datagrams of 1,472 B touch 64 pages, not 4 MiB); a reused one
-    /// costs nothing.
-    fn take_arena(&mut self) -> io::Result<Arc<MmapMut>> {
-        if let Some(a) = self.arena.take() {
-            return Ok(a);
+    /// Gives every slot a buffer of `slot_size` bytes that nobody else
+    /// holds: a free one from the pool (the most recently freed first,
+    /// whose pages are warm), else a new one. A new slot is anonymous
+    /// mapped memory, which the kernel hands out zeroed page by page as
+    /// datagrams first land in it, so its cost follows the bytes received,
+    /// not its size; a reused one costs nothing.
+    fn refill(&mut self) -> io::Result<()> {
+        let want = self.meta.len();
+        if self.ready.len() >= want {
+            return Ok(());
         }
-        let total = self.meta.len() * self.slot_size;
-        // The slices of the last receive that nobody took go now.
-        drop(mem::take(&mut self.filled));
-        if let Some(mut last) = self.last.take() {
-            // The common case first: the application holds nothing of the
-            // last arena any more.
-            if Arc::get_mut(&mut last).is_some() {
-                return Ok(last);
-            }
-            self.kept.push(last);
+        {
+            // The most recently freed go first, where the next datagrams
+            // land: their pages are the warmest.
+            let mut free = self.pool.free.lock();
+            let k = (want - self.ready.len()).min(free.len());
+            let from = free.len() - k;
+            self.ready.splice(0..0, free.drain(from..).rev());
         }
-        if let Some(p) = self.kept.iter_mut().position(|a| Arc::get_mut(a).is_some()) {
-            return Ok(self.kept.swap_remove(p));
+        while self.ready.len() < want {
+            self.ready.push(MmapMut::map_anon(self.slot_size)?);
         }
-        if self.kept.len() > KEPT_ARENAS {
-            // Forget the oldest: its memory goes when its last slice does.
-            self.kept.remove(0);
-        }
-        Ok(Arc::new(MmapMut::map_anon(total)?))
+        Ok(())
+    }
+
+    /// Free slots in the pool now (for tests).
+    #[cfg(test)]
+    pub(super) fn free_slots(&self) -> usize {
+        self.pool.free.lock().len()
     }
 }
 
@@ -213,7 +250,7 @@ pub(super) fn fold_drops(drops: &mut u64, last: &mut u32, v: u32) {
 pub struct Received {
     /// The sender.
     pub from: SocketAddr,
-    /// The bytes, a slice of the batch's arena (no copy).
+    /// The bytes, a slice of the batch's slot (no copy).
     pub data: Bytes,
     /// GRO: `data` holds datagrams of this many bytes each, the last
     /// possibly shorter; see [`Received::datagrams`].

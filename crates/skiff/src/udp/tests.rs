@@ -458,7 +458,7 @@ fn tokio_wakes_a_task_when_a_datagram_arrives() {
 }
 
 #[test]
-fn arena_is_reused_once_slices_are_dropped() {
+fn a_slot_is_reused_once_its_slices_are_dropped() {
     let tx = bind(v4(), &UdpConfig::default());
     let rx = bind(v4(), &no_gro());
     let dest = rx.local_addr().unwrap();
@@ -479,11 +479,67 @@ fn arena_is_reused_once_slices_are_dropped() {
     let p1 = first.as_ptr();
     drop(first);
     let second = one(2);
-    assert_eq!(second.as_ptr(), p1, "arena reused");
+    assert_eq!(second.as_ptr(), p1, "slot reused");
     // Held: the next recv must not write over it.
     let third = one(3);
     assert_ne!(third.as_ptr(), second.as_ptr());
     assert_eq!(&second[..], &pattern(2, 64)[..]);
+}
+
+#[test]
+fn a_held_slot_pins_only_itself_and_free_slots_are_bounded() {
+    let tx = bind(v4(), &UdpConfig::default());
+    let rx = bind(v4(), &no_gro());
+    let dest = rx.local_addr().unwrap();
+    let slots = 4;
+    let mut batch = RecvBatch::new(slots, 2048);
+    let send = |tag: u8| {
+        let data = pattern(tag, 100 + usize::from(tag));
+        tx.send(&[Outgoing {
+            dest,
+            data: &data,
+            segment_size: None,
+        }])
+        .unwrap();
+    };
+    // Two datagrams of one receive (or two): hold the second, drop the first.
+    send(1);
+    send(2);
+    let mut got = recv_n(&rx, &mut batch, 2).into_iter().map(|(_, b)| b);
+    let (first, second) = (got.next().unwrap(), got.next().unwrap());
+    assert_eq!(&first[..], &pattern(1, 101)[..]);
+    let p1 = first.as_ptr();
+    drop(first);
+    // The next datagram lands in the first's slot, though the second's is held.
+    send(3);
+    let third = recv_n(&rx, &mut batch, 1).pop().unwrap().1;
+    assert_eq!(third.as_ptr(), p1, "the freed slot is reused first");
+    assert_eq!(
+        &second[..],
+        &pattern(2, 102)[..],
+        "a held slot is not written over"
+    );
+    assert_eq!(&third[..], &pattern(3, 103)[..]);
+    // Many slots held at once, then all dropped: the pool keeps a bounded few.
+    let mut held = Vec::new();
+    for round in 0..40u8 {
+        send(round);
+        held.extend(recv_n(&rx, &mut batch, 1).into_iter().map(|(_, b)| b));
+    }
+    assert_eq!(held.len(), 40);
+    for (round, b) in held.iter().enumerate() {
+        assert_eq!(&b[..], &pattern(round as u8, 100 + round)[..]);
+    }
+    drop(held);
+    assert!(
+        batch.free_slots() <= slots * 4,
+        "{} free slots kept for {slots} slots",
+        batch.free_slots()
+    );
+    assert!(
+        batch.free_slots() >= slots,
+        "freed slots are kept for reuse"
+    );
 }
 
 #[test]
