@@ -218,6 +218,35 @@ impl Tunnel {
         self.shared.poll_recv(self.key, &self.stage, cx)
     }
 
+    /// Waits for the next messages and appends up to `max` of them to
+    /// `out`, in order; returns how many (at least one), or `Ok(0)` once
+    /// the tunnel closed gracefully and every message was read (and at
+    /// once if `max` is 0); an error if it failed. The same messages as
+    /// that many [`Tunnel::recv`]s, taken under one lock: for a reader of
+    /// a stream of small messages, which then pays the tunnel's per-call
+    /// work once per batch instead of once per message.
+    pub async fn recv_many(&self, out: &mut Vec<Bytes>, max: usize) -> Result<usize, TunnelError> {
+        if max == 0 {
+            return Ok(0);
+        }
+        poll_fn(|cx| self.poll_recv_many(cx, out, max)).await
+    }
+
+    /// [`Tunnel::recv_many`] without waiting: `Pending` (the task woken
+    /// when messages arrive) if none is ready.
+    pub fn poll_recv_many(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Bytes>,
+        max: usize,
+    ) -> Poll<Result<usize, TunnelError>> {
+        if max == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        self.shared
+            .poll_recv_many(self.key, &self.stage, cx, out, max)
+    }
+
     /// Closes both directions gracefully and waits until both ends have
     /// delivered everything (see the module documentation). Messages the
     /// peer sent before closing stay readable with `recv`.

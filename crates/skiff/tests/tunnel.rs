@@ -195,6 +195,56 @@ async fn small_and_large_sends_keep_order_and_boundaries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
+    // Small (bundled) and large (fragmented) messages, read in batches of
+    // varying size: the same messages as one recv each, then Ok(0).
+    for opts in ["", "mtu=65507"] {
+        let (_server, _client, s, c) = connected(opts).await;
+        const N: u64 = 30_000;
+        let len = |i: u64| {
+            if i.is_multiple_of(101) {
+                70_000
+            } else {
+                8 + (i % 90) as usize
+            }
+        };
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                c.send(numbered(i, len(i))).await.unwrap();
+            }
+            c.close().await.unwrap();
+        });
+        let mut out = Vec::new();
+        assert_eq!(s.recv_many(&mut out, 0).await.unwrap(), 0, "max 0");
+        let mut next = 0u64;
+        let mut calls = 0u64;
+        loop {
+            let max = 1 + (calls as usize * 37) % 300;
+            let before = out.len();
+            let n = s.recv_many(&mut out, max).await.unwrap();
+            calls += 1;
+            assert_eq!(out.len(), before + n, "{opts}: appended what it said");
+            if n == 0 {
+                break;
+            }
+            assert!(n <= max, "{opts}: {n} messages for max {max}");
+            for m in out.drain(..) {
+                assert_eq!(m, numbered(next, len(next)), "{opts}: message {next}");
+                next += 1;
+            }
+        }
+        assert_eq!(next, N, "{opts}: every message");
+        assert_eq!(
+            s.recv_many(&mut out, 10).await.unwrap(),
+            0,
+            "{opts}: still the end"
+        );
+        assert_eq!(s.recv().await.unwrap(), None, "{opts}");
+        sender.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_messages_leave_without_a_flush() {
     // Bursts of small messages, each followed by silence: the last of each
     // burst is staged behind data in flight, and must leave when that data

@@ -277,24 +277,30 @@ pub fn stream(
         let cpu = CpuMeter::start();
         let start = Instant::now();
         let receiver = tokio::spawn(async move {
-            // The clock is read when the receiver catches up (the next
-            // message is not there yet), not once per message: that stamp
-            // is the time of the last message taken.
+            // Messages are taken as many as are ready at a time
+            // (`recv_many`), as a reader of a stream of records takes what
+            // one read returned. The clock is read when the receiver catches
+            // up (the next message is not there yet), not once per message:
+            // that stamp is the time of the last message taken.
+            const BATCH: usize = 256;
             let mut n = 0u64;
             let mut last = Instant::now();
+            let mut got = Vec::with_capacity(BATCH);
             loop {
-                let ready = s.poll_recv(&mut Context::from_waker(Waker::noop()));
-                let m = match ready {
-                    Poll::Ready(m) => m?,
+                got.clear();
+                let ready =
+                    s.poll_recv_many(&mut Context::from_waker(Waker::noop()), &mut got, BATCH);
+                let k = match ready {
+                    Poll::Ready(k) => k?,
                     Poll::Pending => {
                         last = Instant::now();
-                        s.recv().await?
+                        s.recv_many(&mut got, BATCH).await?
                     }
                 };
-                if m.is_none() {
+                if k == 0 {
                     break;
                 }
-                n += 1;
+                n += k as u64;
             }
             if n > 0 && last < start {
                 last = Instant::now();

@@ -756,6 +756,22 @@ impl Shared {
         self.poll_recv_with(key, stage, cx, RecvStage::pop)
     }
 
+    /// [`Shared::poll_recv`] taking up to `max` messages (at least one)
+    /// into `out` under one lock of the stage; `Ready(Ok(0))` at the end.
+    pub(crate) fn poll_recv_many(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Bytes>,
+        max: usize,
+    ) -> Poll<Result<usize, TunnelError>> {
+        let r = self.poll_recv_with(key, stage, cx, |rx| {
+            Some(rx.pop_many(out, max)).filter(|&n| n > 0)
+        });
+        r.map(|r| r.map(Option::unwrap_or_default))
+    }
+
     /// [`Shared::poll_recv`] taking a message as it came (a large one in
     /// its pieces).
     pub(crate) fn poll_recv_inbound(
@@ -772,7 +788,7 @@ impl Shared {
         key: u64,
         stage: &Stage,
         cx: &mut Context<'_>,
-        pop: impl Fn(&mut RecvStage) -> Option<T>,
+        mut pop: impl FnMut(&mut RecvStage) -> Option<T>,
     ) -> Poll<Result<Option<T>, TunnelError>> {
         let mut rx = stage.rx.lock();
         if let Some(b) = pop(&mut rx) {

@@ -304,6 +304,20 @@ impl RecvStage {
         }
     }
 
+    /// Up to `max` next messages appended to `out`, in order (as many
+    /// [`RecvStage::pop`]s under the one lock the caller holds); how many.
+    pub(crate) fn pop_many(&mut self, out: &mut Vec<Bytes>, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            match self.pop() {
+                Some(m) => out.push(m),
+                None => break,
+            }
+            n += 1;
+        }
+        n
+    }
+
     /// The oldest message as it came: a bundle whole, pieces as pieces (a
     /// byte stream copies them out as they are).
     pub(crate) fn pop_inbound(&mut self) -> Option<Inbound> {
