@@ -224,7 +224,9 @@ impl Tunnel {
     /// once if `max` is 0); an error if it failed. The same messages as
     /// that many [`Tunnel::recv`]s, taken under one lock: for a reader of
     /// a stream of small messages, which then pays the tunnel's per-call
-    /// work once per batch instead of once per message.
+    /// work once per batch instead of once per message. A message larger
+    /// than a packet (it arrived in pieces, joined here) is returned alone,
+    /// so its buffer can be reused for the next once dropped.
     pub async fn recv_many(&self, out: &mut Vec<Bytes>, max: usize) -> Result<usize, TunnelError> {
         if max == 0 {
             return Ok(0);

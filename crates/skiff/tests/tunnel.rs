@@ -197,7 +197,8 @@ async fn small_and_large_sends_keep_order_and_boundaries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
     // Small (bundled) and large (fragmented) messages, read in batches of
-    // varying size: the same messages as one recv each, then Ok(0).
+    // varying size: the same messages as one recv each, a large one alone,
+    // then Ok(0).
     for opts in ["", "mtu=65507"] {
         let (_server, _client, s, c) = connected(opts).await;
         const N: u64 = 30_000;
@@ -228,6 +229,11 @@ async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
                 break;
             }
             assert!(n <= max, "{opts}: {n} messages for max {max}");
+            // A message larger than a packet comes alone.
+            assert!(
+                n == 1 || out.iter().all(|m| m.len() < 70_000),
+                "{opts}: a large message in a batch of {n}"
+            );
             for m in out.drain(..) {
                 assert_eq!(m, numbered(next, len(next)), "{opts}: message {next}");
                 next += 1;

@@ -306,14 +306,24 @@ impl RecvStage {
 
     /// Up to `max` next messages appended to `out`, in order (as many
     /// [`RecvStage::pop`]s under the one lock the caller holds); how many.
+    /// A message that came in pieces comes alone (it ends a batch, or is
+    /// one): its join reuses the buffer of the last one only once the
+    /// caller has dropped that, which a batch of them would prevent.
     pub(crate) fn pop_many(&mut self, out: &mut Vec<Bytes>, max: usize) -> usize {
         let mut n = 0;
         while n < max {
+            let pieces = matches!(self.msgs.front(), Some(Inbound::Pieces(_)));
+            if pieces && n > 0 {
+                break;
+            }
             match self.pop() {
                 Some(m) => out.push(m),
                 None => break,
             }
             n += 1;
+            if pieces {
+                break;
+            }
         }
         n
     }
