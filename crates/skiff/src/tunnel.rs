@@ -249,6 +249,27 @@ impl Tunnel {
             .poll_recv_many(self.key, &self.stage, cx, out, max)
     }
 
+    /// The next message, in order, as slices appended to `out` (they
+    /// joined are the message): one, or for a message larger than a
+    /// packet the pieces it arrived in, which [`Tunnel::recv`] copies into
+    /// one buffer and this does not. Returns the message's length, or
+    /// `Ok(None)` once the tunnel closed gracefully and every message was
+    /// read; an error if it failed. For a reader that can take a message
+    /// in pieces (one that writes it out, hashes it or parses a stream).
+    pub async fn recv_parts(&self, out: &mut Vec<Bytes>) -> Result<Option<usize>, TunnelError> {
+        poll_fn(|cx| self.poll_recv_parts(cx, out)).await
+    }
+
+    /// [`Tunnel::recv_parts`] without waiting: `Pending` (the task woken
+    /// when a message arrives) if none is ready.
+    pub fn poll_recv_parts(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Bytes>,
+    ) -> Poll<Result<Option<usize>, TunnelError>> {
+        self.shared.poll_recv_parts(self.key, &self.stage, cx, out)
+    }
+
     /// Closes both directions gracefully and waits until both ends have
     /// delivered everything (see the module documentation). Messages the
     /// peer sent before closing stay readable with `recv`.

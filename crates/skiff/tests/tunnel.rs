@@ -251,6 +251,45 @@ async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_parts_gives_each_message_in_slices_that_join_to_it() {
+    // Small, packet-sized and large messages: each comes as slices whose
+    // join is the message (a large one in several), in order, then None.
+    for opts in ["", "mtu=65507"] {
+        let (_server, _client, s, c) = connected(opts).await;
+        const N: u64 = 3_000;
+        let len = |i: u64| match i % 7 {
+            0 => 200_000,
+            1 => 1_400,
+            2 => 65_536,
+            _ => 8 + (i % 90) as usize,
+        };
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                c.send(numbered(i, len(i))).await.unwrap();
+            }
+            c.close().await.unwrap();
+        });
+        let mut parts = Vec::new();
+        let mut split = 0;
+        for i in 0..N {
+            parts.clear();
+            let n = s
+                .recv_parts(&mut parts)
+                .await
+                .unwrap()
+                .expect("before close");
+            assert_eq!(n, len(i), "{opts}: message {i}");
+            assert!(!parts.is_empty());
+            split += usize::from(parts.len() > 1);
+            assert_eq!(parts.concat(), numbered(i, len(i)), "{opts}: message {i}");
+        }
+        assert!(split > 0, "{opts}: large messages come in pieces");
+        assert_eq!(s.recv_parts(&mut parts).await.unwrap(), None, "{opts}");
+        sender.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_messages_leave_without_a_flush() {
     // Bursts of small messages, each followed by silence: the last of each
     // burst is staged behind data in flight, and must leave when that data

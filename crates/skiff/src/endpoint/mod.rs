@@ -772,6 +772,18 @@ impl Shared {
         r.map(|r| r.map(Option::unwrap_or_default))
     }
 
+    /// [`Shared::poll_recv`] taking the next message as slices into `out`
+    /// (a large one in its pieces, not joined); its length.
+    pub(crate) fn poll_recv_parts(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Bytes>,
+    ) -> Poll<Result<Option<usize>, TunnelError>> {
+        self.poll_recv_with(key, stage, cx, |rx| rx.pop_parts(out))
+    }
+
     /// [`Shared::poll_recv`] taking a message as it came (a large one in
     /// its pieces).
     pub(crate) fn poll_recv_inbound(

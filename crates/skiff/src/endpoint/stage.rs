@@ -328,6 +328,23 @@ impl RecvStage {
         n
     }
 
+    /// The next message as slices appended to `out`: one, or the pieces
+    /// it arrived in (not joined); its length.
+    pub(crate) fn pop_parts(&mut self, out: &mut Vec<Bytes>) -> Option<usize> {
+        if let Some(Inbound::Pieces(_)) = self.msgs.front() {
+            let Some(Inbound::Pieces(p)) = self.msgs.pop_front() else {
+                unreachable!("the front is pieces")
+            };
+            let len = p.len();
+            out.extend(p.into_parts());
+            return Some(len);
+        }
+        let m = self.pop()?;
+        let len = m.len();
+        out.push(m);
+        Some(len)
+    }
+
     /// The oldest message as it came: a bundle whole, pieces as pieces (a
     /// byte stream copies them out as they are).
     pub(crate) fn pop_inbound(&mut self) -> Option<Inbound> {
