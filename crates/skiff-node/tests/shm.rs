@@ -228,3 +228,40 @@ async fn mixed_publishes_arrive_once_and_in_order() {
     let _publisher = p.await.unwrap();
     assert!(sub.try_recv().is_none(), "a message arrived twice");
 }
+
+/// Small publishes are written by the publishing task straight into a
+/// segment of the ring that it keeps open: a lone publish, a burst's last
+/// one and one after a quiet spell all arrive without a flush (the
+/// client's writer thread publishes the open segment), in order with the
+/// frames queued around them (a subscription, a large publish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_segments_are_published_without_a_flush() {
+    let h = H::new(Kind::Shm).await;
+    let local = Client::attach(&h.node).unwrap();
+    let mut sub = local.subscribe("open.>", "*").await.unwrap();
+    let c = h.client().await;
+    let p = c.publisher("open.a", None).unwrap();
+    let mut next = 0u32;
+    for burst in [1usize, 1, 5, 300, 1, 4000, 2] {
+        for k in 0..burst {
+            // Now and then one over the small-publish limit (the frame
+            // path, queued behind the open segment).
+            let len = if k == 7 { 3000 } else { 8 };
+            let mut v = vec![0u8; len];
+            v[..4].copy_from_slice(&next.to_le_bytes());
+            p.publish(&v).await.unwrap();
+            next += 1;
+        }
+        // No flush: everything of the burst still arrives.
+        let got = recv_n(&mut sub, burst).await;
+        for (k, d) in got.iter().enumerate() {
+            let i = next - burst as u32 + k as u32;
+            assert_eq!(d.payload[..4], i.to_le_bytes(), "burst of {burst}, {k}");
+        }
+        // A frame that is not a publish (a subscription) between bursts,
+        // and a quiet spell.
+        let _s = c.subscribe(&format!("other.{next}"), "*").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sub.try_recv().is_none(), "a message arrived twice");
+}

@@ -57,6 +57,17 @@ impl Link {
         }
     }
 
+    /// After a `try_` publish returned `None`: waits for room in an shm
+    /// ring and returns `true` (try again), or `false` at once (send the
+    /// frame instead).
+    pub(crate) async fn wait_room(&self) -> bool {
+        match self {
+            #[cfg(not(skiff_loom))]
+            Link::Shm(s) => s.wait_room().await,
+            _ => false,
+        }
+    }
+
     /// As [`Link::try_publish`] for a bound publisher: the frame of
     /// `payload` written from its [`PubHead`], no [`Message`] built.
     pub(crate) fn try_publish_head(

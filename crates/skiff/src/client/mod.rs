@@ -473,8 +473,16 @@ impl Client {
         self.check(&msg)?;
         // Most publishes fit in the write buffer at once: encode there by
         // reference, with no future to move the message into.
-        if let Some(r) = self.inner.try_publish(&msg) {
-            return r;
+        loop {
+            if let Some(r) = self.inner.try_publish(&msg) {
+                return r;
+            }
+            // Over shm, a ring with no room now: wait for it, then write
+            // into it again (not behind a queue).
+            match &self.inner.link {
+                Some(l) if l.wait_room().await => {}
+                _ => break,
+            }
         }
         self.inner.send(ClientFrame::Pub(msg)).await
     }

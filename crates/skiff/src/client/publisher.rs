@@ -58,8 +58,13 @@ impl Publisher {
     /// Publishes `payload` (copied into the link's buffer or ring).
     /// Returns once it is handed to the node, as [`Client::publish`] does.
     pub async fn publish(&self, payload: &[u8]) -> Result<(), Error> {
-        if let Some(r) = self.try_now(payload) {
-            return r;
+        loop {
+            if let Some(r) = self.try_now(payload) {
+                return r;
+            }
+            if !self.wait_room().await {
+                break;
+            }
         }
         self.slow(Bytes::copy_from_slice(payload)).await
     }
@@ -67,8 +72,13 @@ impl Publisher {
     /// As [`Publisher::publish`], taking the payload as [`Bytes`] (a large
     /// payload over shm is then written once, into the ring).
     pub async fn publish_bytes(&self, payload: Bytes) -> Result<(), Error> {
-        if let Some(r) = self.try_now(&payload) {
-            return r;
+        loop {
+            if let Some(r) = self.try_now(&payload) {
+                return r;
+            }
+            if !self.wait_room().await {
+                break;
+            }
         }
         self.slow(payload).await
     }
@@ -91,6 +101,15 @@ impl Publisher {
             }));
         }
         inner.link.as_ref()?.try_publish_head(&self.head, payload)
+    }
+
+    /// Waits for room in the link's ring if the publish found none (see
+    /// [`super::link::Link::wait_room`]).
+    async fn wait_room(&self) -> bool {
+        match &self.client.inner.link {
+            Some(l) => l.wait_room().await,
+            None => false,
+        }
     }
 
     /// [`Client::publish`]'s path, with a message built.

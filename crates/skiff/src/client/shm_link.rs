@@ -61,6 +61,17 @@ const SPARE_RUNS: usize = 4;
 /// for each small batch.
 const WRITER_SPIN: Duration = Duration::from_micros(20);
 
+/// The size of a segment a publisher fills frame by frame in the ring
+/// (the direct path, see [`ShmTx::try_encode_with`]): it is published
+/// once the next frame does not fit, or by the writer thread after
+/// [`LINGER`].
+const DIRECT_SEG: usize = 64 << 10;
+
+/// How long the writer thread lets a publisher's open segment grow before
+/// it publishes it (the tail of a burst; a lone publish after a quiet
+/// spell is published at once).
+const LINGER: Duration = Duration::from_micros(50);
+
 /// What waits for the writer thread.
 #[derive(Debug)]
 // Frames are queued by value, as before runs existed: a box would cost an
@@ -81,6 +92,17 @@ struct TxQ {
     spare: Vec<Vec<u8>>,
     closed: Option<Instant>,
     lost: Option<String>,
+    /// The ring holds an open segment (frames written by publishers on the
+    /// direct path, not yet published).
+    open: bool,
+    /// The writer thread sleeps until woken (not lingering): a publisher
+    /// that opens a segment wakes it.
+    writer_waits: bool,
+    /// A publisher found no room in the ring for a segment: the writer
+    /// thread waits for the node to free it, then wakes the publishers
+    /// ([`ShmTx::wait_room`]), which write into the ring again (instead of
+    /// queueing behind each other's frames).
+    need_room: bool,
 }
 
 /// The send side of an shm link: a bounded queue of frames for the
@@ -92,6 +114,14 @@ pub(crate) struct ShmTx {
     space: Notify,
     /// The node this is attached to (the locator), for errors.
     node: String,
+    /// The client→node ring's writer, once started. Lock order: `q`, then
+    /// `up`. A publisher takes `up` only with `try_lock`, while it holds `q`
+    /// and nothing is queued; the writer thread takes it while it holds `q`
+    /// and keeps it, `q` released, while it writes the batch it took then
+    /// (publishers that find `up` taken queue behind that batch; the
+    /// writer's `go` check takes `q` under `up`, which cannot deadlock
+    /// since no one waits for `up` while holding `q` but the writer).
+    up: Mutex<Option<FrameWriter>>,
 }
 
 fn cost(f: &ClientFrame) -> usize {
@@ -160,15 +190,23 @@ impl ShmTx {
         }
     }
 
-    /// Encodes a small publish at the end of the queue's last run of
-    /// encoded frames (or a new one) if there is room now.
+    /// Encodes a small publish into the ring's open segment or at the end
+    /// of the queue's last run of encoded frames (or a new one) if there
+    /// is room now.
     fn try_encode(&self, msg: &Message) -> Option<Result<(), Error>> {
-        self.try_encode_with(pub_frame_len(msg), |run, n| {
-            let at = run.len();
-            run.resize(at + n, 0);
-            let ok = encode_pub_into(&mut run[at..], msg);
-            debug_assert!(ok, "sized by pub_frame_len");
-        })
+        self.try_encode_with(
+            pub_frame_len(msg),
+            |seg| {
+                let ok = encode_pub_into(seg, msg);
+                debug_assert!(ok, "sized by pub_frame_len");
+            },
+            |run, n| {
+                let at = run.len();
+                run.resize(at + n, 0);
+                let ok = encode_pub_into(&mut run[at..], msg);
+                debug_assert!(ok, "sized by pub_frame_len");
+            },
+        )
     }
 
     /// Queues a bound publisher's publish of a small `payload` ([`PubHead`])
@@ -183,17 +221,26 @@ impl ShmTx {
         }
         // Appended, not written over a zero fill: the run's bytes are
         // written once (their lines were last read by the writer thread).
-        self.try_encode_with(head.frame_len(payload.len()), |run, _| {
-            head.encode(run, payload)
-        })
+        self.try_encode_with(
+            head.frame_len(payload.len()),
+            |seg| {
+                let ok = head.encode_into(seg, payload);
+                debug_assert!(ok, "sized by frame_len");
+            },
+            |run, _| head.encode(run, payload),
+        )
     }
 
-    /// Appends a publish frame of `n` bytes with `encode(run, n)` to the
-    /// queue's last run of encoded frames (or a new one) if there is room
-    /// now.
+    /// Writes a publish frame of `n` bytes if there is room now: when
+    /// nothing is queued and the writer thread is not writing, straight
+    /// into the ring's open segment with `direct(frame)` (the direct path:
+    /// no run, no copy and no hand-off to the writer thread); else with
+    /// `encode(run, n)` at the end of the queue's last run of encoded
+    /// frames (or a new one).
     fn try_encode_with(
         &self,
         n: usize,
+        direct: impl FnOnce(&mut [u8]),
         encode: impl FnOnce(&mut Vec<u8>, usize),
     ) -> Option<Result<(), Error>> {
         let mut q = self.q.lock();
@@ -207,6 +254,49 @@ impl ShmTx {
         }
         if q.bytes >= HIGH_WATER {
             return None;
+        }
+        // Nothing queued before it and the writer not writing (it holds
+        // `up` while it writes a batch): the frame goes after everything
+        // written so far, so order is kept.
+        if q.frames.is_empty() {
+            if let Some(mut up) = self.up.try_lock() {
+                if let Some(w) = up.as_mut() {
+                    let r = w.try_append(n, DIRECT_SEG, direct);
+                    let open = w.open_len() > 0;
+                    drop(up);
+                    match r {
+                        Ok(true) => {
+                            let wake = open && !q.open && q.writer_waits;
+                            q.open = open;
+                            drop(q);
+                            if wake {
+                                self.wake_writer.notify_one();
+                            }
+                            return Some(Ok(()));
+                        }
+                        // No room now: the writer thread waits for it,
+                        // the publisher too ([`ShmTx::wait_room`]).
+                        Ok(false) => {
+                            q.open = open;
+                            q.need_room = true;
+                            drop(q);
+                            self.wake_writer.notify_one();
+                            return None;
+                        }
+                        Err(e) => {
+                            drop(q);
+                            self.lose(&format!("writing to the node's ring failed: {e}"));
+                            return Some(Err(Error::NodeLost {
+                                node: self.node.clone(),
+                            }));
+                        }
+                    }
+                }
+            } else if q.need_room {
+                // The writer thread holds the ring while it waits for
+                // room: wait for it too.
+                return None;
+            }
         }
         let wake = q.frames.is_empty();
         let run = match q.frames.back_mut() {
@@ -232,6 +322,24 @@ impl ShmTx {
             self.wake_writer.notify_one();
         }
         Some(Ok(()))
+    }
+
+    /// After a publish found no room in the ring (`None` from a `try_`
+    /// method): waits until the writer thread saw room come back, and
+    /// returns `true` (try again); `false` at once when no publisher is
+    /// waiting for room (take the frame path).
+    pub(crate) async fn wait_room(&self) -> bool {
+        let n = self.space.notified();
+        tokio::pin!(n);
+        n.as_mut().enable();
+        {
+            let q = self.q.lock();
+            if !q.need_room || q.lost.is_some() || q.closed.is_some() {
+                return false;
+            }
+        }
+        n.await;
+        true
     }
 
     /// The application closes the client: the writer flushes what is
@@ -321,12 +429,13 @@ impl Attached {
         } = rings;
         let handle = tokio::runtime::Handle::current();
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+        *tx.up.lock() = Some(up);
         {
             let tx = tx.clone();
             std::thread::Builder::new()
                 .name(format!("skiff-shm-up-{client}"))
                 .spawn(move || {
-                    write_up(up, &tx);
+                    write_up(&tx);
                     let _ = done_tx.send(());
                 })
                 .map_err(Error::io("start the shm writer thread"))?;
@@ -384,23 +493,79 @@ impl Item {
     }
 }
 
+/// Publishes the open segment of the direct path (under `q`, which the
+/// caller holds: no publisher appends meanwhile).
+fn commit_open(tx: &ShmTx, q: &mut TxQ) -> Result<(), BufferError> {
+    q.open = false;
+    match tx.up.lock().as_mut() {
+        Some(w) => w.commit_open(),
+        None => Ok(()),
+    }
+}
+
 /// The writer thread: batches of frames into ring segments until the
 /// client closes (then the ring is closed after the last frame) or the
-/// node is gone.
-fn write_up(mut w: FrameWriter, tx: &ShmTx) {
+/// node is gone; and the publishers' open segment published once it has
+/// lingered (see [`LINGER`]).
+fn write_up(tx: &ShmTx) {
     let mut batch = VecDeque::new();
     let mut items: Vec<Item> = Vec::new();
     let mut scratch = Vec::new();
     let mut runs: Vec<Vec<u8>> = Vec::new();
-    let max_seg = w.max_segment();
+    let max_seg = tx.up.lock().as_ref().map_or(0, FrameWriter::max_segment);
     let mut go = || {
         let q = tx.q.lock();
         q.lost.is_none() && q.closed.is_none_or(|t| t.elapsed() < CLOSE_GRACE)
     };
+    // Whether the writer just woke from a sleep without a deadline (a
+    // publish after a quiet spell: its open segment is published at once).
+    let mut woke = false;
     loop {
-        {
+        let mut w = {
             let mut q = tx.q.lock();
-            let idle = |q: &TxQ| q.frames.is_empty() && q.closed.is_none() && q.lost.is_none();
+            let idle = |q: &TxQ| {
+                q.frames.is_empty()
+                    && !q.open
+                    && !q.need_room
+                    && q.closed.is_none()
+                    && q.lost.is_none()
+            };
+            if q.frames.is_empty() && q.need_room && q.lost.is_none() {
+                // Publishers wait for room: the ring is held (so none
+                // queues meanwhile) until the node freed a segment's worth.
+                let mut w = tx.up.lock();
+                drop(q);
+                let r = match w.as_mut() {
+                    Some(w) => w.wait_room(DIRECT_SEG, &mut go),
+                    None => Ok(()),
+                };
+                drop(w);
+                tx.q.lock().need_room = false;
+                tx.space.notify_waiters();
+                match r {
+                    Ok(()) | Err(BufferError::Timeout) => continue,
+                    Err(e) => {
+                        tx.lose(&format!("writing to the node's ring failed: {e}"));
+                        break;
+                    }
+                }
+            }
+            if q.frames.is_empty() && q.open && q.lost.is_none() {
+                if !woke && q.closed.is_none() {
+                    // A publisher is filling the open segment: it
+                    // publishes it when full; the tail is published here.
+                    tx.wake_writer.wait_for(&mut q, LINGER);
+                }
+                woke = false;
+                if q.frames.is_empty() && q.open {
+                    if let Err(e) = commit_open(tx, &mut q) {
+                        drop(q);
+                        tx.lose(&format!("writing to the node's ring failed: {e}"));
+                        break;
+                    }
+                }
+                continue;
+            }
             if idle(&q) {
                 let until = Instant::now() + WRITER_SPIN;
                 while idle(&q) && Instant::now() < until {
@@ -408,11 +573,23 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                 }
             }
             while idle(&q) {
+                q.writer_waits = true;
                 tx.wake_writer.wait(&mut q);
+                q.writer_waits = false;
+                woke = true;
+            }
+            if q.frames.is_empty() && (q.open || q.need_room) && q.lost.is_none() {
+                continue;
             }
             if q.lost.is_some() || q.frames.is_empty() {
                 break;
             }
+            // `up` before `q` is released: no publisher writes into the
+            // ring until this batch is written (it commits the open
+            // segment first).
+            q.open = false;
+            woke = false;
+            let w = tx.up.lock();
             std::mem::swap(&mut q.frames, &mut batch);
             q.bytes = 0;
             // The runs written last time, emptied, for the next publishes.
@@ -421,7 +598,9 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                 v.clear();
                 q.spare.push(v);
             }
-        }
+            w
+        };
+        let Some(wr) = w.as_mut() else { break };
         runs.clear();
         tx.space.notify_waiters();
         for f in batch.drain(..) {
@@ -462,7 +641,7 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
                 j += 1;
             }
             let run = &items[i..j];
-            let r = w.write(total, &mut go, |buf| {
+            let r = wr.write(total, &mut go, |buf| {
                 let mut at = 0;
                 for it in run {
                     let n = it.len();
@@ -483,6 +662,7 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
             }
             i = j;
         }
+        drop(w);
         items.clear();
         // Kept until the next batch is taken, to be given back then.
         runs.truncate(SPARE_RUNS);
@@ -495,8 +675,11 @@ fn write_up(mut w: FrameWriter, tx: &ShmTx) {
             break;
         }
     }
-    // Closed (or lost): the node reads what was written, then ends.
-    w.close();
+    // Closed (or lost): the node reads what was written (the open
+    // segment's frames too), then ends.
+    if let Some(mut w) = tx.up.lock().take() {
+        w.close();
+    }
 }
 
 /// How the reader thread ended.

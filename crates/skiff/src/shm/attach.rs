@@ -34,7 +34,7 @@ use skiff_proto::credits::{CreditError, Flow};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::layout::{Layout, OPEN};
-use super::ring::{Ring, RingProducer};
+use super::ring::{Ring, RingProducer, Writable};
 use super::{BufferError, BufferId};
 use crate::error::LocatorError;
 use crate::locator::Locator;
@@ -232,6 +232,9 @@ pub(crate) struct FrameWriter {
     cap: u64,
     /// Padding segments written.
     pub(crate) pads: u64,
+    /// The open segment ([`FrameWriter::try_append`]): reserved, holding
+    /// the frames appended so far (bytes used), not yet published.
+    open: Option<(Writable, usize)>,
 }
 
 impl FrameWriter {
@@ -243,7 +246,107 @@ impl FrameWriter {
             spin,
             cap,
             pads: 0,
+            open: None,
         }
+    }
+
+    /// Appends one frame of `n` bytes, which `fill` writes in place, to the
+    /// open segment, opening one of about `seg` bytes (at least `n`) when
+    /// there is none or it is full, if the ring has room for it now (never
+    /// waits): `Ok(false)` when it has not (nothing written). The frames
+    /// are published by [`FrameWriter::commit_open`] (every other write
+    /// commits the open segment first, so order is kept).
+    pub(crate) fn try_append(
+        &mut self,
+        n: usize,
+        seg: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, BufferError> {
+        if let Some((w, used)) = &mut self.open {
+            let (a, _) = w.slices_mut();
+            if *used + n <= a.len() {
+                fill(&mut a[*used..*used + n]);
+                *used += n;
+                return Ok(true);
+            }
+        }
+        self.commit_open()?;
+        let want = seg.max(n) as u64;
+        if n == 0 || want > self.cap / 2 {
+            return Ok(false);
+        }
+        let pos = self.prod.head() % self.cap;
+        if pos + want > self.cap {
+            if !self.try_segment(self.cap - pos, |b| b.fill(0))? {
+                return Ok(false);
+            }
+            self.pads += 1;
+        }
+        let id = self.prod.ring.id;
+        let res = match self.prod.try_reserve(want) {
+            Ok(r) => r,
+            Err(CreditError::WouldBlock { .. } | CreditError::NoRecord { .. }) => return Ok(false),
+            Err(e) => return Err(BufferError::credit(id, e)),
+        };
+        let mut w = self.prod.writable(res);
+        {
+            let (a, b) = w.slices_mut();
+            debug_assert!(b.is_empty(), "padding keeps segments in one piece");
+            fill(&mut a[..n]);
+        }
+        self.open = Some((w, n));
+        Ok(true)
+    }
+
+    /// Waits (while `go` says to) until a segment of `len` bytes fits, as
+    /// [`FrameWriter::try_append`] would open it: the padding to the
+    /// ring's end written first if it would wrap; nothing else written.
+    /// `Timeout` once `go` says to stop.
+    pub(crate) fn wait_room(
+        &mut self,
+        len: usize,
+        go: &mut dyn FnMut() -> bool,
+    ) -> Result<(), BufferError> {
+        self.commit_open()?;
+        let len = len as u64;
+        if len > self.cap / 2 {
+            return Ok(());
+        }
+        let pos = self.prod.head() % self.cap;
+        if pos + len > self.cap {
+            self.segment(self.cap - pos, go, |b| b.fill(0))?;
+            self.pads += 1;
+        }
+        loop {
+            let until = Instant::now() + Duration::from_millis(100);
+            match self.prod.reserve(len, Some(until), self.spin) {
+                Ok(_) => {
+                    self.prod.abandon();
+                    return Ok(());
+                }
+                Err(BufferError::Timeout) if go() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Bytes of frames in the open segment, not yet published.
+    pub(crate) fn open_len(&self) -> usize {
+        self.open.as_ref().map_or(0, |(_, used)| *used)
+    }
+
+    /// Publishes the open segment's frames, if any (a system call only if
+    /// the reader sleeps).
+    pub(crate) fn commit_open(&mut self) -> Result<(), BufferError> {
+        let Some((w, used)) = self.open.take() else {
+            return Ok(());
+        };
+        self.prod.finish(w);
+        let id = self.prod.ring.id;
+        self.prod
+            .commit(used as u64)
+            .map(|_| ())
+            .map_err(|e| BufferError::credit(id, e))
     }
 
     /// The ring's data area as this process maps it.
@@ -288,6 +391,7 @@ impl FrameWriter {
         go: &mut dyn FnMut() -> bool,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<(), BufferError> {
+        self.commit_open()?;
         let len = len as u64;
         let pos = self.prod.head() % self.cap;
         if len <= self.cap && pos + len > self.cap {
@@ -306,6 +410,7 @@ impl FrameWriter {
         len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<bool, BufferError> {
+        self.commit_open()?;
         let len = len as u64;
         if len == 0 || len > self.cap / 2 {
             return Ok(false);
@@ -370,7 +475,8 @@ impl FrameWriter {
 
     /// Marks the ring closed: the consumer reads what was published, then
     /// `Closed`.
-    pub(crate) fn close(&self) {
+    pub(crate) fn close(&mut self) {
+        let _ = self.commit_open();
         if self.prod.ring.state() == OPEN {
             self.prod.ring.close(super::layout::CLOSED);
         }

@@ -674,7 +674,7 @@ impl HostWriter {
 
     /// Closes the ring: a live client reads what was written, then learns
     /// that the node is done with it.
-    pub fn close(self) {
+    pub fn close(mut self) {
         self.w.close();
     }
 }

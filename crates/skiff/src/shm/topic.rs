@@ -211,7 +211,7 @@ impl TopicRing {
 
     /// Closes the ring (readers read what was written, then learn the
     /// topic ended) and removes its file.
-    pub fn close(self) {
+    pub fn close(mut self) {
         self.w.close();
         let _ = std::fs::remove_file(&self.path);
     }
