@@ -63,13 +63,15 @@ const WRITER_SPIN: Duration = Duration::from_micros(20);
 
 /// The size of a segment a publisher fills frame by frame in the ring
 /// (the direct path, see [`ShmTx::try_encode_with`]): it is published
-/// once the next frame does not fit, or by the writer thread after
-/// [`LINGER`].
-const DIRECT_SEG: usize = 64 << 10;
+/// once the next frame does not fit, or by the writer thread once it
+/// stopped growing ([`LINGER`]). Large, as the writer thread's batches
+/// were: the node's work and wake-ups per segment are spread over more
+/// messages.
+const DIRECT_SEG: usize = 256 << 10;
 
-/// How long the writer thread lets a publisher's open segment grow before
-/// it publishes it (the tail of a burst; a lone publish after a quiet
-/// spell is published at once).
+/// How often the writer thread looks at a publisher's open segment: one
+/// that did not grow since the last look is published (the tail of a
+/// burst; a lone publish after a quiet spell is published at once).
 const LINGER: Duration = Duration::from_micros(50);
 
 /// What waits for the writer thread.
@@ -493,6 +495,12 @@ impl Item {
     }
 }
 
+/// Bytes in the open segment of the direct path (under `q`, which the
+/// caller holds).
+fn open_len(tx: &ShmTx) -> usize {
+    tx.up.lock().as_ref().map_or(0, FrameWriter::open_len)
+}
+
 /// Publishes the open segment of the direct path (under `q`, which the
 /// caller holds: no publisher appends meanwhile).
 fn commit_open(tx: &ShmTx, q: &mut TxQ) -> Result<(), BufferError> {
@@ -551,13 +559,17 @@ fn write_up(tx: &ShmTx) {
                 }
             }
             if q.frames.is_empty() && q.open && q.lost.is_none() {
+                let mut grew = false;
                 if !woke && q.closed.is_none() {
                     // A publisher is filling the open segment: it
-                    // publishes it when full; the tail is published here.
+                    // publishes it when full; the tail is published here,
+                    // once it stopped growing.
+                    let before = open_len(tx);
                     tx.wake_writer.wait_for(&mut q, LINGER);
+                    grew = q.open && open_len(tx) != before;
                 }
                 woke = false;
-                if q.frames.is_empty() && q.open {
+                if q.frames.is_empty() && q.open && !grew {
                     if let Err(e) = commit_open(tx, &mut q) {
                         drop(q);
                         tx.lose(&format!("writing to the node's ring failed: {e}"));
