@@ -2,14 +2,21 @@
 //! (`shm://name`): see `shm/attach.rs` for the rendezvous, and the node's
 //! shm listener (skiff-node's `listen/shm.rs`) for the node's side.
 //!
-//! Senders queue frames as values in [`ShmTx`] (bounded: a publisher waits
-//! once about 1 MiB of publishes is queued); one writer thread takes them
-//! in batches and writes each batch into segments of the client→node ring.
-//! A publish is encoded straight into the ring (`encode_pub_into`): its
-//! payload is written once, there, and the node reads it in place. Other
-//! frames are encoded into a scratch buffer and copied in. A full ring
-//! blocks the writer thread (credits), which fills the queue, which makes
-//! publishers wait.
+//! A small publish is written by the publishing task straight into an
+//! open segment of the client→node ring while nothing is queued before it
+//! (the direct path, [`ShmTx::try_encode_with`]): no copy and no hand-off
+//! to another thread; the segment is published when full, or by the
+//! writer thread once it stopped growing. With no room in the ring for a
+//! segment, publishers wait ([`ShmTx::wait_room`]) while the writer thread
+//! waits for the node to free one. Other senders queue frames as values in
+//! [`ShmTx`] (bounded: a publisher waits once about 1 MiB of publishes is
+//! queued); one writer thread takes them in batches and writes each batch
+//! into segments of the ring, after the open segment. A publish is
+//! encoded straight into the ring (`encode_pub_into`): its payload is
+//! written once, there, and the node reads it in place. Other frames are
+//! encoded into a scratch buffer and copied in. A full ring blocks the
+//! writer thread (credits), which fills the queue, which makes publishers
+//! wait.
 //!
 //! A reader thread waits on the node→client ring, copies each segment out
 //! (one copy, like a socket read; the ring space goes back at once),
