@@ -78,8 +78,10 @@ const DIRECT_SEG: usize = 256 << 10;
 
 /// How often the writer thread looks at a publisher's open segment: one
 /// that did not grow since the last look is published (the tail of a
-/// burst; a lone publish after a quiet spell is published at once).
-const LINGER: Duration = Duration::from_micros(50);
+/// burst; the first publish after a quiet spell is published at once).
+/// Each look is a wake-up of the writer thread while a publisher keeps
+/// publishing, so not too often.
+const LINGER: Duration = Duration::from_micros(200);
 
 /// What waits for the writer thread.
 #[derive(Debug)]
@@ -590,11 +592,13 @@ fn write_up(tx: &ShmTx) {
                 while idle(&q) && Instant::now() < until {
                     parking_lot::MutexGuard::unlocked(&mut q, std::thread::yield_now);
                 }
-            }
-            while idle(&q) {
-                q.writer_waits = true;
-                tx.wake_writer.wait(&mut q);
-                q.writer_waits = false;
+                while idle(&q) {
+                    q.writer_waits = true;
+                    tx.wake_writer.wait(&mut q);
+                    q.writer_waits = false;
+                }
+                // The first publish after a quiet spell: its open segment
+                // is published at once, not after a look.
                 woke = true;
             }
             if q.frames.is_empty() && (q.open || q.need_room) && q.lost.is_none() {

@@ -721,7 +721,7 @@ mod tests {
         let mut w = FrameWriter::new(ring, Duration::ZERO);
         let mut go = || true;
         let (mut sent, mut got) = (0u32, 0u32);
-        let mut read_all = |cons: &mut super::super::ring::RingConsumer, got: &mut u32| {
+        let read_all = |cons: &mut super::super::ring::RingConsumer, got: &mut u32| {
             while let Some(d) = cons.try_next().unwrap() {
                 let (a, b) = cons.slices(d.start, d.len).unwrap();
                 assert!(b.is_empty(), "one slice");
