@@ -867,8 +867,20 @@ pub(crate) fn stats(a: StatsArgs) -> Result<()> {
                 );
             }
             outln!(
-                "      links: frames lost {}, gaps reported {}, best-effort frames dropped while delivery was behind {}; associations: packets dropped (duplicates such as a lone small packet's second copy, replays, forged, malformed, out of window) {}, retransmitted {}",
-                m.link_lost, m.gaps_reported, m.delivery_dropped, m.tunnels.packets_dropped, m.tunnels.retransmits
+                "      links: frames lost {}, gaps reported {}, best-effort frames dropped while delivery was behind {}; associations: packets dropped (duplicates such as a lone small packet's second copy, replays, forged, malformed, out of window) {}, retransmitted {} (found lost from acknowledgements {}, tail probes {}, timer expiries {}), received twice {}; new data waited for a shut window {} times, {} ms in all; delivery waited for a missing packet {} times, {} ms in all",
+                m.link_lost,
+                m.gaps_reported,
+                m.delivery_dropped,
+                m.tunnels.packets_dropped,
+                m.tunnels.retransmits,
+                m.tunnels.fast_retransmits,
+                m.tunnels.tail_probes,
+                m.tunnels.rto_expired,
+                m.tunnels.duplicates,
+                m.tunnels.window_stalls,
+                m.tunnels.window_stalled_us / 1000,
+                m.tunnels.gaps,
+                m.tunnels.gap_us / 1000
             );
             if !m.links.is_empty() {
                 outln!(

@@ -232,7 +232,10 @@ impl Tunnels {
             + e.first_rejected_half_open
             + e.first_wrong_service
             + e.first_not_listening;
-        let mut retransmits = 0;
+        let (mut retransmits, mut fast_retransmits, mut tail_probes) = (0, 0, 0);
+        let (mut rto_expired, mut duplicates) = (0, 0);
+        let (mut window_stalls, mut window_stalled_us) = (0, 0);
+        let (mut gaps, mut gap_us) = (0, 0);
         let live = self
             .out
             .values()
@@ -250,6 +253,14 @@ impl Tunnels {
                     + s.stray
                     + s.protocol_violations;
                 retransmits += s.retransmits;
+                fast_retransmits += s.fast_retransmits;
+                tail_probes += s.tail_probes;
+                rto_expired += s.rto_expired;
+                duplicates += s.duplicates;
+                window_stalls += s.window_stalls;
+                window_stalled_us += s.window_stalled_us;
+                gaps += s.gaps;
+                gap_us += s.gap_us;
             }
         }
         TunnelStats {
@@ -257,6 +268,14 @@ impl Tunnels {
             associations: self.out.len(),
             packets_dropped: dropped,
             retransmits,
+            fast_retransmits,
+            tail_probes,
+            rto_expired,
+            duplicates,
+            window_stalls,
+            window_stalled_us,
+            gaps,
+            gap_us,
             ..self.stats.clone()
         }
     }

@@ -379,4 +379,36 @@ pub struct TunnelStats {
     /// associations.
     #[serde(default)]
     pub retransmits: u64,
+    /// Of those, packets declared lost from selective acknowledgements
+    /// (repaired within a round trip or so), on the live associations.
+    #[serde(default)]
+    pub fast_retransmits: u64,
+    /// Tail-loss probes sent (a silent flight's newest packet sent again),
+    /// on the live associations.
+    #[serde(default)]
+    pub tail_probes: u64,
+    /// Retransmission timer expiries with data outstanding (the slow
+    /// repair: every unacknowledged packet sent again), on the live
+    /// associations.
+    #[serde(default)]
+    pub rto_expired: u64,
+    /// Data packets that arrived twice (a retransmission whose original
+    /// was not lost, or a lone small packet's second copy), on the live
+    /// associations; also in `packets_dropped`.
+    #[serde(default)]
+    pub duplicates: u64,
+    /// Times new data waited for a peer's window (shut while a hole is
+    /// repaired, or while the peer reads slowly), on the live associations.
+    #[serde(default)]
+    pub window_stalls: u64,
+    /// Microseconds new data waited for a peer's window, in all.
+    #[serde(default)]
+    pub window_stalled_us: u64,
+    /// Times delivery from a peer waited for a missing packet (a packet
+    /// arrived above a gap), on the live associations.
+    #[serde(default)]
+    pub gaps: u64,
+    /// Microseconds delivery from peers waited for missing packets, in all.
+    #[serde(default)]
+    pub gap_us: u64,
 }

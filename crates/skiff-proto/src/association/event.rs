@@ -238,4 +238,17 @@ pub struct AssociationStats {
     pub bundles_delivered: u64,
     /// Small messages carried in those bundles.
     pub bundled_messages_delivered: u64,
+    /// Times new data had to wait because the window was shut (the
+    /// peer's `alloc` or `send_window` packets past the oldest
+    /// unacknowledged one, which a hole being repaired holds in place).
+    pub window_stalls: u64,
+    /// Microseconds new data waited on a shut window, in all (the stall
+    /// in progress, if any, not yet counted).
+    pub window_stalled_us: u64,
+    /// Times a packet arrived above a gap while none was open: delivery
+    /// waited for a missing packet (lost or late).
+    pub gaps: u64,
+    /// Microseconds delivery waited for missing packets, in all (the gap
+    /// open now, if any, not yet counted).
+    pub gap_us: u64,
 }

@@ -363,6 +363,11 @@ impl Association {
         s.messages_sent += self.send.sealed;
         s.bundles_delivered = self.recv.bundles_delivered;
         s.bundled_messages_delivered = self.recv.bundled_delivered;
+        s.window_stalls = self.send.window_stalls;
+        s.window_stalled_us =
+            u64::try_from(self.send.window_stalled.as_micros()).unwrap_or(u64::MAX);
+        s.gaps = self.recv.gaps;
+        s.gap_us = u64::try_from(self.recv.gap_time.as_micros()).unwrap_or(u64::MAX);
         s
     }
 

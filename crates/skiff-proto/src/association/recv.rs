@@ -9,7 +9,7 @@
 //! most `max_message` bytes.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -72,6 +72,11 @@ pub(super) struct RecvState {
     pub(super) bundled_delivered: u64,
     /// Deliver fragmented messages as [`Event::Pieces`], unjoined.
     pieces: bool,
+    /// Since when a packet has been held above a gap, if one is.
+    gap_since: Option<Instant>,
+    /// Gaps opened, and how long they stayed open in all.
+    pub(super) gaps: u64,
+    pub(super) gap_time: Duration,
 }
 
 impl RecvState {
@@ -99,6 +104,9 @@ impl RecvState {
             bundles_delivered: 0,
             bundled_delivered: 0,
             pieces,
+            gap_since: None,
+            gaps: 0,
+            gap_time: Duration::ZERO,
         }
     }
 
@@ -169,6 +177,10 @@ impl RecvState {
             self.largest = Some((seq, now));
         }
         if seq > self.rseq {
+            if self.gap_since.is_none() {
+                self.gap_since = Some(now);
+                self.gaps += 1;
+            }
             self.held.insert(seq, (close, chunks));
             self.add_run(seq);
             return Ok(DataOutcome::Held);
@@ -188,6 +200,11 @@ impl RecvState {
             if *e.key() < self.rseq {
                 debug_assert_eq!(*e.get(), self.rseq);
                 e.remove();
+            }
+        }
+        if self.held.is_empty() {
+            if let Some(since) = self.gap_since.take() {
+                self.gap_time += now.saturating_duration_since(since);
             }
         }
         Ok(DataOutcome::InOrder)

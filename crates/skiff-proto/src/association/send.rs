@@ -278,6 +278,11 @@ pub(super) struct SendState {
     /// Chunk lists of acknowledged packets, emptied, for the next packets
     /// (no allocation per packet; see `recycle`).
     spare_chunks: Vec<Vec<Chunk>>,
+    /// Since when new data has waited on a shut window, if it does.
+    stalled_since: Option<Instant>,
+    /// Times new data waited on a shut window, and for how long in all.
+    pub(super) window_stalls: u64,
+    pub(super) window_stalled: Duration,
 }
 
 /// The parts of `[a, b)` outside `done` (ascending, disjoint ranges): what a
@@ -354,6 +359,9 @@ impl SendState {
             ack_delay,
             rtt,
             spare_chunks: Vec::new(),
+            stalled_since: None,
+            window_stalls: 0,
+            window_stalled: Duration::ZERO,
         }
     }
 
@@ -636,7 +644,17 @@ impl SendState {
             return Some((seq, true, Tx::Again));
         }
         self.budget = budget;
-        if !(self.has_new() && self.next < self.limit()) || self.holds_tail() {
+        if self.window_blocked() {
+            if self.stalled_since.is_none() {
+                self.stalled_since = Some(now);
+                self.window_stalls += 1;
+            }
+            return None;
+        }
+        if let Some(since) = self.stalled_since.take() {
+            self.window_stalled += now.saturating_duration_since(since);
+        }
+        if !self.has_new() || self.holds_tail() {
             return None;
         }
         let (chunks, bytes) = self.fill(budget);

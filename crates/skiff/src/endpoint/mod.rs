@@ -298,6 +298,10 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.bundled_messages_sent += b.bundled_messages_sent;
     a.bundles_delivered += b.bundles_delivered;
     a.bundled_messages_delivered += b.bundled_messages_delivered;
+    a.window_stalls += b.window_stalls;
+    a.window_stalled_us += b.window_stalled_us;
+    a.gaps += b.gaps;
+    a.gap_us += b.gap_us;
 }
 
 /// What the driver thread and the handles share.

@@ -237,6 +237,42 @@ fn window_never_exceeded() {
 }
 
 #[test]
+fn a_hole_and_a_shut_window_are_counted_until_repaired() {
+    // One data packet lost in a run longer than the window: the receiver
+    // holds what comes after it (one gap, open until the retransmission
+    // arrives, at least a round trip), and the sender, whose window cannot
+    // pass the hole, waits on it.
+    let run = |lose: bool| {
+        let mut p = lossless();
+        let mut dropped = false;
+        p.filter = Some(Box::new(move |w| {
+            let hit = lose && !dropped && w.dir == Dir::ToServer && w.packet.data.is_some();
+            dropped |= hit;
+            hit
+        }));
+        p.connect();
+        let n = 2 * test_config().send_window as usize;
+        for i in 0..n {
+            p.client.send(msg(i, 1000)).unwrap();
+        }
+        p.drive();
+        let got = Pair::messages(&p.server_events);
+        assert_eq!(got, (0..n).map(|i| msg(i, 1000)).collect::<Vec<_>>());
+        let (c, s) = (p.client.stats(), p.srv().stats());
+        (c, s)
+    };
+    let (c, s) = run(true);
+    assert_eq!(s.gaps, 1, "{s:?}");
+    let rtt = 2 * Net::default().latency;
+    assert!(s.gap_us >= rtt.as_micros() as u64, "{s:?}");
+    assert!(c.window_stalls >= 1, "{c:?}");
+    assert!(c.window_stalled_us > 0, "{c:?}");
+    assert!(c.retransmits >= 1, "{c:?}");
+    let (_, s) = run(false);
+    assert_eq!((s.gaps, s.gap_us), (0, 0), "{s:?}");
+}
+
+#[test]
 fn window_spans_at_most_window_bytes() {
     // Large datagrams: 4096 packets would pin 240 MB; `window_bytes` keeps
     // the window to 16 packets (its floor) on both sides.
