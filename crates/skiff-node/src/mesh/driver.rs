@@ -335,8 +335,11 @@ impl<L: Inbound> Driver<L> {
                         }
                     }
                 }
-                _ = sleep => l.core.lock().handle_timeout(Instant::now()),
-                _ = l.wake.notified() => {}
+                _ = sleep => {
+                    self.take_waiting();
+                    l.core.lock().handle_timeout(Instant::now());
+                }
+                _ = l.wake.notified() => self.take_waiting(),
                 _ = stop.changed() => {
                     tracing::info!("leaving the mesh");
                     l.core.lock().leave(Instant::now());
@@ -404,6 +407,18 @@ impl<L: Inbound> Driver<L> {
             5
         };
         self.next_hello = now + Duration::from_secs(every);
+    }
+
+    /// Hands on whatever datagrams already wait on the socket (none is
+    /// waited for). A turn woken by a deadline or the broker reads them
+    /// before the timers act: a task that ran late (a loaded machine) may
+    /// find both its deadline passed and the acknowledgements that make
+    /// it moot waiting, and an association whose retransmission timer
+    /// fired with them unread would send its whole flight again.
+    fn take_waiting(&mut self) {
+        if let Ok(n) = self.sock.socket().recv(&mut self.recv) {
+            self.take_received(n);
+        }
     }
 
     /// Hands what the last receive took (`n` buffers), and whatever else
