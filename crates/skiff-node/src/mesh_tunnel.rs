@@ -75,6 +75,18 @@ const SERVICE: u32 = 0x5455_4e31;
 /// at a time. (With 64 KiB packets, 1.4 % loss in a namespace whose buffers
 /// are the default stalled a link for seconds.)
 const MAX_ASSOC_MTU: usize = 8192;
+/// Bytes a link's window spans (the association's `window_bytes`): 1,024
+/// packets of `MAX_ASSOC_MTU`, about four times the send buffer. A lost
+/// packet is repaired about a round trip after the packets behind it are
+/// acknowledged, and on a busy link the round trip is mostly the send
+/// buffer's worth of packets queued ahead of the retransmission; the
+/// sender goes on past the hole only as far as the window spans from it.
+/// At the default span (1.5 times the send buffer) a lossy link waited on
+/// a shut window for much of its time (`window_stalled_us` in `skiff
+/// stats --mesh`; `bench/RESULTS.md` has the runs). The receiver holds
+/// what arrives above a hole, so this is also the most a link from one
+/// peer pins there; what is in flight stays bounded by the send buffer.
+const LINK_WINDOW_BYTES: usize = 8 << 20;
 /// Send queues of peers that are gone, kept for their counters, at most.
 const MAX_GONE_LINKS: usize = 1024;
 /// Most tunnels with a remote end on one node.
@@ -194,6 +206,7 @@ impl Tunnels {
             mtu: MAX_ASSOC_MTU,
             max_message: (max_payload as u64) + (64 << 10),
             idle_timeout: Duration::from_secs(15),
+            window_bytes: LINK_WINDOW_BYTES,
             ..AssociationConfig::default()
         };
         Tunnels {
