@@ -339,7 +339,13 @@ impl<L: Inbound> Driver<L> {
                     self.take_waiting();
                     l.core.lock().handle_timeout(Instant::now());
                 }
-                _ = l.wake.notified() => self.take_waiting(),
+                _ = l.wake.notified() => {
+                    // Only when timers are due this turn: a wake-up to
+                    // send costs no extra receive call.
+                    if Instant::now() >= deadline {
+                        self.take_waiting();
+                    }
+                }
                 _ = stop.changed() => {
                     tracing::info!("leaving the mesh");
                     l.core.lock().leave(Instant::now());
