@@ -685,6 +685,10 @@ impl Tunnels {
                     Event::Closed(_) | Event::Failed(_) => {
                         gone = true;
                         if live {
+                            if let Event::Failed(why) = e {
+                                crate::logging::counted();
+                                tracing::warn!(peer = %peer, reason = %why, "the association from this peer failed");
+                            }
                             s.failed.push(peer);
                         }
                     }
@@ -709,7 +713,12 @@ impl Tunnels {
                     Event::Message(m) => s.frames.push((peer, m)),
                     Event::Bundle(b) => s.frames.extend(bundle::records(b).map(|m| (peer, m))),
                     Event::Pieces(p) => s.frames.push((peer, p.join())),
-                    Event::Closed(_) | Event::Failed(_) => dead.push(peer),
+                    Event::Closed(_) => dead.push(peer),
+                    Event::Failed(why) => {
+                        crate::logging::counted();
+                        tracing::warn!(peer = %peer, reason = %why, "this node's association to the peer failed; its link goes on over a fresh one");
+                        dead.push(peer);
+                    }
                     Event::Connected | Event::Writable => {}
                 }
             }
