@@ -275,20 +275,12 @@ impl FrameWriter {
         if n == 0 || want > self.cap / 2 {
             return Ok(false);
         }
-        let pos = self.prod.head() % self.cap;
-        if pos + want > self.cap {
-            if !self.try_segment(self.cap - pos, |b| b.fill(0))? {
-                return Ok(false);
-            }
-            self.pads += 1;
+        if !self.try_pad_for(want)? {
+            return Ok(false);
         }
-        let id = self.prod.ring.id;
-        let res = match self.prod.try_reserve(want) {
-            Ok(r) => r,
-            Err(CreditError::WouldBlock { .. } | CreditError::NoRecord { .. }) => return Ok(false),
-            Err(e) => return Err(BufferError::credit(id, e)),
+        let Some(mut w) = self.try_reserve_now(want)? else {
+            return Ok(false);
         };
-        let mut w = self.prod.writable(res);
         {
             let (a, b) = w.slices_mut();
             debug_assert!(b.is_empty(), "padding keeps segments in one piece");
@@ -415,6 +407,16 @@ impl FrameWriter {
         if len == 0 || len > self.cap / 2 {
             return Ok(false);
         }
+        if !self.try_pad_for(len)? {
+            return Ok(false);
+        }
+        self.try_segment(len, fill)
+    }
+
+    /// Pads the ring to its end when a segment of `len` bytes would not
+    /// fit before it (segments never wrap), if the ring has room for the
+    /// padding now: `Ok(false)` when it has not.
+    fn try_pad_for(&mut self, len: u64) -> Result<bool, BufferError> {
         let pos = self.prod.head() % self.cap;
         if pos + len > self.cap {
             if !self.try_segment(self.cap - pos, |b| b.fill(0))? {
@@ -422,17 +424,24 @@ impl FrameWriter {
             }
             self.pads += 1;
         }
-        self.try_segment(len, fill)
+        Ok(true)
+    }
+
+    /// Reserves `len` bytes if the ring has room now (never waits):
+    /// `Ok(None)` when it has not.
+    fn try_reserve_now(&mut self, len: u64) -> Result<Option<Writable>, BufferError> {
+        match self.prod.try_reserve(len) {
+            Ok(r) => Ok(Some(self.prod.writable(r))),
+            Err(CreditError::WouldBlock { .. } | CreditError::NoRecord { .. }) => Ok(None),
+            Err(e) => Err(BufferError::credit(self.prod.ring.id, e)),
+        }
     }
 
     fn try_segment(&mut self, len: u64, fill: impl FnOnce(&mut [u8])) -> Result<bool, BufferError> {
         let id = self.prod.ring.id;
-        let res = match self.prod.try_reserve(len) {
-            Ok(r) => r,
-            Err(CreditError::WouldBlock { .. } | CreditError::NoRecord { .. }) => return Ok(false),
-            Err(e) => return Err(BufferError::credit(id, e)),
+        let Some(mut w) = self.try_reserve_now(len)? else {
+            return Ok(false);
         };
-        let mut w = self.prod.writable(res);
         {
             let (a, b) = w.slices_mut();
             debug_assert!(b.is_empty(), "padding keeps segments in one piece");
