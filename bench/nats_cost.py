@@ -216,4 +216,5 @@ def main():
                 + "\n")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -17,15 +17,8 @@ compiled into $CARGO_TARGET_DIR, else target/; SERVER ARGS its mode, e.g.
 import json, os, socket, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def floor_relay():
-    out = os.environ.get("CARGO_TARGET_DIR") or os.path.join(HERE, "..", "target")
-    os.makedirs(out, exist_ok=True)
-    src, exe = os.path.join(HERE, "nats_floor_relay.c"), os.path.join(out, "nats_floor_relay")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-        subprocess.run(["cc", "-O2", "-pthread", "-o", exe, src], check=True)
-    return exe
+sys.path.insert(0, HERE)
+from nats_cost import floor_relay, port as free_port  # noqa: E402  (the relay's build and a free port, shared)
 
 
 def snap(pid):
@@ -47,10 +40,7 @@ def main():
     if len(sys.argv) < 3 or sys.argv[1] not in ("nats", "skiff", "floor"):
         sys.exit(__doc__)
     which, nb_args, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     if which == "nats":
         cmd = [os.environ["NATS_SERVER"], "-a", "127.0.0.1", "-p", str(port), *extra]
     elif which == "skiff":
