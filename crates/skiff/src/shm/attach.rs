@@ -685,15 +685,27 @@ mod tests {
         assert!(is_pad(&[0, 0, 0, 0, 5]) && is_pad(&[1]) && !is_pad(&[1, 0, 0, 0]));
     }
 
-    #[test]
-    fn frames_never_wrap() {
-        let dir = std::env::temp_dir().join(format!("skiff-attach-{}", std::process::id()));
+    /// A 4 KiB-segment ring in a fresh directory, its writer and a reader
+    /// of it (the directory is the caller's to remove).
+    fn writer_and_reader(
+        tag: &str,
+    ) -> (
+        std::path::PathBuf,
+        super::super::ring::RingConsumer,
+        FrameWriter,
+    ) {
+        let dir = std::env::temp_dir().join(format!("skiff-{tag}-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let (ring, path) = create_ring(&dir, "t.up", 4096, UP).unwrap();
         let peer = open_peer_ring(&dir, "t.up", UP).unwrap();
         fs::remove_file(&path).unwrap();
-        let mut cons = super::super::ring::RingConsumer::attach(peer).unwrap();
-        let mut w = FrameWriter::new(ring, Duration::ZERO);
+        let cons = super::super::ring::RingConsumer::attach(peer).unwrap();
+        (dir, cons, FrameWriter::new(ring, Duration::ZERO))
+    }
+
+    #[test]
+    fn frames_never_wrap() {
+        let (dir, mut cons, mut w) = writer_and_reader("attach");
         let mut go = || true;
         for k in 0..40u8 {
             w.write(700, &mut go, |b| b.fill(k + 1)).unwrap();
@@ -721,13 +733,7 @@ mod tests {
     /// append until `wait_room` saw room come back.
     #[test]
     fn open_segments_keep_order_and_never_wrap() {
-        let dir = std::env::temp_dir().join(format!("skiff-open-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let (ring, path) = create_ring(&dir, "o.up", 4096, UP).unwrap();
-        let peer = open_peer_ring(&dir, "o.up", UP).unwrap();
-        fs::remove_file(&path).unwrap();
-        let mut cons = super::super::ring::RingConsumer::attach(peer).unwrap();
-        let mut w = FrameWriter::new(ring, Duration::ZERO);
+        let (dir, mut cons, mut w) = writer_and_reader("open");
         let mut go = || true;
         let (mut sent, mut got) = (0u32, 0u32);
         let read_all = |cons: &mut super::super::ring::RingConsumer, got: &mut u32| {
