@@ -228,9 +228,6 @@ impl Tunnel {
     /// than a packet (it arrived in pieces, joined here) is returned alone,
     /// so its buffer can be reused for the next once dropped.
     pub async fn recv_many(&self, out: &mut Vec<Bytes>, max: usize) -> Result<usize, TunnelError> {
-        if max == 0 {
-            return Ok(0);
-        }
         poll_fn(|cx| self.poll_recv_many(cx, out, max)).await
     }
 
