@@ -748,7 +748,10 @@ fn reload_swaps_users_and_permissions() {
         .enable_all()
         .build()
         .unwrap();
-    let url = |u: &str, p: &str| format!("{}?user={u}&password={p}", node.url());
+    // An argon2 check in a debug node on a loaded 2-core machine can overrun
+    // the default 1.5 s connect timeout.
+    let url =
+        |u: &str, p: &str| format!("{}?user={u}&password={p}&connect_timeout=20s", node.url());
     assert!(
         rt.block_on(skiff::Client::connect(&url("carol", "carol-pw")))
             .is_err(),

@@ -293,7 +293,7 @@ async fn auth_node() -> Node {
         r#"
 [auth]
 token = "tok"
-timeout_ms = 500
+timeout_ms = 2000
 [[auth.users]]
 name = "alice"
 password_hash = "{}"

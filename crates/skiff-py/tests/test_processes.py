@@ -204,10 +204,11 @@ def test_credentials_and_permissions(tmp_path):
             skiff.connect(n.locator).flush(timeout=5)
         assert isinstance(e.value, PermissionError)
         with pytest.raises(skiff.AuthenticationFailed):
-            skiff.connect(n.locator, user="alice", password="wrong").flush(timeout=5)
+            skiff.connect(n.locator, user="alice", password="wrong", connect_timeout="20s").flush(timeout=5)
         with skiff.connect(n.locator, token="tok-123") as c:
             c.flush(timeout=5)
-        with skiff.connect(n.locator, user="alice", password="pw-alice") as c:
+        # An argon2 check on a loaded 2-core machine can overrun the default 1.5 s.
+        with skiff.connect(n.locator, user="alice", password="pw-alice", connect_timeout="20s") as c:
             with pytest.raises(skiff.PermissionDenied):
                 c.subscribe("status.x")
             sub = c.subscribe("orders.>")
