@@ -666,15 +666,19 @@ impl Shared {
 
     /// Stages `msg` (owned) in tunnel `key`'s send stage if it is small and
     /// there is room (see `poll_send`); else gives it back.
+    #[inline]
     pub(crate) fn stage_send(&self, key: u64, stage: &Stage, msg: Bytes) -> Result<(), Bytes> {
         let how = stage.tx.lock().offer_owned(msg)?;
-        self.staged(key, how);
+        if how != Move::Wait {
+            self.staged(key, how);
+        }
         Ok(())
     }
 
     /// After a message was staged in tunnel `key`: moves the stage now, or
     /// asks the driver to at its next wake-up (once until it does), or
     /// nothing.
+    #[inline(never)]
     fn staged(&self, key: u64, how: Move) {
         match how {
             Move::Now => {
