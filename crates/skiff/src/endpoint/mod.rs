@@ -780,6 +780,22 @@ impl Shared {
         r.map(|r| r.map(Option::unwrap_or_default))
     }
 
+    /// [`Shared::poll_recv`] lending up to `max` messages (at least one)
+    /// to `f` under one lock of the stage; `Ready(Ok(0))` at the end.
+    pub(crate) fn poll_recv_each(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+        max: usize,
+        f: &mut impl FnMut(&[u8]),
+    ) -> Poll<Result<usize, TunnelError>> {
+        let r = self.poll_recv_with(key, stage, cx, |rx| {
+            Some(rx.pop_each(max, f)).filter(|&n| n > 0)
+        });
+        r.map(|r| r.map(Option::unwrap_or_default))
+    }
+
     /// [`Shared::poll_recv`] taking the next message as slices into `out`
     /// (a large one in its pieces, not joined); its length.
     pub(crate) fn poll_recv_parts(

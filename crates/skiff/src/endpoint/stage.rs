@@ -328,6 +328,33 @@ impl RecvStage {
         n
     }
 
+    /// Up to `max` next messages, in order, each lent to `f` (as many
+    /// [`RecvStage::pop`]s, without a `Bytes` each: a message of a bundle
+    /// is lent in place, so reading it takes no reference to its buffer,
+    /// whose count the receiving driver shares); how many.
+    pub(crate) fn pop_each(&mut self, max: usize, f: &mut impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while n < max {
+            match self.msgs.front_mut() {
+                None => break,
+                Some(Inbound::Bundle(b)) => {
+                    while n < max && lend_next(b, f) {
+                        n += 1;
+                    }
+                    if b.is_empty() {
+                        self.msgs.pop_front();
+                    }
+                }
+                Some(_) => {
+                    let Some(m) = self.pop() else { break };
+                    f(&m);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// The next message as slices appended to `out`: one, or the pieces
     /// it arrived in (not joined); its length.
     pub(crate) fn pop_parts(&mut self, out: &mut Vec<Bytes>) -> Option<usize> {
@@ -354,6 +381,30 @@ impl RecvStage {
     /// Messages left to read.
     pub(crate) fn messages(&self) -> usize {
         self.msgs.iter().map(Inbound::messages).sum()
+    }
+}
+
+/// Lends the next record of bundle `b` to `f` and advances past it
+/// (moving a pointer: no reference taken); whether there was one. A record
+/// that does not parse ends the bundle (the association checked it, so
+/// this does not happen), as [`bundle::split_next`] does.
+#[inline]
+fn lend_next(b: &mut Bytes, f: &mut impl FnMut(&[u8])) -> bool {
+    use bytes::Buf;
+    if b.is_empty() {
+        return false;
+    }
+    match skiff_proto::varint::get(b) {
+        Ok((len, used)) if len <= (b.len() - used) as u64 => {
+            let end = used + len as usize;
+            f(&b[used..end]);
+            b.advance(end);
+            true
+        }
+        _ => {
+            b.clear();
+            false
+        }
     }
 }
 
