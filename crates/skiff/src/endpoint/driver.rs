@@ -29,8 +29,9 @@ const RECV_ROUNDS: usize = 8;
 /// Bytes collected for sending per wake-up (or per send of an
 /// application thread), about. Each collection is written into the send
 /// batch and then copied by the kernel out of it: a batch that stays within
-/// the CPU's cache is copied from there; at 2 MiB the kernel's copy read
-/// it back from memory (the bulk runs in `bench/RESULTS.md`).
+/// the CPU's cache is copied from there (at 2 MiB per collection the
+/// kernel's copy took about twice the time per byte: the bulk runs in
+/// `bench/RESULTS.md`).
 pub(crate) const SEND_BYTES: usize = 256 << 10;
 /// The driver thread's body.
 pub(crate) fn run(shared: Arc<Shared>) {
