@@ -423,9 +423,9 @@ pub(crate) struct Stage {
 /// The send stage's lock, taken by the sender once per small message and
 /// by the core when it moves the stage. It is released with a plain store
 /// where a `Mutex` releases with a second atomic read-modify-write (on x86
-/// a locked instruction, which waits for the message's copy into the
-/// bundle to drain: the largest item of a small message's staging). A
-/// waiter spins a little, then yields its CPU to the holder: every holder
+/// a locked instruction: with the one that takes the lock, the largest item
+/// of a small message's staging), and a waiter does not sleep in the
+/// kernel: it spins a little, then yields its CPU to the holder. Every holder
 /// keeps it for a short, bounded time (one message's copy, or one move of
 /// the stage into the association) and takes no other lock meanwhile.
 pub(crate) struct StageLock<T> {
