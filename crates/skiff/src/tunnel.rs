@@ -246,6 +246,38 @@ impl Tunnel {
             .poll_recv_many(self.key, &self.stage, cx, out, max)
     }
 
+    /// Waits for the next messages and lends up to `max` of them to `f`,
+    /// in order, one call each; returns how many (at least one), or
+    /// `Ok(0)` once the tunnel closed gracefully and every message was
+    /// read (and at once if `max` is 0); an error if it failed. The same
+    /// messages as [`Tunnel::recv_many`], for a reader that is done with
+    /// each message when `f` returns (one that parses, counts or copies
+    /// it): a small message is lent where it lies in the received packet,
+    /// with no [`Bytes`] made and dropped for it (each is a reference
+    /// count taken and given back, shared with the endpoint's driver).
+    pub async fn recv_each(
+        &self,
+        max: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<usize, TunnelError> {
+        poll_fn(|cx| self.poll_recv_each(cx, max, &mut f)).await
+    }
+
+    /// [`Tunnel::recv_each`] without waiting: `Pending` (the task woken
+    /// when messages arrive) if none is ready.
+    pub fn poll_recv_each(
+        &self,
+        cx: &mut Context<'_>,
+        max: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Poll<Result<usize, TunnelError>> {
+        if max == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        self.shared
+            .poll_recv_each(self.key, &self.stage, cx, max, &mut f)
+    }
+
     /// The next message, in order, as slices appended to `out` (they
     /// joined are the message): one, or for a message larger than a
     /// packet the pieces it arrived in, which [`Tunnel::recv`] copies into

@@ -251,6 +251,57 @@ async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_each_lends_every_message_once_in_order_then_zero_at_the_end() {
+    // Small (bundled) and large (fragmented) messages, lent in batches of
+    // varying size: the same messages as one recv each, then Ok(0).
+    for opts in ["", "mtu=65507"] {
+        let (_server, _client, s, c) = connected(opts).await;
+        const N: u64 = 30_000;
+        let len = |i: u64| {
+            if i.is_multiple_of(101) {
+                70_000
+            } else {
+                8 + (i % 90) as usize
+            }
+        };
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                c.send(numbered(i, len(i))).await.unwrap();
+            }
+            c.close().await.unwrap();
+        });
+        assert_eq!(s.recv_each(0, |_| panic!("max 0")).await.unwrap(), 0);
+        let mut next = 0u64;
+        let mut calls = 0u64;
+        loop {
+            let max = 1 + (calls as usize * 37) % 300;
+            let mut lent = 0;
+            let n = s
+                .recv_each(max, |m| {
+                    assert_eq!(m, &numbered(next, len(next))[..], "{opts}: message {next}");
+                    next += 1;
+                    lent += 1;
+                })
+                .await
+                .unwrap();
+            calls += 1;
+            assert_eq!(n, lent, "{opts}: lent what it said");
+            if n == 0 {
+                break;
+            }
+            assert!(n <= max, "{opts}: {n} messages for max {max}");
+        }
+        assert_eq!(next, N, "{opts}: every message");
+        assert_eq!(
+            s.recv_each(10, |_| panic!("after the end")).await.unwrap(),
+            0
+        );
+        assert_eq!(s.recv().await.unwrap(), None, "{opts}");
+        sender.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recv_parts_gives_each_message_in_slices_that_join_to_it() {
     // Small, packet-sized and large messages: each comes as slices whose
     // join is the message (a large one in several), in order, then None.

@@ -666,15 +666,19 @@ impl Shared {
 
     /// Stages `msg` (owned) in tunnel `key`'s send stage if it is small and
     /// there is room (see `poll_send`); else gives it back.
+    #[inline]
     pub(crate) fn stage_send(&self, key: u64, stage: &Stage, msg: Bytes) -> Result<(), Bytes> {
         let how = stage.tx.lock().offer_owned(msg)?;
-        self.staged(key, how);
+        if how != Move::Wait {
+            self.staged(key, how);
+        }
         Ok(())
     }
 
     /// After a message was staged in tunnel `key`: moves the stage now, or
     /// asks the driver to at its next wake-up (once until it does), or
     /// nothing.
+    #[inline(never)]
     fn staged(&self, key: u64, how: Move) {
         match how {
             Move::Now => {
@@ -772,6 +776,22 @@ impl Shared {
     ) -> Poll<Result<usize, TunnelError>> {
         let r = self.poll_recv_with(key, stage, cx, |rx| {
             Some(rx.pop_many(out, max)).filter(|&n| n > 0)
+        });
+        r.map(|r| r.map(Option::unwrap_or_default))
+    }
+
+    /// [`Shared::poll_recv`] lending up to `max` messages (at least one)
+    /// to `f` under one lock of the stage; `Ready(Ok(0))` at the end.
+    pub(crate) fn poll_recv_each(
+        &self,
+        key: u64,
+        stage: &Stage,
+        cx: &mut Context<'_>,
+        max: usize,
+        f: &mut impl FnMut(&[u8]),
+    ) -> Poll<Result<usize, TunnelError>> {
+        let r = self.poll_recv_with(key, stage, cx, |rx| {
+            Some(rx.pop_each(max, f)).filter(|&n| n > 0)
         });
         r.map(|r| r.map(Option::unwrap_or_default))
     }

@@ -36,7 +36,11 @@
 //! Lock order: a tunnel's `rx`, then the endpoint's core, then the
 //! tunnel's `tx`. Whoever holds `tx` takes no other lock.
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -328,6 +332,33 @@ impl RecvStage {
         n
     }
 
+    /// Up to `max` next messages, in order, each lent to `f` (as many
+    /// [`RecvStage::pop`]s, without a `Bytes` each: a message of a bundle
+    /// is lent in place, so reading it takes no reference to its buffer,
+    /// whose count the receiving driver shares); how many.
+    pub(crate) fn pop_each(&mut self, max: usize, f: &mut impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while n < max {
+            match self.msgs.front_mut() {
+                None => break,
+                Some(Inbound::Bundle(b)) => {
+                    while n < max && lend_next(b, f) {
+                        n += 1;
+                    }
+                    if b.is_empty() {
+                        self.msgs.pop_front();
+                    }
+                }
+                Some(_) => {
+                    let Some(m) = self.pop() else { break };
+                    f(&m);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// The next message as slices appended to `out`: one, or the pieces
     /// it arrived in (not joined); its length.
     pub(crate) fn pop_parts(&mut self, out: &mut Vec<Bytes>) -> Option<usize> {
@@ -357,13 +388,153 @@ impl RecvStage {
     }
 }
 
+/// Lends the next record of bundle `b` to `f` and advances past it
+/// (moving a pointer: no reference taken); whether there was one. A record
+/// that does not parse ends the bundle (the association checked it, so
+/// this does not happen), as [`bundle::split_next`] does.
+#[inline]
+fn lend_next(b: &mut Bytes, f: &mut impl FnMut(&[u8])) -> bool {
+    use bytes::Buf;
+    if b.is_empty() {
+        return false;
+    }
+    match skiff_proto::varint::get(b) {
+        Ok((len, used)) if len <= (b.len() - used) as u64 => {
+            let end = used + len as usize;
+            f(&b[used..end]);
+            b.advance(end);
+            true
+        }
+        _ => {
+            b.clear();
+            false
+        }
+    }
+}
+
 /// Both stages of one tunnel, shared by its handle and the core.
 #[derive(Debug, Default)]
 pub(crate) struct Stage {
     /// Small messages on their way into the association.
-    pub(crate) tx: Mutex<SendStage>,
+    pub(crate) tx: StageLock<SendStage>,
     /// Messages taken from the core for `recv`, oldest first.
     pub(crate) rx: Mutex<RecvStage>,
+}
+
+/// The send stage's lock, taken by the sender once per small message and
+/// by the core when it moves the stage. It is released with a plain store
+/// where a `Mutex` releases with a second atomic read-modify-write (on x86
+/// a locked instruction: with the one that takes the lock, the largest item
+/// of a small message's staging), and a waiter does not sleep in the
+/// kernel: it spins a little, then yields its CPU to the holder. Every holder
+/// keeps it for a short, bounded time (one message's copy, or one move of
+/// the stage into the association) and takes no other lock meanwhile.
+pub(crate) struct StageLock<T> {
+    held: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a `StageGuard`, and `held`
+// lets one guard exist at a time (taken with `Acquire`, released with
+// `Release`, so each holder sees the writes of the one before): threads
+// share `T` one at a time, as through a `Mutex`, for which `T: Send`
+// suffices.
+unsafe impl<T: Send> Sync for StageLock<T> {}
+
+/// Turns a waiter spins before it yields.
+const STAGE_SPINS: u32 = 100;
+
+impl<T> StageLock<T> {
+    /// Takes the lock, waiting for the holder.
+    #[inline]
+    pub(crate) fn lock(&self) -> StageGuard<'_, T> {
+        if self
+            .held
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+        StageGuard {
+            lock: self,
+            _not_send: PhantomData,
+        }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut spins = 0;
+        loop {
+            while self.held.load(Ordering::Relaxed) {
+                if spins < STAGE_SPINS {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            if self
+                .held
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+}
+
+impl<T: Default> Default for StageLock<T> {
+    fn default() -> Self {
+        StageLock {
+            held: AtomicBool::new(false),
+            value: UnsafeCell::new(T::default()),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for StageLock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageLock")
+            .field("held", &self.held.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Access to a [`StageLock`]'s value; dropping it releases the lock. It is
+/// not `Send`, as a `parking_lot` guard is not: a guard held across an
+/// `.await` in a spawned task would not compile, where it could otherwise
+/// leave another task on the same thread yielding for ever.
+pub(crate) struct StageGuard<'a, T> {
+    lock: &'a StageLock<T>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<T> Deref for StageGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock (see `StageLock`'s `Sync`), so
+        // nothing else reaches the value while the reference lives (it
+        // borrows the guard).
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for StageGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; the guard is borrowed mutably, so this is
+        // the only reference.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for StageGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.lock.held.store(false, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
@@ -400,6 +571,32 @@ mod tests {
         assert_eq!(rx.messages(), msgs.len());
         let got: Vec<Bytes> = std::iter::from_fn(|| rx.pop()).collect();
         assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn the_stage_lock_lets_one_holder_in_at_a_time() {
+        // Four threads add to a plain counter under the lock, each also
+        // checking that nobody else holds it: every addition lands.
+        let lock = std::sync::Arc::new(StageLock::<(u64, bool)>::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let lock = lock.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut g = lock.lock();
+                        assert!(!g.1, "two holders at once");
+                        g.1 = true;
+                        g.0 += 1;
+                        std::hint::spin_loop();
+                        g.1 = false;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(lock.lock().0, 80_000);
     }
 
     /// Seals one bundle of one 246-byte message (248 bytes with its
