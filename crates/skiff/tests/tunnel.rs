@@ -194,6 +194,26 @@ async fn small_and_large_sends_keep_order_and_boundaries() {
     }
 }
 
+/// The length of message `i` of a mixed series: small (bundled), and every
+/// 101st larger than a packet (fragmented).
+fn mixed_len(i: u64) -> usize {
+    if i.is_multiple_of(101) {
+        70_000
+    } else {
+        8 + (i % 90) as usize
+    }
+}
+
+/// Sends `n` numbered messages of [`mixed_len`] on `c`, then closes it.
+fn send_mixed(c: skiff::Tunnel, n: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 0..n {
+            c.send(numbered(i, mixed_len(i))).await.unwrap();
+        }
+        c.close().await.unwrap();
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
     // Small (bundled) and large (fragmented) messages, read in batches of
@@ -202,19 +222,8 @@ async fn recv_many_takes_every_message_once_in_order_then_zero_at_the_end() {
     for opts in ["", "mtu=65507"] {
         let (_server, _client, s, c) = connected(opts).await;
         const N: u64 = 30_000;
-        let len = |i: u64| {
-            if i.is_multiple_of(101) {
-                70_000
-            } else {
-                8 + (i % 90) as usize
-            }
-        };
-        let sender = tokio::spawn(async move {
-            for i in 0..N {
-                c.send(numbered(i, len(i))).await.unwrap();
-            }
-            c.close().await.unwrap();
-        });
+        let len = mixed_len;
+        let sender = send_mixed(c, N);
         let mut out = Vec::new();
         assert_eq!(s.recv_many(&mut out, 0).await.unwrap(), 0, "max 0");
         let mut next = 0u64;
@@ -257,19 +266,8 @@ async fn recv_each_lends_every_message_once_in_order_then_zero_at_the_end() {
     for opts in ["", "mtu=65507"] {
         let (_server, _client, s, c) = connected(opts).await;
         const N: u64 = 30_000;
-        let len = |i: u64| {
-            if i.is_multiple_of(101) {
-                70_000
-            } else {
-                8 + (i % 90) as usize
-            }
-        };
-        let sender = tokio::spawn(async move {
-            for i in 0..N {
-                c.send(numbered(i, len(i))).await.unwrap();
-            }
-            c.close().await.unwrap();
-        });
+        let len = mixed_len;
+        let sender = send_mixed(c, N);
         assert_eq!(s.recv_each(0, |_| panic!("max 0")).await.unwrap(), 0);
         let mut next = 0u64;
         let mut calls = 0u64;
