@@ -76,7 +76,7 @@ const SERVICE: u32 = 0x5455_4e31;
 /// are the default stalled a link for seconds.)
 const MAX_ASSOC_MTU: usize = 8192;
 /// Bytes a link's window spans (the association's `window_bytes`): 1,024
-/// packets of `MAX_ASSOC_MTU`, eight times the send buffer. A lost
+/// packets of `MAX_ASSOC_MTU`, about four times the send buffer. A lost
 /// packet is repaired about a round trip after the packets behind it are
 /// acknowledged, and on a busy link the round trip is mostly the send
 /// buffer's worth of packets queued ahead of the retransmission; the
@@ -87,15 +87,6 @@ const MAX_ASSOC_MTU: usize = 8192;
 /// what arrives above a hole, so this is also the most a link from one
 /// peer pins there; what is in flight stays bounded by the send buffer.
 const LINK_WINDOW_BYTES: usize = 8 << 20;
-/// Bytes a link's association takes from its send queue and holds until
-/// acknowledged (its `send_buffer`): what may be in flight, at most. On a
-/// link faster than its receiver, this much waits in the receiver's socket,
-/// and a retransmission waits behind it twice (once for the loss to be
-/// found, once for the repair) while delivery stops at the hole; the
-/// association's default (2 MiB) kept one subscriber's link waiting for a
-/// hole a third of its time at 1.4 % loss, 1 MiB half that. It bounds what
-/// one link moves per round trip: 1 MiB per millisecond is 1 GB/s.
-const LINK_SEND_BUFFER: usize = 1 << 20;
 /// Send queues of peers that are gone, kept for their counters, at most.
 const MAX_GONE_LINKS: usize = 1024;
 /// Most tunnels with a remote end on one node.
@@ -216,7 +207,6 @@ impl Tunnels {
             max_message: (max_payload as u64) + (64 << 10),
             idle_timeout: Duration::from_secs(15),
             window_bytes: LINK_WINDOW_BYTES,
-            send_buffer: LINK_SEND_BUFFER,
             ..AssociationConfig::default()
         };
         Tunnels {
