@@ -283,6 +283,8 @@ pub(super) struct SendState {
     /// Times new data waited on a shut window, and for how long in all.
     pub(super) window_stalls: u64,
     pub(super) window_stalled: Duration,
+    /// `rto_deadline` is the window probe's (see `window_probe_timeout`).
+    window_probing: bool,
 }
 
 /// The parts of `[a, b)` outside `done` (ascending, disjoint ranges): what a
@@ -362,6 +364,7 @@ impl SendState {
             stalled_since: None,
             window_stalls: 0,
             window_stalled: Duration::ZERO,
+            window_probing: false,
         }
     }
 
@@ -535,10 +538,19 @@ impl SendState {
             && self.open.len() + MIN_PIECE / 8 < self.budget
     }
 
-    /// Arms the retransmission timer if it should run and does not.
+    /// Arms the retransmission timer if it should run and does not: the
+    /// RTO while data is in flight, the window probe's timeout while the
+    /// peer's window is shut and nothing is in flight.
     pub(super) fn arm(&mut self, now: Instant) {
+        self.end_window_probe();
         if self.rto_deadline.is_none() && (self.unacked > 0 || self.window_blocked()) {
-            self.rto_deadline = Some(now + self.rtt.rto());
+            let wait = if self.unacked == 0 {
+                self.window_probing = true;
+                self.window_probe_timeout()
+            } else {
+                self.rtt.rto()
+            };
+            self.rto_deadline = Some(now + wait);
         }
         if self.unacked == 0 && !self.window_blocked() {
             self.rto_deadline = None;
@@ -546,6 +558,33 @@ impl SendState {
         if self.unacked == 0 {
             self.tlp_deadline = None;
         }
+    }
+
+    /// Drops the window probe's deadline once the window is open or data
+    /// is in flight: it is no retransmission timer.
+    fn end_window_probe(&mut self) {
+        if self.window_probing && (self.unacked > 0 || !self.window_blocked()) {
+            self.window_probing = false;
+            self.rto_deadline = None;
+        }
+    }
+
+    /// How long a sender whose window the peer shut, with nothing in
+    /// flight, waits before asking for the window again (a status request,
+    /// which the peer answers at once): a probe timeout, `max(2 x SRTT,
+    /// min_pto)`, doubling with each ask left unanswered by a wider window,
+    /// never beyond the RTO without backoff. The peer opens the window with
+    /// one status of its own, and a lost one would otherwise cost a whole
+    /// RTO, backoff included (200 ms at least), with the link idle.
+    fn window_probe_timeout(&self) -> Duration {
+        let rto = self.rtt.base;
+        let Some(srtt) = self.rtt.srtt() else {
+            return self.rtt.rto();
+        };
+        (2 * srtt)
+            .max(self.min_pto)
+            .saturating_mul(1 << self.rtt.backoff.min(MAX_BACKOFF))
+            .min(rto)
     }
 
     /// (Re)starts the probe timer from `now`, unless a probe is spent, no
@@ -694,6 +733,7 @@ impl SendState {
     }
 
     fn arm_tlp_after_send(&mut self, now: Instant) {
+        self.end_window_probe();
         // The RTO deadline is set below in `arm`; compare with what it
         // will be.
         if self.rto_deadline.is_none() {

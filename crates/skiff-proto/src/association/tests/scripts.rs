@@ -273,6 +273,56 @@ fn a_hole_and_a_shut_window_are_counted_until_repaired() {
 }
 
 #[test]
+fn a_lost_window_update_costs_a_probe_timeout_not_an_rto() {
+    // The receiver stops reading, its window shuts, and the sender waits
+    // with nothing in flight. When the receiver reads again it opens the
+    // window with one status, which is lost: the sender asks again after a
+    // probe timeout (2 x SRTT, 20 ms here), not after the RTO (200 ms
+    // here), which left the link idle that long at every such loss.
+    let cfg = AssociationConfig {
+        min_rto: Duration::from_millis(200),
+        ..test_config()
+    };
+    let mut p = Pair::with_config(21, Net::default(), cfg);
+    p.server_reads = false;
+    p.connect();
+    let mut sent = 0;
+    let shut = p.drive_until(Duration::from_secs(5), |p| {
+        while p.client.send(msg(sent, 1000)).is_ok() {
+            sent += 1;
+        }
+        p.client.stats().window_stalls > 0 && p.client.in_flight() == 0
+    });
+    assert!(shut, "the window shut with nothing in flight");
+    let srtt = p.client.rtt().unwrap();
+    assert!(p.client.rto() >= Duration::from_millis(200));
+    let mut lost = false;
+    p.filter = Some(Box::new(move |w| {
+        let hit = !lost && w.dir == Dir::ToClient;
+        lost |= hit;
+        hit
+    }));
+    p.server_reads = true;
+    let (t0, before) = (p.now, p.client.stats().data_packets);
+    let resumed = p.drive_until(Duration::from_secs(5), |p| {
+        p.client.stats().data_packets > before
+    });
+    assert!(resumed);
+    let took = p.now - t0;
+    assert_eq!(p.dropped, 1, "the window update was lost");
+    // The probe after 2 x SRTT, its answer a round trip later.
+    assert!(
+        took <= 3 * srtt + Duration::from_millis(2),
+        "{took:?}, SRTT {srtt:?}"
+    );
+    p.drive();
+    let got = Pair::messages(&p.server_events);
+    assert_eq!(got, (0..sent).map(|i| msg(i, 1000)).collect::<Vec<_>>());
+    let c = p.client.stats();
+    assert_eq!((c.rto_expired, c.retransmits), (0, 0), "{c:?}");
+}
+
+#[test]
 fn window_spans_at_most_window_bytes() {
     // Large datagrams: 4096 packets would pin 240 MB; `window_bytes` keeps
     // the window to 16 packets (its floor) on both sides.
