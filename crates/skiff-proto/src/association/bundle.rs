@@ -79,14 +79,23 @@ pub fn validate(b: &[u8]) -> Result<usize, WireError> {
 /// returns `None` rather than panic.
 #[inline]
 pub fn split_next(b: &mut Bytes) -> Option<Bytes> {
+    let (start, end) = next_span(b)?;
+    b.advance(start);
+    Some(b.split_to(end - start))
+}
+
+/// Where the next record's message lies in `b`: `start..end`, `end` being
+/// where the record after it begins. `None` when `b` is used up; on bytes
+/// that are not a bundle it empties `b` and returns `None` rather than
+/// panic. For a reader that lends the message in place and then advances
+/// `b` by `end` itself ([`split_next`] cuts it out as a `Bytes`).
+#[inline]
+pub fn next_span(b: &mut Bytes) -> Option<(usize, usize)> {
     if b.is_empty() {
         return None;
     }
     match varint::get(b) {
-        Ok((len, used)) if len <= (b.len() - used) as u64 => {
-            b.advance(used);
-            Some(b.split_to(len as usize))
-        }
+        Ok((len, used)) if len <= (b.len() - used) as u64 => Some((used, used + len as usize)),
         _ => {
             b.clear();
             None

@@ -389,27 +389,16 @@ impl RecvStage {
 }
 
 /// Lends the next record of bundle `b` to `f` and advances past it
-/// (moving a pointer: no reference taken); whether there was one. A record
-/// that does not parse ends the bundle (the association checked it, so
-/// this does not happen), as [`bundle::split_next`] does.
+/// (moving a pointer: no reference taken); whether there was one.
 #[inline]
 fn lend_next(b: &mut Bytes, f: &mut impl FnMut(&[u8])) -> bool {
     use bytes::Buf;
-    if b.is_empty() {
+    let Some((start, end)) = bundle::next_span(b) else {
         return false;
-    }
-    match skiff_proto::varint::get(b) {
-        Ok((len, used)) if len <= (b.len() - used) as u64 => {
-            let end = used + len as usize;
-            f(&b[used..end]);
-            b.advance(end);
-            true
-        }
-        _ => {
-            b.clear();
-            false
-        }
-    }
+    };
+    f(&b[start..end]);
+    b.advance(end);
+    true
 }
 
 /// Both stages of one tunnel, shared by its handle and the core.
