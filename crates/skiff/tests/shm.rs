@@ -17,16 +17,35 @@ use std::time::{Duration, Instant};
 
 use skiff::shm::{BufferError, Flow, Input, Output};
 
-/// A fresh ring directory per test.
+/// A fresh ring directory per test, removed when the test process exits
+/// (whatever the tests left in it; a process killed by a signal leaves it).
 fn dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
     let d = std::env::temp_dir().join(format!(
         "skiff-shm-test-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&d).unwrap();
+    DIRS.lock().unwrap().push(d.clone());
+    AT_EXIT.call_once(|| {
+        // SAFETY: `remove_dirs` is a plain function that neither unwinds
+        // (it ignores every error) nor calls `exit`.
+        unsafe { libc::atexit(remove_dirs) };
+    });
     d
+}
+
+/// The directories [`dir`] made in this process.
+static DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_dirs() {
+    if let Ok(dirs) = DIRS.lock() {
+        for d in dirs.iter() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
