@@ -147,8 +147,9 @@ impl<'a, B: AsRef<[u8]> + ?Sized> Reader<'a, B> {
         self.array(what).map(u64::from_le_bytes)
     }
 
-    /// A varint ([`crate::varint`]). The one-byte form (a value below 128,
-    /// the common case) is read inline; the long form out of line.
+    /// A varint ([`crate::varint`]). The one- and two-byte forms (values
+    /// below 16384, the common case) are read inline; longer ones out of
+    /// line, a word at a time.
     #[inline]
     pub fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
         if let Some(&b) = self.slice().get(self.pos) {
@@ -156,12 +157,24 @@ impl<'a, B: AsRef<[u8]> + ?Sized> Reader<'a, B> {
                 self.pos += 1;
                 return Ok(u64::from(b));
             }
+            // Two bytes (below 16384: lengths of a datagram's pieces, most
+            // sequence numbers' low range, delays in microseconds).
+            if let Some(&c) = self.slice().get(self.pos + 1) {
+                if c < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(b & 0x7f) | u64::from(c) << 7);
+                }
+            }
         }
         self.varint_long(what)
     }
 
     #[inline(never)]
     fn varint_long(&mut self, what: &'static str) -> Result<u64, WireError> {
+        if let Some((v, n)) = self.rest().first_chunk::<8>().and_then(varint::get_word) {
+            self.pos += n;
+            return Ok(v);
+        }
         let (v, n) = varint::get(self.rest()).map_err(|e| match e {
             WireError::Truncated { .. } => WireError::Truncated { what },
             e => e,
