@@ -836,8 +836,31 @@ impl SendState {
         st.rseq <= self.next && st.sack.ranges().iter().all(|&(_, end)| end <= self.next)
     }
 
+    /// Whether applying `st` would change nothing but the timers: it
+    /// acknowledges nothing new (its `rseq` is `una` and its ranges are the
+    /// ones applied last), opens no window, and no packet waits to be
+    /// judged by the SACK rule against the acknowledgements already seen.
+    /// A sender whose peer sends nothing back gets the same status on
+    /// every data packet.
+    fn changes_nothing(&self, st: &Status) -> bool {
+        st.rseq == self.una
+            && st.alloc <= self.peer_alloc
+            && st.sack.ranges() == self.last_sack.ranges()
+            && self
+                .unjudged
+                .front()
+                .is_none_or(|&(tx, _)| tx + DUPTHRESH > self.largest_acked_tx)
+    }
+
     /// Applies a status the caller has checked with [`SendState::valid`].
     pub(super) fn on_status(&mut self, now: Instant, st: &Status) -> AckOutcome {
+        if self.changes_nothing(st) {
+            // What the full path would do for it: no packet acknowledged,
+            // so no RTT sample, no progress and no loss; only the timers
+            // are armed.
+            self.arm(now);
+            return AckOutcome::default();
+        }
         let mut out = AckOutcome::default();
         self.peer_alloc = self.peer_alloc.max(st.alloc);
         let mut newest: Option<(u64, Instant, u32)> = None;
