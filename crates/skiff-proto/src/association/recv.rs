@@ -16,6 +16,10 @@ use bytes::Bytes;
 use super::frame::{join, Chunks, Sack, Status, MAX_SACK};
 use super::{Event, Pieces};
 
+/// Most pieces a kept reassembly list has room for (a list grown further,
+/// by a message in many small pieces, is freed).
+const SPARE_PARTS_MAX: usize = 1024;
+
 /// What became of one DATA section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum DataOutcome {
@@ -63,6 +67,9 @@ pub(super) struct RecvState {
     /// The buffer of the last reassembled message, reused once the
     /// application drops it (see `frame::join`).
     spare: Bytes,
+    /// The (empty) list of the last reassembled message's pieces, kept for
+    /// the next one so that reassembly allocates nothing per message.
+    spare_parts: Vec<Bytes>,
     /// Both ends offered bundles: a message flagged as one is checked and
     /// delivered as [`Event::Bundle`]; otherwise a bundle is a protocol
     /// violation.
@@ -100,6 +107,7 @@ impl RecvState {
             fin_done: false,
             largest: None,
             spare: Bytes::new(),
+            spare_parts: Vec::new(),
             bundles: false,
             bundles_delivered: 0,
             bundled_delivered: 0,
@@ -154,7 +162,7 @@ impl RecvState {
         now: Instant,
         seq: u64,
         close: bool,
-        chunks: Chunks,
+        chunks: &Chunks,
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<DataOutcome, &'static str> {
@@ -181,11 +189,11 @@ impl RecvState {
                 self.gap_since = Some(now);
                 self.gaps += 1;
             }
-            self.held.insert(seq, (close, chunks));
+            self.held.insert(seq, (close, chunks.clone()));
             self.add_run(seq);
             return Ok(DataOutcome::Held);
         }
-        self.process(close, &chunks, events, delivered)?;
+        self.process(close, chunks, events, delivered)?;
         self.rseq += 1;
         while let Some(e) = self.held.first_entry() {
             if *e.key() != self.rseq {
@@ -251,11 +259,20 @@ impl RecvState {
                     if c.total > self.max_message {
                         return Err("message over max_message");
                     }
+                    let mut parts = std::mem::take(&mut self.spare_parts);
+                    if parts.capacity() == 0 {
+                        // Room for the pieces the message will take if the
+                        // rest are the size of the first (one allocation
+                        // instead of one per doubling).
+                        let n = c.total.div_ceil(len.max(1)) as usize;
+                        parts.reserve(n.min(SPARE_PARTS_MAX));
+                    }
+                    parts.push(c.bytes);
                     self.partial = Some(Partial {
                         bundle: c.bundle,
                         total: c.total,
                         got: len,
-                        parts: vec![c.bytes],
+                        parts,
                     });
                 }
                 (false, end, Some(p)) => {
@@ -273,6 +290,9 @@ impl RecvState {
                             events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
                         } else {
                             let msg = join(&mut p.parts, total, &mut self.spare);
+                            if p.parts.capacity() <= SPARE_PARTS_MAX {
+                                self.spare_parts = p.parts;
+                            }
                             let e = self.message(p.bundle, msg)?;
                             events.push_back(e);
                         }
@@ -338,7 +358,7 @@ mod tests {
             let mut events = VecDeque::new();
             let mut delivered = 0;
             for seq in arrivals {
-                r.on_data(now, seq, false, Chunks::default(), &mut events, &mut delivered)
+                r.on_data(now, seq, false, &Chunks::default(), &mut events, &mut delivered)
                     .unwrap();
                 let mut want = Vec::new();
                 for &k in r.held.keys() {
