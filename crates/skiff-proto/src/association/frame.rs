@@ -142,11 +142,21 @@ pub struct Accept {
 
 /// Selective-ack ranges: up to [`MAX_SACK`] half-open `[start, end)`
 /// ranges, ascending and separated by at least one missing number.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct Sack {
     len: u8,
     ranges: [(u64, u64); MAX_SACK],
 }
+
+/// Sacks are equal when their ranges are (what lies beyond them, left by
+/// an earlier use, is no part of the value).
+impl PartialEq for Sack {
+    fn eq(&self, other: &Sack) -> bool {
+        self.ranges() == other.ranges()
+    }
+}
+
+impl Eq for Sack {}
 
 impl std::fmt::Debug for Sack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -285,6 +295,25 @@ impl Chunks {
         &self.buf[self.start..]
     }
 
+    /// The one chunk, when the decoder noted it and there is no other (the
+    /// common data packet): what [`Chunks::iter`] would yield, without the
+    /// iterator.
+    #[inline]
+    pub fn single(&self) -> Option<Chunk> {
+        let h = self.first?;
+        if h.at + h.len != self.buf.len() - self.start {
+            return None;
+        }
+        let at = self.start + h.at;
+        Some(Chunk {
+            begin: h.begin,
+            end: h.end,
+            bundle: h.bundle,
+            total: h.total,
+            bytes: self.buf.slice(at..at + h.len),
+        })
+    }
+
     /// The chunks in order. The decoder has checked them, so this yields
     /// every chunk; on chunks not from the decoder it stops at the first
     /// malformed one.
@@ -306,6 +335,7 @@ pub struct ChunkIter<'a> {
 impl Iterator for ChunkIter<'_> {
     type Item = Chunk;
 
+    #[inline]
     fn next(&mut self) -> Option<Chunk> {
         let raw = self.chunks.raw();
         if self.pos >= raw.len() {
@@ -394,52 +424,20 @@ impl Packet {
     /// made). On an error `self` holds no meaning (and no data).
     pub fn decode_into(&mut self, buf: Bytes) -> Result<(), WireError> {
         self.data = None;
-        if buf.len() < 2 || buf[0..2] != MAGIC {
-            return Err(WireError::Foreign);
+        let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+            return Err(header_error(&buf));
+        };
+        if head[0..4] != [MAGIC[0], MAGIC[1], VERSION, KIND] || buf.len() > MAX_DATAGRAM {
+            return Err(header_error(&buf));
         }
-        if buf.len() < 3 {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf[2] != VERSION {
-            return Err(WireError::Version(buf[2]));
-        }
-        if buf.len() < 4 {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf[3] != KIND {
-            return Err(WireError::Kind(buf[3]));
-        }
-        if buf.len() < HEADER_LEN {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf.len() > MAX_DATAGRAM {
-            return Err(WireError::TooLong {
-                what: "datagram",
-                len: buf.len() as u64,
-                max: MAX_DATAGRAM,
-            });
-        }
-        let flags = buf[4];
-        let key = u64::from_le_bytes(buf[5..13].try_into().expect("8 bytes"));
-        if flags & F_RESERVED != 0 {
-            return Err(WireError::Malformed("reserved packet flag set"));
+        let flags = head[4];
+        let key = u64::from_le_bytes(head[5..13].try_into().expect("8 bytes"));
+        // Every rule between flags involves one of these (a data packet
+        // has none of them).
+        if flags & (F_RESERVED | F_FIRST | F_ACCEPT | F_CLOSE) != 0 {
+            check_flags(flags, key)?;
         }
         let has = |f: u8| flags & f != 0;
-        if has(F_FIRST) && has(F_ACCEPT) {
-            return Err(WireError::Malformed("FIRST and ACCEPT together"));
-        }
-        if has(F_FIRST) && (key & RTN != 0) {
-            return Err(WireError::Malformed("FIRST with a return key"));
-        }
-        if has(F_ACCEPT) && (key & RTN == 0) {
-            return Err(WireError::Malformed("ACCEPT without a return key"));
-        }
-        if has(F_FIRST) && has(F_DATA) {
-            return Err(WireError::Malformed("FIRST with DATA"));
-        }
-        if has(F_CLOSE) && !has(F_DATA) {
-            return Err(WireError::Malformed("CLOSE without DATA"));
-        }
         let mut r = Reader::at(&buf[..], HEADER_LEN);
         self.key = key;
         self.sreq = has(F_SREQ);
@@ -498,6 +496,59 @@ impl Packet {
         }
         Ok(())
     }
+}
+
+/// Why a datagram's header is not an association packet's (the checks in
+/// the order the header is read: the first that fails names the error).
+#[cold]
+fn header_error(buf: &[u8]) -> WireError {
+    if buf.len() < 2 || buf[0..2] != MAGIC {
+        return WireError::Foreign;
+    }
+    if buf.len() < 3 {
+        return WireError::Truncated { what: "header" };
+    }
+    if buf[2] != VERSION {
+        return WireError::Version(buf[2]);
+    }
+    if buf.len() < 4 {
+        return WireError::Truncated { what: "header" };
+    }
+    if buf[3] != KIND {
+        return WireError::Kind(buf[3]);
+    }
+    if buf.len() < HEADER_LEN {
+        return WireError::Truncated { what: "header" };
+    }
+    WireError::TooLong {
+        what: "datagram",
+        len: buf.len() as u64,
+        max: MAX_DATAGRAM,
+    }
+}
+
+/// The rules between a packet's flags (and its key's RTN bit).
+fn check_flags(flags: u8, key: u64) -> Result<(), WireError> {
+    let has = |f: u8| flags & f != 0;
+    if has(F_RESERVED) {
+        return Err(WireError::Malformed("reserved packet flag set"));
+    }
+    if has(F_FIRST) && has(F_ACCEPT) {
+        return Err(WireError::Malformed("FIRST and ACCEPT together"));
+    }
+    if has(F_FIRST) && (key & RTN != 0) {
+        return Err(WireError::Malformed("FIRST with a return key"));
+    }
+    if has(F_ACCEPT) && (key & RTN == 0) {
+        return Err(WireError::Malformed("ACCEPT without a return key"));
+    }
+    if has(F_FIRST) && has(F_DATA) {
+        return Err(WireError::Malformed("FIRST with DATA"));
+    }
+    if has(F_CLOSE) && !has(F_DATA) {
+        return Err(WireError::Malformed("CLOSE without DATA"));
+    }
+    Ok(())
 }
 
 /// Writes a packet section by section, in the fixed order, straight into the
@@ -662,6 +713,7 @@ impl<B: AsRef<[u8]> + ?Sized> Reader<'_, B> {
         Ok(m)
     }
 
+    #[inline]
     fn status_into(&mut self, st: &mut Status) -> Result<(), WireError> {
         let rseq = self.varint("rseq")?;
         let alloc = rseq
@@ -704,6 +756,7 @@ impl<B: AsRef<[u8]> + ?Sized> Reader<'_, B> {
     }
 
     /// Reads and checks a chunk, stepping over its bytes.
+    #[inline(always)]
     fn chunk_head(&mut self) -> Result<ChunkHead, WireError> {
         let f = self.u8("chunk flags")?;
         if f & C_RESERVED != 0 {

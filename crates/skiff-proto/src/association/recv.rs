@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::frame::{join, Chunks, Sack, Status, MAX_SACK};
+use super::frame::{join, Chunk, Chunks, Sack, Status, MAX_SACK};
 use super::{Event, Pieces};
 
 /// Most pieces a kept reassembly list has room for (a list grown further,
@@ -157,6 +157,7 @@ impl RecvState {
     /// Takes one DATA section. In-order data are processed at once (with
     /// whatever they release from the held set), delivering whole messages
     /// to `events`. An error is a protocol violation by the peer.
+    #[inline]
     pub(super) fn on_data(
         &mut self,
         now: Instant,
@@ -233,6 +234,76 @@ impl RecvState {
         }
     }
 
+    /// Takes one piece of a message, in order.
+    #[inline(always)]
+    fn piece(
+        &mut self,
+        c: Chunk,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
+        let len = c.bytes.len() as u64;
+        if c.bundle && !self.bundles {
+            return Err("a bundle, which this end did not offer");
+        }
+        match (c.begin, c.end, self.partial.as_mut()) {
+            (true, true, None) => {
+                if len > self.max_message {
+                    return Err("message over max_message");
+                }
+                self.unread += c.bytes.len();
+                *delivered += 1;
+                let e = self.message(c.bundle, c.bytes)?;
+                events.push_back(e);
+            }
+            (true, false, None) => {
+                if c.total > self.max_message {
+                    return Err("message over max_message");
+                }
+                let mut parts = std::mem::take(&mut self.spare_parts);
+                if parts.capacity() == 0 {
+                    // Room for the pieces the message will take if the
+                    // rest are the size of the first (one allocation
+                    // instead of one per doubling).
+                    let n = c.total.div_ceil(len.max(1)) as usize;
+                    parts.reserve(n.min(SPARE_PARTS_MAX));
+                }
+                parts.push(c.bytes);
+                self.partial = Some(Partial {
+                    bundle: c.bundle,
+                    total: c.total,
+                    got: len,
+                    parts,
+                });
+            }
+            (false, end, Some(p)) => {
+                p.got += len;
+                if p.got > p.total || (end && p.got != p.total) {
+                    return Err("fragments do not add up to the message length");
+                }
+                p.parts.push(c.bytes);
+                if end {
+                    let mut p = self.partial.take().expect("matched Some");
+                    let total = p.total as usize;
+                    self.unread += total;
+                    *delivered += 1;
+                    if self.pieces && !p.bundle && p.parts.len() > 1 {
+                        events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
+                    } else {
+                        let msg = join(&mut p.parts, total, &mut self.spare);
+                        if p.parts.capacity() <= SPARE_PARTS_MAX {
+                            self.spare_parts = p.parts;
+                        }
+                        let e = self.message(p.bundle, msg)?;
+                        events.push_back(e);
+                    }
+                }
+            }
+            _ => return Err("message piece out of place"),
+        }
+        Ok(())
+    }
+
     fn process(
         &mut self,
         close: bool,
@@ -240,65 +311,12 @@ impl RecvState {
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<(), &'static str> {
-        for c in chunks.iter() {
-            let len = c.bytes.len() as u64;
-            if c.bundle && !self.bundles {
-                return Err("a bundle, which this end did not offer");
-            }
-            match (c.begin, c.end, self.partial.as_mut()) {
-                (true, true, None) => {
-                    if len > self.max_message {
-                        return Err("message over max_message");
-                    }
-                    self.unread += c.bytes.len();
-                    *delivered += 1;
-                    let e = self.message(c.bundle, c.bytes)?;
-                    events.push_back(e);
-                }
-                (true, false, None) => {
-                    if c.total > self.max_message {
-                        return Err("message over max_message");
-                    }
-                    let mut parts = std::mem::take(&mut self.spare_parts);
-                    if parts.capacity() == 0 {
-                        // Room for the pieces the message will take if the
-                        // rest are the size of the first (one allocation
-                        // instead of one per doubling).
-                        let n = c.total.div_ceil(len.max(1)) as usize;
-                        parts.reserve(n.min(SPARE_PARTS_MAX));
-                    }
-                    parts.push(c.bytes);
-                    self.partial = Some(Partial {
-                        bundle: c.bundle,
-                        total: c.total,
-                        got: len,
-                        parts,
-                    });
-                }
-                (false, end, Some(p)) => {
-                    p.got += len;
-                    if p.got > p.total || (end && p.got != p.total) {
-                        return Err("fragments do not add up to the message length");
-                    }
-                    p.parts.push(c.bytes);
-                    if end {
-                        let mut p = self.partial.take().expect("matched Some");
-                        let total = p.total as usize;
-                        self.unread += total;
-                        *delivered += 1;
-                        if self.pieces && !p.bundle && p.parts.len() > 1 {
-                            events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
-                        } else {
-                            let msg = join(&mut p.parts, total, &mut self.spare);
-                            if p.parts.capacity() <= SPARE_PARTS_MAX {
-                                self.spare_parts = p.parts;
-                            }
-                            let e = self.message(p.bundle, msg)?;
-                            events.push_back(e);
-                        }
-                    }
-                }
-                _ => return Err("message piece out of place"),
+        // Most data packets carry one piece: taken without the iterator.
+        if let Some(c) = chunks.single() {
+            self.piece(c, events, delivered)?;
+        } else {
+            for c in chunks.iter() {
+                self.piece(c, events, delivered)?;
             }
         }
         if close {
