@@ -376,8 +376,8 @@ impl Endpoint {
         }
         // By reference: a packet is a few hundred bytes, moved for nothing.
         slot.assoc.handle_packet(now, p);
-        // What the association did not take is not kept until the next
-        // datagram.
+        // What the association left (data it did not take) is not kept
+        // until the next datagram.
         p.data = None;
         if slot.noted() {
             // The common case within one wake-up: `after` would change
@@ -387,7 +387,7 @@ impl Endpoint {
         self.after(key);
     }
 
-    fn handle_first(&mut self, now: Instant, from: SocketAddr, p: Packet) {
+    fn handle_first(&mut self, now: Instant, from: SocketAddr, mut p: Packet) {
         let first = p.first.expect("checked by caller");
         if !self.listening {
             self.stats.first_not_listening += 1;
@@ -400,7 +400,7 @@ impl Endpoint {
         if let Some(&key) = self.firsts.get(&(from, p.key)) {
             self.stats.first_duplicate += 1;
             if let Some(s) = self.slots.get_mut(&key) {
-                s.assoc.handle_packet(now, &p);
+                s.assoc.handle_packet(now, &mut p);
             }
             self.after(key);
             return;

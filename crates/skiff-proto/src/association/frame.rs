@@ -60,7 +60,7 @@
 //! [`WireError`], never panics, and allocates nothing; the data it hands out
 //! are slices of the input [`Bytes`].
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::codec::Reader;
 use crate::error::WireError;
@@ -295,22 +295,27 @@ impl Chunks {
         &self.buf[self.start..]
     }
 
-    /// The one chunk, when the decoder noted it and there is no other (the
-    /// common data packet): what [`Chunks::iter`] would yield, without the
-    /// iterator.
+    /// Takes the one chunk out, when the decoder noted it and there is no
+    /// other (the common data packet), leaving no chunks: what
+    /// [`Chunks::iter`] would yield, without the iterator, and its bytes
+    /// are the datagram's own [`Bytes`] narrowed to them (no reference
+    /// count changes hands). `None`, and `self` untouched, otherwise.
     #[inline]
-    pub fn single(&self) -> Option<Chunk> {
+    pub fn take_single(&mut self) -> Option<Chunk> {
         let h = self.first?;
         if h.at + h.len != self.buf.len() - self.start {
             return None;
         }
-        let at = self.start + h.at;
+        let mut bytes = std::mem::take(&mut self.buf);
+        bytes.advance(self.start + h.at);
+        self.start = 0;
+        self.first = None;
         Some(Chunk {
             begin: h.begin,
             end: h.end,
             bundle: h.bundle,
             total: h.total,
-            bytes: self.buf.slice(at..at + h.len),
+            bytes,
         })
     }
 

@@ -589,7 +589,7 @@ impl Association {
             self.stats.wrong_source += 1;
             return;
         }
-        self.handle_packet(now, &p);
+        self.handle_packet(now, &mut p);
     }
 
     /// Counts a packet with this association's key from another address
@@ -599,7 +599,7 @@ impl Association {
     }
 
     /// Takes a decoded packet whose key and source were checked.
-    pub(crate) fn handle_packet(&mut self, now: Instant, p: &Packet) {
+    pub(crate) fn handle_packet(&mut self, now: Instant, p: &mut Packet) {
         if matches!(self.state, State::Drained) {
             self.stats.stray += 1;
             return;
@@ -684,7 +684,7 @@ impl Association {
         // The packet's acknowledgement waits for the reply (`hold`), or it
         // is a copy that needs none of its own (`copy`).
         let (mut hold, mut copy) = (false, false);
-        if let Some(d) = &p.data {
+        if let Some(d) = &mut p.data {
             let had_gap = self.recv.held() > 0;
             // A lone small request: it asks for a status while no
             // acknowledgement is pending. Its acknowledgement may wait for
@@ -701,7 +701,7 @@ impl Association {
                 now,
                 d.seq,
                 p.close,
-                &d.chunks,
+                &mut d.chunks,
                 &mut self.events,
                 &mut self.stats.messages_delivered,
             );

@@ -157,13 +157,13 @@ impl RecvState {
     /// Takes one DATA section. In-order data are processed at once (with
     /// whatever they release from the held set), delivering whole messages
     /// to `events`. An error is a protocol violation by the peer.
-    #[inline]
+    #[inline(always)]
     pub(super) fn on_data(
         &mut self,
         now: Instant,
         seq: u64,
         close: bool,
-        chunks: &Chunks,
+        chunks: &mut Chunks,
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<DataOutcome, &'static str> {
@@ -190,7 +190,7 @@ impl RecvState {
                 self.gap_since = Some(now);
                 self.gaps += 1;
             }
-            self.held.insert(seq, (close, chunks.clone()));
+            self.held.insert(seq, (close, std::mem::take(chunks)));
             self.add_run(seq);
             return Ok(DataOutcome::Held);
         }
@@ -200,8 +200,8 @@ impl RecvState {
             if *e.key() != self.rseq {
                 break;
             }
-            let (close, chunks) = e.remove();
-            self.process(close, &chunks, events, delivered)?;
+            let (close, mut chunks) = e.remove();
+            self.process_held(close, &mut chunks, events, delivered)?;
             self.rseq += 1;
         }
         // What was released was the first run, whole.
@@ -304,15 +304,29 @@ impl RecvState {
         Ok(())
     }
 
+    /// [`RecvState::process`] for a packet released from the held set (out
+    /// of line: the in-order path has its own copy inline).
+    #[inline(never)]
+    fn process_held(
+        &mut self,
+        close: bool,
+        chunks: &mut Chunks,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
+        self.process(close, chunks, events, delivered)
+    }
+
+    #[inline(always)]
     fn process(
         &mut self,
         close: bool,
-        chunks: &Chunks,
+        chunks: &mut Chunks,
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<(), &'static str> {
         // Most data packets carry one piece: taken without the iterator.
-        if let Some(c) = chunks.single() {
+        if let Some(c) = chunks.take_single() {
             self.piece(c, events, delivered)?;
         } else {
             for c in chunks.iter() {
@@ -376,7 +390,7 @@ mod tests {
             let mut events = VecDeque::new();
             let mut delivered = 0;
             for seq in arrivals {
-                r.on_data(now, seq, false, &Chunks::default(), &mut events, &mut delivered)
+                r.on_data(now, seq, false, &mut Chunks::default(), &mut events, &mut delivered)
                     .unwrap();
                 let mut want = Vec::new();
                 for &k in r.held.keys() {

@@ -398,7 +398,7 @@ proptest! {
     /// fresh decode gives, packet after packet (a status with ranges after
     /// one without, data after none), on valid and mutated input alike;
     /// and the chunks of a decoded packet, taken through the decoder's note
-    /// of the first one (`iter`, `single`), are the chunks of its encoding
+    /// of the first one (`iter`, `take_single`), are the chunks of its encoding
     /// as read without the note.
     #[test]
     fn decoding_in_place_is_decoding(
@@ -439,10 +439,17 @@ proptest! {
                 let sent: Vec<Chunk> = p.data.as_ref().unwrap().chunks.iter().collect();
                 prop_assert_eq!(&sent, &chunks);
             }
-            let single = d.chunks.single();
+            let mut taken = d.chunks.clone();
+            let single = taken.take_single();
             match &chunks[..] {
-                [one] => prop_assert_eq!(single.as_ref(), Some(one)),
-                _ => prop_assert_eq!(single, None),
+                [one] => {
+                    prop_assert_eq!(single.as_ref(), Some(one));
+                    prop_assert!(taken.is_empty());
+                }
+                _ => {
+                    prop_assert_eq!(single, None);
+                    prop_assert_eq!(&taken, &d.chunks);
+                }
             }
         }
     }
