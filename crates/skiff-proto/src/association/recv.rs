@@ -167,7 +167,7 @@ impl RecvState {
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<DataOutcome, &'static str> {
-        if seq < self.rseq || self.held.contains_key(&seq) {
+        if seq < self.rseq || (!self.held.is_empty() && self.held.contains_key(&seq)) {
             return Ok(DataOutcome::Duplicate);
         }
         if seq >= self.alloc || self.fin.is_some_and(|f| seq > f) {
@@ -196,12 +196,28 @@ impl RecvState {
         }
         self.process(close, chunks, events, delivered)?;
         self.rseq += 1;
+        // Nothing held (the common case): no run to close, no gap open.
+        if !self.held.is_empty() {
+            self.release_held(now, events, delivered)?;
+        }
+        Ok(DataOutcome::InOrder)
+    }
+
+    /// After an in-order packet: processes the held packets that now
+    /// follow in order, and closes the gap if none is left.
+    #[inline(never)]
+    fn release_held(
+        &mut self,
+        now: Instant,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
         while let Some(e) = self.held.first_entry() {
             if *e.key() != self.rseq {
                 break;
             }
             let (close, mut chunks) = e.remove();
-            self.process_held(close, &mut chunks, events, delivered)?;
+            self.process(close, &mut chunks, events, delivered)?;
             self.rseq += 1;
         }
         // What was released was the first run, whole.
@@ -216,7 +232,7 @@ impl RecvState {
                 self.gap_time += now.saturating_duration_since(since);
             }
         }
-        Ok(DataOutcome::InOrder)
+        Ok(())
     }
 
     /// Adds `seq`, just held, to the runs: it extends the run ending at
@@ -302,19 +318,6 @@ impl RecvState {
             _ => return Err("message piece out of place"),
         }
         Ok(())
-    }
-
-    /// [`RecvState::process`] for a packet released from the held set (out
-    /// of line: the in-order path has its own copy inline).
-    #[inline(never)]
-    fn process_held(
-        &mut self,
-        close: bool,
-        chunks: &mut Chunks,
-        events: &mut VecDeque<Event>,
-        delivered: &mut u64,
-    ) -> Result<(), &'static str> {
-        self.process(close, chunks, events, delivered)
     }
 
     #[inline(always)]
