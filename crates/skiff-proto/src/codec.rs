@@ -147,14 +147,31 @@ impl<'a, B: AsRef<[u8]> + ?Sized> Reader<'a, B> {
         self.array(what).map(u64::from_le_bytes)
     }
 
-    /// A varint ([`crate::varint`]). The one-byte form (a value below 128,
-    /// the common case) is read inline; the long form out of line.
-    #[inline]
+    /// A varint ([`crate::varint`]). The forms of up to three bytes (values
+    /// below 2^21, the common case) are read inline; longer ones out of
+    /// line, a word at a time.
+    #[inline(always)]
     pub fn varint(&mut self, what: &'static str) -> Result<u64, WireError> {
         if let Some(&b) = self.slice().get(self.pos) {
             if b < 0x80 {
                 self.pos += 1;
                 return Ok(u64::from(b));
+            }
+            // Two and three bytes (below 2^21: lengths of a datagram's
+            // pieces, sequence numbers, delays in microseconds).
+            if let Some(&c) = self.slice().get(self.pos + 1) {
+                if c < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(b & 0x7f) | u64::from(c) << 7);
+                }
+                if let Some(&d) = self.slice().get(self.pos + 2) {
+                    if d < 0x80 {
+                        self.pos += 3;
+                        return Ok(u64::from(b & 0x7f)
+                            | u64::from(c & 0x7f) << 7
+                            | u64::from(d) << 14);
+                    }
+                }
             }
         }
         self.varint_long(what)
@@ -162,6 +179,10 @@ impl<'a, B: AsRef<[u8]> + ?Sized> Reader<'a, B> {
 
     #[inline(never)]
     fn varint_long(&mut self, what: &'static str) -> Result<u64, WireError> {
+        if let Some((v, n)) = self.rest().first_chunk::<8>().and_then(varint::get_word) {
+            self.pos += n;
+            return Ok(v);
+        }
         let (v, n) = varint::get(self.rest()).map_err(|e| match e {
             WireError::Truncated { .. } => WireError::Truncated { what },
             e => e,
@@ -300,6 +321,40 @@ mod tests {
         assert!(r.is_empty());
         assert_eq!(r.finish(), Ok(()));
         assert_eq!(r.u8("g"), Err(WireError::Truncated { what: "g" }));
+    }
+
+    proptest::proptest! {
+        /// The reader's varint (inline up to three bytes, then a word at a
+        /// time, then byte by byte near the end) reads what
+        /// `varint::get` reads, and fails where it fails.
+        #[test]
+        fn varint_reads_what_get_reads(
+            buf in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..14),
+            v: u64,
+            shift in 0u32..64,
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..10),
+        ) {
+            let mut r = Reader::new(&buf[..]);
+            match varint::get(&buf) {
+                Ok((want, n)) => {
+                    proptest::prop_assert_eq!(r.varint("v"), Ok(want));
+                    proptest::prop_assert_eq!(r.pos(), n);
+                }
+                Err(WireError::Truncated { .. }) => {
+                    proptest::prop_assert_eq!(r.varint("v"), Err(WireError::Truncated { what: "v" }));
+                }
+                Err(e) => proptest::prop_assert_eq!(r.varint("v"), Err(e)),
+            }
+            // Every length, with and without bytes after it.
+            let v = v >> shift;
+            let mut out = Vec::new();
+            out.put_varint(v);
+            let n = out.len();
+            out.extend_from_slice(&junk);
+            let mut r = Reader::new(&out[..]);
+            proptest::prop_assert_eq!(r.varint("v"), Ok(v));
+            proptest::prop_assert_eq!(r.pos(), n);
+        }
     }
 
     #[test]

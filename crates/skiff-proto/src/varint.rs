@@ -59,6 +59,30 @@ pub fn get(buf: &[u8]) -> Result<(u64, usize), WireError> {
     }
 }
 
+/// Reads a varint of at most 8 bytes from the front of `word` (the next 8
+/// bytes of the input) without a loop: the value and its length, or `None`
+/// when no byte of `word` ends it (a longer varint, or the input's end:
+/// the caller falls back to [`get`], which gives the same answer on every
+/// input `get_word` decodes).
+#[inline]
+pub fn get_word(word: &[u8; 8]) -> Option<(u64, usize)> {
+    let x = u64::from_le_bytes(*word);
+    // A zero top bit ends the varint: the lowest such byte is its last.
+    let stops = !x & 0x8080_8080_8080_8080;
+    if stops == 0 {
+        return None;
+    }
+    let bits = stops.trailing_zeros() + 1;
+    // Keep its bytes (up to and including the stop bit) and their low 7
+    // bits, then pack the 7-bit groups together pairwise.
+    let x = if bits == 64 { x } else { x & ((1 << bits) - 1) };
+    let x = x & 0x7f7f_7f7f_7f7f_7f7f;
+    let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
+    let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
+    let x = ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff);
+    Some((x, bits as usize / 8))
+}
+
 /// Maps a signed integer to an unsigned one so that small magnitudes stay
 /// small (protobuf's zigzag).
 #[inline]
@@ -94,6 +118,25 @@ mod tests {
         #[test]
         fn never_panics(buf: Vec<u8>) {
             let _ = get(&buf);
+        }
+
+        /// The word-at-a-time read agrees with the byte loop on every
+        /// input it decodes, and declines only varints longer than 8 bytes.
+        #[test]
+        fn get_word_agrees_with_get(word: [u8; 8], v: u64, junk: [u8; 8]) {
+            match get_word(&word) {
+                Some(got) => prop_assert_eq!(Ok(got), get(&word)),
+                None => prop_assert!(word.iter().all(|&b| b >= 0x80)),
+            }
+            let mut out = Vec::new();
+            put(&mut out, v);
+            out.extend_from_slice(&junk);
+            let got = get_word(out[..8].try_into().unwrap());
+            if len(v) <= 8 {
+                prop_assert_eq!(got, Some((v, len(v))));
+            } else {
+                prop_assert_eq!(got, None);
+            }
         }
     }
 

@@ -135,6 +135,15 @@ struct Slot {
     queued: Option<Instant>,
 }
 
+impl Slot {
+    /// Whether [`Endpoint::after`] has nothing to do for it: not half-open,
+    /// already queued for transmission and for a deadline refresh, and
+    /// its activity reported (or not to be).
+    fn noted(&self) -> bool {
+        !self.half_open && self.in_ready && self.touched && (self.active || !self.handed_out)
+    }
+}
+
 /// Data packets one association may emit before the next gets a turn.
 const PER_TURN: u32 = 16;
 
@@ -170,6 +179,9 @@ pub struct Endpoint {
     touched: Vec<u64>,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     stats: ListenerStats,
+    /// Every datagram is decoded into this one packet, in place (see
+    /// [`Packet::decode_into`]).
+    packet: Packet,
 }
 
 impl Endpoint {
@@ -189,6 +201,7 @@ impl Endpoint {
             touched: Vec::new(),
             deadlines: BinaryHeap::new(),
             stats: ListenerStats::default(),
+            packet: Packet::default(),
         }
     }
 
@@ -335,14 +348,13 @@ impl Endpoint {
     /// [`KIND`](super::KIND)) and hands it to its association, accepting
     /// a new one for a FIRST.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
-        let mut p = match Packet::decode(&bytes) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.malformed += 1;
-                return;
-            }
-        };
+        let p = &mut self.packet;
+        if p.decode_into(bytes).is_err() {
+            self.stats.malformed += 1;
+            return;
+        }
         if p.first.is_some() {
+            let p = std::mem::take(p);
             return self.handle_first(now, from, p);
         }
         if p.key & RTN == 0 {
@@ -363,7 +375,15 @@ impl Endpoint {
             return;
         }
         // By reference: a packet is a few hundred bytes, moved for nothing.
-        slot.assoc.handle_packet(now, &mut p);
+        slot.assoc.handle_packet(now, p);
+        // What the association left (data it did not take) is not kept
+        // until the next datagram.
+        p.data = None;
+        if slot.noted() {
+            // The common case within one wake-up: `after` would change
+            // nothing (and look the slot up twice to find that out).
+            return;
+        }
         self.after(key);
     }
 

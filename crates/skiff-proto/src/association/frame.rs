@@ -60,7 +60,7 @@
 //! [`WireError`], never panics, and allocates nothing; the data it hands out
 //! are slices of the input [`Bytes`].
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::codec::Reader;
 use crate::error::WireError;
@@ -142,11 +142,21 @@ pub struct Accept {
 
 /// Selective-ack ranges: up to [`MAX_SACK`] half-open `[start, end)`
 /// ranges, ascending and separated by at least one missing number.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct Sack {
     len: u8,
     ranges: [(u64, u64); MAX_SACK],
 }
+
+/// Sacks are equal when their ranges are (what lies beyond them, left by
+/// an earlier use, is no part of the value).
+impl PartialEq for Sack {
+    fn eq(&self, other: &Sack) -> bool {
+        self.ranges() == other.ranges()
+    }
+}
+
+impl Eq for Sack {}
 
 impl std::fmt::Debug for Sack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -238,10 +248,27 @@ pub fn chunk_overhead(begin: bool, end: bool, total: u64, len: usize) -> usize {
 
 /// The chunks of a DATA section, validated by the decoder; iterate with
 /// [`Chunks::iter`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Chunks {
-    raw: Bytes,
+    /// The datagram (or encoding) the chunks are in, from offset `start`
+    /// to its end: the decoder keeps the datagram it was given, with no
+    /// slice made of it.
+    buf: Bytes,
+    start: usize,
+    /// The first chunk's header as the decoder read it, so that iterating
+    /// does not read it again (most data packets carry one chunk).
+    first: Option<ChunkHead>,
 }
+
+/// Chunks are equal when their encodings are (the decoder's note of the
+/// first chunk is no part of the value).
+impl PartialEq for Chunks {
+    fn eq(&self, other: &Chunks) -> bool {
+        self.raw() == other.raw()
+    }
+}
+
+impl Eq for Chunks {}
 
 impl Chunks {
     /// Encodes `chunks` (for tests and tools; the association writes chunks
@@ -251,17 +278,45 @@ impl Chunks {
         for c in chunks {
             put_chunk(&mut out, c);
         }
-        Chunks { raw: out.into() }
+        Chunks {
+            buf: out.into(),
+            start: 0,
+            first: None,
+        }
     }
 
     /// Whether there are no chunks.
     pub fn is_empty(&self) -> bool {
-        self.raw.is_empty()
+        self.raw().is_empty()
     }
 
     /// The encoded chunks.
-    pub fn raw(&self) -> &Bytes {
-        &self.raw
+    pub fn raw(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    /// Takes the one chunk out, when the decoder noted it and there is no
+    /// other (the common data packet), leaving no chunks: what
+    /// [`Chunks::iter`] would yield, without the iterator, and its bytes
+    /// are the datagram's own [`Bytes`] narrowed to them (no reference
+    /// count changes hands). `None`, and `self` untouched, otherwise.
+    #[inline]
+    pub fn take_single(&mut self) -> Option<Chunk> {
+        let h = self.first?;
+        if h.at + h.len != self.buf.len() - self.start {
+            return None;
+        }
+        let mut bytes = std::mem::take(&mut self.buf);
+        bytes.advance(self.start + h.at);
+        self.start = 0;
+        self.first = None;
+        Some(Chunk {
+            begin: h.begin,
+            end: h.end,
+            bundle: h.bundle,
+            total: h.total,
+            bytes,
+        })
     }
 
     /// The chunks in order. The decoder has checked them, so this yields
@@ -269,7 +324,7 @@ impl Chunks {
     /// malformed one.
     pub fn iter(&self) -> ChunkIter<'_> {
         ChunkIter {
-            raw: &self.raw,
+            chunks: self,
             pos: 0,
         }
     }
@@ -278,21 +333,32 @@ impl Chunks {
 /// Iterator over [`Chunks`].
 #[derive(Debug)]
 pub struct ChunkIter<'a> {
-    raw: &'a Bytes,
+    chunks: &'a Chunks,
     pos: usize,
 }
 
 impl Iterator for ChunkIter<'_> {
     type Item = Chunk;
 
+    #[inline]
     fn next(&mut self) -> Option<Chunk> {
-        if self.pos >= self.raw.len() {
+        let raw = self.chunks.raw();
+        if self.pos >= raw.len() {
             return None;
         }
-        let mut r = Reader::at(self.raw, self.pos);
-        let c = r.chunk().ok()?;
-        self.pos = r.pos();
-        Some(c)
+        let h = match self.chunks.first {
+            Some(h) if self.pos == 0 => h,
+            _ => Reader::at(raw, self.pos).chunk_head().ok()?,
+        };
+        self.pos = h.at + h.len;
+        let at = self.chunks.start + h.at;
+        Some(Chunk {
+            begin: h.begin,
+            end: h.end,
+            bundle: h.bundle,
+            total: h.total,
+            bytes: self.chunks.buf.slice(at..at + h.len),
+        })
     }
 }
 
@@ -351,62 +417,41 @@ impl Packet {
     /// Decodes one packet. Total and bounded: any input gives a packet or an
     /// error, nothing is allocated, data are slices of `buf`.
     pub fn decode(buf: &Bytes) -> Result<Packet, WireError> {
-        if buf.len() < 2 || buf[0..2] != MAGIC {
-            return Err(WireError::Foreign);
+        let mut p = Packet::default();
+        p.decode_into(buf.clone())?;
+        Ok(p)
+    }
+
+    /// Decodes one packet into `self`, as [`Packet::decode`] does, reusing
+    /// its status in place (a packet is a few hundred bytes: a driver
+    /// decodes every packet into the same one instead of moving a fresh
+    /// one around), and keeping `buf` for its data (no slice of it is
+    /// made). On an error `self` holds no meaning (and no data).
+    pub fn decode_into(&mut self, buf: Bytes) -> Result<(), WireError> {
+        self.data = None;
+        let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+            return Err(header_error(&buf));
+        };
+        if head[0..4] != [MAGIC[0], MAGIC[1], VERSION, KIND] || buf.len() > MAX_DATAGRAM {
+            return Err(header_error(&buf));
         }
-        if buf.len() < 3 {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf[2] != VERSION {
-            return Err(WireError::Version(buf[2]));
-        }
-        if buf.len() < 4 {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf[3] != KIND {
-            return Err(WireError::Kind(buf[3]));
-        }
-        if buf.len() < HEADER_LEN {
-            return Err(WireError::Truncated { what: "header" });
-        }
-        if buf.len() > MAX_DATAGRAM {
-            return Err(WireError::TooLong {
-                what: "datagram",
-                len: buf.len() as u64,
-                max: MAX_DATAGRAM,
-            });
-        }
-        let flags = buf[4];
-        let key = u64::from_le_bytes(buf[5..13].try_into().expect("8 bytes"));
-        if flags & F_RESERVED != 0 {
-            return Err(WireError::Malformed("reserved packet flag set"));
+        let flags = head[4];
+        let key = u64::from_le_bytes(head[5..13].try_into().expect("8 bytes"));
+        // Every rule between flags involves one of these (a data packet
+        // has none of them).
+        if flags & (F_RESERVED | F_FIRST | F_ACCEPT | F_CLOSE) != 0 {
+            check_flags(flags, key)?;
         }
         let has = |f: u8| flags & f != 0;
-        if has(F_FIRST) && has(F_ACCEPT) {
-            return Err(WireError::Malformed("FIRST and ACCEPT together"));
-        }
-        if has(F_FIRST) && (key & RTN != 0) {
-            return Err(WireError::Malformed("FIRST with a return key"));
-        }
-        if has(F_ACCEPT) && (key & RTN == 0) {
-            return Err(WireError::Malformed("ACCEPT without a return key"));
-        }
-        if has(F_FIRST) && has(F_DATA) {
-            return Err(WireError::Malformed("FIRST with DATA"));
-        }
-        if has(F_CLOSE) && !has(F_DATA) {
-            return Err(WireError::Malformed("CLOSE without DATA"));
-        }
-        let mut r = Reader::at(buf, HEADER_LEN);
-        let mut p = Packet {
-            key,
-            sreq: has(F_SREQ),
-            close: has(F_CLOSE),
-            reset: has(F_RESET),
-            ..Packet::default()
-        };
+        let mut r = Reader::at(&buf[..], HEADER_LEN);
+        self.key = key;
+        self.sreq = has(F_SREQ);
+        self.close = has(F_CLOSE);
+        self.reset = has(F_RESET);
+        self.first = None;
+        self.accept = None;
         if has(F_FIRST) {
-            p.first = Some(First {
+            self.first = Some(First {
                 service: r.u32("service")?,
                 mtu: r.mtu()?,
                 max_message: r.max_message()?,
@@ -417,7 +462,7 @@ impl Packet {
             if k & RTN != 0 {
                 return Err(WireError::Malformed("listener key with RTN set"));
             }
-            p.accept = Some(Accept {
+            self.accept = Some(Accept {
                 key: k,
                 mtu: r.mtu()?,
                 max_message: r.max_message()?,
@@ -426,28 +471,89 @@ impl Packet {
         if has(F_STATUS) {
             // Decoded in place: a status is a few hundred bytes, and this
             // runs for every packet.
-            r.status_into(p.status.insert(Status::default()))?;
+            r.status_into(self.status.get_or_insert_with(Status::default))?;
+        } else {
+            self.status = None;
         }
         if has(F_DATA) {
             let seq = r.varint("sequence number")?;
             let start = r.pos();
-            while r.pos() < buf.len() {
-                r.chunk()?;
-            }
-            let chunks = Chunks {
-                raw: buf.slice(start..),
+            // Checked here, sliced only where kept (`Chunks::iter`). The
+            // offsets noted are relative to the DATA's chunks.
+            let mut c = Reader::new(&buf[start..]);
+            let first = if c.is_empty() {
+                None
+            } else {
+                Some(c.chunk_head()?)
             };
-            if chunks.is_empty() && !p.close {
+            while !c.is_empty() {
+                c.chunk_head()?;
+            }
+            if first.is_none() && !self.close {
                 return Err(WireError::Malformed("DATA with no chunks and no CLOSE"));
             }
-            p.data = Some(Data { seq, chunks });
-        } else if r.pos() != buf.len() {
+            let chunks = Chunks { buf, start, first };
+            self.data = Some(Data { seq, chunks });
+        } else if !r.is_empty() {
             return Err(WireError::Malformed(
                 "trailing bytes after the last section",
             ));
         }
-        Ok(p)
+        Ok(())
     }
+}
+
+/// Why a datagram's header is not an association packet's (the checks in
+/// the order the header is read: the first that fails names the error).
+#[cold]
+fn header_error(buf: &[u8]) -> WireError {
+    if buf.len() < 2 || buf[0..2] != MAGIC {
+        return WireError::Foreign;
+    }
+    if buf.len() < 3 {
+        return WireError::Truncated { what: "header" };
+    }
+    if buf[2] != VERSION {
+        return WireError::Version(buf[2]);
+    }
+    if buf.len() < 4 {
+        return WireError::Truncated { what: "header" };
+    }
+    if buf[3] != KIND {
+        return WireError::Kind(buf[3]);
+    }
+    if buf.len() < HEADER_LEN {
+        return WireError::Truncated { what: "header" };
+    }
+    WireError::TooLong {
+        what: "datagram",
+        len: buf.len() as u64,
+        max: MAX_DATAGRAM,
+    }
+}
+
+/// The rules between a packet's flags (and its key's RTN bit).
+fn check_flags(flags: u8, key: u64) -> Result<(), WireError> {
+    let has = |f: u8| flags & f != 0;
+    if has(F_RESERVED) {
+        return Err(WireError::Malformed("reserved packet flag set"));
+    }
+    if has(F_FIRST) && has(F_ACCEPT) {
+        return Err(WireError::Malformed("FIRST and ACCEPT together"));
+    }
+    if has(F_FIRST) && (key & RTN != 0) {
+        return Err(WireError::Malformed("FIRST with a return key"));
+    }
+    if has(F_ACCEPT) && (key & RTN == 0) {
+        return Err(WireError::Malformed("ACCEPT without a return key"));
+    }
+    if has(F_FIRST) && has(F_DATA) {
+        return Err(WireError::Malformed("FIRST with DATA"));
+    }
+    if has(F_CLOSE) && !has(F_DATA) {
+        return Err(WireError::Malformed("CLOSE without DATA"));
+    }
+    Ok(())
 }
 
 /// Writes a packet section by section, in the fixed order, straight into the
@@ -578,9 +684,20 @@ fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
     out.extend_from_slice(&c.bytes);
 }
 
-/// The association sections, on the codec's cursor (chunks come out as
-/// zero-copy slices of the packet).
-impl Reader<'_, Bytes> {
+/// A chunk's header, read and checked: where its bytes lie in the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkHead {
+    begin: bool,
+    end: bool,
+    bundle: bool,
+    total: u64,
+    /// Offset of its bytes in the buffer read.
+    at: usize,
+    len: usize,
+}
+
+/// The association sections, on the codec's cursor.
+impl<B: AsRef<[u8]> + ?Sized> Reader<'_, B> {
     fn mtu(&mut self) -> Result<u32, WireError> {
         let m = self.varint("mtu")?;
         if m < MIN_MTU as u64 || m > MAX_DATAGRAM as u64 {
@@ -601,6 +718,7 @@ impl Reader<'_, Bytes> {
         Ok(m)
     }
 
+    #[inline]
     fn status_into(&mut self, st: &mut Status) -> Result<(), WireError> {
         let rseq = self.varint("rseq")?;
         let alloc = rseq
@@ -611,6 +729,8 @@ impl Reader<'_, Bytes> {
         st.rseq = rseq;
         st.alloc = alloc;
         st.ack_delay_us = ack_delay_us;
+        // `st` may be a status decoded before (see `Packet::decode_into`).
+        st.sack.truncate(0);
         if usize::from(n) > MAX_SACK {
             return Err(WireError::TooLong {
                 what: "sack ranges",
@@ -640,7 +760,9 @@ impl Reader<'_, Bytes> {
         Ok(())
     }
 
-    fn chunk(&mut self) -> Result<Chunk, WireError> {
+    /// Reads and checks a chunk, stepping over its bytes.
+    #[inline(always)]
+    fn chunk_head(&mut self) -> Result<ChunkHead, WireError> {
         let f = self.u8("chunk flags")?;
         if f & C_RESERVED != 0 {
             return Err(WireError::Malformed("reserved chunk flag set"));
@@ -676,13 +798,15 @@ impl Reader<'_, Bytes> {
                 "first fragment not shorter than its message",
             ));
         }
-        let bytes = self.shared_len(wire_len, usize::MAX, "chunk")?;
-        Ok(Chunk {
+        let at = self.pos();
+        self.take_len(wire_len, usize::MAX, "chunk")?;
+        Ok(ChunkHead {
             begin,
             end,
             bundle,
             total,
-            bytes,
+            at,
+            len,
         })
     }
 }

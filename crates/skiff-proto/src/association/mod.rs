@@ -575,13 +575,11 @@ impl Association {
     /// Takes a datagram addressed to this association (from a driver that
     /// owns it alone; an [`Endpoint`] routes its own).
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
-        let mut p = match Packet::decode(&bytes) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.malformed += 1;
-                return;
-            }
-        };
+        let mut p = Packet::default();
+        if p.decode_into(bytes).is_err() {
+            self.stats.malformed += 1;
+            return;
+        }
         let first_dup = p.first.is_some() && Some(p.key) == self.peer_key;
         if p.key != self.local_key | RTN && !first_dup {
             self.stats.wrong_key += 1;
@@ -686,7 +684,7 @@ impl Association {
         // The packet's acknowledgement waits for the reply (`hold`), or it
         // is a copy that needs none of its own (`copy`).
         let (mut hold, mut copy) = (false, false);
-        if let Some(d) = p.data.take() {
+        if let Some(d) = &mut p.data {
             let had_gap = self.recv.held() > 0;
             // A lone small request: it asks for a status while no
             // acknowledgement is pending. Its acknowledgement may wait for
@@ -703,7 +701,7 @@ impl Association {
                 now,
                 d.seq,
                 p.close,
-                d.chunks,
+                &mut d.chunks,
                 &mut self.events,
                 &mut self.stats.messages_delivered,
             );

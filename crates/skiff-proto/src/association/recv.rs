@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::frame::{join, Chunks, Sack, Status, MAX_SACK};
+use super::frame::{join, Chunk, Chunks, Sack, Status, MAX_SACK};
 use super::{Event, Pieces};
+
+/// Most pieces a kept reassembly list has room for (a list grown further,
+/// by a message in many small pieces, is freed).
+const SPARE_PARTS_MAX: usize = 1024;
 
 /// What became of one DATA section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +67,9 @@ pub(super) struct RecvState {
     /// The buffer of the last reassembled message, reused once the
     /// application drops it (see `frame::join`).
     spare: Bytes,
+    /// The (empty) list of the last reassembled message's pieces, kept for
+    /// the next one so that reassembly allocates nothing per message.
+    spare_parts: Vec<Bytes>,
     /// Both ends offered bundles: a message flagged as one is checked and
     /// delivered as [`Event::Bundle`]; otherwise a bundle is a protocol
     /// violation.
@@ -100,6 +107,7 @@ impl RecvState {
             fin_done: false,
             largest: None,
             spare: Bytes::new(),
+            spare_parts: Vec::new(),
             bundles: false,
             bundles_delivered: 0,
             bundled_delivered: 0,
@@ -149,16 +157,17 @@ impl RecvState {
     /// Takes one DATA section. In-order data are processed at once (with
     /// whatever they release from the held set), delivering whole messages
     /// to `events`. An error is a protocol violation by the peer.
+    #[inline(always)]
     pub(super) fn on_data(
         &mut self,
         now: Instant,
         seq: u64,
         close: bool,
-        chunks: Chunks,
+        chunks: &mut Chunks,
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<DataOutcome, &'static str> {
-        if seq < self.rseq || self.held.contains_key(&seq) {
+        if seq < self.rseq || (!self.held.is_empty() && self.held.contains_key(&seq)) {
             return Ok(DataOutcome::Duplicate);
         }
         if seq >= self.alloc || self.fin.is_some_and(|f| seq > f) {
@@ -181,18 +190,34 @@ impl RecvState {
                 self.gap_since = Some(now);
                 self.gaps += 1;
             }
-            self.held.insert(seq, (close, chunks));
+            self.held.insert(seq, (close, std::mem::take(chunks)));
             self.add_run(seq);
             return Ok(DataOutcome::Held);
         }
-        self.process(close, &chunks, events, delivered)?;
+        self.process(close, chunks, events, delivered)?;
         self.rseq += 1;
+        // Nothing held (the common case): no run to close, no gap open.
+        if !self.held.is_empty() {
+            self.release_held(now, events, delivered)?;
+        }
+        Ok(DataOutcome::InOrder)
+    }
+
+    /// After an in-order packet: processes the held packets that now
+    /// follow in order, and closes the gap if none is left.
+    #[inline(never)]
+    fn release_held(
+        &mut self,
+        now: Instant,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
         while let Some(e) = self.held.first_entry() {
             if *e.key() != self.rseq {
                 break;
             }
-            let (close, chunks) = e.remove();
-            self.process(close, &chunks, events, delivered)?;
+            let (close, mut chunks) = e.remove();
+            self.process(close, &mut chunks, events, delivered)?;
             self.rseq += 1;
         }
         // What was released was the first run, whole.
@@ -207,7 +232,7 @@ impl RecvState {
                 self.gap_time += now.saturating_duration_since(since);
             }
         }
-        Ok(DataOutcome::InOrder)
+        Ok(())
     }
 
     /// Adds `seq`, just held, to the runs: it extends the run ending at
@@ -225,60 +250,90 @@ impl RecvState {
         }
     }
 
-    fn process(
+    /// Takes one piece of a message, in order.
+    #[inline(always)]
+    fn piece(
         &mut self,
-        close: bool,
-        chunks: &Chunks,
+        c: Chunk,
         events: &mut VecDeque<Event>,
         delivered: &mut u64,
     ) -> Result<(), &'static str> {
-        for c in chunks.iter() {
-            let len = c.bytes.len() as u64;
-            if c.bundle && !self.bundles {
-                return Err("a bundle, which this end did not offer");
+        let len = c.bytes.len() as u64;
+        if c.bundle && !self.bundles {
+            return Err("a bundle, which this end did not offer");
+        }
+        match (c.begin, c.end, self.partial.as_mut()) {
+            (true, true, None) => {
+                if len > self.max_message {
+                    return Err("message over max_message");
+                }
+                self.unread += c.bytes.len();
+                *delivered += 1;
+                let e = self.message(c.bundle, c.bytes)?;
+                events.push_back(e);
             }
-            match (c.begin, c.end, self.partial.as_mut()) {
-                (true, true, None) => {
-                    if len > self.max_message {
-                        return Err("message over max_message");
-                    }
-                    self.unread += c.bytes.len();
+            (true, false, None) => {
+                if c.total > self.max_message {
+                    return Err("message over max_message");
+                }
+                let mut parts = std::mem::take(&mut self.spare_parts);
+                if parts.capacity() == 0 {
+                    // Room for the pieces the message will take if the
+                    // rest are the size of the first (one allocation
+                    // instead of one per doubling).
+                    let n = c.total.div_ceil(len.max(1)) as usize;
+                    parts.reserve(n.min(SPARE_PARTS_MAX));
+                }
+                parts.push(c.bytes);
+                self.partial = Some(Partial {
+                    bundle: c.bundle,
+                    total: c.total,
+                    got: len,
+                    parts,
+                });
+            }
+            (false, end, Some(p)) => {
+                p.got += len;
+                if p.got > p.total || (end && p.got != p.total) {
+                    return Err("fragments do not add up to the message length");
+                }
+                p.parts.push(c.bytes);
+                if end {
+                    let mut p = self.partial.take().expect("matched Some");
+                    let total = p.total as usize;
+                    self.unread += total;
                     *delivered += 1;
-                    let e = self.message(c.bundle, c.bytes)?;
-                    events.push_back(e);
-                }
-                (true, false, None) => {
-                    if c.total > self.max_message {
-                        return Err("message over max_message");
-                    }
-                    self.partial = Some(Partial {
-                        bundle: c.bundle,
-                        total: c.total,
-                        got: len,
-                        parts: vec![c.bytes],
-                    });
-                }
-                (false, end, Some(p)) => {
-                    p.got += len;
-                    if p.got > p.total || (end && p.got != p.total) {
-                        return Err("fragments do not add up to the message length");
-                    }
-                    p.parts.push(c.bytes);
-                    if end {
-                        let mut p = self.partial.take().expect("matched Some");
-                        let total = p.total as usize;
-                        self.unread += total;
-                        *delivered += 1;
-                        if self.pieces && !p.bundle && p.parts.len() > 1 {
-                            events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
-                        } else {
-                            let msg = join(&mut p.parts, total, &mut self.spare);
-                            let e = self.message(p.bundle, msg)?;
-                            events.push_back(e);
+                    if self.pieces && !p.bundle && p.parts.len() > 1 {
+                        events.push_back(Event::Pieces(Pieces::new(p.parts, total)));
+                    } else {
+                        let msg = join(&mut p.parts, total, &mut self.spare);
+                        if p.parts.capacity() <= SPARE_PARTS_MAX {
+                            self.spare_parts = p.parts;
                         }
+                        let e = self.message(p.bundle, msg)?;
+                        events.push_back(e);
                     }
                 }
-                _ => return Err("message piece out of place"),
+            }
+            _ => return Err("message piece out of place"),
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn process(
+        &mut self,
+        close: bool,
+        chunks: &mut Chunks,
+        events: &mut VecDeque<Event>,
+        delivered: &mut u64,
+    ) -> Result<(), &'static str> {
+        // Most data packets carry one piece: taken without the iterator.
+        if let Some(c) = chunks.take_single() {
+            self.piece(c, events, delivered)?;
+        } else {
+            for c in chunks.iter() {
+                self.piece(c, events, delivered)?;
             }
         }
         if close {
@@ -338,7 +393,7 @@ mod tests {
             let mut events = VecDeque::new();
             let mut delivered = 0;
             for seq in arrivals {
-                r.on_data(now, seq, false, Chunks::default(), &mut events, &mut delivered)
+                r.on_data(now, seq, false, &mut Chunks::default(), &mut events, &mut delivered)
                     .unwrap();
                 let mut want = Vec::new();
                 for &k in r.held.keys() {

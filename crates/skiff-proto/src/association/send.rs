@@ -836,8 +836,39 @@ impl SendState {
         st.rseq <= self.next && st.sack.ranges().iter().all(|&(_, end)| end <= self.next)
     }
 
+    /// Whether applying `st` would change nothing but the timers: it
+    /// acknowledges nothing new (its `rseq` is `una` and its ranges are the
+    /// ones applied last), opens no window, and no packet waits to be
+    /// judged by the SACK rule against the acknowledgements already seen.
+    /// A sender whose peer sends nothing back gets the same status on
+    /// every data packet.
+    #[inline]
+    fn changes_nothing(&self, st: &Status) -> bool {
+        st.rseq == self.una
+            && st.alloc <= self.peer_alloc
+            && st.sack.ranges() == self.last_sack.ranges()
+            && self
+                .unjudged
+                .front()
+                .is_none_or(|&(tx, _)| tx + DUPTHRESH > self.largest_acked_tx)
+    }
+
     /// Applies a status the caller has checked with [`SendState::valid`].
+    #[inline]
     pub(super) fn on_status(&mut self, now: Instant, st: &Status) -> AckOutcome {
+        if self.changes_nothing(st) {
+            // What `apply_status` would do with it: no packet acknowledged,
+            // so no RTT sample, no progress and no loss; only the timers
+            // are armed.
+            self.arm(now);
+            return AckOutcome::default();
+        }
+        self.apply_status(now, st)
+    }
+
+    /// [`SendState::on_status`] in full.
+    #[inline(never)]
+    fn apply_status(&mut self, now: Instant, st: &Status) -> AckOutcome {
         let mut out = AckOutcome::default();
         self.peer_alloc = self.peer_alloc.max(st.alloc);
         let mut newest: Option<(u64, Instant, u32)> = None;
@@ -1001,6 +1032,103 @@ mod tests {
         let mut s = SendState::new(64, 1 << 20, Duration::ZERO, Duration::ZERO, rtt);
         s.peer_alloc = 64;
         s
+    }
+
+    proptest::proptest! {
+        /// `on_status`, which only arms the timers for a status that
+        /// changes nothing, leaves the sender exactly as applying the
+        /// status in full does, whatever was sent, lost, retransmitted and
+        /// acknowledged before; repeated statuses (the case it is for) come
+        /// often.
+        #[test]
+        fn a_status_that_changes_nothing_is_applied_as_in_full(
+            steps in proptest::collection::vec(
+                (0u8..4, proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()),
+                1..120,
+            ),
+        ) {
+            let start = Instant::now();
+            let (mut fast, mut full) = (sender(), sender());
+            let mut last: Option<Status> = None;
+            for (i, (op, x, y)) in steps.into_iter().enumerate() {
+                let now = start + Duration::from_millis(i as u64);
+                let st = match op {
+                    0 => {
+                        for s in [&mut fast, &mut full] {
+                            s.push(Bytes::from(vec![1u8; 1 + (x % 300) as usize]));
+                            while s.next_packet(now, 200, 4).is_some() {}
+                        }
+                        continue;
+                    }
+                    1 => {
+                        for s in [&mut fast, &mut full] {
+                            s.on_rto(now);
+                            while s.next_packet(now, 200, 4).is_some() {}
+                        }
+                        continue;
+                    }
+                    2 if last.is_some() => last.unwrap(),
+                    _ => {
+                        // A status the receiver could send: everything
+                        // below `rseq`, some ranges above it.
+                        let (una, next) = (full.una, full.next);
+                        let rseq = una + x % (next - una + 1);
+                        let mut st = Status {
+                            rseq,
+                            alloc: full.peer_alloc + y % 3,
+                            ack_delay_us: y % 500,
+                            sack: Sack::default(),
+                        };
+                        let mut at = rseq + 1 + (y >> 8) % 3;
+                        for k in 0..(x >> 8) % 4 {
+                            let end = at + 1 + ((y >> (16 + k)) % 3);
+                            if end > next {
+                                break;
+                            }
+                            st.sack.push(at, end);
+                            at = end + 1 + ((x >> (24 + k)) % 2);
+                        }
+                        st
+                    }
+                };
+                last = Some(st);
+                if !full.valid(&st) {
+                    continue;
+                }
+                let a = fast.on_status(now, &st);
+                let b = full.apply_status(now, &st);
+                proptest::prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                proptest::prop_assert_eq!(format!("{fast:?}"), format!("{full:?}"));
+            }
+        }
+    }
+
+    /// The status a bulk sender's peer repeats on every packet (nothing
+    /// new acknowledged) is the one taken without applying it; a status
+    /// acknowledging more, or a new range, or a wider window, is not.
+    #[test]
+    fn a_repeated_status_changes_nothing() {
+        let now = Instant::now();
+        let mut s = sender();
+        for _ in 0..4 {
+            s.push(Bytes::from(vec![1u8; 50]));
+        }
+        while s.next_packet(now, 100, 8).is_some() {}
+        let mut st = Status {
+            rseq: 1,
+            alloc: 64,
+            ack_delay_us: 7,
+            sack: Sack::default(),
+        };
+        st.sack.push(2, 3);
+        assert!(!s.changes_nothing(&st));
+        s.on_status(now, &st);
+        assert!(s.changes_nothing(&st));
+        assert!(!s.changes_nothing(&Status { alloc: 65, ..st }));
+        assert!(!s.changes_nothing(&Status { rseq: 2, ..st }));
+        let mut more = st;
+        more.sack.push(4, 5);
+        assert!(!s.changes_nothing(&more));
     }
 
     #[test]

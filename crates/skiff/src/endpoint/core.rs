@@ -687,6 +687,7 @@ impl Core {
         self.frames_in = frames;
     }
 
+    #[inline(always)]
     fn handle_frame(&mut self, now: Instant, from: SocketAddr, f: Bytes) {
         match f[3] {
             association::KIND => self.assoc_io.input(&mut self.assocs, now, from, f),

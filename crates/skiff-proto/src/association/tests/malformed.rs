@@ -394,6 +394,66 @@ proptest! {
         let _ = dec(&v);
     }
 
+    /// Decoding into one reused packet, as the endpoint does, gives what a
+    /// fresh decode gives, packet after packet (a status with ranges after
+    /// one without, data after none), on valid and mutated input alike;
+    /// and the chunks of a decoded packet, taken through the decoder's note
+    /// of the first one (`iter`, `take_single`), are the chunks of its encoding
+    /// as read without the note.
+    #[test]
+    fn decoding_in_place_is_decoding(
+        ps in proptest::collection::vec(
+            (arb_packet(), any::<usize>(), any::<u8>(), any::<bool>()),
+            1..8,
+        ),
+    ) {
+        let mut reused = Packet::default();
+        for (p, at, byte, mutate) in ps {
+            let mut b = enc(&p);
+            if mutate {
+                let i = at % b.len();
+                b[i] = byte;
+            }
+            let b = Bytes::from(b);
+            let fresh = Packet::decode(&b);
+            let got = reused.decode_into(b.clone());
+            let q = match fresh {
+                Ok(q) => q,
+                Err(e) => {
+                    prop_assert_eq!(got, Err(e));
+                    prop_assert!(reused.data.is_none());
+                    continue;
+                }
+            };
+            prop_assert_eq!(got, Ok(()));
+            prop_assert_eq!(&reused, &q);
+            if !mutate {
+                prop_assert_eq!(&reused, &p);
+            }
+            let Some(d) = &reused.data else { continue };
+            let chunks: Vec<Chunk> = d.chunks.iter().collect();
+            let plain = Chunks::from_chunks(&chunks);
+            prop_assert_eq!(plain.raw(), d.chunks.raw());
+            prop_assert_eq!(&plain.iter().collect::<Vec<_>>(), &chunks);
+            if !mutate {
+                let sent: Vec<Chunk> = p.data.as_ref().unwrap().chunks.iter().collect();
+                prop_assert_eq!(&sent, &chunks);
+            }
+            let mut taken = d.chunks.clone();
+            let single = taken.take_single();
+            match &chunks[..] {
+                [one] => {
+                    prop_assert_eq!(single.as_ref(), Some(one));
+                    prop_assert!(taken.is_empty());
+                }
+                _ => {
+                    prop_assert_eq!(single, None);
+                    prop_assert_eq!(&taken, &d.chunks);
+                }
+            }
+        }
+    }
+
     #[test]
     fn mutated_packets_never_panic(p in arb_packet(), at in any::<usize>(), byte in any::<u8>(), cut in any::<usize>()) {
         let mut b = enc(&p);
@@ -402,5 +462,37 @@ proptest! {
         let _ = dec(&b);
         b.truncate(cut % (b.len() + 1));
         let _ = dec(&b);
+    }
+}
+
+/// A bad header is named by the first check that fails, in the order the
+/// header is read (the decoder checks a good header in one go).
+#[test]
+fn header_errors_in_reading_order() {
+    let mut long = vec![0u8; crate::wire::MAX_DATAGRAM + 1];
+    long[..4].copy_from_slice(b"SK\x01\x02");
+    let cases: [(&[u8], WireError); 9] = [
+        (b"", WireError::Foreign),
+        (b"S", WireError::Foreign),
+        (b"SX\x01\x02", WireError::Foreign),
+        (b"SK", WireError::Truncated { what: "header" }),
+        (b"SK\x09\x02", WireError::Version(9)),
+        (b"SK\x01", WireError::Truncated { what: "header" }),
+        (b"SK\x01\x05\x00", WireError::Kind(5)),
+        (
+            b"SK\x01\x02\x00\x00",
+            WireError::Truncated { what: "header" },
+        ),
+        (
+            &long,
+            WireError::TooLong {
+                what: "datagram",
+                len: long.len() as u64,
+                max: crate::wire::MAX_DATAGRAM,
+            },
+        ),
+    ];
+    for (b, want) in cases {
+        assert_eq!(dec(b), Err(want), "{b:?}");
     }
 }
