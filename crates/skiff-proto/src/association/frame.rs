@@ -462,11 +462,13 @@ impl<'a> Encoder<'a> {
     /// Starts a packet with `key` at the end of `out`.
     pub fn new(out: &'a mut Vec<u8>, key: u64) -> Encoder<'a> {
         let at = out.len();
-        out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
-        out.push(KIND);
-        out.push(0);
-        out.extend_from_slice(&key.to_le_bytes());
+        // One copy of the whole header (and one capacity check).
+        let mut h = [0u8; HEADER_LEN];
+        h[0..2].copy_from_slice(&MAGIC);
+        h[2] = VERSION;
+        h[3] = KIND;
+        h[5..13].copy_from_slice(&key.to_le_bytes());
+        out.extend_from_slice(&h);
         Encoder { out, at }
     }
 

@@ -139,7 +139,7 @@ impl Rtt {
 /// One packet sent and not yet acknowledged cumulatively.
 #[derive(Debug)]
 struct Sent {
-    chunks: Vec<Chunk>,
+    chunks: PacketChunks,
     close: bool,
     /// Payload bytes, released from the send buffer when acknowledged.
     bytes: usize,
@@ -162,14 +162,74 @@ impl Sent {
     }
 }
 
-/// Keeps the chunk list of an acknowledged packet, emptied (its payload
-/// references dropped), for a later packet, unless enough are kept or it
-/// grew large.
-fn recycle(spare: &mut Vec<Vec<Chunk>>, mut chunks: Vec<Chunk>) {
-    if spare.len() < SPARE_CHUNK_LISTS && chunks.capacity() <= SPARE_CHUNK_CAPACITY {
-        chunks.clear();
-        if chunks.capacity() > 0 {
-            spare.push(chunks);
+/// The chunks of one packet: the first inline, the others in a list
+/// taken (from the spare lists) only for a packet of two or more. A bulk
+/// transfer's packets carry one chunk each, so recording one in flight
+/// allocates nothing.
+#[derive(Debug, Default)]
+struct PacketChunks {
+    first: Option<Chunk>,
+    rest: Vec<Chunk>,
+}
+
+impl PacketChunks {
+    /// Appends `c`; a list for the chunks after the first comes from
+    /// `spare` when one is kept.
+    fn push(&mut self, c: Chunk, spare: &mut Vec<Vec<Chunk>>) {
+        if self.first.is_none() {
+            self.first = Some(c);
+            return;
+        }
+        if self.rest.capacity() == 0 {
+            if let Some(list) = spare.pop() {
+                self.rest = list;
+            }
+        }
+        self.rest.push(c);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Chunk> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    #[cfg(test)]
+    fn get(&self, i: usize) -> Option<&Chunk> {
+        self.iter().nth(i)
+    }
+
+    #[cfg(test)]
+    fn last(&self) -> Option<&Chunk> {
+        self.rest.last().or(self.first.as_ref())
+    }
+}
+
+#[cfg(test)]
+impl std::ops::Index<usize> for PacketChunks {
+    type Output = Chunk;
+
+    fn index(&self, i: usize) -> &Chunk {
+        self.get(i).expect("chunk index in range")
+    }
+}
+
+/// Drops the chunks of an acknowledged packet (its payload references)
+/// and keeps their list, if one was taken, emptied for a later packet,
+/// unless enough are kept or it grew large.
+fn recycle(spare: &mut Vec<Vec<Chunk>>, chunks: PacketChunks) {
+    let mut list = chunks.rest;
+    if spare.len() < SPARE_CHUNK_LISTS && list.capacity() <= SPARE_CHUNK_CAPACITY {
+        list.clear();
+        if list.capacity() > 0 {
+            spare.push(list);
         }
     }
 }
@@ -743,8 +803,8 @@ impl SendState {
     }
 
     /// Takes chunks from the queue for one packet.
-    fn fill(&mut self, mut budget: usize) -> (Vec<Chunk>, usize) {
-        let mut chunks = self.spare_chunks.pop().unwrap_or_default();
+    fn fill(&mut self, mut budget: usize) -> (PacketChunks, usize) {
+        let mut chunks = PacketChunks::default();
         let mut bytes = 0;
         loop {
             if self.queue.is_empty() && !self.open.is_empty() {
@@ -802,7 +862,7 @@ impl SendState {
             budget -= c.encoded_len();
             bytes += n;
             self.unsent -= n;
-            chunks.push(c);
+            chunks.push(c, &mut self.spare_chunks);
             if whole_part {
                 if !moved {
                     self.queue.pop_front();
@@ -825,7 +885,7 @@ impl SendState {
     pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>) {
         let p = &self.inflight[(seq - self.una) as usize];
         e.data(seq);
-        for c in &p.chunks {
+        for c in p.chunks.iter() {
             e.chunk(c);
         }
         e.close(p.close);
