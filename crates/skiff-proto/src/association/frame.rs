@@ -507,8 +507,7 @@ impl<'a> Encoder<'a> {
 
     /// Adds a STATUS section of at most `room` bytes (at least
     /// [`STATUS_MIN_LEN`]), dropping the highest ranges that do not fit.
-    /// Returns whether every range fit.
-    pub fn status(&mut self, s: &Status, room: usize) -> bool {
+    pub fn status(&mut self, s: &Status, room: usize) {
         debug_assert!(self.flags() & 0x08 == 0, "section order");
         debug_assert!(s.alloc >= s.rseq);
         self.flag(F_STATUS, true);
@@ -532,7 +531,6 @@ impl<'a> Encoder<'a> {
             n += 1;
         }
         self.out[count_at] = n;
-        usize::from(n) == s.sack.ranges().len()
     }
 
     /// Starts the DATA section with sequence number `seq`; add chunks next.

@@ -95,9 +95,7 @@ pub use event::{
 };
 pub use frame::{is_association, peek_key, KIND};
 
-use frame::{
-    Accept, Encoder, First, Packet, Status, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN,
-};
+use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
 use recv::{DataOutcome, RecvState};
 use send::{Rtt, SendState, Tx};
 
@@ -105,8 +103,6 @@ use send::{Rtt, SendState, Tx};
 /// status from the peer that lacks it sends it again (see
 /// `Association::handle_packet`).
 const SENTINEL_RESEND_AGE: Duration = Duration::from_millis(50);
-/// Most data packets in a row without a status (see `status_due`).
-const STATUS_EVERY: u32 = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -162,13 +158,6 @@ pub struct Association {
     linger_until: Option<Instant>,
     /// Status requests sent for the peer's sentinel (see `fin_wait`).
     fin_probes: u32,
-    /// The last status sent, if it went whole (every selective range in
-    /// it), and when: a data packet carries a status only when it says
-    /// something new (see `status_due`).
-    status_sent: Option<Status>,
-    status_sent_at: Instant,
-    /// Data packets sent without a status since the last one with.
-    status_skipped: u32,
 }
 
 impl Association {
@@ -293,9 +282,6 @@ impl Association {
             close_reason: None,
             linger_until: None,
             fin_probes: 0,
-            status_sent: None,
-            status_sent_at: now,
-            status_skipped: 0,
         }
     }
 
@@ -1085,19 +1071,12 @@ impl Association {
                 if data.is_none() && !control {
                     return None;
                 }
+                let status = self.recv.status(now);
                 let mut e = Encoder::new(buf, key);
                 match data {
                     Some((seq, sreq, tx)) => {
-                        // A retransmission, a copy, the last packet of a
-                        // burst (it asks for a status) and the sentinel
-                        // always carry one.
-                        let key_packet = tx != Tx::New || sreq || self.send.sentinel == Some(seq);
-                        if control || key_packet || self.status_due(now) {
-                            let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
-                            self.put_status(now, &mut e, room);
-                        } else {
-                            self.status_skipped += 1;
-                        }
+                        let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
+                        e.status(&status, room);
                         self.send.encode(seq, &mut e);
                         e.sreq(sreq || self.ping_due);
                         match tx {
@@ -1116,7 +1095,7 @@ impl Association {
                         }
                     }
                     None => {
-                        self.put_status(now, &mut e, self.mtu - HEADER_LEN);
+                        e.status(&status, self.mtu - HEADER_LEN);
                         if self.ping_due {
                             e.sreq(true);
                             self.stats.probes += 1;
@@ -1130,33 +1109,6 @@ impl Association {
                 Some(self.sent(now, buf))
             }
         }
-    }
-
-    /// Whether a new data packet in the middle of a burst carries a
-    /// status (the others always do: retransmissions, copies, the sentinel
-    /// and the last packet of a burst, which asks for a status): when an
-    /// acknowledgement is pending (`ack_at`, which the packet then carries)
-    /// or the status says something the last one sent did not, and
-    /// otherwise on the first packet of each round of transmission (each
-    /// `now`) and on every `STATUS_EVERY`th packet, so that a status lost
-    /// with its packet is repeated soon. A bulk sender's own status (it
-    /// receives no data) then goes twice per round instead of in every
-    /// packet.
-    fn status_due(&self, now: Instant) -> bool {
-        self.ack_at.is_some()
-            || now != self.status_sent_at
-            || self.status_skipped + 1 >= STATUS_EVERY
-            || !self.status_sent.as_ref().is_some_and(|s| self.recv.says(s))
-    }
-
-    /// Writes the status into `e`, in at most `room` bytes, and notes it
-    /// as the last sent.
-    fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
-        let status = self.recv.status(now);
-        let whole = e.status(&status, room);
-        self.status_sent = whole.then_some(status);
-        self.status_sent_at = now;
-        self.status_skipped = 0;
     }
 
     fn sent(&mut self, now: Instant, buf: &[u8]) -> Transmit {
