@@ -1056,7 +1056,6 @@ impl Association {
             }
             State::Established | State::Closing | State::Closed => {
                 let key = self.out_key().expect("set up");
-                self.send.arm(now);
                 if self.send.unacked() == 0 {
                     self.last_progress = now;
                 }
@@ -1066,6 +1065,10 @@ impl Association {
                     let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;
                     self.send.next_packet(now, budget, self.config.sreq_every)
                 };
+                // A packet sent or sent again arms the timers itself.
+                if !matches!(data, Some((_, _, Tx::New | Tx::Again))) {
+                    self.send.arm(now);
+                }
                 let control =
                     self.ack_now || self.ping_due || self.ack_at.is_some_and(|t| now >= t);
                 if data.is_none() && !control {

@@ -234,6 +234,16 @@ fn recycle(spare: &mut Vec<Vec<Chunk>>, chunks: PacketChunks) {
     }
 }
 
+/// Everything the probe timer of a packet just sent depends on (with
+/// `min_pto` and `ack_delay`, which do not change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TlpInputs {
+    now: Instant,
+    asked: bool,
+    rto: Option<Instant>,
+    srtt: Option<Duration>,
+}
+
 /// What kind of transmission [`SendState::next_packet`] chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Tx {
@@ -323,6 +333,9 @@ pub(super) struct SendState {
     pub(super) tlp_deadline: Option<Instant>,
     /// A probe was sent and nothing was acknowledged since.
     tlp_spent: bool,
+    /// What `arm_tlp_after_send` last computed the probe timer from, and
+    /// the deadline it set (see there).
+    tlp_memo: Option<(TlpInputs, Option<Instant>)>,
     /// The newest data packet sent asked for a status (the receiver
     /// answers it without delay).
     newest_asked: bool,
@@ -414,6 +427,7 @@ impl SendState {
             rto_deadline: None,
             tlp_deadline: None,
             tlp_spent: false,
+            tlp_memo: None,
             newest_asked: true,
             copy_due: None,
             budget: 0,
@@ -787,19 +801,35 @@ impl SendState {
         if sreq && self.unacked == 1 && bytes <= COPY_MAX {
             self.copy_due = Some(seq);
         }
+        // With a packet in flight and the RTO armed, `arm` has nothing
+        // left to do.
         self.arm_tlp_after_send(now);
-        self.arm(now);
         Some((seq, sreq, Tx::New))
     }
 
+    /// Arms the RTO if it is not, ends a window probe, and (re)starts the
+    /// probe timer for a packet just sent, unless the packet before it,
+    /// sent at the same instant with the same timers, already left the
+    /// timer where this one would (the packets of a burst share `now`).
     fn arm_tlp_after_send(&mut self, now: Instant) {
         self.end_window_probe();
-        // The RTO deadline is set below in `arm`; compare with what it
-        // will be.
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }
+        let inputs = TlpInputs {
+            now,
+            asked: self.newest_asked,
+            rto: self.rto_deadline,
+            srtt: self.rtt.srtt(),
+        };
+        if self.tlp_deadline.is_some()
+            && !self.tlp_spent
+            && self.tlp_memo == Some((inputs, self.tlp_deadline))
+        {
+            return;
+        }
         self.arm_tlp(now);
+        self.tlp_memo = Some((inputs, self.tlp_deadline));
     }
 
     /// Takes chunks from the queue for one packet.
@@ -1061,6 +1091,47 @@ mod tests {
         let mut s = SendState::new(64, 1 << 20, Duration::ZERO, Duration::ZERO, rtt);
         s.peer_alloc = 64;
         s
+    }
+
+    #[test]
+    fn the_probe_timer_of_a_burst_is_what_arming_afresh_gives() {
+        // The packets of a burst, sent at one instant, skip recomputing the
+        // probe timer when nothing it depends on changed: after every
+        // packet it must be where a fresh computation puts it, also when
+        // an acknowledgement (a new RTT sample) or an asking packet
+        // (no ack delay) comes between.
+        let t0 = Instant::now();
+        let mut s = sender();
+        s.ack_delay = Duration::from_millis(3);
+        s.rtt.sample(Duration::from_millis(4));
+        for i in 0..40 {
+            s.push(Bytes::from(vec![i as u8; 300]));
+        }
+        let (mut sent, mut armed) = (0, 0);
+        for round in 0..4u64 {
+            let now = t0 + Duration::from_millis(10 * round);
+            if round == 2 {
+                // An acknowledgement of the first packets at this instant.
+                let st = Status {
+                    rseq: 3,
+                    alloc: 64,
+                    ..Status::default()
+                };
+                s.on_status(now, &st);
+            }
+            for _ in 0..8 {
+                let Some(_) = s.next_packet(now, 400, 3) else {
+                    break;
+                };
+                sent += 1;
+                // Afresh, leaving the memo as the burst left it.
+                let got = s.tlp_deadline;
+                s.arm_tlp(now);
+                assert_eq!(got, s.tlp_deadline, "round {round}, packet {sent}");
+                armed += usize::from(got.is_some());
+            }
+        }
+        assert!(sent >= 30 && armed >= 8, "{sent} sent, {armed} armed");
     }
 
     #[test]
