@@ -507,7 +507,8 @@ impl<'a> Encoder<'a> {
 
     /// Adds a STATUS section of at most `room` bytes (at least
     /// [`STATUS_MIN_LEN`]), dropping the highest ranges that do not fit.
-    pub fn status(&mut self, s: &Status, room: usize) {
+    /// Returns whether every range fit.
+    pub fn status(&mut self, s: &Status, room: usize) -> bool {
         debug_assert!(self.flags() & 0x08 == 0, "section order");
         debug_assert!(s.alloc >= s.rseq);
         self.flag(F_STATUS, true);
@@ -531,6 +532,22 @@ impl<'a> Encoder<'a> {
             n += 1;
         }
         self.out[count_at] = n;
+        usize::from(n) == s.sack.ranges().len()
+    }
+
+    /// Adds a STATUS section encoded before by [`Encoder::status`] (its
+    /// bytes as [`Encoder::since`] gave them): the same status again
+    /// without encoding it again.
+    pub fn status_encoded(&mut self, section: &[u8]) {
+        debug_assert!(self.flags() & 0x08 == 0, "section order");
+        self.flag(F_STATUS, true);
+        self.out.extend_from_slice(section);
+    }
+
+    /// The bytes written for this packet from `at` (a [`written`](Self::written)
+    /// count) on.
+    pub fn since(&self, at: usize) -> &[u8] {
+        &self.out[self.at + at..]
     }
 
     /// Starts the DATA section with sequence number `seq`; add chunks next.

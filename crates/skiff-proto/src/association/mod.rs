@@ -95,7 +95,9 @@ pub use event::{
 };
 pub use frame::{is_association, peek_key, KIND};
 
-use frame::{Accept, Encoder, First, Packet, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN};
+use frame::{
+    Accept, Encoder, First, Packet, Status, DATA_HEADER_LEN, HEADER_LEN, RTN, STATUS_MIN_LEN,
+};
 use recv::{DataOutcome, RecvState};
 use send::{Rtt, SendState, Tx};
 
@@ -158,6 +160,12 @@ pub struct Association {
     linger_until: Option<Instant>,
     /// Status requests sent for the peer's sentinel (see `fin_wait`).
     fin_probes: u32,
+    /// The last status written into a packet, if it went whole (every
+    /// selective range in it), its encoded section, and when: see
+    /// `put_status`.
+    status_sent: Option<Status>,
+    status_section: Vec<u8>,
+    status_sent_at: Instant,
 }
 
 impl Association {
@@ -282,6 +290,9 @@ impl Association {
             close_reason: None,
             linger_until: None,
             fin_probes: 0,
+            status_sent: None,
+            status_section: Vec::new(),
+            status_sent_at: now,
         }
     }
 
@@ -1074,12 +1085,11 @@ impl Association {
                 if data.is_none() && !control {
                     return None;
                 }
-                let status = self.recv.status(now);
                 let mut e = Encoder::new(buf, key);
                 match data {
                     Some((seq, sreq, tx)) => {
                         let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
-                        e.status(&status, room);
+                        self.put_status(now, &mut e, room);
                         self.send.encode(seq, &mut e);
                         e.sreq(sreq || self.ping_due);
                         match tx {
@@ -1098,7 +1108,7 @@ impl Association {
                         }
                     }
                     None => {
-                        e.status(&status, self.mtu - HEADER_LEN);
+                        self.put_status(now, &mut e, self.mtu - HEADER_LEN);
                         if self.ping_due {
                             e.sreq(true);
                             self.stats.probes += 1;
@@ -1112,6 +1122,34 @@ impl Association {
                 Some(self.sent(now, buf))
             }
         }
+    }
+
+    /// Writes the status into `e`, in at most `room` bytes. Every packet
+    /// carries one, and the packets of a burst (one `now`) mostly carry
+    /// the same: when the status says what the last one written said, at
+    /// the same instant (so the same ack delay) and whole, its encoded
+    /// section is copied instead of built and encoded again. The bytes are
+    /// those a fresh encoding gives.
+    fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
+        if now == self.status_sent_at
+            && !self.status_section.is_empty()
+            && self.status_section.len() <= room
+            && self.status_sent.as_ref().is_some_and(|s| self.recv.says(s))
+        {
+            e.status_encoded(&self.status_section);
+            return;
+        }
+        let status = self.recv.status(now);
+        let at = e.written();
+        let whole = e.status(&status, room);
+        self.status_section.clear();
+        if whole {
+            self.status_section.extend_from_slice(e.since(at));
+            self.status_sent = Some(status);
+        } else {
+            self.status_sent = None;
+        }
+        self.status_sent_at = now;
     }
 
     fn sent(&mut self, now: Instant, buf: &[u8]) -> Transmit {
