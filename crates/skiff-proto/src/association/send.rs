@@ -158,7 +158,9 @@ struct Sent {
 
 impl Sent {
     fn data_len(&self, seq: u64) -> usize {
-        varint::len(seq) + self.chunks.iter().map(Chunk::encoded_len).sum::<usize>()
+        let mut len = varint::len(seq);
+        self.chunks.for_each(|c| len += c.encoded_len());
+        len
     }
 }
 
@@ -192,6 +194,18 @@ impl PacketChunks {
         self.first.is_none()
     }
 
+    /// Calls `f` on each chunk in order (plainer than a chained iterator
+    /// on the path of every packet).
+    fn for_each(&self, mut f: impl FnMut(&Chunk)) {
+        if let Some(c) = &self.first {
+            f(c);
+            for c in &self.rest {
+                f(c);
+            }
+        }
+    }
+
+    #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = &Chunk> {
         self.first.iter().chain(&self.rest)
     }
@@ -771,7 +785,8 @@ impl SendState {
             return None;
         }
         let (chunks, bytes) = self.fill(budget);
-        let ends = chunks.iter().filter(|c| c.end).count() as u32;
+        let mut ends = 0;
+        chunks.for_each(|c| ends += u32::from(c.end));
         let close = self.close_requested && self.queue.is_empty() && self.open.is_empty();
         let seq = self.next;
         if close {
@@ -915,9 +930,7 @@ impl SendState {
     pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>) {
         let p = &self.inflight[(seq - self.una) as usize];
         e.data(seq);
-        for c in p.chunks.iter() {
-            e.chunk(c);
-        }
+        p.chunks.for_each(|c| e.chunk(c));
         e.close(p.close);
     }
 
