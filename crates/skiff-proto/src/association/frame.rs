@@ -589,18 +589,11 @@ fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
     if c.bundle {
         f |= C_BUNDLE;
     }
-    // The chunk's header is built on the stack and appended in one copy
-    // (this runs for every chunk of every packet).
-    let mut h = [0u8; 1 + 2 * varint::MAX_LEN];
-    h[0] = f;
-    let mut rest = &mut h[1..];
+    out.push(f);
     if c.begin && !c.end {
-        varint::put_buf(&mut rest, c.total);
+        varint::put(out, c.total);
     }
-    varint::put_buf(&mut rest, c.bytes.len() as u64);
-    let n = 1 + 2 * varint::MAX_LEN - rest.len();
-    out.reserve(n + c.bytes.len());
-    out.extend_from_slice(&h[..n]);
+    varint::put(out, c.bytes.len() as u64);
     out.extend_from_slice(&c.bytes);
 }
 
