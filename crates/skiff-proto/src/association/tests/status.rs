@@ -147,3 +147,47 @@ fn a_window_opened_by_reading_goes_out_with_the_next_packet() {
     assert_eq!(Pair::messages(&p.server_events), vec![msg(7, 40_000)]);
     assert_eq!(Pair::messages(&p.client_events).len(), 40);
 }
+
+#[test]
+fn a_burst_with_more_runs_held_than_a_status_names_carries_fresh_statuses() {
+    // The client holds more runs above a gap than a status names (16);
+    // one more arrives above them between two packets of its burst: the
+    // next status's ack delay refers to it, so the section of the one
+    // before is not copied.
+    let config = AssociationConfig {
+        recv_window: 64,
+        send_window: 64,
+        recv_buffer: 256 << 10,
+        send_buffer: 256 << 10,
+        ..test_config()
+    };
+    let mut p = Pair::with_config(5, Net::default(), config);
+    p.connect();
+    for i in 0..44 {
+        p.srv().send(msg(i, 1100)).unwrap();
+    }
+    let mut buf = Vec::new();
+    let mut from_server = Vec::new();
+    while let Some(t) = p.server.poll_transmit(p.now, &mut buf) {
+        assert_eq!(t.destination, p.client_addr);
+        from_server.push(buf.clone());
+    }
+    assert!(from_server.len() >= 42, "{}", from_server.len());
+    // Every other packet: runs of one, 19 of them, above the first gap.
+    for d in from_server.iter().skip(1).step_by(2).take(19) {
+        p.client
+            .handle_datagram(p.now, p.server_addr, d.clone().into());
+    }
+    assert_eq!(p.client.held(), 19);
+    p.now += Duration::from_millis(1);
+    p.client.send(msg(1, 20_000)).unwrap();
+    for _ in 0..3 {
+        next_checked(&mut p, &mut buf).expect("the client sends");
+    }
+    let above = from_server[41].clone();
+    p.client.handle_datagram(p.now, p.server_addr, above.into());
+    assert_eq!(p.client.held(), 20);
+    for _ in 0..3 {
+        next_checked(&mut p, &mut buf).expect("the client sends");
+    }
+}
