@@ -568,11 +568,13 @@ impl<'a> Encoder<'a> {
     /// Starts a packet with `key` at the end of `out`.
     pub fn new(out: &'a mut Vec<u8>, key: u64) -> Encoder<'a> {
         let at = out.len();
-        out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
-        out.push(KIND);
-        out.push(0);
-        out.extend_from_slice(&key.to_le_bytes());
+        // One copy of the whole header (and one capacity check).
+        let mut h = [0u8; HEADER_LEN];
+        h[0..2].copy_from_slice(&MAGIC);
+        h[2] = VERSION;
+        h[3] = KIND;
+        h[5..13].copy_from_slice(&key.to_le_bytes());
+        out.extend_from_slice(&h);
         Encoder { out, at }
     }
 
@@ -611,7 +613,8 @@ impl<'a> Encoder<'a> {
 
     /// Adds a STATUS section of at most `room` bytes (at least
     /// [`STATUS_MIN_LEN`]), dropping the highest ranges that do not fit.
-    pub fn status(&mut self, s: &Status, room: usize) {
+    /// Returns whether every range fit.
+    pub fn status(&mut self, s: &Status, room: usize) -> bool {
         debug_assert!(self.flags() & 0x08 == 0, "section order");
         debug_assert!(s.alloc >= s.rseq);
         self.flag(F_STATUS, true);
@@ -635,6 +638,29 @@ impl<'a> Encoder<'a> {
             n += 1;
         }
         self.out[count_at] = n;
+        usize::from(n) == s.sack.ranges().len()
+    }
+
+    /// Adds a STATUS section encoded before by [`Encoder::status`] (its
+    /// bytes as [`Encoder::since`] gave them): the same status again
+    /// without encoding it again.
+    pub fn status_encoded(&mut self, section: &[u8]) {
+        debug_assert!(self.flags() & 0x08 == 0, "section order");
+        self.flag(F_STATUS, true);
+        self.out.extend_from_slice(section);
+    }
+
+    /// Drops every section written so far, leaving the header alone (its
+    /// flags cleared): to write the packet again.
+    pub fn rewind(&mut self) {
+        self.out.truncate(self.at + HEADER_LEN);
+        self.out[self.at + 4] = 0;
+    }
+
+    /// The bytes written for this packet from `at` (a [`written`](Self::written)
+    /// count) on.
+    pub fn since(&self, at: usize) -> &[u8] {
+        &self.out[self.at + at..]
     }
 
     /// Starts the DATA section with sequence number `seq`; add chunks next.

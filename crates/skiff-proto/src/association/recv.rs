@@ -154,6 +154,22 @@ impl RecvState {
         }
     }
 
+    /// Whether a status now would say what `last` says, its ack delay
+    /// aside: the same `rseq`, `alloc` and selective ranges. Never while
+    /// more runs are held than a status names (a packet may then have
+    /// arrived above those it names, and moved the ack delay's reference).
+    pub(super) fn says(&self, last: &Status) -> bool {
+        self.rseq == last.rseq
+            && self.want_alloc() == last.alloc
+            && self.runs.len() == last.sack.ranges().len()
+            && (self.runs.is_empty()
+                || self
+                    .runs
+                    .iter()
+                    .zip(last.sack.ranges())
+                    .all(|((&a, &b), &(x, y))| a == x && b == y))
+    }
+
     /// Takes one DATA section. In-order data are processed at once (with
     /// whatever they release from the held set), delivering whole messages
     /// to `events`. An error is a protocol violation by the peer.

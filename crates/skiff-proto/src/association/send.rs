@@ -53,7 +53,6 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::frame::{chunk_overhead, Chunk, Encoder, Sack, Status};
-use crate::varint;
 
 /// A packet counts as lost once a packet transmitted this many
 /// transmissions after it has been acknowledged (RFC 6675's DupThresh,
@@ -139,7 +138,7 @@ impl Rtt {
 /// One packet sent and not yet acknowledged cumulatively.
 #[derive(Debug)]
 struct Sent {
-    chunks: Vec<Chunk>,
+    chunks: PacketChunks,
     close: bool,
     /// Payload bytes, released from the send buffer when acknowledged.
     bytes: usize,
@@ -156,22 +155,98 @@ struct Sent {
     ends: u32,
 }
 
-impl Sent {
-    fn data_len(&self, seq: u64) -> usize {
-        varint::len(seq) + self.chunks.iter().map(Chunk::encoded_len).sum::<usize>()
+/// The chunks of one packet: the first inline, the others in a list
+/// taken (from the spare lists) only for a packet of two or more. A bulk
+/// transfer's packets carry one chunk each, so recording one in flight
+/// allocates nothing.
+#[derive(Debug, Default)]
+struct PacketChunks {
+    first: Option<Chunk>,
+    rest: Vec<Chunk>,
+}
+
+impl PacketChunks {
+    /// Appends `c`; a list for the chunks after the first comes from
+    /// `spare` when one is kept.
+    fn push(&mut self, c: Chunk, spare: &mut Vec<Vec<Chunk>>) {
+        if self.first.is_none() {
+            self.first = Some(c);
+            return;
+        }
+        if self.rest.capacity() == 0 {
+            if let Some(list) = spare.pop() {
+                self.rest = list;
+            }
+        }
+        self.rest.push(c);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Calls `f` on each chunk in order (plainer than a chained iterator
+    /// on the path of every packet).
+    fn for_each(&self, mut f: impl FnMut(&Chunk)) {
+        if let Some(c) = &self.first {
+            f(c);
+            for c in &self.rest {
+                f(c);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &Chunk> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    #[cfg(test)]
+    fn get(&self, i: usize) -> Option<&Chunk> {
+        self.iter().nth(i)
+    }
+
+    #[cfg(test)]
+    fn last(&self) -> Option<&Chunk> {
+        self.rest.last().or(self.first.as_ref())
     }
 }
 
-/// Keeps the chunk list of an acknowledged packet, emptied (its payload
-/// references dropped), for a later packet, unless enough are kept or it
-/// grew large.
-fn recycle(spare: &mut Vec<Vec<Chunk>>, mut chunks: Vec<Chunk>) {
-    if spare.len() < SPARE_CHUNK_LISTS && chunks.capacity() <= SPARE_CHUNK_CAPACITY {
-        chunks.clear();
-        if chunks.capacity() > 0 {
-            spare.push(chunks);
+#[cfg(test)]
+impl std::ops::Index<usize> for PacketChunks {
+    type Output = Chunk;
+
+    fn index(&self, i: usize) -> &Chunk {
+        self.get(i).expect("chunk index in range")
+    }
+}
+
+/// Drops the chunks of an acknowledged packet (its payload references)
+/// and keeps their list, if one was taken, emptied for a later packet,
+/// unless enough are kept or it grew large.
+fn recycle(spare: &mut Vec<Vec<Chunk>>, chunks: PacketChunks) {
+    let mut list = chunks.rest;
+    if spare.len() < SPARE_CHUNK_LISTS && list.capacity() <= SPARE_CHUNK_CAPACITY {
+        list.clear();
+        if list.capacity() > 0 {
+            spare.push(list);
         }
     }
+}
+
+/// Everything the probe timer of a packet just sent depends on (with
+/// `min_pto` and `ack_delay`, which do not change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TlpInputs {
+    now: Instant,
+    asked: bool,
+    rto: Option<Instant>,
+    srtt: Option<Duration>,
 }
 
 /// What kind of transmission [`SendState::next_packet`] chose.
@@ -263,6 +338,9 @@ pub(super) struct SendState {
     pub(super) tlp_deadline: Option<Instant>,
     /// A probe was sent and nothing was acknowledged since.
     tlp_spent: bool,
+    /// What `arm_tlp_after_send` last computed the probe timer from, and
+    /// the deadline it set (see there).
+    tlp_memo: Option<(TlpInputs, Option<Instant>)>,
     /// The newest data packet sent asked for a status (the receiver
     /// answers it without delay).
     newest_asked: bool,
@@ -354,6 +432,7 @@ impl SendState {
             rto_deadline: None,
             tlp_deadline: None,
             tlp_spent: false,
+            tlp_memo: None,
             newest_asked: true,
             copy_due: None,
             budget: 0,
@@ -519,6 +598,27 @@ impl SendState {
         self.queue.is_empty()
             && self.open.is_empty()
             && (self.unacked == 0 || self.only_bare_sentinel_unacked())
+    }
+
+    /// Whether `next_packet` may choose a packet: a copy, a retransmission
+    /// or new data is waiting (the window may still be shut). When not,
+    /// it returns `None`.
+    pub(super) fn may_have_data(&self) -> bool {
+        self.copy_due.is_some() || !self.rtx.is_empty() || self.has_new()
+    }
+
+    /// Whether the next packet is one that matters alone: a copy, a
+    /// retransmission, the sentinel (or anything while closing), one that
+    /// asks for a status (every `sreq_every`th), or the likely last of its
+    /// burst (the window or the queue ends with it, with `budget` bytes of
+    /// payload at most).
+    pub(super) fn next_is_key(&self, budget: usize, sreq_every: u32) -> bool {
+        self.copy_due.is_some()
+            || !self.rtx.is_empty()
+            || self.close_requested
+            || self.since_sreq + 1 >= sreq_every
+            || self.next + 1 >= self.limit()
+            || self.unsent <= budget
     }
 
     /// Whether a packet (retransmission or new) could be sent now.
@@ -697,7 +797,8 @@ impl SendState {
             return None;
         }
         let (chunks, bytes) = self.fill(budget);
-        let ends = chunks.iter().filter(|c| c.end).count() as u32;
+        let mut ends = 0;
+        chunks.for_each(|c| ends += u32::from(c.end));
         let close = self.close_requested && self.queue.is_empty() && self.open.is_empty();
         let seq = self.next;
         if close {
@@ -727,24 +828,40 @@ impl SendState {
         if sreq && self.unacked == 1 && bytes <= COPY_MAX {
             self.copy_due = Some(seq);
         }
+        // With a packet in flight and the RTO armed, `arm` has nothing
+        // left to do.
         self.arm_tlp_after_send(now);
-        self.arm(now);
         Some((seq, sreq, Tx::New))
     }
 
+    /// Arms the RTO if it is not, ends a window probe, and (re)starts the
+    /// probe timer for a packet just sent, unless the packet before it,
+    /// sent at the same instant with the same timers, already left the
+    /// timer where this one would (the packets of a burst share `now`).
     fn arm_tlp_after_send(&mut self, now: Instant) {
         self.end_window_probe();
-        // The RTO deadline is set below in `arm`; compare with what it
-        // will be.
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }
+        let inputs = TlpInputs {
+            now,
+            asked: self.newest_asked,
+            rto: self.rto_deadline,
+            srtt: self.rtt.srtt(),
+        };
+        if self.tlp_deadline.is_some()
+            && !self.tlp_spent
+            && self.tlp_memo == Some((inputs, self.tlp_deadline))
+        {
+            return;
+        }
         self.arm_tlp(now);
+        self.tlp_memo = Some((inputs, self.tlp_deadline));
     }
 
     /// Takes chunks from the queue for one packet.
-    fn fill(&mut self, mut budget: usize) -> (Vec<Chunk>, usize) {
-        let mut chunks = self.spare_chunks.pop().unwrap_or_default();
+    fn fill(&mut self, mut budget: usize) -> (PacketChunks, usize) {
+        let mut chunks = PacketChunks::default();
         let mut bytes = 0;
         loop {
             if self.queue.is_empty() && !self.open.is_empty() {
@@ -802,7 +919,7 @@ impl SendState {
             budget -= c.encoded_len();
             bytes += n;
             self.unsent -= n;
-            chunks.push(c);
+            chunks.push(c, &mut self.spare_chunks);
             if whole_part {
                 if !moved {
                     self.queue.pop_front();
@@ -816,18 +933,11 @@ impl SendState {
         (chunks, bytes)
     }
 
-    /// Encoded length of `seq`'s DATA section.
-    pub(super) fn data_len(&self, seq: u64) -> usize {
-        self.inflight[(seq - self.una) as usize].data_len(seq)
-    }
-
     /// Writes `seq`'s DATA section (and CLOSE flag).
     pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>) {
         let p = &self.inflight[(seq - self.una) as usize];
         e.data(seq);
-        for c in &p.chunks {
-            e.chunk(c);
-        }
+        p.chunks.for_each(|c| e.chunk(c));
         e.close(p.close);
     }
 
@@ -1129,6 +1239,47 @@ mod tests {
         let mut more = st;
         more.sack.push(4, 5);
         assert!(!s.changes_nothing(&more));
+    }
+
+    #[test]
+    fn the_probe_timer_of_a_burst_is_what_arming_afresh_gives() {
+        // The packets of a burst, sent at one instant, skip recomputing the
+        // probe timer when nothing it depends on changed: after every
+        // packet it must be where a fresh computation puts it, also when
+        // an acknowledgement (a new RTT sample) or an asking packet
+        // (no ack delay) comes between.
+        let t0 = Instant::now();
+        let mut s = sender();
+        s.ack_delay = Duration::from_millis(3);
+        s.rtt.sample(Duration::from_millis(4));
+        for i in 0..40 {
+            s.push(Bytes::from(vec![i as u8; 300]));
+        }
+        let (mut sent, mut armed) = (0, 0);
+        for round in 0..4u64 {
+            let now = t0 + Duration::from_millis(10 * round);
+            if round == 2 {
+                // An acknowledgement of the first packets at this instant.
+                let st = Status {
+                    rseq: 3,
+                    alloc: 64,
+                    ..Status::default()
+                };
+                s.on_status(now, &st);
+            }
+            for _ in 0..8 {
+                let Some(_) = s.next_packet(now, 400, 3) else {
+                    break;
+                };
+                sent += 1;
+                // Afresh, leaving the memo as the burst left it.
+                let got = s.tlp_deadline;
+                s.arm_tlp(now);
+                assert_eq!(got, s.tlp_deadline, "round {round}, packet {sent}");
+                armed += usize::from(got.is_some());
+            }
+        }
+        assert!(sent >= 30 && armed >= 8, "{sent} sent, {armed} armed");
     }
 
     #[test]

@@ -224,3 +224,40 @@ fn a_bundle_that_does_not_parse_is_a_protocol_violation() {
         assert!(received(&p.server_events).is_empty());
     }
 }
+
+#[test]
+fn a_bundle_of_a_packets_payload_travels_whole_in_a_packet_with_a_status() {
+    // A tunnel sizes its bundles to `packet_payload` (what every packet
+    // carries, a status's room included): one starting a packet that
+    // carries a status still fits it whole.
+    let mut p = pair(3, Net::default(), true, true);
+    p.connect();
+    let payload = p.client.packet_payload();
+    let max = payload - crate::association::frame::chunk_overhead(true, true, 0, payload);
+    let mut small = Vec::new();
+    let mut len = 0;
+    while len + bundle::record_overhead(40) + 40 <= max - 8 {
+        small.push(msg(small.len(), 40));
+        len += bundle::record_overhead(40) + 40;
+    }
+    let last = (0..max - len)
+        .rev()
+        .find(|&r| len + bundle::record_overhead(r) + r == max)
+        .expect("a last record fills it exactly");
+    small.push(msg(small.len(), last));
+    let b = build(&small);
+    assert_eq!(b.len(), max);
+    let from = p.log.len();
+    p.client.send_bundle(b, small.len()).unwrap();
+    p.drive();
+    assert_eq!(received(&p.server_events), small);
+    let w = p.log[from..]
+        .iter()
+        .find(|w| w.packet.data.is_some())
+        .expect("a data packet");
+    assert!(w.packet.status.is_some(), "the first packet of an instant");
+    let chunks: Vec<Chunk> = w.packet.data.as_ref().unwrap().chunks.iter().collect();
+    assert_eq!(chunks.len(), 1);
+    assert!(chunks[0].begin && chunks[0].end && chunks[0].bundle);
+    assert_eq!(chunks[0].bytes.len(), max);
+}

@@ -3,7 +3,7 @@
 //! tests over random operations and faults ([`props`]), malformed input
 //! for the codec ([`malformed`]), stream writes ([`stream`]), and the association endpoint between two
 //! hosts that both initiate and accept ([`endpoint`]), bundles of small
-//! messages ([`bundles`]).
+//! messages ([`bundles`]), the status every packet carries ([`status`]).
 
 mod bundles;
 mod closes;
@@ -12,4 +12,5 @@ mod harness;
 mod malformed;
 mod props;
 mod scripts;
+mod status;
 mod stream;
