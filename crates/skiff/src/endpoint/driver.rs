@@ -187,3 +187,23 @@ pub(crate) fn send(shared: &Shared, out: &mut SendBatch) -> bool {
     core.stats.send_errors += sent.refused as u64;
     out.is_empty()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::udp::{UdpConfig, UdpSocket};
+
+    /// The driver registers for writability only after a send found the
+    /// buffer full; if the space came back before that, the registration
+    /// itself must report it, or the driver would sleep until its timer.
+    #[tokio::test]
+    async fn a_late_registration_for_writability_reports_a_writable_socket() {
+        let socket =
+            UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpConfig::default()).unwrap();
+        let fd = socket.register_async(Interest::WRITABLE).unwrap();
+        let ready = tokio::time::timeout(Duration::from_secs(5), fd.writable()).await;
+        assert!(ready.is_ok_and(|g| g.is_ok()));
+    }
+}
