@@ -12,11 +12,12 @@
 //! shared the same way: whoever holds it sends.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use super::Shared;
@@ -49,9 +50,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
 }
 
 async fn drive(shared: &Shared) -> io::Result<()> {
-    let fd = shared
-        .socket
-        .register_async(Interest::READABLE | Interest::WRITABLE)?;
+    // Readable only: a socket registered for writability too wakes this
+    // thread whenever the kernel frees send-buffer space, i.e. on every
+    // send of an application thread (`Shared::transmit`) while the driver
+    // sleeps. Writability is waited for only while blocked (`writable`).
+    let fd = shared.socket.register_async(Interest::READABLE)?;
     let slot = if shared.config.udp.gro {
         65_536
     } else {
@@ -132,17 +135,27 @@ async fn drive(shared: &Shared) -> io::Result<()> {
             tokio::task::yield_now().await;
             continue;
         }
+        let out_fd = match blocked.then(|| writable(shared)).transpose() {
+            Ok(fd) => fd,
+            // No descriptor to spare: try the send again after the other
+            // tasks had their turn.
+            Err(_) => {
+                tokio::task::yield_now().await;
+                continue;
+            }
+        };
         tokio::select! {
             r = fd.readable() => {
                 if let Ok(mut g) = r {
                     g.clear_ready();
                 }
             }
-            r = fd.writable(), if blocked => {
-                if let Ok(mut g) = r {
-                    g.clear_ready();
+            _ = async {
+                match &out_fd {
+                    Some(f) => drop(f.writable().await),
+                    None => std::future::pending().await,
                 }
-            }
+            } => {}
             _ = shared.wake.notified() => {}
             r = timer.readable() => {
                 if let Ok(mut g) = r {
@@ -152,6 +165,14 @@ async fn drive(shared: &Shared) -> io::Result<()> {
             }
         }
     }
+}
+
+/// A registration of the socket for writability, made when a send found
+/// its buffer full and dropped once the driver wakes. Registering reports
+/// a socket that is writable already (`epoll_ctl` checks the state), so
+/// space freed between the failed send and this call is not missed.
+fn writable(shared: &Shared) -> io::Result<AsyncFd<OwnedFd>> {
+    shared.socket.register_async(Interest::WRITABLE)
 }
 
 /// Sends what `out` holds until it is empty (`true`) or the socket's
@@ -165,4 +186,24 @@ pub(crate) fn send(shared: &Shared, out: &mut SendBatch) -> bool {
     core.stats.send_calls += sent.calls as u64;
     core.stats.send_errors += sent.refused as u64;
     out.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::udp::{UdpConfig, UdpSocket};
+
+    /// The driver registers for writability only after a send found the
+    /// buffer full; if the space came back before that, the registration
+    /// itself must report it, or the driver would sleep until its timer.
+    #[tokio::test]
+    async fn a_late_registration_for_writability_reports_a_writable_socket() {
+        let socket =
+            UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpConfig::default()).unwrap();
+        let fd = socket.register_async(Interest::WRITABLE).unwrap();
+        let ready = tokio::time::timeout(Duration::from_secs(5), fd.writable()).await;
+        assert!(ready.is_ok_and(|g| g.is_ok()));
+    }
 }
