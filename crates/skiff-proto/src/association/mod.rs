@@ -565,12 +565,10 @@ impl Association {
         self.config.max_message.min(self.peer_max_message)
     }
 
-    /// The most message bytes every data packet carries: one with a
-    /// status (one without carries up to [`frame::STATUS_MIN_LEN`] more;
-    /// see `status_due`), so that what is sized to this (a bundle) fits
-    /// any packet it starts.
+    /// The most message bytes one data packet carries (one without a
+    /// status; see `status_due`).
     pub fn packet_payload(&self) -> usize {
-        self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN
+        self.mtu - HEADER_LEN - DATA_HEADER_LEN
     }
 
     /// Closes gracefully: messages already accepted are delivered, then the

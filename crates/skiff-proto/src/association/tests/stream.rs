@@ -136,9 +136,7 @@ fn a_gathered_message_fits_its_packet() {
     }
     assert_eq!(p.client.unsent(), 40_000);
     p.drive();
-    // What a packet without a status carries (`packet_payload` is what
-    // every packet carries, a status's room less).
-    let payload = p.client.packet_payload() + crate::association::frame::STATUS_MIN_LEN;
+    let payload = p.client.packet_payload();
     let msgs: Vec<usize> = p
         .server_events
         .iter()
