@@ -650,13 +650,6 @@ impl<'a> Encoder<'a> {
         self.out.extend_from_slice(section);
     }
 
-    /// Drops every section written so far, leaving the header alone (its
-    /// flags cleared): to write the packet again.
-    pub fn rewind(&mut self) {
-        self.out.truncate(self.at + HEADER_LEN);
-        self.out[self.at + 4] = 0;
-    }
-
     /// The bytes written for this packet from `at` (a [`written`](Self::written)
     /// count) on.
     pub fn since(&self, at: usize) -> &[u8] {

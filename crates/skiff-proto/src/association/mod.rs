@@ -105,8 +105,6 @@ use send::{Rtt, SendState, Tx};
 /// status from the peer that lacks it sends it again (see
 /// `Association::handle_packet`).
 const SENTINEL_RESEND_AGE: Duration = Duration::from_millis(50);
-/// Most data packets in a row without a status (see `status_due`).
-const STATUS_EVERY: u32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -168,8 +166,6 @@ pub struct Association {
     status_sent: Option<Status>,
     status_section: Vec<u8>,
     status_sent_at: Instant,
-    /// Data packets sent without a status since the last one with.
-    status_skipped: u32,
 }
 
 impl Association {
@@ -297,7 +293,6 @@ impl Association {
             status_sent: None,
             status_section: Vec::new(),
             status_sent_at: now,
-            status_skipped: 0,
         }
     }
 
@@ -565,10 +560,9 @@ impl Association {
         self.config.max_message.min(self.peer_max_message)
     }
 
-    /// The most message bytes one data packet carries (one without a
-    /// status; see `status_due`).
+    /// The most message bytes one data packet carries.
     pub fn packet_payload(&self) -> usize {
-        self.mtu - HEADER_LEN - DATA_HEADER_LEN
+        self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN
     }
 
     /// Closes gracefully: messages already accepted are delivered, then the
@@ -1074,59 +1068,26 @@ impl Association {
                 if self.send.unacked() == 0 {
                     self.last_progress = now;
                 }
-                let may_send = self.state != State::Closed || self.sentinel_pending();
-                let control =
-                    self.ack_now || self.ping_due || self.ack_at.is_some_and(|t| now >= t);
-                if !may_send {
-                    self.send.arm(now);
-                    if !control {
-                        return None;
-                    }
-                    let mut e = Encoder::new(buf, key);
-                    self.status_alone(now, &mut e);
-                    return Some(self.sent(now, buf));
-                }
-                if !control && !self.send.may_have_data() {
-                    // Nothing to send (the call keeps the accounting of
-                    // a shut window).
-                    let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;
-                    let none = self.send.next_packet(now, budget, self.config.sreq_every);
-                    debug_assert!(none.is_none());
-                    self.send.arm(now);
-                    return None;
-                }
-                // The status goes first (in the space a status always
-                // had, when it goes) and the payload takes the rest, so
-                // that the datagrams of a burst are of one size with a
-                // status or without (a GSO run is cut at a size change).
-                let mut e = Encoder::new(buf, key);
-                let with_status = control || self.status_due(now);
-                let alloc_before = self.recv.alloc;
-                let status_len = if with_status {
-                    self.put_status(now, &mut e, STATUS_MIN_LEN)
+                let data = if self.state == State::Closed && !self.sentinel_pending() {
+                    None
                 } else {
-                    0
+                    let budget = self.mtu - HEADER_LEN - STATUS_MIN_LEN - DATA_HEADER_LEN;
+                    self.send.next_packet(now, budget, self.config.sreq_every)
                 };
-                let budget = self.mtu - HEADER_LEN - status_len - DATA_HEADER_LEN;
-                let data = self.send.next_packet(now, budget, self.config.sreq_every);
-                if data.is_none() && !control {
-                    // Nothing goes: the status written is not sent (the
-                    // caller drops its bytes), so the window it advertised
-                    // is not either.
-                    self.recv.alloc = alloc_before;
-                    self.status_sent = None;
-                    self.send.arm(now);
-                    return None;
-                }
-                if !with_status {
-                    self.status_skipped += 1;
-                }
                 // A packet sent or sent again arms the timers itself.
                 if !matches!(data, Some((_, _, Tx::New | Tx::Again))) {
                     self.send.arm(now);
                 }
+                let control =
+                    self.ack_now || self.ping_due || self.ack_at.is_some_and(|t| now >= t);
+                if data.is_none() && !control {
+                    return None;
+                }
+                let mut e = Encoder::new(buf, key);
                 match data {
                     Some((seq, sreq, tx)) => {
+                        let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
+                        self.put_status(now, &mut e, room);
                         self.send.encode(seq, &mut e);
                         e.sreq(sreq || self.ping_due);
                         match tx {
@@ -1145,75 +1106,36 @@ impl Association {
                         }
                     }
                     None => {
-                        // A status alone, with all the room (its selective
-                        // ranges are the ones the peer repairs from).
-                        e.rewind();
-                        self.status_alone(now, &mut e);
-                        return Some(self.sent(now, buf));
+                        self.put_status(now, &mut e, self.mtu - HEADER_LEN);
+                        if self.ping_due {
+                            e.sreq(true);
+                            self.stats.probes += 1;
+                        }
                     }
                 }
-                if with_status {
-                    self.acked_now();
-                }
+                self.ack_now = false;
+                self.ack_at = None;
+                self.ack_held = false;
+                self.ping_due = false;
                 Some(self.sent(now, buf))
             }
         }
     }
 
-    /// Writes a packet that is a status alone (asking for one in return
-    /// when a probe is due).
-    fn status_alone(&mut self, now: Instant, e: &mut Encoder<'_>) {
-        self.put_status(now, e, self.mtu - HEADER_LEN);
-        if self.ping_due {
-            e.sreq(true);
-            self.stats.probes += 1;
-        }
-        self.acked_now();
-    }
-
-    /// A status went out: no acknowledgement or probe is pending now.
-    fn acked_now(&mut self) {
-        self.ack_now = false;
-        self.ack_at = None;
-        self.ack_held = false;
-        self.ping_due = false;
-    }
-
-    /// Whether the next data packet carries a status. Every packet that
-    /// matters alone does: a retransmission, a copy, one that asks for a
-    /// status (every `sreq_every`th, and the likely last of a burst),
-    /// every packet while closing, and any packet while an acknowledgement
-    /// is pending or the status says something the last one sent did not.
-    /// Otherwise the first packet of each round of transmission (each
-    /// `now`) and every `STATUS_EVERY`th carry it, so that a status lost
-    /// with its packet is repeated soon. A bulk sender's own status (it
-    /// receives no data) then goes a few times per burst, not in every
-    /// packet, and the receiver has none to decode in the others.
-    fn status_due(&self, now: Instant) -> bool {
-        let budget = self.mtu - HEADER_LEN - DATA_HEADER_LEN;
-        self.ack_at.is_some()
-            || self.state != State::Established
-            || now != self.status_sent_at
-            || self.status_skipped + 1 >= STATUS_EVERY
-            || self.send.next_is_key(budget, self.config.sreq_every)
-            || !self.status_sent.as_ref().is_some_and(|s| self.recv.says(s))
-    }
-
-    /// Writes the status into `e`, in at most `room` bytes, and returns
-    /// its length. The packets of a burst (one `now`) mostly carry the
-    /// same status: when it says what the last one written said, at the
-    /// same instant (so the same ack delay) and whole, its encoded section
-    /// is copied instead of built and encoded again. The bytes are those a
-    /// fresh encoding gives.
-    fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) -> usize {
-        self.status_skipped = 0;
+    /// Writes the status into `e`, in at most `room` bytes. Every packet
+    /// carries one, and the packets of a burst (one `now`) mostly carry
+    /// the same: when the status says what the last one written said, at
+    /// the same instant (so the same ack delay) and whole, its encoded
+    /// section is copied instead of built and encoded again. The bytes are
+    /// those a fresh encoding gives.
+    fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         if now == self.status_sent_at
             && !self.status_section.is_empty()
             && self.status_section.len() <= room
             && self.status_sent.as_ref().is_some_and(|s| self.recv.says(s))
         {
             e.status_encoded(&self.status_section);
-            return self.status_section.len();
+            return;
         }
         let status = self.recv.status(now);
         let at = e.written();
@@ -1226,7 +1148,6 @@ impl Association {
             self.status_sent = None;
         }
         self.status_sent_at = now;
-        e.written() - at
     }
 
     fn sent(&mut self, now: Instant, buf: &[u8]) -> Transmit {

@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::frame::{chunk_overhead, Chunk, Encoder, Sack, Status};
+use crate::varint;
 
 /// A packet counts as lost once a packet transmitted this many
 /// transmissions after it has been acknowledged (RFC 6675's DupThresh,
@@ -153,6 +154,14 @@ struct Sent {
     lost: bool,
     /// Messages whose last byte is in this packet.
     ends: u32,
+}
+
+impl Sent {
+    fn data_len(&self, seq: u64) -> usize {
+        let mut len = varint::len(seq);
+        self.chunks.for_each(|c| len += c.encoded_len());
+        len
+    }
 }
 
 /// The chunks of one packet: the first inline, the others in a list
@@ -600,27 +609,6 @@ impl SendState {
             && (self.unacked == 0 || self.only_bare_sentinel_unacked())
     }
 
-    /// Whether `next_packet` may choose a packet: a copy, a retransmission
-    /// or new data is waiting (the window may still be shut). When not,
-    /// it returns `None`.
-    pub(super) fn may_have_data(&self) -> bool {
-        self.copy_due.is_some() || !self.rtx.is_empty() || self.has_new()
-    }
-
-    /// Whether the next packet is one that matters alone: a copy, a
-    /// retransmission, the sentinel (or anything while closing), one that
-    /// asks for a status (every `sreq_every`th), or the likely last of its
-    /// burst (the window or the queue ends with it, with `budget` bytes of
-    /// payload at most).
-    pub(super) fn next_is_key(&self, budget: usize, sreq_every: u32) -> bool {
-        self.copy_due.is_some()
-            || !self.rtx.is_empty()
-            || self.close_requested
-            || self.since_sreq + 1 >= sreq_every
-            || self.next + 1 >= self.limit()
-            || self.unsent <= budget
-    }
-
     /// Whether a packet (retransmission or new) could be sent now.
     pub(super) fn has_data(&self) -> bool {
         !self.rtx.is_empty() || (self.has_new() && self.next < self.limit() && !self.holds_tail())
@@ -931,6 +919,11 @@ impl SendState {
             }
         }
         (chunks, bytes)
+    }
+
+    /// Encoded length of `seq`'s DATA section.
+    pub(super) fn data_len(&self, seq: u64) -> usize {
+        self.inflight[(seq - self.una) as usize].data_len(seq)
     }
 
     /// Writes `seq`'s DATA section (and CLOSE flag).
