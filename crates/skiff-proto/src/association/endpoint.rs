@@ -144,6 +144,19 @@ impl Slot {
     }
 }
 
+/// What [`Endpoint::feed`] stopped at.
+enum Fed {
+    /// The datagrams ran out.
+    End,
+    /// `Endpoint::packet` holds a packet decoded for another association
+    /// (or a FIRST), to dispatch.
+    Other,
+    /// The association handled a packet and needs [`Endpoint::after`].
+    After(u64),
+    /// The association is no longer held (nothing was taken).
+    Gone,
+}
+
 /// Data packets one association may emit before the next gets a turn.
 const PER_TURN: u32 = 16;
 
@@ -348,23 +361,104 @@ impl Endpoint {
     /// [`KIND`](super::KIND)) and hands it to its association, accepting
     /// a new one for a FIRST.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, bytes: Bytes) {
-        let p = &mut self.packet;
-        if p.decode_into(bytes).is_err() {
+        if self.packet.decode_into(bytes).is_err() {
             self.stats.malformed += 1;
             return;
         }
+        self.dispatch(now, from);
+    }
+
+    /// Takes datagrams that arrived together from `from` (the segments of
+    /// one GRO run), in order, as [`handle_datagram`](Self::handle_datagram)
+    /// would one by one, with the same outcome: a packet for the
+    /// association that took the one before it is handed to it without
+    /// looking it up again (its key is compared, its source is the same).
+    /// Takes datagrams until `datagrams` first yields `None`.
+    pub fn handle_datagrams(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        datagrams: impl IntoIterator<Item = Bytes>,
+    ) {
+        let mut rest = datagrams.into_iter();
+        // The association that took the last packet, if any.
+        let mut last = None;
+        loop {
+            let fed = match last {
+                Some(key) => self.feed(now, key, &mut rest),
+                None => match rest.next() {
+                    Some(bytes) => {
+                        if self.packet.decode_into(bytes).is_err() {
+                            self.stats.malformed += 1;
+                            continue;
+                        }
+                        Fed::Other
+                    }
+                    None => Fed::End,
+                },
+            };
+            last = match fed {
+                Fed::End => return,
+                Fed::Gone => None,
+                Fed::Other => self.dispatch(now, from),
+                Fed::After(key) => {
+                    self.after(key);
+                    Some(key)
+                }
+            };
+        }
+    }
+
+    /// Hands association `key` (which took the packet before, from the
+    /// same source) the packets of `rest` that carry its key, each decoded
+    /// and handled as [`dispatch`](Self::dispatch) would, until one is
+    /// another's (left decoded in `self.packet`), one needs
+    /// [`after`](Self::after), or `rest` ends.
+    fn feed(&mut self, now: Instant, key: u64, rest: &mut impl Iterator<Item = Bytes>) -> Fed {
+        let Endpoint {
+            slots,
+            packet: p,
+            stats,
+            ..
+        } = self;
+        let Some(slot) = slots.get_mut(&key) else {
+            return Fed::Gone;
+        };
+        for bytes in rest {
+            if p.decode_into(bytes).is_err() {
+                stats.malformed += 1;
+                continue;
+            }
+            if p.first.is_some() || p.key != key | RTN {
+                return Fed::Other;
+            }
+            slot.assoc.handle_packet(now, p);
+            p.data = None;
+            if !slot.noted() {
+                return Fed::After(key);
+            }
+        }
+        Fed::End
+    }
+
+    /// Hands the packet decoded in `self.packet` from `from` to its
+    /// association, accepting a new one for a FIRST. Returns the key of
+    /// the association that took it, when it was not a FIRST.
+    fn dispatch(&mut self, now: Instant, from: SocketAddr) -> Option<u64> {
+        let p = &mut self.packet;
         if p.first.is_some() {
             let p = std::mem::take(p);
-            return self.handle_first(now, from, p);
+            self.handle_first(now, from, p);
+            return None;
         }
         if p.key & RTN == 0 {
             self.stats.unknown_key += 1;
-            return;
+            return None;
         }
         let key = p.key & !RTN;
         let Some(slot) = self.slots.get_mut(&key) else {
             self.stats.unknown_key += 1;
-            return;
+            return None;
         };
         if slot.assoc.peer() != from {
             if slot.first_key.is_some() {
@@ -372,19 +466,20 @@ impl Endpoint {
             } else {
                 slot.assoc.count_wrong_source();
             }
-            return;
+            return None;
         }
         // By reference: a packet is a few hundred bytes, moved for nothing.
         slot.assoc.handle_packet(now, p);
         // What the association left (data it did not take) is not kept
         // until the next datagram.
         p.data = None;
-        if slot.noted() {
-            // The common case within one wake-up: `after` would change
-            // nothing (and look the slot up twice to find that out).
-            return;
+        if !slot.noted() {
+            // `noted`: the common case within one wake-up, where `after`
+            // would change nothing (and look the slot up twice to find
+            // that out).
+            self.after(key);
         }
-        self.after(key);
+        Some(key)
     }
 
     fn handle_first(&mut self, now: Instant, from: SocketAddr, mut p: Packet) {

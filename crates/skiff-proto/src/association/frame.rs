@@ -300,7 +300,7 @@ impl Chunks {
     /// [`Chunks::iter`] would yield, without the iterator, and its bytes
     /// are the datagram's own [`Bytes`] narrowed to them (no reference
     /// count changes hands). `None`, and `self` untouched, otherwise.
-    #[inline]
+    #[inline(always)]
     pub fn take_single(&mut self) -> Option<Chunk> {
         let h = self.first?;
         if h.at + h.len != self.buf.len() - self.start {
@@ -428,6 +428,39 @@ impl Packet {
     /// one around), and keeping `buf` for its data (no slice of it is
     /// made). On an error `self` holds no meaning (and no data).
     pub fn decode_into(&mut self, buf: Bytes) -> Result<(), WireError> {
+        if let Some(p) = Plain::read(&buf) {
+            self.set_plain(&p, buf);
+            return Ok(());
+        }
+        self.decode_general(buf)
+    }
+
+    /// Fills `self` with the plain data packet `p` read from `buf`: what
+    /// [`Packet::decode_general`] would leave.
+    #[inline(always)]
+    fn set_plain(&mut self, p: &Plain, buf: Bytes) {
+        self.key = p.key;
+        self.sreq = p.sreq;
+        self.close = false;
+        self.reset = false;
+        self.first = None;
+        self.accept = None;
+        let st = self.status.get_or_insert_with(Status::default);
+        st.rseq = p.rseq;
+        st.alloc = p.alloc;
+        st.ack_delay_us = p.ack_delay_us;
+        st.sack.truncate(0);
+        let chunks = Chunks {
+            buf,
+            start: p.start,
+            first: Some(p.chunk),
+        };
+        self.data = Some(Data { seq: p.seq, chunks });
+    }
+
+    /// [`Packet::decode_into`] for any packet: every section, every check.
+    #[inline(never)]
+    pub(crate) fn decode_general(&mut self, buf: Bytes) -> Result<(), WireError> {
         self.data = None;
         let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
             return Err(header_error(&buf));
@@ -500,6 +533,117 @@ impl Packet {
             ));
         }
         Ok(())
+    }
+}
+
+/// The common data packet, read by [`Plain::read`]: flags STATUS and
+/// DATA (and perhaps SREQ), a status without selective ranges, and one
+/// chunk to the end of the datagram, every number in at most three bytes.
+#[derive(Debug, Clone, Copy)]
+struct Plain {
+    key: u64,
+    sreq: bool,
+    rseq: u64,
+    alloc: u64,
+    ack_delay_us: u64,
+    seq: u64,
+    /// Offset of the DATA's chunks in the datagram.
+    start: usize,
+    /// The chunk, its offset relative to `start`.
+    chunk: ChunkHead,
+}
+
+// `Plain::read` takes a message length of three varint bytes as within
+// bounds.
+const _: () = assert!(MAX_MESSAGE >= 1 << 21);
+
+/// A varint of one to three bytes at `*pos` of `b` (what
+/// [`Reader::varint`] reads inline); `None` for a longer one or the end.
+#[inline(always)]
+fn short_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let x = *b.get(*pos)?;
+    if x < 0x80 {
+        *pos += 1;
+        return Some(u64::from(x));
+    }
+    let y = *b.get(*pos + 1)?;
+    if y < 0x80 {
+        *pos += 2;
+        return Some(u64::from(x & 0x7f) | u64::from(y) << 7);
+    }
+    let z = *b.get(*pos + 2)?;
+    if z < 0x80 {
+        *pos += 3;
+        return Some(u64::from(x & 0x7f) | u64::from(y & 0x7f) << 7 | u64::from(z) << 14);
+    }
+    None
+}
+
+impl Plain {
+    /// Reads `buf` if it is a plain data packet that
+    /// [`Packet::decode_general`] accepts, with every check it makes;
+    /// `None` for anything else, valid or not (the general path decides).
+    #[inline(always)]
+    fn read(buf: &[u8]) -> Option<Plain> {
+        let head = buf.first_chunk::<HEADER_LEN>()?;
+        if head[0..4] != [MAGIC[0], MAGIC[1], VERSION, KIND] || buf.len() > MAX_DATAGRAM {
+            return None;
+        }
+        let flags = head[4];
+        if flags & !F_SREQ != F_STATUS | F_DATA {
+            return None;
+        }
+        let key = u64::from_le_bytes(head[5..13].try_into().ok()?);
+        let mut pos = HEADER_LEN;
+        let rseq = short_varint(buf, &mut pos)?;
+        // Both below 2^21: the sum cannot overflow.
+        let alloc = rseq + short_varint(buf, &mut pos)?;
+        let ack_delay_us = short_varint(buf, &mut pos)?;
+        if *buf.get(pos)? != 0 {
+            return None;
+        }
+        pos += 1;
+        let seq = short_varint(buf, &mut pos)?;
+        let start = pos;
+        let f = *buf.get(pos)?;
+        pos += 1;
+        let (begin, end, bundle) = (f & C_BEGIN != 0, f & C_END != 0, f & C_BUNDLE != 0);
+        if f & C_RESERVED != 0 || (bundle && !begin) {
+            return None;
+        }
+        let total = if begin && !end {
+            // Below 2^21, so within MAX_MESSAGE.
+            short_varint(buf, &mut pos)?
+        } else {
+            0
+        };
+        let len = short_varint(buf, &mut pos)? as usize;
+        let whole = begin && end;
+        if (!whole && len == 0) || (begin && !end && len as u64 >= total) {
+            return None;
+        }
+        // One chunk, to the end.
+        if buf.len() - pos != len {
+            return None;
+        }
+        let chunk = ChunkHead {
+            begin,
+            end,
+            bundle,
+            total,
+            at: pos - start,
+            len,
+        };
+        Some(Plain {
+            key,
+            sreq: flags & F_SREQ != 0,
+            rseq,
+            alloc,
+            ack_delay_us,
+            seq,
+            start,
+            chunk,
+        })
     }
 }
 
@@ -896,5 +1040,153 @@ mod join_tests {
         let one = Bytes::from(vec![3u8; 10]);
         let at = one.as_ptr();
         assert_eq!(join(&mut vec![one], 10, &mut spare).as_ptr(), at);
+    }
+}
+
+#[cfg(test)]
+mod plain_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn general(buf: &Bytes) -> Result<Packet, WireError> {
+        let mut p = Packet::default();
+        p.decode_general(buf.clone()).map(|()| p)
+    }
+
+    /// The fast path takes only what the general path accepts, and leaves
+    /// the same packet (the noted first chunk included), in a packet that
+    /// held another before; `decode_into` answers as the general path does
+    /// on every input. Returns whether the fast path took it.
+    fn agree(buf: &Bytes) -> bool {
+        let slow = general(buf);
+        let mut p = Packet::default();
+        // A packet with every section and ranges, decoded into first.
+        let mut other = Vec::new();
+        let mut sack = Sack::default();
+        sack.push(5, 7);
+        Packet {
+            key: RTN | 9,
+            sreq: true,
+            status: Some(Status {
+                rseq: 1,
+                alloc: 90,
+                ack_delay_us: 3,
+                sack,
+            }),
+            accept: Some(Accept {
+                key: 4,
+                mtu: 1400,
+                max_message: 77,
+            }),
+            ..Packet::default()
+        }
+        .encode(&mut other);
+        p.decode_into(other.into()).unwrap();
+        let fast = Plain::read(buf).is_some();
+        let got = p.decode_into(buf.clone());
+        match (&slow, got) {
+            (Ok(want), Ok(())) => {
+                assert_eq!(&p, want);
+                let firsts = |q: &Packet| q.data.as_ref().map(|d| d.chunks.first);
+                assert_eq!(firsts(&p), firsts(want));
+            }
+            (Err(want), Err(e)) => assert_eq!(&e, want),
+            (want, got) => panic!("general {want:?}, decode_into {got:?}"),
+        }
+        assert!(
+            !fast || slow.is_ok(),
+            "fast path took a packet the general one refuses"
+        );
+        fast
+    }
+
+    /// A plain data packet, encoded.
+    fn plain(
+        key: u64,
+        sreq: bool,
+        rseq: u64,
+        window: u64,
+        delay: u64,
+        seq: u64,
+        c: Chunk,
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut e = Encoder::new(&mut out, key);
+        e.status(
+            &Status {
+                rseq,
+                alloc: rseq + window,
+                ack_delay_us: delay,
+                sack: Sack::default(),
+            },
+            usize::MAX,
+        );
+        e.data(seq);
+        e.chunk(&c);
+        e.sreq(sreq);
+        out
+    }
+
+    #[test]
+    fn a_bulk_packet_takes_the_fast_path() {
+        let c = Chunk {
+            begin: false,
+            end: false,
+            bundle: false,
+            total: 0,
+            bytes: Bytes::from(vec![7u8; 1400]),
+        };
+        let buf = Bytes::from(plain(RTN | 77, false, 0, 1024, 0, 12_345, c));
+        assert!(agree(&buf));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        /// Plain data packets of every shape (numbers of one to four varint
+        /// bytes), then changed in up to three bytes, cut or extended.
+        #[test]
+        fn fast_and_general_decoders_agree(
+            key in any::<u64>(),
+            sreq in any::<bool>(),
+            nums in proptest::collection::vec(0u64..(1 << 23), 4),
+            cflags in 0u8..8,
+            total in 0u64..(1 << 22),
+            len in 0usize..300,
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+            cut in 0usize..4,
+            grow in 0usize..3,
+        ) {
+            let c = Chunk {
+                begin: cflags & 1 != 0,
+                end: cflags & 2 != 0,
+                bundle: cflags & 4 != 0,
+                total,
+                bytes: Bytes::from(vec![1u8; len]),
+            };
+            let mut buf = plain(key, sreq, nums[0], nums[1], nums[2], nums[3], c);
+            agree(&Bytes::from(buf.clone()));
+            for (at, x) in edits {
+                let at = at % buf.len();
+                buf[at] ^= x;
+            }
+            buf.truncate(buf.len().saturating_sub(cut));
+            buf.extend(std::iter::repeat_n(0x42, grow));
+            agree(&Bytes::from(buf));
+        }
+
+        /// Any bytes at all behind a valid header.
+        #[test]
+        fn fast_and_general_decoders_agree_on_any_bytes(
+            flags in any::<u8>(),
+            key in any::<u64>(),
+            rest in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut buf = vec![MAGIC[0], MAGIC[1], VERSION, KIND, flags];
+            buf.extend_from_slice(&key.to_le_bytes());
+            buf.extend_from_slice(&rest);
+            agree(&Bytes::from(buf));
+        }
     }
 }

@@ -630,6 +630,9 @@ impl SendState {
     /// RTO while data is in flight, the window probe's timeout while the
     /// peer's window is shut and nothing is in flight.
     pub(super) fn arm(&mut self, now: Instant) {
+        if self.unarmed() {
+            return;
+        }
         self.end_window_probe();
         if self.rto_deadline.is_none() && (self.unacked > 0 || self.window_blocked()) {
             let wait = if self.unacked == 0 {
@@ -646,6 +649,18 @@ impl SendState {
         if self.unacked == 0 {
             self.tlp_deadline = None;
         }
+    }
+
+    /// Whether [`SendState::arm`] has nothing to do: no timer runs and
+    /// none should (nothing in flight, no new data waiting, no probe),
+    /// which is the state of an end that only receives, on every packet.
+    #[inline]
+    fn unarmed(&self) -> bool {
+        self.unacked == 0
+            && self.rto_deadline.is_none()
+            && self.tlp_deadline.is_none()
+            && !self.window_probing
+            && !self.has_new()
     }
 
     /// Drops the window probe's deadline once the window is open or data

@@ -211,6 +211,20 @@ fn move_bundles(s: &mut SendStage, a: &mut Association, stats: &mut EndpointStat
     moved
 }
 
+/// Whether datagram `d` is an association packet by its first four bytes
+/// (what [`Core::handle_datagram`] checks before it hands one to the
+/// association endpoint).
+#[inline]
+fn is_association(d: &Bytes) -> bool {
+    d.first_chunk::<4>()
+        == Some(&[
+            wire::MAGIC[0],
+            wire::MAGIC[1],
+            wire::VERSION,
+            association::KIND,
+        ])
+}
+
 /// A frame to send: destination and its bytes in `Core::fbuf`.
 type Frame = (SocketAddr, usize, usize);
 
@@ -685,6 +699,43 @@ impl Core {
             Err(_) => self.stats.dropped_malformed += 1,
         }
         self.frames_in = frames;
+    }
+
+    /// Takes the datagrams of one receive from `from` (one, or the
+    /// segments of a GRO run), as [`Core::handle_datagram`] takes each:
+    /// association packets in a row go to the endpoint together (see
+    /// [`association::Endpoint::handle_datagrams`]).
+    pub(crate) fn handle_run(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        mut datagrams: impl Iterator<Item = Bytes>,
+    ) {
+        loop {
+            // The first datagram that is not an association packet stops
+            // the run; it goes the way of every other.
+            let mut other = None;
+            let Core {
+                assocs,
+                assoc_io,
+                stats,
+                ..
+            } = self;
+            let run = std::iter::from_fn(|| {
+                let d = datagrams.next()?;
+                if !is_association(&d) {
+                    other = Some(d);
+                    return None;
+                }
+                stats.datagrams_received += 1;
+                Some(d)
+            });
+            assoc_io.input_run(assocs, now, from, run);
+            match other {
+                Some(d) => self.handle_datagram(now, from, d),
+                None => return,
+            }
+        }
     }
 
     #[inline(always)]

@@ -89,9 +89,8 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                             core.stats.dropped_truncated += 1;
                             continue;
                         }
-                        for dg in d.datagrams() {
-                            core.handle_datagram(now, d.from, dg);
-                        }
+                        let from = d.from;
+                        core.handle_run(now, from, d.into_datagrams());
                     }
                     if drained {
                         break;

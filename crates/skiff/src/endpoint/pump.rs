@@ -58,6 +58,20 @@ impl Pump {
         ep.handle_datagram(now, from, packet);
     }
 
+    /// Feeds association packets that arrived together from `from` (the
+    /// segments of one GRO run), in order: the endpoint finds the
+    /// association of a run of packets for it once.
+    #[inline]
+    pub fn input_run(
+        &self,
+        ep: &mut association::Endpoint,
+        now: Instant,
+        from: SocketAddr,
+        packets: impl IntoIterator<Item = Bytes>,
+    ) {
+        ep.handle_datagrams(now, from, packets);
+    }
+
     /// Acts on the endpoint's timers that are due at `now`.
     pub fn timers(&self, ep: &mut association::Endpoint, now: Instant) {
         ep.handle_timeout(now);
