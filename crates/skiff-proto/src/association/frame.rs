@@ -427,6 +427,7 @@ impl Packet {
     /// decodes every packet into the same one instead of moving a fresh
     /// one around), and keeping `buf` for its data (no slice of it is
     /// made). On an error `self` holds no meaning (and no data).
+    #[inline(always)]
     pub fn decode_into(&mut self, buf: Bytes) -> Result<(), WireError> {
         if let Some(p) = Plain::read(&buf) {
             self.set_plain(&p, buf);

@@ -977,8 +977,11 @@ impl SendState {
         if self.changes_nothing(st) {
             // What `apply_status` would do with it: no packet acknowledged,
             // so no RTT sample, no progress and no loss; only the timers
-            // are armed.
-            self.arm(now);
+            // are armed (checked here first: an end that only receives has
+            // none to arm, on every packet).
+            if !self.unarmed() {
+                self.arm(now);
+            }
             return AckOutcome::default();
         }
         self.apply_status(now, st)
