@@ -952,3 +952,88 @@ impl Core {
         t
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use skiff_proto::association::{Endpoint, EndpointConfig};
+    use skiff_proto::BatcherConfig;
+
+    use super::*;
+
+    fn core() -> Core {
+        let batcher = Batcher::new(BatcherConfig {
+            qthresh: 1472,
+            timeout: Duration::ZERO,
+            max_datagram: 1472,
+            max_destinations: 16,
+            source: 1,
+        });
+        let assocs = Endpoint::new(EndpointConfig::default());
+        Core::new(assocs, batcher, LossDetector::new(16), 64)
+    }
+
+    /// A run of datagrams of every kind the endpoint takes (set-ups of
+    /// associations, best-effort batches, foreign and malformed bytes),
+    /// the association packets in runs and alone.
+    fn mixed_run(now: Instant, me: SocketAddr) -> Vec<Bytes> {
+        let mut peer = Endpoint::new(EndpointConfig {
+            seed: 7,
+            ..EndpointConfig::default()
+        });
+        let mut firsts = Vec::new();
+        let mut buf = Vec::new();
+        for _ in 0..3 {
+            peer.connect(now, me, 0);
+            while let Some(t) = peer.poll_transmit(now, &mut buf) {
+                assert_eq!(t.destination, me);
+                firsts.push(Bytes::from(buf.clone()));
+            }
+        }
+        assert_eq!(firsts.len(), 3);
+        let batch = |seq: u64| {
+            let msgs = [Message::new("a.b", Bytes::from_static(b"hello"))];
+            Bytes::from(wire::encode_datagram(9, 0, seq, &msgs).unwrap())
+        };
+        let mut garbled = firsts[1].to_vec();
+        garbled[4] = 0xff;
+        vec![
+            firsts[0].clone(),
+            firsts[0].clone(),
+            batch(0),
+            firsts[1].clone(),
+            Bytes::from(garbled),
+            Bytes::from_static(b"not skiff"),
+            firsts[2].clone(),
+            batch(1),
+            Bytes::from_static(b"SK"),
+            firsts[1].clone(),
+        ]
+    }
+
+    /// A receive handed over whole goes where each of its datagrams goes
+    /// one by one: the same counters, the same associations, the same
+    /// messages.
+    #[test]
+    fn a_run_is_taken_as_its_datagrams_one_by_one() {
+        let now = Instant::now();
+        let me: SocketAddr = "10.0.0.1:4000".parse().unwrap();
+        let from: SocketAddr = "10.0.0.2:4000".parse().unwrap();
+        let run = mixed_run(now, me);
+        let (mut one, mut all) = (core(), core());
+        for d in run.iter().cloned() {
+            one.handle_datagram(now, from, d);
+        }
+        all.handle_run(now, from, run.into_iter());
+        assert_eq!(one.stats, all.stats);
+        assert_eq!(one.stats.datagrams_received, 10);
+        assert!(one.stats.dropped_foreign > 0 && one.stats.dropped_malformed > 0);
+        assert_eq!(one.assocs.stats(), all.assocs.stats());
+        assert_eq!(one.assocs.stats().first_accepted, 3);
+        assert_eq!(one.assocs.stats().first_duplicate, 2);
+        assert_eq!(one.assocs.stats().malformed, 1);
+        assert_eq!(one.inbox.len(), 2);
+        assert_eq!(one.inbox, all.inbox);
+    }
+}
