@@ -20,7 +20,12 @@
 # (-cluster / -routes), driven by bench/nats/natsbench (nats.go) with
 # -pub-url / -sub-url. Each case runs for skiff and then for nats.
 #
-#   bench/mesh.sh [--duration-secs 2] [--trials 10] [--only nats|skiff]
+#   bench/mesh.sh [--duration-secs 2] [--trials 10] [--repeat 1] [--only nats|skiff]
+#
+# With --repeat N every publish/subscribe and request case runs N times
+# (skiff's run and nats's alternating) and each row is the median run (by
+# msgs/s, or p50 for latency rows) with the range of all runs (`runs`,
+# `run_min`, `run_max`): one run on this VM can stray by a third.
 #
 # Rows (one JSON object per line, with a "case" field) go to
 # bench/mesh.jsonl; a Markdown section with the summary and the ratio to
@@ -32,13 +37,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=2
 TRIALS=10
+REPEAT=1
 ONLY=both
 while [ $# -gt 0 ]; do
     case "$1" in
         --duration-secs) DUR="$2"; shift 2 ;;
         --trials) TRIALS="$2"; shift 2 ;;
+        --repeat) REPEAT="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
-        *) echo "usage: bench/mesh.sh [--duration-secs N] [--trials N] [--only nats|skiff]" >&2; exit 2 ;;
+        *) echo "usage: bench/mesh.sh [--duration-secs N] [--trials N] [--repeat N] [--only nats|skiff]" >&2; exit 2 ;;
     esac
 done
 SIZES=(8 256)
@@ -222,14 +229,36 @@ request_case() {
     fi
 }
 
-echo "== publish/subscribe" >&2
-pubsub_case "A->A" 1x1 0 0 0
-pubsub_case "A->B" 1x1 1 0 1
-pubsub_case "A->B+C" 1x2 0 0 1 2
-echo "== request/reply" >&2
-request_case "1 node" 0 0
-request_case "2 nodes" 0 1
-request_case "3 nodes" 0 1 2
+for run in $(seq "$REPEAT"); do
+    echo "== publish/subscribe (run $run of $REPEAT)" >&2
+    pubsub_case "A->A" 1x1 0 0 0
+    pubsub_case "A->B" 1x1 1 0 1
+    pubsub_case "A->B+C" 1x2 0 0 1 2
+    echo "== request/reply (run $run of $REPEAT)" >&2
+    request_case "1 node" 0 0
+    request_case "2 nodes" 0 1
+    request_case "3 nodes" 0 1 2
+done
+# Each row the median of its runs (rows of one case, test, mode and size).
+python3 - "$OUT" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def merit(r):
+    if r["mode"].endswith("-latency") or r.get("msgs_per_s") is None:
+        return -(r.get("p50_us") or 0.0)
+    return r["msgs_per_s"]
+groups = {}
+for r in rows:
+    groups.setdefault((r["case"], r["test"], r["mode"], r["size"]), []).append(r)
+with open(sys.argv[1], "w") as out:
+    for runs in groups.values():
+        runs.sort(key=merit)
+        row = dict(runs[(len(runs) - 1) // 2])
+        if len(runs) > 1:
+            lo, hi = sorted(abs(merit(r)) for r in (runs[0], runs[-1]))
+            row.update(runs=len(runs), run_min=lo, run_max=hi)
+        out.write(json.dumps(row) + "\n")
+PY
 if [ $RUN_SKIFF = 1 ]; then
     echo "== failover (kill -9, $TRIALS trials)" >&2
     "$SKIFF" bench failover --json --trials "$TRIALS" --net "bench-$$-failover" \
@@ -249,7 +278,9 @@ echo "## Mesh: three nodes against a three-node nats-server cluster"
 echo
 echo "Machine: $(nproc) cores, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), Linux $(uname -r);"
 echo "nats-server $("$NATS_SERVER" --version | awk '{print $NF}'), nats.go load generator; $(date -u +%Y-%m-%d)."
-echo "Command: \`bench/mesh.sh --duration-secs $DUR --trials $TRIALS\`; rows in \`bench/mesh.jsonl\`."
+median=""
+[ "$REPEAT" -gt 1 ] && median=", each the median of $REPEAT runs, skiff's and nats's alternating"
+echo "Command: \`bench/mesh.sh --duration-secs $DUR --trials $TRIALS --repeat $REPEAT\`; rows in \`bench/mesh.jsonl\`$median."
 echo "All six servers on loopback; A, B, C are the three nodes of each system (skiff: \`--mesh\`, seeds, no scouting;"
 echo "nats: routes). skiff subscriptions use the \`block\` policy; nats subscribers 64 MB / 65536-message pending limits."
 [ "$both" = yes ] || echo "**Only the $([ $RUN_NATS = 1 ] && echo nats || echo skiff) half ran: no comparison.**"

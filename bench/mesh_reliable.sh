@@ -9,6 +9,9 @@
 #
 #   bench/mesh_reliable.sh [--duration-secs 2]
 #
+# Every row is the median of REPEAT runs (default 3; bench/mesh.sh
+# --repeat), so that the ratios between parts (reliable at 1.4 % drop
+# against lossless) compare medians, not two single runs.
 # Needs root for the namespace part (skipped, and said so, without it).
 # Each part's Markdown summary goes to stdout under its own heading; rows
 # to bench/mesh.jsonl (overwritten by each part: the last part's stay).
@@ -24,11 +27,11 @@ export SKIFF
 echo "## Reliable links (default), against nats-server"
 echo
 uptime | sed 's/^/Load: /'
-bench/mesh.sh --duration-secs "$DUR" --trials 3
+bench/mesh.sh --duration-secs "$DUR" --trials 3 --repeat "${REPEAT:-3}"
 echo
 echo "## Best-effort links (SKIFF_BEST_EFFORT='bench.>'), skiff only"
 echo
-SKIFF_BEST_EFFORT='bench.>' bench/mesh.sh --duration-secs "$DUR" --trials 1 --only skiff
+SKIFF_BEST_EFFORT='bench.>' bench/mesh.sh --duration-secs "$DUR" --trials 1 --repeat "${REPEAT:-3}" --only skiff
 if [ "$(id -u)" = 0 ] && ip netns add skiff-bench-$$ 2>/dev/null; then
     trap 'ip netns del skiff-bench-$$' EXIT
     ip netns exec skiff-bench-$$ ip link set lo up
@@ -39,7 +42,7 @@ if [ "$(id -u)" = 0 ] && ip netns add skiff-bench-$$ 2>/dev/null; then
         echo "## $mode links at 1.4 % UDP drop (a namespace's loopback), skiff only"
         echo
         if [ $mode = best-effort ]; then export SKIFF_BEST_EFFORT='bench.>'; else unset SKIFF_BEST_EFFORT; fi
-        ip netns exec skiff-bench-$$ bench/mesh.sh --duration-secs "$DUR" --trials 1 --only skiff
+        ip netns exec skiff-bench-$$ bench/mesh.sh --duration-secs "$DUR" --trials 1 --repeat "${REPEAT:-3}" --only skiff
         ip netns exec skiff-bench-$$ iptables -L INPUT -v -n -x | awk '/DROP/ { print "iptables dropped " $1 " packets so far" }'
     done
 else

@@ -19,6 +19,10 @@
 # Rows go to bench/tunnel.jsonl; stdout gets a Markdown section with the
 # machine, the commands, the tables and the issue's targets.
 # SKIFF_BENCH=path uses that skiff-bench binary instead of building one.
+# Each test runs REPEAT times (default 5), the tunnel's runs alternating
+# with TCP's, and each row is the median run with the range of all of
+# them (`--repeat`): on this VM one run of the same binary strays by up
+# to half from the next, so a single pair of runs decides little.
 #
 # Run it on a quiet machine: with two cores, anything else running shows
 # up in every figure.
@@ -48,7 +52,7 @@ run() { # label, then the command prefix and options
   echo "running: $* --label $label ${EXTRA[*]}" >&2
   "$@" --json --label "$label" --markdown "$tmp/$label.md" "${EXTRA[@]}" | tee -a "$jsonl" >&2
 }
-EXTRA=("$@")
+EXTRA=(--repeat "${REPEAT:-5}" "$@")
 
 run lo-lossless "$SKIFF_BENCH" tunnel --mtu 65507
 have_ns=1
@@ -77,7 +81,8 @@ Machine: $(nproc) cores, ${cpu:-unknown CPU}, Linux $(uname -r), $(rustc --versi
 Load average when the run ended: $(cut -d' ' -f1-3 /proc/loadavg) (other builds and tests
 share this machine; every figure below is from one run, tunnel and TCP side by side).
 
-Command: \`bench/tunnel.sh${shown_args}\` (rows in \`bench/tunnel.jsonl\`). Three runs:
+Command: \`REPEAT=${REPEAT:-5} bench/tunnel.sh${shown_args}\` (rows in \`bench/tunnel.jsonl\`): each row is the
+median of ${REPEAT:-5} runs, tunnel and TCP alternating (the range of the runs is in the options column). Three settings:
 \`lo-lossless\` on loopback with tunnel mtu=65507; \`ns-lossless\` in a network namespace
 whose loopback has MTU 1500, tunnel mtu=1472; \`ns-drop1.4%\` the same with iptables
 dropping 1.4 % of the packets to the receivers' ports (${dropped:-no} packets dropped).

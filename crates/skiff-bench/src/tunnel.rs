@@ -30,23 +30,38 @@ pub(crate) fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn E
     let rt = tunnel::runtime()?;
     let show = out.progress_enabled();
     for t in p.tests.iter().copied() {
-        out.push(tunnel::run_one(&rt, p, t, show)?)?;
-        let limits = p.limits(t);
-        let row = if t == Test::Pingpong {
-            let pb = report::progress(show, limits.messages, "tcp pingpong");
-            let row = tcp::pingpong(p, limits, &pb);
-            pb.finish_and_clear();
-            row
-        } else {
-            let pb = report::spinner(show, &format!("tcp {}", t.name()));
-            let size = if t == Test::Bulk { p.chunk } else { p.size };
-            let row = tcp::stream(p, size, limits, t.name(), t != Test::Bulk);
-            pb.finish_and_clear();
-            row
-        };
-        out.push(row?)?;
+        // With `--repeat`, the tunnel's runs and TCP's alternate, so that
+        // a drift of the machine's speed meets both alike.
+        let (mut tunnel_runs, mut tcp_runs) = (Vec::new(), Vec::new());
+        for _ in 0..p.repeat {
+            tunnel_runs.push(tunnel::run_one(&rt, p, t, show)?);
+            tcp_runs.push(tcp_row(p, t, show)?);
+        }
+        for row in [Row::median(tunnel_runs), Row::median(tcp_runs)]
+            .into_iter()
+            .flatten()
+        {
+            out.push(row)?;
+        }
     }
     Ok(())
+}
+
+/// One run of TCP's row of test `t`.
+fn tcp_row(p: &TunnelParams, t: Test, show: bool) -> Result<Row, Box<dyn Error>> {
+    let limits = p.limits(t);
+    if t == Test::Pingpong {
+        let pb = report::progress(show, limits.messages, "tcp pingpong");
+        let row = tcp::pingpong(p, limits, &pb);
+        pb.finish_and_clear();
+        row
+    } else {
+        let pb = report::spinner(show, &format!("tcp {}", t.name()));
+        let size = if t == Test::Bulk { p.chunk } else { p.size };
+        let row = tcp::stream(p, size, limits, t.name(), t != Test::Bulk);
+        pb.finish_and_clear();
+        row
+    }
 }
 
 /// The label of a row's mode (what `--label` added), or "".

@@ -62,6 +62,17 @@ pub struct Row {
     /// The locator or settings used, so the row can be reproduced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options: Option<String>,
+    /// Runs of the test this row is the median of (`--repeat`); absent for
+    /// a single run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
+    /// The lowest and highest value of the row's figure of merit
+    /// ([`Row::merit`]) over those runs: how far a single run strays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_min: Option<f64>,
+    /// See `run_min`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_max: Option<f64>,
 }
 
 impl Row {
@@ -99,6 +110,37 @@ impl Row {
     pub fn to_json(&self) -> String {
         // A struct of strings, integers and options cannot fail to serialize.
         serde_json::to_string(self).expect("Row serializes")
+    }
+
+    /// The figure a run is judged by, higher is better: MB/s for a bulk
+    /// row, messages per second for a rate row, and minus the median
+    /// round trip for a latency row.
+    pub fn merit(&self) -> f64 {
+        match (self.mb_per_s, self.msgs_per_s, self.p50_us) {
+            (Some(mb), _, _) if self.test == "bulk" => mb,
+            (_, Some(rate), _) => rate,
+            (_, _, Some(p50)) => -p50,
+            _ => 0.0,
+        }
+    }
+
+    /// The run whose [`Row::merit`] is the median of `runs` (the lower
+    /// middle one of an even count), with `runs`, `run_min` and `run_max`
+    /// set from all of them; `None` for no runs. A single run is returned
+    /// as it is.
+    pub fn median(mut runs: Vec<Row>) -> Option<Row> {
+        let n = runs.len();
+        if n <= 1 {
+            return runs.pop();
+        }
+        runs.sort_by(|a, b| a.merit().total_cmp(&b.merit()));
+        let figure = |r: &Row| r.merit().abs();
+        let (lo, hi) = (figure(&runs[0]), figure(&runs[n - 1]));
+        let mut row = runs.swap_remove((n - 1) / 2);
+        row.runs = u32::try_from(n).ok();
+        row.run_min = Some(lo.min(hi));
+        row.run_max = Some(lo.max(hi));
+        Some(row)
     }
 
     /// The (test, mode) pair that names this row's series in a plot.
@@ -188,6 +230,26 @@ fn num(v: f64) -> String {
     }
 }
 
+/// The options cell: the row's options, after how many runs it is the
+/// median of and their range, if it is one.
+fn options_cell(r: &Row) -> String {
+    let options = r.options.clone().unwrap_or_default();
+    match (r.runs, r.run_min, r.run_max) {
+        (Some(n), Some(lo), Some(hi)) => {
+            // The same figure as `Row::merit`: a rate unless the row is
+            // bulk (MB/s) or has no rate (p50, µs).
+            let rate = r.msgs_per_s.is_some() && !(r.test == "bulk" && r.mb_per_s.is_some());
+            let (lo, hi) = if rate {
+                (si(lo), si(hi))
+            } else {
+                (num(lo), num(hi))
+            };
+            format!("median of {n} runs ({lo} to {hi}); {options}")
+        }
+        _ => options,
+    }
+}
+
 /// One row's cells as the table shows them, in [`COLUMNS`] order.
 pub fn cells(r: &Row) -> [String; 12] {
     [
@@ -205,7 +267,7 @@ pub fn cells(r: &Row) -> [String; 12] {
             _ => l.to_string(),
         }),
         opt(r.cpu_pct, |c| format!("{c:.0}")),
-        r.options.clone().unwrap_or_default(),
+        options_cell(r),
     ]
 }
 
@@ -452,6 +514,60 @@ mod tests {
         }
         b.set_latency(&h);
         vec![a, b]
+    }
+
+    fn bulk(mb: f64) -> Row {
+        Row {
+            mb_per_s: Some(mb),
+            msgs_per_s: Some(mb / 0.065_536),
+            options: Some(format!("run at {mb}")),
+            ..Row::new("bulk", "tunnel", 65_536)
+        }
+    }
+
+    #[test]
+    fn the_median_run_is_the_row_with_the_range_of_all_runs() {
+        let rows = [1800.0, 2400.0, 1200.0, 2000.0, 1900.0].map(bulk).to_vec();
+        let m = Row::median(rows).unwrap();
+        assert_eq!(m.mb_per_s, Some(1900.0));
+        assert_eq!(
+            m.options.as_deref(),
+            Some("run at 1900"),
+            "the whole run's row"
+        );
+        assert_eq!(
+            (m.runs, m.run_min, m.run_max),
+            (Some(5), Some(1200.0), Some(2400.0))
+        );
+        assert!(
+            cells(&m)[11].starts_with("median of 5 runs (1200 to 2400)"),
+            "{:?}",
+            cells(&m)
+        );
+        // An even count takes the lower middle; one run stays as it was.
+        let m = Row::median([3.0, 1.0, 4.0, 2.0].map(bulk).to_vec()).unwrap();
+        assert_eq!(m.mb_per_s, Some(2.0));
+        let one = Row::median(vec![bulk(7.0)]).unwrap();
+        assert_eq!((one.runs, one.run_min), (None, None));
+        assert!(Row::median(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn latency_rows_take_the_median_p50_and_rate_rows_the_median_rate() {
+        let lat = |p50: f64| Row {
+            p50_us: Some(p50),
+            ..Row::new("pingpong", "tunnel", 64)
+        };
+        let m = Row::median([90.0, 30.0, 50.0].map(lat).to_vec()).unwrap();
+        assert_eq!(m.p50_us, Some(50.0));
+        assert_eq!((m.run_min, m.run_max), (Some(30.0), Some(90.0)));
+        let rate = |r: f64| Row {
+            msgs_per_s: Some(r),
+            mb_per_s: Some(r * 64.0 / 1e6),
+            ..Row::new("msgs", "tunnel", 64)
+        };
+        let m = Row::median([3e6, 1e6, 2e6].map(rate).to_vec()).unwrap();
+        assert_eq!(m.msgs_per_s, Some(2e6));
     }
 
     #[test]

@@ -120,6 +120,12 @@ pub struct TunnelParams {
         default_value = "bulk,msgs,stream,pingpong"
     )]
     pub tests: Vec<Test>,
+    /// Runs of each test; the row printed is the median run (by its MB/s,
+    /// msgs/s or p50), with the lowest and highest figure beside it. On a
+    /// shared or virtual machine one run can stray by half; skiff-bench
+    /// alternates the tunnel's runs with TCP's.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=101))]
+    pub repeat: u32,
 }
 
 impl TunnelParams {
@@ -220,7 +226,13 @@ pub fn run(args: &TunnelArgs, out: &mut Reporter) -> Result<(), Box<dyn Error>> 
     let p = &args.params;
     let rt = runtime()?;
     for t in p.tests.iter().copied() {
-        out.push(run_one(&rt, p, t, out.progress_enabled())?)?;
+        let mut runs = Vec::new();
+        for _ in 0..p.repeat {
+            runs.push(run_one(&rt, p, t, out.progress_enabled())?);
+        }
+        if let Some(row) = Row::median(runs) {
+            out.push(row)?;
+        }
     }
     Ok(())
 }
