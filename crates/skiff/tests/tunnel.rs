@@ -837,29 +837,3 @@ async fn first_flood_is_bounded_and_counted() {
     let r = client.connect(to, Duration::from_millis(200)).await;
     assert!(r.is_err());
 }
-
-/// The receiving driver polls its socket before it sleeps only behind a
-/// bulk batch, and only when `spin` is set; either way every byte arrives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_driver_polls_after_bulk_batches_only_when_spin_is_set() {
-    for (spin, polls) in [("spin=2ms", true), ("spin=0", false)] {
-        // Datagrams of up to 64 KiB: every full data packet is a bulk batch.
-        let (server, _client, s, c) = connected(&format!("mtu=65507&{spin}")).await;
-        let msg = Bytes::from(vec![7u8; 1 << 20]);
-        let sender = tokio::spawn(async move {
-            for _ in 0..8 {
-                c.send(msg.clone()).await.unwrap();
-            }
-            c
-        });
-        let mut got = 0;
-        while got < 8 << 20 {
-            got += s.recv().await.unwrap().unwrap().len();
-        }
-        assert_eq!(got, 8 << 20);
-        drop(sender.await.unwrap());
-        let st = server.stats();
-        assert_eq!(st.spins > 0, polls, "{spin}: {st:?}");
-        assert!(st.spin_hits <= st.spins, "{st:?}");
-    }
-}

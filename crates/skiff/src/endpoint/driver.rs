@@ -10,25 +10,17 @@
 //! application's threads may re-arm it earlier without waking the driver
 //! when they send on their own (see `Shared::transmit`). The outbox is
 //! shared the same way: whoever holds it sends.
-//!
-//! Behind a bulk batch the driver polls the socket a little before it
-//! sleeps (`spin`): at the rates a bulk flow reaches on one host, the next
-//! batch is usually under way, and finding it awake saves the wake-ups of
-//! the driver, the reader it hands the batch to and the sender its
-//! acknowledgement would have woken, which together cost more than the
-//! bytes.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use super::Shared;
-use crate::sys;
 use crate::udp::{RecvBatch, SendBatch};
 
 /// Datagrams per `recvmmsg`.
@@ -42,10 +34,6 @@ const RECV_ROUNDS: usize = 8;
 /// kernel's copy took about twice the time per byte: the bulk runs in
 /// `bench/RESULTS.md`).
 pub(crate) const SEND_BYTES: usize = 256 << 10;
-/// A wake-up that received at least this many bytes (half a GRO run of
-/// full datagrams: a bulk flow) is followed by polling for `spin` before
-/// the driver sleeps ([`EndpointConfig::spin`](super::EndpointConfig::spin)).
-const SPIN_AFTER: usize = 32 << 10;
 /// The driver thread's body.
 pub(crate) fn run(shared: Arc<Shared>) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -82,7 +70,6 @@ async fn drive(shared: &Shared) -> io::Result<()> {
         }
         let now = Instant::now();
         let mut more = false;
-        let mut received = 0usize;
         for round in 0..=RECV_ROUNDS {
             if round == RECV_ROUNDS {
                 more = true;
@@ -103,7 +90,6 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                             continue;
                         }
                         let from = d.from;
-                        received += d.data.len();
                         core.handle_run(now, from, d.into_datagrams());
                     }
                     if drained {
@@ -148,15 +134,6 @@ async fn drive(shared: &Shared) -> io::Result<()> {
             tokio::task::yield_now().await;
             continue;
         }
-        if received >= SPIN_AFTER && !blocked && !shared.config.spin.is_zero() {
-            let hit = arrives_within(shared, shared.config.spin);
-            let mut core = shared.core.lock();
-            core.stats.spins += 1;
-            if hit {
-                core.stats.spin_hits += 1;
-                continue;
-            }
-        }
         let out_fd = match blocked.then(|| writable(shared)).transpose() {
             Ok(fd) => fd,
             // No descriptor to spare: try the send again after the other
@@ -185,23 +162,6 @@ async fn drive(shared: &Shared) -> io::Result<()> {
                     g.clear_ready();
                 }
             }
-        }
-    }
-}
-
-/// Whether something arrives on the socket within `spin`, polled without
-/// sleeping (a `poll` with no timeout between short pauses).
-fn arrives_within(shared: &Shared, spin: Duration) -> bool {
-    let until = Instant::now() + spin;
-    loop {
-        if sys::poll(shared.socket.as_fd(), libc::POLLIN, Some(Duration::ZERO)).unwrap_or(true) {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        for _ in 0..64 {
-            std::hint::spin_loop();
         }
     }
 }

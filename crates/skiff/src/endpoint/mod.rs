@@ -104,24 +104,13 @@ pub struct EndpointConfig {
     pub max_datagram: usize,
     /// Socket options (`sndbuf`, `rcvbuf` default 4 MiB; `gso`, `gro`).
     pub udp: UdpConfig,
-    /// How long the driver keeps polling the socket before it sleeps, after
-    /// a wake-up that received a bulk batch (`spin`, e.g. `50us`; `0`
-    /// never polls). A bulk flow's next batch then finds the driver awake
-    /// instead of costing a wake-up of the driver and of everyone it wakes
-    /// in turn (the reader, the sender through an acknowledgement): the
-    /// idle strategy of Aeron's or DPDK's pollers, bounded, and only behind
-    /// bulk traffic. It spends up to that much CPU at the end of a flow.
-    pub spin: Duration,
 }
-
-/// The default of [`EndpointConfig::spin`].
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 const OPTIONS: &str =
     "service, mtu, window, window_bytes, recv_buffer, send_buffer, max_message, sreq_every, \
      ack_delay, min_rto, min_pto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
      max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
-     gso, gro, bundles, spin";
+     gso, gro, bundles";
 
 impl EndpointConfig {
     /// Defaults, bound to `bind`.
@@ -144,7 +133,6 @@ impl EndpointConfig {
                 recv_buffer: Some(4 << 20),
                 ..UdpConfig::default()
             },
-            spin: DEFAULT_SPIN,
         }
     }
 
@@ -197,7 +185,6 @@ impl EndpointConfig {
                 "gso" => c.udp.gso = locator::parse_bool(k, v)?,
                 "bundles" => a.bundles = locator::parse_bool(k, v)?,
                 "gro" => c.udp.gro = locator::parse_bool(k, v)?,
-                "spin" => c.spin = locator::parse_duration(k, v)?,
                 _ => return Ok(false),
             }
             Ok(true)
@@ -232,12 +219,6 @@ pub struct EndpointStats {
     pub recv_calls: u64,
     /// Driver wake-ups.
     pub wakeups: u64,
-    /// Times the driver polled the socket before sleeping
-    /// ([`EndpointConfig::spin`]), and of those, times data came while it
-    /// polled (a wake-up saved).
-    pub spins: u64,
-    /// See `spins`.
-    pub spin_hits: u64,
     /// Compound datagrams sent (several frames sharing one datagram).
     pub compound_sent: u64,
     /// Frames that travelled inside compound datagrams sent.
