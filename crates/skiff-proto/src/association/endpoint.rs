@@ -568,13 +568,36 @@ impl Endpoint {
     /// as it was when `None` is returned.
     #[must_use]
     pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.poll_with(|a| a.poll_transmit_append(now, buf))
+    }
+
+    /// Like [`poll_transmit_append`](Self::poll_transmit_append), but a
+    /// data packet's large last chunk is handed out in `tail` rather than
+    /// copied (see [`Association::poll_transmit_split`]).
+    #[must_use]
+    pub fn poll_transmit_split(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        tail: &mut Option<Bytes>,
+    ) -> Option<Transmit> {
+        self.poll_with(|a| a.poll_transmit_split(now, buf, tail))
+    }
+
+    /// The next datagram any association has, as `poll` takes it from one,
+    /// taking associations in turn.
+    #[inline]
+    fn poll_with(
+        &mut self,
+        mut poll: impl FnMut(&mut Association) -> Option<Transmit>,
+    ) -> Option<Transmit> {
         while let Some(&key) = self.ready.front() {
             let Some(s) = self.slots.get_mut(&key) else {
                 self.ready.pop_front();
                 self.turn = 0;
                 continue;
             };
-            if let Some(t) = s.assoc.poll_transmit_append(now, buf) {
+            if let Some(t) = poll(&mut s.assoc) {
                 if !s.touched {
                     s.touched = true;
                     self.touched.push(key);

@@ -27,6 +27,30 @@ pub trait Outlet {
         now: Instant,
         poll: impl FnOnce(&mut Vec<u8>) -> Option<Transmit>,
     ) -> Option<usize>;
+
+    /// Whether the outlet takes a packet's large payload by reference
+    /// ([`Outlet::take_split`]) rather than copied into its buffer.
+    const SPLIT: bool = false;
+
+    /// Like [`Outlet::take`], but `poll` may set the packet's last bytes in
+    /// its second argument instead of appending them (see
+    /// [`Endpoint::poll_transmit_split`](association::Endpoint::poll_transmit_split)).
+    /// Called only when [`Outlet::SPLIT`]; by default the bytes are
+    /// appended.
+    fn take_split(
+        &mut self,
+        now: Instant,
+        poll: impl FnOnce(&mut Vec<u8>, &mut Option<Bytes>) -> Option<Transmit>,
+    ) -> Option<usize> {
+        self.take(now, |buf| {
+            let mut tail = None;
+            let t = poll(buf, &mut tail)?;
+            if let Some(b) = tail {
+                buf.extend_from_slice(&b);
+            }
+            Some(t)
+        })
+    }
 }
 
 /// Drives one association endpoint: see the module documentation. Order
@@ -88,7 +112,12 @@ impl Pump {
     ) -> bool {
         let mut bytes = 0;
         while bytes < self.max_bytes {
-            let Some(n) = out.take(now, |buf| ep.poll_transmit_append(now, buf)) else {
+            let n = if O::SPLIT {
+                out.take_split(now, |buf, tail| ep.poll_transmit_split(now, buf, tail))
+            } else {
+                out.take(now, |buf| ep.poll_transmit_append(now, buf))
+            };
+            let Some(n) = n else {
                 return false;
             };
             bytes = bytes.saturating_add(n);

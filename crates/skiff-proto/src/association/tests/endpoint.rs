@@ -113,7 +113,22 @@ impl Duo {
         loop {
             let mut any = false;
             for side in 0..2 {
-                while let Some(t) = self.ep[side].poll_transmit(self.now, &mut buf) {
+                // Side 1 hands large payloads out by reference (the
+                // scatter-gather form): the datagram is `buf` then `tail`.
+                let mut tail = None;
+                loop {
+                    buf.clear();
+                    let t = if side == 0 {
+                        self.ep[side].poll_transmit(self.now, &mut buf)
+                    } else {
+                        self.ep[side].poll_transmit_split(self.now, &mut buf, &mut tail)
+                    };
+                    let Some(t) = t else {
+                        break;
+                    };
+                    if let Some(b) = tail.take() {
+                        buf.extend_from_slice(&b);
+                    }
                     assert_eq!(t.destination, self.addr[1 - side]);
                     assert_eq!(t.size, buf.len());
                     self.send_datagram(side, buf.clone());
