@@ -89,7 +89,7 @@ mod send;
 mod tests;
 
 pub use config::AssociationConfig;
-pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats};
+pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats, Step};
 pub use event::{
     AssociationStats, CloseReason, Event, FailReason, Pieces, SendError, State, Transmit,
 };

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
-use skiff_proto::association::{self, EndpointEvent, Transmit};
+use skiff_proto::association::{self, EndpointEvent, Step, Transmit};
 
 /// Where a [`Pump`]'s packets go.
 pub trait Outlet {
@@ -110,18 +110,25 @@ impl Pump {
         now: Instant,
         out: &mut O,
     ) -> bool {
-        let mut bytes = 0;
-        while bytes < self.max_bytes {
+        let (mut bytes, mut more) = (0usize, false);
+        ep.transmit_with(|a| {
+            if bytes >= self.max_bytes {
+                more = true;
+                return Step::Stop;
+            }
             let n = if O::SPLIT {
-                out.take_split(now, |buf, tail| ep.poll_transmit_split(now, buf, tail))
+                out.take_split(now, |buf, tail| a.poll_transmit_split(now, buf, tail))
             } else {
-                out.take(now, |buf| ep.poll_transmit_append(now, buf))
+                out.take(now, |buf| a.poll_transmit_append(now, buf))
             };
-            let Some(n) = n else {
-                return false;
-            };
-            bytes = bytes.saturating_add(n);
-        }
-        true
+            match n {
+                Some(n) => {
+                    bytes = bytes.saturating_add(n);
+                    Step::Sent
+                }
+                None => Step::Idle,
+            }
+        });
+        more
     }
 }
