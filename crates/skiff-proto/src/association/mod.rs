@@ -1162,6 +1162,7 @@ impl Association {
     /// the same instant (so the same ack delay) and whole, its encoded
     /// section is copied instead of built and encoded again. The bytes are
     /// those a fresh encoding gives.
+    #[inline]
     fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         if now == self.status_sent_at
             && !self.status_section.is_empty()
@@ -1171,6 +1172,13 @@ impl Association {
             e.status_encoded(&self.status_section);
             return;
         }
+        self.put_fresh_status(now, e, room);
+    }
+
+    /// [`Association::put_status`] when the status is built and encoded
+    /// afresh (out of line: the copy is the path of most packets).
+    #[inline(never)]
+    fn put_fresh_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         let status = self.recv.status(now);
         let at = e.written();
         let whole = e.status(&status, room);

@@ -257,13 +257,23 @@ impl std::ops::Index<usize> for PacketChunks {
 /// Drops the chunks of an acknowledged packet (its payload references)
 /// and keeps their list, if one was taken, emptied for a later packet,
 /// unless enough are kept or it grew large.
+#[inline]
 fn recycle(spare: &mut Vec<Vec<Chunk>>, chunks: PacketChunks) {
-    let mut list = chunks.rest;
+    let PacketChunks { first, rest } = chunks;
+    drop(first);
+    // A packet of one chunk (a bulk transfer's) took no list.
+    if rest.capacity() > 0 {
+        keep_list(spare, rest);
+    }
+}
+
+/// Keeps `list` (emptied) for a later packet, unless enough are kept or
+/// it grew large.
+#[inline(never)]
+fn keep_list(spare: &mut Vec<Vec<Chunk>>, mut list: Vec<Chunk>) {
     if spare.len() < SPARE_CHUNK_LISTS && list.capacity() <= SPARE_CHUNK_CAPACITY {
         list.clear();
-        if list.capacity() > 0 {
-            spare.push(list);
-        }
+        spare.push(list);
     }
 }
 
