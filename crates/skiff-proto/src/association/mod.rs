@@ -1162,7 +1162,7 @@ impl Association {
     /// the same instant (so the same ack delay) and whole, its encoded
     /// section is copied instead of built and encoded again. The bytes are
     /// those a fresh encoding gives.
-    #[inline]
+    #[inline(always)]
     fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         if now == self.status_sent_at
             && !self.status_section.is_empty()
