@@ -157,6 +157,17 @@ enum Fed {
     Gone,
 }
 
+/// What the caller of [`Endpoint::transmit_with`] did with an association.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Took a packet from it: ask again.
+    Sent,
+    /// It had none: go on with the next.
+    Idle,
+    /// Took nothing and wants no more now: stop.
+    Stop,
+}
+
 /// Data packets one association may emit before the next gets a turn.
 const PER_TURN: u32 = 16;
 
@@ -663,13 +674,80 @@ impl Endpoint {
     /// as it was when `None` is returned.
     #[must_use]
     pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.poll_with(|a| a.poll_transmit_append(now, buf))
+    }
+
+    /// Like [`poll_transmit_append`](Self::poll_transmit_append), but a
+    /// data packet's large last chunk is handed out in `tail` rather than
+    /// copied (see [`Association::poll_transmit_split`]).
+    #[must_use]
+    pub fn poll_transmit_split(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        tail: &mut Option<Bytes>,
+    ) -> Option<Transmit> {
+        self.poll_with(|a| a.poll_transmit_split(now, buf, tail))
+    }
+
+    /// Hands the associations with packets to send to `take`, in the turns
+    /// [`poll_transmit`](Self::poll_transmit) gives them, until `take`
+    /// says [`Step::Stop`] or none has more: `take` polls the association
+    /// for one packet (with [`Association::poll_transmit_append`] or
+    /// [`Association::poll_transmit_split`]) and says [`Step::Sent`] if it
+    /// got one, [`Step::Idle`] if not. The same packets in the same order
+    /// as a loop of `poll_transmit`, with one table lookup per turn of an
+    /// association instead of one per packet (a driver's bulk path).
+    pub fn transmit_with(&mut self, mut take: impl FnMut(&mut Association) -> Step) {
         while let Some(&key) = self.ready.front() {
             let Some(s) = self.slots.get_mut(&key) else {
                 self.ready.pop_front();
                 self.turn = 0;
                 continue;
             };
-            if let Some(t) = s.assoc.poll_transmit_append(now, buf) {
+            loop {
+                match take(&mut s.assoc) {
+                    Step::Stop => return,
+                    Step::Sent => {
+                        if !s.touched {
+                            s.touched = true;
+                            self.touched.push(key);
+                        }
+                        self.turn += 1;
+                        if self.turn >= PER_TURN {
+                            // Its turn is over: to the back of the line.
+                            self.turn = 0;
+                            self.ready.pop_front();
+                            self.ready.push_back(key);
+                            break;
+                        }
+                    }
+                    Step::Idle => {
+                        s.in_ready = false;
+                        self.ready.pop_front();
+                        self.turn = 0;
+                        self.remove_if_drained(key);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next datagram any association has, as `poll` takes it from one,
+    /// taking associations in turn.
+    #[inline]
+    fn poll_with(
+        &mut self,
+        mut poll: impl FnMut(&mut Association) -> Option<Transmit>,
+    ) -> Option<Transmit> {
+        while let Some(&key) = self.ready.front() {
+            let Some(s) = self.slots.get_mut(&key) else {
+                self.ready.pop_front();
+                self.turn = 0;
+                continue;
+            };
+            if let Some(t) = poll(&mut s.assoc) {
                 if !s.touched {
                     s.touched = true;
                     self.touched.push(key);

@@ -813,6 +813,14 @@ impl<'a> Encoder<'a> {
         put_chunk(self.out, c);
     }
 
+    /// Adds the header of a chunk to the DATA section, not its bytes: the
+    /// caller sends them right after what was written, as the packet's
+    /// last bytes (so only the packet's last chunk may be added this way).
+    pub fn chunk_head(&mut self, c: &Chunk) {
+        debug_assert!(self.flags() & F_DATA != 0, "chunk outside DATA");
+        put_chunk_head(self.out, c);
+    }
+
     /// Sets SREQ.
     pub fn sreq(&mut self, on: bool) {
         self.flag(F_SREQ, on);
@@ -830,6 +838,12 @@ impl<'a> Encoder<'a> {
 }
 
 fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
+    put_chunk_head(out, c);
+    out.extend_from_slice(&c.bytes);
+}
+
+/// A chunk's flags and lengths: its encoding without its bytes.
+fn put_chunk_head(out: &mut Vec<u8>, c: &Chunk) {
     let mut f = 0;
     if c.begin {
         f |= C_BEGIN;
@@ -845,7 +859,6 @@ fn put_chunk(out: &mut Vec<u8>, c: &Chunk) {
         varint::put(out, c.total);
     }
     varint::put(out, c.bytes.len() as u64);
-    out.extend_from_slice(&c.bytes);
 }
 
 /// A chunk's header, read and checked: where its bytes lie in the buffer.

@@ -89,7 +89,7 @@ mod send;
 mod tests;
 
 pub use config::AssociationConfig;
-pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats};
+pub use endpoint::{Endpoint, EndpointConfig, EndpointEvent, Handle, ListenerStats, Step};
 pub use event::{
     AssociationStats, CloseReason, Event, FailReason, Pieces, SendError, State, Transmit,
 };
@@ -1009,7 +1009,7 @@ impl Association {
     #[must_use]
     pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         let start = buf.len();
-        let t = self.transmit_into(now, buf);
+        let t = self.transmit_into(now, buf, None);
         if t.is_none() {
             buf.truncate(start);
         }
@@ -1019,7 +1019,41 @@ impl Association {
         })
     }
 
-    fn transmit_into(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+    /// Like [`poll_transmit_append`](Self::poll_transmit_append), but a
+    /// data packet's last chunk, when it carries at least 512 bytes, is not
+    /// copied into `buf`: its bytes are set in `tail` (a reference to the
+    /// message they come from), and the datagram is what was appended to
+    /// `buf` followed by `tail`'s bytes ([`Transmit::size`] counts both).
+    /// A driver that sends scatter-gather (`sendmsg` with two iovecs) then
+    /// leaves the one copy of the payload to the kernel, as TCP's `write`
+    /// does. `tail` is `None` for a datagram that is all in `buf` (it is
+    /// set to `None` first); the bytes are the same as the appending form's.
+    #[must_use]
+    pub fn poll_transmit_split(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        tail: &mut Option<Bytes>,
+    ) -> Option<Transmit> {
+        *tail = None;
+        let start = buf.len();
+        let t = self.transmit_into(now, buf, Some(&mut *tail));
+        if t.is_none() {
+            buf.truncate(start);
+        }
+        let more = tail.as_ref().map_or(0, Bytes::len);
+        t.map(|mut t| {
+            t.size = buf.len() - start + more;
+            t
+        })
+    }
+
+    fn transmit_into(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        tail: Option<&mut Option<Bytes>>,
+    ) -> Option<Transmit> {
         if self.reset_due {
             self.reset_due = false;
             let key = self.out_key()?;
@@ -1088,7 +1122,7 @@ impl Association {
                     Some((seq, sreq, tx)) => {
                         let room = self.mtu - HEADER_LEN - self.send.data_len(seq);
                         self.put_status(now, &mut e, room);
-                        self.send.encode(seq, &mut e);
+                        self.send.encode(seq, &mut e, tail);
                         e.sreq(sreq || self.ping_due);
                         match tx {
                             Tx::New => self.stats.data_packets += 1,
@@ -1128,6 +1162,7 @@ impl Association {
     /// the same instant (so the same ack delay) and whole, its encoded
     /// section is copied instead of built and encoded again. The bytes are
     /// those a fresh encoding gives.
+    #[inline(always)]
     fn put_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         if now == self.status_sent_at
             && !self.status_section.is_empty()
@@ -1137,6 +1172,13 @@ impl Association {
             e.status_encoded(&self.status_section);
             return;
         }
+        self.put_fresh_status(now, e, room);
+    }
+
+    /// [`Association::put_status`] when the status is built and encoded
+    /// afresh (out of line: the copy is the path of most packets).
+    #[inline(never)]
+    fn put_fresh_status(&mut self, now: Instant, e: &mut Encoder<'_>, room: usize) {
         let status = self.recv.status(now);
         let at = e.written();
         let whole = e.status(&status, room);

@@ -74,6 +74,11 @@ pub(super) const COALESCE_MAX: usize = 1 << 20;
 const MIN_PIECE: usize = 256;
 /// Bytes allocated at a time for gathering stream writes.
 const GATHER_ALLOC: usize = 256 << 10;
+/// A packet's last chunk of at least this many bytes is handed to a
+/// driver that asks for it by reference rather than copied into the
+/// datagram (see `Association::poll_transmit_split`): below it the copy
+/// costs less than the reference.
+pub(super) const SPLIT_MIN: usize = 512;
 
 /// RFC 6298's round-trip estimator: SRTT, RTTVAR, RTO with exponential
 /// backoff. Samples come only from packets sent once (Karn's rule); the
@@ -205,6 +210,25 @@ impl PacketChunks {
         }
     }
 
+    /// Calls `f` on each chunk but the last, in order, and returns the
+    /// last.
+    fn for_each_but_last(&self, mut f: impl FnMut(&Chunk)) -> Option<&Chunk> {
+        let first = self.first.as_ref()?;
+        let Some((last, mid)) = self.rest.split_last() else {
+            return Some(first);
+        };
+        f(first);
+        for c in mid {
+            f(c);
+        }
+        Some(last)
+    }
+
+    /// The last chunk, if any.
+    fn last(&self) -> Option<&Chunk> {
+        self.rest.last().or(self.first.as_ref())
+    }
+
     #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = &Chunk> {
         self.first.iter().chain(&self.rest)
@@ -218,11 +242,6 @@ impl PacketChunks {
     #[cfg(test)]
     fn get(&self, i: usize) -> Option<&Chunk> {
         self.iter().nth(i)
-    }
-
-    #[cfg(test)]
-    fn last(&self) -> Option<&Chunk> {
-        self.rest.last().or(self.first.as_ref())
     }
 }
 
@@ -238,13 +257,23 @@ impl std::ops::Index<usize> for PacketChunks {
 /// Drops the chunks of an acknowledged packet (its payload references)
 /// and keeps their list, if one was taken, emptied for a later packet,
 /// unless enough are kept or it grew large.
+#[inline]
 fn recycle(spare: &mut Vec<Vec<Chunk>>, chunks: PacketChunks) {
-    let mut list = chunks.rest;
+    let PacketChunks { first, rest } = chunks;
+    drop(first);
+    // A packet of one chunk (a bulk transfer's) took no list.
+    if rest.capacity() > 0 {
+        keep_list(spare, rest);
+    }
+}
+
+/// Keeps `list` (emptied) for a later packet, unless enough are kept or
+/// it grew large.
+#[inline(never)]
+fn keep_list(spare: &mut Vec<Vec<Chunk>>, mut list: Vec<Chunk>) {
     if spare.len() < SPARE_CHUNK_LISTS && list.capacity() <= SPARE_CHUNK_CAPACITY {
         list.clear();
-        if list.capacity() > 0 {
-            spare.push(list);
-        }
+        spare.push(list);
     }
 }
 
@@ -941,11 +970,22 @@ impl SendState {
         self.inflight[(seq - self.una) as usize].data_len(seq)
     }
 
-    /// Writes `seq`'s DATA section (and CLOSE flag).
-    pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>) {
+    /// Writes `seq`'s DATA section (and CLOSE flag). With `tail`, a last
+    /// chunk of at least `SPLIT_MIN` bytes is written without its bytes,
+    /// which are set in `tail` (a reference, no copy) to follow what was
+    /// written; `tail` is left as it was otherwise.
+    pub(super) fn encode(&self, seq: u64, e: &mut Encoder<'_>, tail: Option<&mut Option<Bytes>>) {
         let p = &self.inflight[(seq - self.una) as usize];
         e.data(seq);
-        p.chunks.for_each(|c| e.chunk(c));
+        match tail {
+            Some(t) if p.chunks.last().is_some_and(|c| c.bytes.len() >= SPLIT_MIN) => {
+                if let Some(last) = p.chunks.for_each_but_last(|c| e.chunk(c)) {
+                    e.chunk_head(last);
+                    *t = Some(last.bytes.clone());
+                }
+            }
+            _ => p.chunks.for_each(|c| e.chunk(c)),
+        }
         e.close(p.close);
     }
 
@@ -1291,6 +1331,41 @@ mod tests {
             }
         }
         assert!(sent >= 30 && armed >= 8, "{sent} sent, {armed} armed");
+    }
+
+    proptest::proptest! {
+        /// A packet encoded with its large last chunk handed out by
+        /// reference is, followed by that chunk's bytes, the packet encoded
+        /// whole; only a last chunk of at least `SPLIT_MIN` bytes is handed
+        /// out, and always.
+        #[test]
+        fn a_split_packet_is_the_whole_packet(
+            sizes in proptest::collection::vec(0usize..3000, 1..24),
+            budget in 100usize..1500,
+        ) {
+            let now = Instant::now();
+            let mut s = sender();
+            s.peer_alloc = 1 << 20;
+            s.window = 1 << 20;
+            for (i, &n) in sizes.iter().enumerate() {
+                s.push(Bytes::from(vec![i as u8; n]));
+            }
+            s.close_requested = true;
+            while let Some((seq, _, _)) = s.next_packet(now, budget, 4) {
+                let mut whole = Vec::new();
+                s.encode(seq, &mut Encoder::new(&mut whole, 7), None);
+                let mut split = b"before".to_vec();
+                let mut tail = None;
+                s.encode(seq, &mut Encoder::new(&mut split, 7), Some(&mut tail));
+                let p = &s.inflight[(seq - s.una) as usize];
+                let big = p.chunks.last().is_some_and(|c| c.bytes.len() >= SPLIT_MIN);
+                proptest::prop_assert_eq!(tail.is_some(), big);
+                if let Some(t) = tail {
+                    split.extend_from_slice(&t);
+                }
+                proptest::prop_assert_eq!(&split[6..], &whole[..]);
+            }
+        }
     }
 
     #[test]

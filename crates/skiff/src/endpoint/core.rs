@@ -306,6 +306,40 @@ impl Outlet for BatchOutlet<'_> {
         });
         size
     }
+
+    const SPLIT: bool = true;
+
+    /// As [`Outlet::take`], with a packet's large payload left where it
+    /// lies: the batch keeps a reference and the kernel copies it from
+    /// there (one copy of every byte, as TCP's `write`). A packet that
+    /// moves to a compound datagram is joined whole.
+    #[inline]
+    fn take_split(
+        &mut self,
+        _now: Instant,
+        poll: impl FnOnce(&mut Vec<u8>, &mut Option<Bytes>) -> Option<association::Transmit>,
+    ) -> Option<usize> {
+        let mut size = None;
+        let (fbuf, frames, max_datagram) = (&mut *self.fbuf, &mut *self.frames, self.max_datagram);
+        self.out.push_with_tail(|buf, tail| {
+            let start = buf.len();
+            let t = poll(buf, tail)?;
+            size = Some(t.size);
+            if t.alone || 2 * (t.size + 4) + compound::HEADER_LEN > max_datagram {
+                Some((t.destination, t.alone))
+            } else {
+                // Removed from the batch when this returns `None`.
+                let at = fbuf.len();
+                fbuf.extend_from_slice(&buf[start..]);
+                if let Some(b) = tail.take() {
+                    fbuf.extend_from_slice(&b);
+                }
+                frames.push((t.destination, at, fbuf.len()));
+                None
+            }
+        });
+        size
+    }
 }
 
 impl Core {

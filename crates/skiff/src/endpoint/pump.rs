@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
-use skiff_proto::association::{self, EndpointEvent, Transmit};
+use skiff_proto::association::{self, EndpointEvent, Step, Transmit};
 
 /// Where a [`Pump`]'s packets go.
 pub trait Outlet {
@@ -27,6 +27,30 @@ pub trait Outlet {
         now: Instant,
         poll: impl FnOnce(&mut Vec<u8>) -> Option<Transmit>,
     ) -> Option<usize>;
+
+    /// Whether the outlet takes a packet's large payload by reference
+    /// ([`Outlet::take_split`]) rather than copied into its buffer.
+    const SPLIT: bool = false;
+
+    /// Like [`Outlet::take`], but `poll` may set the packet's last bytes in
+    /// its second argument instead of appending them (see
+    /// [`Endpoint::poll_transmit_split`](association::Endpoint::poll_transmit_split)).
+    /// Called only when [`Outlet::SPLIT`]; by default the bytes are
+    /// appended.
+    fn take_split(
+        &mut self,
+        now: Instant,
+        poll: impl FnOnce(&mut Vec<u8>, &mut Option<Bytes>) -> Option<Transmit>,
+    ) -> Option<usize> {
+        self.take(now, |buf| {
+            let mut tail = None;
+            let t = poll(buf, &mut tail)?;
+            if let Some(b) = tail {
+                buf.extend_from_slice(&b);
+            }
+            Some(t)
+        })
+    }
 }
 
 /// Drives one association endpoint: see the module documentation. Order
@@ -100,13 +124,25 @@ impl Pump {
         now: Instant,
         out: &mut O,
     ) -> bool {
-        let mut bytes = 0;
-        while bytes < self.max_bytes {
-            let Some(n) = out.take(now, |buf| ep.poll_transmit_append(now, buf)) else {
-                return false;
+        let (mut bytes, mut more) = (0usize, false);
+        ep.transmit_with(|a| {
+            if bytes >= self.max_bytes {
+                more = true;
+                return Step::Stop;
+            }
+            let n = if O::SPLIT {
+                out.take_split(now, |buf, tail| a.poll_transmit_split(now, buf, tail))
+            } else {
+                out.take(now, |buf| a.poll_transmit_append(now, buf))
             };
-            bytes = bytes.saturating_add(n);
-        }
-        true
+            match n {
+                Some(n) => {
+                    bytes = bytes.saturating_add(n);
+                    Step::Sent
+                }
+                None => Step::Idle,
+            }
+        });
+        more
     }
 }

@@ -112,6 +112,10 @@ pub(crate) struct Transmit<'a> {
     pub(crate) dest: SocketAddr,
     /// The bytes (all segments, when `segment_size` is set).
     pub(crate) data: &'a [u8],
+    /// When not empty, the bytes instead of `data`: these slices one after
+    /// the other (scatter-gather, so that a payload is sent from where it
+    /// lies; GSO cuts segments whatever the slices' bounds).
+    pub(crate) iov: &'a [std::io::IoSlice<'a>],
     /// GSO segment size: the kernel cuts `data` into datagrams of this size
     /// (the last may be shorter). `None` sends `data` as one datagram.
     pub(crate) segment_size: Option<u16>,
@@ -135,17 +139,23 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
     for (i, m) in msgs[..n].iter().enumerate() {
         let (addr, addr_len) = RawAddr::new(&m.dest);
         let addr = addrs[i].write(addr);
-        let iov = iovs[i].write(libc::iovec {
-            iov_base: m.data.as_ptr() as *mut c_void,
-            iov_len: m.data.len(),
-        });
         // SAFETY: all-zero bytes are a valid `mmsghdr` (null pointers, zero
         // lengths); the fields that matter are set right below.
         let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
         h.msg_hdr.msg_name = addr as *mut RawAddr as *mut c_void;
         h.msg_hdr.msg_namelen = addr_len;
-        h.msg_hdr.msg_iov = iov;
-        h.msg_hdr.msg_iovlen = 1;
+        if m.iov.is_empty() {
+            h.msg_hdr.msg_iov = iovs[i].write(libc::iovec {
+                iov_base: m.data.as_ptr() as *mut c_void,
+                iov_len: m.data.len(),
+            });
+            h.msg_hdr.msg_iovlen = 1;
+        } else {
+            // `IoSlice` is ABI compatible with `iovec` (std guarantees it
+            // on Unix); the kernel only reads them.
+            h.msg_hdr.msg_iov = m.iov.as_ptr() as *mut libc::iovec;
+            h.msg_hdr.msg_iovlen = m.iov.len() as _;
+        }
         if let Some(seg) = m.segment_size {
             let ctrl = ctrls[i].write(SendCtrl([0; 32]));
             h.msg_hdr.msg_control = ctrl.0.as_mut_ptr() as *mut c_void;
@@ -167,7 +177,8 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[Transmit<'_>]) -> io::Result<
     }
     // SAFETY: the first `n` headers are initialized and point to addresses,
     // iovecs and control buffers on this stack frame and to the caller's
-    // `data` slices, all alive for the call; the kernel only reads them
+    // `data` slices or `iov` slices (and the bytes they point to), all
+    // alive for the call; the kernel only reads them
     // (and writes each `msg_len`, inside `hdrs`).
     let r = unsafe {
         libc::sendmmsg(

@@ -4,9 +4,11 @@
 //! receives into a [`RecvBatch`], waiting for the socket's readiness in
 //! between.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+
+use bytes::Bytes;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -34,22 +36,46 @@ use crate::sys;
 /// run's datagrams one by one and stops using GSO. A datagram pushed with
 /// [`SendBatch::push_alone`] never joins a run (a run is one packet on its
 /// way to the device, lost or delayed as one).
+///
+/// A datagram pushed with [`SendBatch::push_with_tail`] may end in bytes
+/// held elsewhere (a [`Bytes`] the batch keeps until it is sent): they go
+/// to the kernel from where they lie (scatter-gather), not copied here.
 #[derive(Debug, Default)]
 pub struct SendBatch {
     buf: Vec<u8>,
     entries: Vec<Entry>,
+    /// The tails of the entries that have one, in order.
+    tails: Vec<Bytes>,
     /// The first entry not yet sent.
     next: usize,
 }
 
-/// One datagram of a [`SendBatch`]: `buf[start..end]` for `dest`.
+/// One datagram of a [`SendBatch`]: `buf[start..end]`, then
+/// `tails[tail]` if it has one, for `dest`.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     dest: SocketAddr,
     start: usize,
     end: usize,
     alone: bool,
+    /// The index of its tail in `tails`, if it has one.
+    tail: Option<u32>,
+    /// Its length, tail included.
+    len: usize,
 }
+
+/// One send of a scatter-gather plan ([`SendBatch::plan_iov`]): a
+/// datagram or a GSO run, as slices `iov[first..last]`.
+#[derive(Debug, Clone, Copy)]
+struct IovRun {
+    dest: SocketAddr,
+    first: usize,
+    last: usize,
+    segment_size: Option<usize>,
+}
+
+/// Slices at most in one scatter-gather `sendmmsg` (two per datagram).
+const MAX_IOV: usize = 2 * sys::MAX_BATCH * super::send::GSO_MAX_SEGMENTS;
 
 impl SendBatch {
     /// An empty batch.
@@ -63,6 +89,7 @@ impl SendBatch {
         SendBatch {
             buf: Vec::with_capacity(bytes),
             entries: Vec::with_capacity(datagrams),
+            tails: Vec::new(),
             next: 0,
         }
     }
@@ -86,6 +113,8 @@ impl SendBatch {
             start,
             end: self.buf.len(),
             alone,
+            tail: None,
+            len: datagram.len(),
         });
     }
 
@@ -116,6 +145,45 @@ impl SendBatch {
                     start,
                     end: self.buf.len(),
                     alone,
+                    tail: None,
+                    len: self.buf.len() - start,
+                });
+                true
+            }
+            _ => {
+                self.buf.truncate(start);
+                false
+            }
+        }
+    }
+
+    /// Adds a datagram written in place, as [`SendBatch::push_with_alone`]
+    /// does, whose last bytes `write` may instead set in the [`Bytes`] it
+    /// is given (a reference to where they lie: the batch keeps it until
+    /// the datagram is sent, and the kernel copies them from there). Fits
+    /// a sans-I/O `poll_transmit_split(now, buf, tail)`.
+    #[inline]
+    pub fn push_with_tail(
+        &mut self,
+        write: impl FnOnce(&mut Vec<u8>, &mut Option<Bytes>) -> Option<(SocketAddr, bool)>,
+    ) -> bool {
+        let start = self.buf.len();
+        let mut tail = None;
+        match write(&mut self.buf, &mut tail) {
+            Some((dest, alone)) if self.buf.len() >= start => {
+                let mut len = self.buf.len() - start;
+                let tail = tail.filter(|t| !t.is_empty()).map(|t| {
+                    len += t.len();
+                    self.tails.push(t);
+                    (self.tails.len() - 1) as u32
+                });
+                self.entries.push(Entry {
+                    dest,
+                    start,
+                    end: self.buf.len(),
+                    alone,
+                    tail,
+                    len,
                 });
                 true
             }
@@ -140,7 +208,63 @@ impl SendBatch {
     pub fn clear(&mut self) {
         self.buf.clear();
         self.entries.clear();
+        self.tails.clear();
         self.next = 0;
+    }
+
+    /// Fills `out` with the next sends as [`SendBatch::plan`] does, each
+    /// as slices appended to `iov` (a datagram's bytes here, then its
+    /// tail), and `counts` with the datagrams each holds; returns how many
+    /// sends it filled.
+    fn plan_iov<'a>(
+        &'a self,
+        segments: usize,
+        out: &mut [IovRun],
+        counts: &mut [usize],
+        iov: &mut Vec<IoSlice<'a>>,
+    ) -> usize {
+        let e = &self.entries;
+        let (mut n, mut i) = (0, self.next);
+        while n < out.len() && i < e.len() && iov.len() + 2 <= MAX_IOV {
+            let first = e[i];
+            let len = first.len;
+            let (mut j, mut total) = (i + 1, len);
+            if segments > 1 && len > 0 && !first.alone {
+                while j < e.len() && j - i < segments && iov.len() + 2 * (j - i + 1) <= MAX_IOV {
+                    let d = &e[j];
+                    let dlen = d.len;
+                    if d.dest != first.dest
+                        || d.alone
+                        || dlen > len
+                        || total + dlen > MAX_UDP_PAYLOAD
+                    {
+                        break;
+                    }
+                    total += dlen;
+                    j += 1;
+                    if dlen < len {
+                        break;
+                    }
+                }
+            }
+            let at = iov.len();
+            for d in &e[i..j] {
+                iov.push(IoSlice::new(&self.buf[d.start..d.end]));
+                if let Some(t) = d.tail {
+                    iov.push(IoSlice::new(&self.tails[t as usize]));
+                }
+            }
+            out[n] = IovRun {
+                dest: first.dest,
+                first: at,
+                last: iov.len(),
+                segment_size: (j - i > 1).then_some(len),
+            };
+            counts[n] = j - i;
+            n += 1;
+            i = j;
+        }
+        n
     }
 
     /// Fills `out` with the next entries to send (up to `out.len()`),
@@ -226,6 +350,9 @@ impl UdpSocket {
     /// others still go.
     #[must_use = "datagrams the kernel refused are reported only here"]
     pub fn try_send_batch(&self, batch: &mut SendBatch) -> Sent {
+        if !batch.tails.is_empty() {
+            return self.try_send_iov(batch);
+        }
         let mut sent = Sent::default();
         let segments = self.max_segments();
         let empty = Outgoing {
@@ -247,6 +374,93 @@ impl UdpSocket {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    batch.next += counts[0];
+                    sent.refused += counts[0];
+                    sent.error = Some(e);
+                }
+            }
+        }
+        if batch.is_empty() {
+            batch.clear();
+        }
+        sent
+    }
+}
+
+impl UdpSocket {
+    /// [`UdpSocket::try_send_batch`] of a batch whose datagrams may have
+    /// tails: each send is a list of slices (scatter-gather), so a tail
+    /// is copied once, by the kernel. A GSO run the kernel refuses is
+    /// joined into one buffer and sent by [`UdpSocket::send`], which cuts
+    /// it (and stops using GSO if it must).
+    fn try_send_iov(&self, batch: &mut SendBatch) -> Sent {
+        let mut sent = Sent::default();
+        let segments = self.max_segments();
+        let fd = self.socket.as_fd();
+        let none = IovRun {
+            dest: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            first: 0,
+            last: 0,
+            segment_size: None,
+        };
+        while !batch.is_empty() {
+            let mut runs = [none; sys::MAX_BATCH];
+            let mut counts = [0usize; sys::MAX_BATCH];
+            let mut iov = Vec::with_capacity(2 * batch.len().min(MAX_IOV / 2));
+            let n = batch.plan_iov(segments, &mut runs, &mut counts, &mut iov);
+            let empty = sys::Transmit {
+                dest: runs[0].dest,
+                data: &[],
+                iov: &[],
+                segment_size: None,
+            };
+            let mut tx = [empty; sys::MAX_BATCH];
+            for (t, r) in tx.iter_mut().zip(&runs[..n]) {
+                *t = sys::Transmit {
+                    dest: self.adapt(r.dest),
+                    data: &[],
+                    iov: &iov[r.first..r.last],
+                    // At most 64 segments within 65,507 bytes: fits u16.
+                    segment_size: r.segment_size.map(|s| s as u16),
+                };
+            }
+            sent.calls += 1;
+            match sys::sendmmsg(fd, &tx[..n]) {
+                Ok(0) => break,
+                Ok(k) => {
+                    let d: usize = counts[..k.min(n)].iter().sum();
+                    batch.next += d;
+                    sent.datagrams += d;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if runs[0].segment_size.is_some() && sys::is_gso_error(&e) => {
+                    let r = runs[0];
+                    let joined: Vec<u8> = iov[r.first..r.last]
+                        .iter()
+                        .flat_map(|s| s.iter())
+                        .copied()
+                        .collect();
+                    let out = super::Outgoing {
+                        dest: r.dest,
+                        data: &joined,
+                        segment_size: r.segment_size,
+                    };
+                    match self.send(&[out]) {
+                        Ok(_) => {
+                            batch.next += counts[0];
+                            sent.datagrams += counts[0];
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            batch.next += counts[0];
+                            sent.refused += counts[0];
+                            sent.error = Some(e);
+                        }
+                    }
+                }
                 Err(e) => {
                     batch.next += counts[0];
                     sent.refused += counts[0];
@@ -568,6 +782,63 @@ mod tests {
         assert_eq!(batch.plan(64, &mut out, &mut counts), 3);
         assert_eq!(&counts[..3], &[1, 1, 1]);
         assert_eq!(batch.buf.len(), 300);
+    }
+
+    #[test]
+    fn tails_are_sent_after_their_heads_in_runs_and_alone() {
+        // Datagrams of a head in the batch and a tail held elsewhere, some
+        // without a tail, a shorter one ending a run, one alone, and one to
+        // another address: each arrives as head then tail, GSO on and off.
+        for (gso_on, gro_on) in [(true, true), (true, false), (false, false)] {
+            let tx = bind(v4(), &gso(gso_on));
+            let rx = [true, false].map(|_| {
+                bind(
+                    v4(),
+                    &UdpConfig {
+                        gro: gro_on,
+                        ..UdpConfig::default()
+                    },
+                )
+            });
+            let dests = rx.each_ref().map(|s| s.local_addr().unwrap());
+            // (receiver, head length, tail length, alone)
+            let plan = [
+                (0, 20, 600, false),
+                (0, 20, 600, false),
+                (0, 620, 0, false),
+                (0, 20, 600, false),
+                (0, 10, 300, false),
+                (0, 20, 600, false),
+                (0, 20, 600, true),
+                (1, 20, 600, false),
+                (0, 20, 600, false),
+            ];
+            let mut batch = SendBatch::new();
+            let mut want: [Vec<Vec<u8>>; 2] = Default::default();
+            for (i, &(to, head, tail, alone)) in plan.iter().enumerate() {
+                let d = pattern(i as u8, head + tail);
+                let t = Bytes::copy_from_slice(&d[head..]);
+                assert!(batch.push_with_tail(|buf, tail_out| {
+                    buf.extend_from_slice(&d[..head]);
+                    *tail_out = Some(t);
+                    Some((dests[to], alone))
+                }));
+                want[to].push(d);
+            }
+            assert!(!batch.push_with_tail(|buf, tail_out| {
+                buf.extend_from_slice(b"taken back");
+                *tail_out = Some(Bytes::from_static(b"and this"));
+                None
+            }));
+            assert_eq!(batch.len(), plan.len());
+            let sent = tx.try_send_batch(&mut batch);
+            assert_eq!((sent.datagrams, sent.refused), (plan.len(), 0));
+            assert!(batch.is_empty() && batch.tails.is_empty());
+            let from = tx.local_addr().unwrap();
+            for (s, w) in rx.iter().zip(&want) {
+                expect(s, from, w);
+            }
+        }
     }
 
     #[test]

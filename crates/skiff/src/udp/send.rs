@@ -95,6 +95,7 @@ impl UdpSocket {
         let empty = sys::Transmit {
             dest: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             data: &[],
+            iov: &[],
             segment_size: None,
         };
         let mut tx = [empty; sys::MAX_BATCH];
@@ -127,6 +128,7 @@ impl UdpSocket {
                 tx[n] = sys::Transmit {
                     dest: self.adapt(d.dest),
                     data: &d.data[o..end],
+                    iov: &[],
                     segment_size,
                 };
                 ends[n] = (j, end);

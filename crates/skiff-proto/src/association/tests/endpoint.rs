@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use super::harness::{msg, test_config, Net, Rng};
 use crate::association::{
     AssociationConfig, CloseReason, Endpoint, EndpointConfig, EndpointEvent, Event, FailReason,
-    Handle,
+    Handle, Step,
 };
 
 const SERVICE: u32 = 7;
@@ -133,6 +133,35 @@ impl Duo {
         loop {
             let mut any = false;
             for side in 0..2 {
+                if side == 1 {
+                    // Side 1 is driven as a driver's bulk path drives it:
+                    // association by association, stopping after a random
+                    // number of packets, each with its large payload handed
+                    // out by reference (the datagram is `buf` then `tail`).
+                    let budget = 1 + self.rng.below(40);
+                    let (now, to) = (self.now, self.addr[0]);
+                    let mut out = Vec::new();
+                    self.ep[1].transmit_with(|a| {
+                        if out.len() as u64 >= budget {
+                            return Step::Stop;
+                        }
+                        let (mut buf, mut tail) = (Vec::new(), None);
+                        let Some(t) = a.poll_transmit_split(now, &mut buf, &mut tail) else {
+                            return Step::Idle;
+                        };
+                        if let Some(b) = tail.take() {
+                            buf.extend_from_slice(&b);
+                        }
+                        assert_eq!(t.destination, to);
+                        assert_eq!(t.size, buf.len());
+                        out.push(buf);
+                        Step::Sent
+                    });
+                    any |= !out.is_empty();
+                    for d in out {
+                        self.send_datagram(1, d);
+                    }
+                }
                 while let Some(t) = self.ep[side].poll_transmit(self.now, &mut buf) {
                     assert_eq!(t.destination, self.addr[1 - side]);
                     assert_eq!(t.size, buf.len());

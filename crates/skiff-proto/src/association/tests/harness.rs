@@ -276,12 +276,24 @@ impl Pair {
         let mut buf = Vec::new();
         loop {
             let mut any = false;
-            while let Some(t) = self.client.poll_transmit(self.now, &mut buf) {
+            // The client hands large payloads out by reference (the
+            // scatter-gather form): the datagram is `buf` then `tail`.
+            buf.clear();
+            let mut tail = None;
+            while let Some(t) = self
+                .client
+                .poll_transmit_split(self.now, &mut buf, &mut tail)
+            {
                 assert_eq!(t.destination, self.server_addr);
+                if let Some(b) = tail.take() {
+                    assert!(b.len() >= 512, "a small tail is copied");
+                    buf.extend_from_slice(&b);
+                }
                 assert_eq!(t.size, buf.len());
-                self.send_packet(Dir::ToServer, buf.clone());
+                self.send_packet(Dir::ToServer, std::mem::take(&mut buf));
                 any = true;
             }
+            assert!(buf.is_empty(), "nothing appended without a transmit");
             // The server uses the appending form, behind bytes that must
             // stay as they are (a driver's other datagrams).
             const BEHIND: &[u8] = b"other datagrams";
