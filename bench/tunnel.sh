@@ -79,7 +79,7 @@ cat <<EOF2
 
 Machine: $(nproc) cores, ${cpu:-unknown CPU}, Linux $(uname -r), $(rustc --version).
 Load average when the run ended: $(cut -d' ' -f1-3 /proc/loadavg) (other builds and tests
-share this machine; every figure below is from one run, tunnel and TCP side by side).
+may share this machine; tunnel and TCP ran side by side, their runs alternating).
 
 Command: \`REPEAT=${REPEAT:-5} bench/tunnel.sh${shown_args}\` (rows in \`bench/tunnel.jsonl\`): each row is the
 median of ${REPEAT:-5} runs, tunnel and TCP alternating (the range of the runs is in the options column). Three settings:
