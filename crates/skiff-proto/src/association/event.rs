@@ -84,7 +84,7 @@ impl Pieces {
     /// becomes the next `spare` when at most 256 KiB (a message the
     /// application keeps holds its own buffer, nothing more).
     pub fn join_reusing(mut self, spare: &mut Bytes) -> Bytes {
-        super::frame::join(&mut self.parts, self.len, spare)
+        super::recv::join(&mut self.parts, self.len, spare)
     }
 }
 

@@ -11,9 +11,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
-use super::frame::{join, Chunk, Chunks, Sack, Status, MAX_SACK};
+use super::frame::{Chunk, Chunks, Sack, Status, MAX_SACK};
 use super::{Event, Pieces};
 
 /// Most pieces a kept reassembly list has room for (a list grown further,
@@ -389,6 +389,75 @@ impl RecvState {
     /// Packets held above a gap (for tests of the memory bound).
     pub(super) fn held(&self) -> usize {
         self.held.len()
+    }
+}
+
+/// Most bytes of a joined message whose buffer is kept for reuse.
+const SPARE_MAX: usize = 256 << 10;
+
+/// Joins a message's pieces, copying only when there is more than one.
+/// The copy goes into `spare`, the buffer of the message joined before,
+/// when the application has dropped that message (no allocation, no fresh
+/// pages), else into a new buffer; the result becomes the next `spare`
+/// (when at most 256 KiB: a reassembled message held by the application
+/// keeps its own buffer, nothing more).
+pub(crate) fn join(parts: &mut Vec<Bytes>, total: usize, spare: &mut Bytes) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    let mut b = match std::mem::take(spare).try_into_mut() {
+        Ok(mut b) if b.capacity() >= total => {
+            b.clear();
+            b
+        }
+        _ => BytesMut::with_capacity(total),
+    };
+    for p in parts.drain(..) {
+        b.extend_from_slice(&p);
+    }
+    let msg = b.freeze();
+    if total <= SPARE_MAX {
+        *spare = msg.clone();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+
+    fn parts(n: u8) -> Vec<Bytes> {
+        vec![Bytes::from(vec![n; 1000]), Bytes::from(vec![n; 500])]
+    }
+
+    #[test]
+    fn join_reuses_the_buffer_of_a_dropped_message() {
+        let mut spare = Bytes::new();
+        let a = join(&mut parts(1), 1500, &mut spare);
+        assert_eq!(&a[..], &[1u8; 1500][..]);
+        let at = a.as_ptr();
+        drop(a);
+        let b = join(&mut parts(2), 1500, &mut spare);
+        assert_eq!(&b[..], &[2u8; 1500][..]);
+        assert_eq!(
+            b.as_ptr(),
+            at,
+            "the dropped message's buffer was not reused"
+        );
+    }
+
+    #[test]
+    fn join_leaves_a_held_message_alone() {
+        let mut spare = Bytes::new();
+        let a = join(&mut parts(1), 1500, &mut spare);
+        let b = join(&mut parts(2), 1500, &mut spare);
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        assert_eq!(&a[..], &[1u8; 1500][..]);
+        assert_eq!(&b[..], &[2u8; 1500][..]);
+        // A single part is handed over as it is, without a copy.
+        let one = Bytes::from(vec![3u8; 10]);
+        let at = one.as_ptr();
+        assert_eq!(join(&mut vec![one], 10, &mut spare).as_ptr(), at);
     }
 }
 
