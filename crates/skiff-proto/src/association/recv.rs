@@ -65,7 +65,7 @@ pub(super) struct RecvState {
     pub(super) fin_done: bool,
     largest: Option<(u64, Instant)>,
     /// The buffer of the last reassembled message, reused once the
-    /// application drops it (see `frame::join`).
+    /// application drops it (see `join`).
     spare: Bytes,
     /// The (empty) list of the last reassembled message's pieces, kept for
     /// the next one so that reassembly allocates nothing per message.
