@@ -331,6 +331,29 @@ pub struct Sent {
 }
 
 impl Sent {
+    /// Counts what one send of `counts.len()` messages (`counts`: the
+    /// datagrams in each) did, and moves `batch` past what went or was
+    /// refused: whether to go on (`false`: the socket's buffer is full).
+    fn note(&mut self, batch: &mut SendBatch, counts: &[usize], r: io::Result<usize>) -> bool {
+        match r {
+            Ok(0) => false,
+            Ok(k) => {
+                let d: usize = counts[..k.min(counts.len())].iter().sum();
+                batch.next += d;
+                self.datagrams += d;
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+            Err(e) => {
+                batch.next += counts[0];
+                self.refused += counts[0];
+                self.error = Some(e);
+                true
+            }
+        }
+    }
+
     fn add(&mut self, other: Sent) {
         self.datagrams += other.datagrams;
         self.calls += other.calls;
@@ -365,20 +388,8 @@ impl UdpSocket {
             let mut counts = [0usize; sys::MAX_BATCH];
             let n = batch.plan(segments, &mut out, &mut counts);
             sent.calls += 1;
-            match self.send(&out[..n]) {
-                Ok(0) => break,
-                Ok(k) => {
-                    let d: usize = counts[..k.min(n)].iter().sum();
-                    batch.next += d;
-                    sent.datagrams += d;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    batch.next += counts[0];
-                    sent.refused += counts[0];
-                    sent.error = Some(e);
-                }
+            if !sent.note(batch, &counts[..n], self.send(&out[..n])) {
+                break;
             }
         }
         if batch.is_empty() {
@@ -426,15 +437,7 @@ impl UdpSocket {
                 };
             }
             sent.calls += 1;
-            match sys::sendmmsg(fd, &tx[..n]) {
-                Ok(0) => break,
-                Ok(k) => {
-                    let d: usize = counts[..k.min(n)].iter().sum();
-                    batch.next += d;
-                    sent.datagrams += d;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            let r = match sys::sendmmsg(fd, &tx[..n]) {
                 Err(e) if runs[0].segment_size.is_some() && sys::is_gso_error(&e) => {
                     let r = runs[0];
                     let joined: Vec<u8> = iov[r.first..r.last]
@@ -447,25 +450,14 @@ impl UdpSocket {
                         data: &joined,
                         segment_size: r.segment_size,
                     };
-                    match self.send(&[out]) {
-                        Ok(_) => {
-                            batch.next += counts[0];
-                            sent.datagrams += counts[0];
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            batch.next += counts[0];
-                            sent.refused += counts[0];
-                            sent.error = Some(e);
-                        }
-                    }
+                    // The run's datagrams, one message: its count is the
+                    // first's.
+                    self.send(&[out]).map(|k| k.min(1))
                 }
-                Err(e) => {
-                    batch.next += counts[0];
-                    sent.refused += counts[0];
-                    sent.error = Some(e);
-                }
+                r => r,
+            };
+            if !sent.note(batch, &counts[..n], r) {
+                break;
             }
         }
         if batch.is_empty() {
