@@ -735,37 +735,26 @@ impl Endpoint {
     }
 
     /// The next datagram any association has, as `poll` takes it from one,
-    /// taking associations in turn.
+    /// taking associations in turn ([`Endpoint::transmit_with`] stopped
+    /// after one packet).
     #[inline]
     fn poll_with(
         &mut self,
         mut poll: impl FnMut(&mut Association) -> Option<Transmit>,
     ) -> Option<Transmit> {
-        while let Some(&key) = self.ready.front() {
-            let Some(s) = self.slots.get_mut(&key) else {
-                self.ready.pop_front();
-                self.turn = 0;
-                continue;
-            };
-            if let Some(t) = poll(&mut s.assoc) {
-                if !s.touched {
-                    s.touched = true;
-                    self.touched.push(key);
-                }
-                self.turn += 1;
-                if self.turn >= PER_TURN {
-                    // Its turn is over: to the back of the line.
-                    self.turn = 0;
-                    self.ready.pop_front();
-                    self.ready.push_back(key);
-                }
-                return Some(t);
+        let mut got = None;
+        self.transmit_with(|a| {
+            if got.is_some() {
+                return Step::Stop;
             }
-            self.ready.pop_front();
-            self.turn = 0;
-            s.in_ready = false;
-            self.remove_if_drained(key);
-        }
-        None
+            match poll(a) {
+                Some(t) => {
+                    got = Some(t);
+                    Step::Sent
+                }
+                None => Step::Idle,
+            }
+        });
+        got
     }
 }
