@@ -35,7 +35,7 @@ pub mod tunnel;
 pub mod udp;
 
 pub use client::{Client, ClientOptions};
-pub use endpoint::{Endpoint, EndpointConfig, EndpointStats};
+pub use endpoint::{DriverMode, Endpoint, EndpointConfig, EndpointStats};
 pub use error::{Error, LocatorError};
 pub use locator::Locator;
 pub use queue::{decode_typed, typed_message, Drops, Queue, QueueConfig, QueueStats};

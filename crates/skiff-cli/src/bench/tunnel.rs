@@ -257,7 +257,14 @@ pub fn run_one(
     row
 }
 
-fn endpoints(args: &TunnelParams, port: u16) -> Result<(Endpoint, Endpoint), Box<dyn Error>> {
+/// The two endpoints of a row, bound inside `rt` so that their drivers
+/// are tasks on it (`driver=auto`), as a tokio application's are.
+fn endpoints(
+    rt: &tokio::runtime::Runtime,
+    args: &TunnelParams,
+    port: u16,
+) -> Result<(Endpoint, Endpoint), Box<dyn Error>> {
+    let _in = rt.enter();
     let server = Endpoint::bind(&args.locator(port))?;
     server.listen();
     let client = Endpoint::bind(&args.locator(0))?;
@@ -282,7 +289,7 @@ pub fn stream(
     test: &str,
     pb: &ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
-    let (server, client) = endpoints(args, args.port(0))?;
+    let (server, client) = endpoints(rt, args, args.port(0))?;
     let mut row = Row::new(test, &args.mode("tunnel"), size);
     rt.block_on(async {
         let (c, s) = pair(&server, &client).await?;
@@ -381,7 +388,7 @@ pub fn byte_stream(
     pb: &ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (server, client) = endpoints(args, args.port(0))?;
+    let (server, client) = endpoints(rt, args, args.port(0))?;
     let mut row = Row::new("stream", &args.mode("tunnel"), size);
     rt.block_on(async {
         let (c, s) = pair(&server, &client).await?;
@@ -465,7 +472,7 @@ pub fn pingpong(
     limits: Limits,
     pb: &ProgressBar,
 ) -> Result<Row, Box<dyn Error>> {
-    let (server, client) = endpoints(args, args.port(2))?;
+    let (server, client) = endpoints(rt, args, args.port(2))?;
     let (c, s) = rt.block_on(pair(&server, &client))?;
     let echo = rt.spawn(async move {
         while let Ok(Some(m)) = s.recv().await {

@@ -1,4 +1,5 @@
-//! The endpoint's driver thread: one current-thread tokio runtime that
+//! The endpoint's driver: a task on the caller's runtime, or a thread
+//! running one current-thread tokio runtime, that
 //! waits for the socket, the application's nudges and the earliest timer,
 //! and on each wake-up receives everything waiting, runs the state
 //! machines, and sends everything due in as few `sendmmsg` calls as it can
@@ -47,6 +48,24 @@ pub(crate) fn run(shared: Arc<Shared>) {
         tracing::error!(error = %e, "endpoint driver stopped");
     }
     shared.core.lock().stop();
+}
+
+/// The driver as a task on the caller's runtime. The endpoint stops when
+/// the task ends, also when its runtime drops it unfinished or before it
+/// ever ran (the guard is made here, not in the task's first poll).
+pub(crate) fn run_task(shared: Arc<Shared>) -> impl std::future::Future<Output = ()> + Send {
+    struct Stop(Arc<Shared>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.core.lock().stop();
+        }
+    }
+    let stop = Stop(shared);
+    async move {
+        if let Err(e) = drive(&stop.0).await {
+            tracing::error!(error = %e, "endpoint driver stopped");
+        }
+    }
 }
 
 async fn drive(shared: &Shared) -> io::Result<()> {

@@ -5,8 +5,10 @@
 //! An [`Endpoint`] owns a [`UdpSocket`], a sans-I/O association endpoint
 //! ([`association::Endpoint`]: every tunnel's association, initiated or
 //! accepted, with their demultiplexing, set-up and timers) and a
-//! [`Batcher`] for best-effort [`Endpoint::push`]es. One driver thread
-//! runs them all, for tunnels and reliable queues alike:
+//! [`Batcher`] for best-effort [`Endpoint::push`]es. One driver runs them
+//! all, for tunnels and reliable queues alike (a task on the caller's
+//! tokio runtime when there is one, as quinn's endpoint driver is, else a
+//! thread of its own; [`DriverMode`]):
 //! it sleeps until the socket is readable, the application asks for
 //! something, or the earliest timer of any state machine is due; each
 //! wake-up receives everything waiting (`recvmmsg`, GRO), runs the timers,
@@ -35,6 +37,16 @@
 //!
 //! The endpoint thread runs the association endpoint through [`Pump`], the
 //! one thin driver that the node's mesh uses for its tunnels too.
+//!
+//! **Where the driver runs.** Bound inside a multi-thread tokio runtime,
+//! the driver is a task on it: a packet's arrival wakes a worker, which
+//! runs the driver and then, without a hand-off to another thread, the
+//! task waiting for the tunnel's message (woken on the same worker). A
+//! driver thread of its own costs a wake-up of a second thread for every
+//! batch received and for every acknowledgement, which on a machine of
+//! two cores was a third of a bulk transfer's CPU time (`bench/RESULTS.md`).
+//! Blocking calls (`ReliableQueue`, the shared-memory association) keep a
+//! thread, since their callers wait on it synchronously.
 //!
 //! Dropping the endpoint stops the driver at once: its tunnels fail
 //! ([`TunnelError::EndpointGone`]) and their peers see them go silent (they
@@ -104,13 +116,34 @@ pub struct EndpointConfig {
     pub max_datagram: usize,
     /// Socket options (`sndbuf`, `rcvbuf` default 4 MiB; `gso`, `gro`).
     pub udp: UdpConfig,
+    /// Where the driver runs (`driver=auto|task|thread`, default `auto`).
+    pub driver: DriverMode,
+}
+
+/// Where an endpoint's driver runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DriverMode {
+    /// A task on the caller's runtime when [`Endpoint::with_config`] is
+    /// called inside a multi-thread tokio runtime, else a thread. A
+    /// current-thread runtime gets a thread: its one thread may block in
+    /// code that waits for the driver.
+    #[default]
+    Auto,
+    /// A task on the caller's tokio runtime (which must enable I/O and
+    /// time, as `#[tokio::main]` does): no thread hand-off between the
+    /// socket and the tasks using the tunnels. The runtime must outlive the
+    /// endpoint's use: when it shuts down, the endpoint stops.
+    Task,
+    /// A thread of its own, whatever runtime the caller has: the
+    /// endpoint keeps running while the caller's threads block.
+    Thread,
 }
 
 const OPTIONS: &str =
     "service, mtu, window, window_bytes, recv_buffer, send_buffer, max_message, sreq_every, \
      ack_delay, min_rto, min_pto, initial_rto, keepalive, idle_timeout, handshake_timeout, \
      max_associations, max_half_open, tunnel_buffer, max_inbox, max_datagram, sndbuf, rcvbuf, \
-     gso, gro, bundles";
+     gso, gro, bundles, driver";
 
 impl EndpointConfig {
     /// Defaults, bound to `bind`.
@@ -133,6 +166,7 @@ impl EndpointConfig {
                 recv_buffer: Some(4 << 20),
                 ..UdpConfig::default()
             },
+            driver: DriverMode::Auto,
         }
     }
 
@@ -185,6 +219,20 @@ impl EndpointConfig {
                 "gso" => c.udp.gso = locator::parse_bool(k, v)?,
                 "bundles" => a.bundles = locator::parse_bool(k, v)?,
                 "gro" => c.udp.gro = locator::parse_bool(k, v)?,
+                "driver" => {
+                    c.driver = match v {
+                        "auto" => DriverMode::Auto,
+                        "task" => DriverMode::Task,
+                        "thread" => DriverMode::Thread,
+                        _ => {
+                            return Err(LocatorError::BadValue {
+                                name: k.into(),
+                                value: v.into(),
+                                expected: "auto, task or thread",
+                            })
+                        }
+                    }
+                }
                 _ => return Ok(false),
             }
             Ok(true)
@@ -304,7 +352,7 @@ pub(crate) fn add_stats(a: &mut AssociationStats, b: &AssociationStats) {
     a.gap_us += b.gap_us;
 }
 
-/// What the driver thread and the handles share.
+/// What the driver and the handles share.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) core: Mutex<Core>,
@@ -330,7 +378,23 @@ pub(crate) struct Shared {
 pub struct Endpoint {
     shared: Arc<Shared>,
     local: SocketAddr,
-    driver: Option<JoinHandle<()>>,
+    driver: Option<Driver>,
+}
+
+/// The running driver, to stop it.
+#[derive(Debug)]
+enum Driver {
+    Thread(JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
+}
+
+impl Driver {
+    fn is_running(&self) -> bool {
+        match self {
+            Driver::Thread(h) => !h.is_finished(),
+            Driver::Task(h) => !h.is_finished(),
+        }
+    }
 }
 
 impl Endpoint {
@@ -380,10 +444,27 @@ impl Endpoint {
             shutdown: AtomicBool::new(false),
         });
         let s = shared.clone();
-        let driver = std::thread::Builder::new()
-            .name("skiff-endpoint".into())
-            .spawn(move || driver::run(s))
-            .map_err(Error::io("spawn endpoint driver thread"))?;
+        let runtime = tokio::runtime::Handle::try_current();
+        let task = match shared.config.driver {
+            DriverMode::Thread => None,
+            DriverMode::Auto => runtime
+                .ok()
+                .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread),
+            DriverMode::Task => Some(runtime.map_err(|_| {
+                Error::io("start the endpoint's driver (driver=task needs a tokio runtime; driver=thread does not)")(
+                    std::io::Error::other("no tokio runtime on this thread"),
+                )
+            })?),
+        };
+        let driver = match task {
+            Some(h) => Driver::Task(h.spawn(driver::run_task(s))),
+            None => Driver::Thread(
+                std::thread::Builder::new()
+                    .name("skiff-endpoint".into())
+                    .spawn(move || driver::run(s))
+                    .map_err(Error::io("spawn endpoint driver thread"))?,
+            ),
+        };
         Ok(Endpoint {
             shared,
             local,
@@ -399,6 +480,12 @@ impl Endpoint {
     /// The configuration in force.
     pub fn config(&self) -> &EndpointConfig {
         &self.shared.config
+    }
+
+    /// Whether the driver runs as a task on the caller's runtime
+    /// ([`DriverMode::Task`], or what [`DriverMode::Auto`] chose).
+    pub fn driver_is_task(&self) -> bool {
+        matches!(self.driver, Some(Driver::Task(_)))
     }
 
     /// Starts accepting tunnels (QMP's listening context); before this,
@@ -527,17 +614,33 @@ impl Drop for Endpoint {
     /// keeps the driver running for up to three seconds first, so that a
     /// process that exits right after `close` does not leave its peer
     /// waiting for its idle timeout (the kernel does this for TCP).
+    ///
+    /// A driver task needs a worker of its runtime while this waits: the
+    /// wait gives up this one (`block_in_place`) on a multi-thread
+    /// runtime, and is skipped on a current-thread runtime, whose one
+    /// thread is this.
     fn drop(&mut self) {
-        let until = std::time::Instant::now() + CLOSE_LINGER;
-        while self.driver.is_some()
-            && self.shared.core.lock().assocs.closing() > 0
-            && std::time::Instant::now() < until
-        {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        let linger = || {
+            let until = std::time::Instant::now() + CLOSE_LINGER;
+            while self.driver.as_ref().is_some_and(Driver::is_running)
+                && self.shared.core.lock().assocs.closing() > 0
+                && std::time::Instant::now() < until
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        };
+        match (&self.driver, tokio::runtime::Handle::try_current()) {
+            (Some(Driver::Task(_)), Ok(h)) => match h.runtime_flavor() {
+                tokio::runtime::RuntimeFlavor::CurrentThread => {}
+                _ => tokio::task::block_in_place(linger),
+            },
+            _ => linger(),
         }
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake.notify_one();
-        if let Some(h) = self.driver.take() {
+        // A task ends at its next wake-up (it holds nothing of ours but the
+        // shared state); a thread is joined.
+        if let Some(Driver::Thread(h)) = self.driver.take() {
             let _ = h.join();
         }
         self.shared.core.lock().stop();

@@ -29,7 +29,7 @@ use std::time::Duration;
 use skiff_proto::{Dest, Message};
 
 use super::{Drops, QueueConfig, QueueStats};
-use crate::endpoint::{Endpoint, EndpointConfig, EndpointStats};
+use crate::endpoint::{DriverMode, Endpoint, EndpointConfig, EndpointStats};
 use crate::error::Error;
 
 /// A queue whose pushes travel over associations; see the module
@@ -54,6 +54,9 @@ impl ReliableQueue {
         e.udp.gso = u.gso;
         e.udp.gro = u.gro;
         e.udp.reuse_addr = u.reuse_addr;
+        // Pushes and pops are blocking calls: the driver needs a thread
+        // that a caller blocked on a runtime's worker cannot hold up.
+        e.driver = DriverMode::Thread;
         let endpoint = Endpoint::with_config(e)?;
         endpoint.serve_queue(config.max_backlog);
         Ok(ReliableQueue { endpoint, config })

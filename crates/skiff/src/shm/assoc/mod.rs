@@ -60,7 +60,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use super::{BufferError, Counters};
-use crate::endpoint::{Endpoint, EndpointConfig};
+use crate::endpoint::{DriverMode, Endpoint, EndpointConfig};
 use crate::tunnel::Tunnel;
 
 pub(crate) use self::client::Client;
@@ -141,7 +141,12 @@ fn endpoint(bind: SocketAddr, options: &str) -> Result<Endpoint, BufferError> {
     } else {
         format!("udp://{bind}?{options}")
     };
-    let config = EndpointConfig::from_locator(&loc)?;
+    let mut config = EndpointConfig::from_locator(&loc)?;
+    // Its calls block their thread until the driver has moved the data:
+    // the driver keeps a thread of its own unless asked otherwise.
+    if config.driver == DriverMode::Auto {
+        config.driver = DriverMode::Thread;
+    }
     Endpoint::with_config(config)
         .map_err(|e| BufferError::io("udp endpoint")(std::io::Error::other(e.to_string())))
 }
