@@ -43,8 +43,8 @@
 //! runs the driver and then, without a hand-off to another thread, the
 //! task waiting for the tunnel's message (woken on the same worker). A
 //! driver thread of its own costs a wake-up of a second thread for every
-//! batch received and for every acknowledgement, which on a machine of
-//! two cores was a third of a bulk transfer's CPU time (`bench/RESULTS.md`).
+//! batch received and for every acknowledgement (measured in
+//! `bench/RESULTS.md`, session 32).
 //! Blocking calls (`ReliableQueue`, the shared-memory association) keep a
 //! thread, since their callers wait on it synchronously.
 //!
