@@ -181,6 +181,12 @@ with open(sys.argv[2], "a") as out:
 fail() {
     echo "bench/mesh.sh: $1 failed; node logs:" >&2
     tail -n 5 "$TMP"/*.log >&2 || true
+    # The whole logs outlive the run (the temporary directory does not):
+    # a node's side of a failure is often far from their last lines.
+    local keep
+    keep="$(mktemp -d "${TMPDIR:-/tmp}/skiff-mesh-failed.XXXXXX")"
+    cp "$TMP"/*.log "$keep"/ 2>/dev/null || true
+    echo "bench/mesh.sh: the nodes' whole logs are in $keep" >&2
     exit 1
 }
 
