@@ -186,7 +186,14 @@ fail() {
     local keep
     keep="$(mktemp -d "${TMPDIR:-/tmp}/skiff-mesh-failed.XXXXXX")"
     cp "$TMP"/*.log "$keep"/ 2>/dev/null || true
-    echo "bench/mesh.sh: the nodes' whole logs are in $keep" >&2
+    # And each live node's mesh counters at the failure (membership
+    # packets refused, members suspected, links restarted).
+    if [ "${RUN_SKIFF:-0}" = 1 ]; then
+        for i in 0 1 2; do
+            "$SKIFF" stats --mesh --json --node "$(sk "$i")" >"$keep/stats-${NAMES[$i]}.json" 2>&1 || true
+        done
+    fi
+    echo "bench/mesh.sh: the nodes' whole logs and mesh counters are in $keep" >&2
     exit 1
 }
 
