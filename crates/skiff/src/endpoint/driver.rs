@@ -35,19 +35,19 @@ const RECV_ROUNDS: usize = 8;
 /// kernel's copy took about twice the time per byte: the bulk runs in
 /// `bench/RESULTS.md`).
 pub(crate) const SEND_BYTES: usize = 256 << 10;
-/// The driver thread's body.
+/// The driver thread's body: the driver's task, on a current-thread
+/// runtime of its own.
 pub(crate) fn run(shared: Arc<Shared>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build();
-    let result = match rt {
-        Ok(rt) => rt.block_on(drive(&shared)),
-        Err(e) => Err(e),
-    };
-    if let Err(e) = result {
-        tracing::error!(error = %e, "endpoint driver stopped");
+        .build()
+    {
+        Ok(rt) => rt.block_on(run_task(shared)),
+        Err(e) => {
+            tracing::error!(error = %e, "endpoint driver stopped");
+            shared.core.lock().stop();
+        }
     }
-    shared.core.lock().stop();
 }
 
 /// The driver as a task on the caller's runtime. The endpoint stops when
