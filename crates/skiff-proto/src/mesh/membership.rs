@@ -106,6 +106,30 @@ impl Membership {
         *self.foca.identity()
     }
 
+    /// Whether timer `t` would only do harm: a suspicion's timer whose
+    /// member refuted it (or rejoined) meanwhile. foca 2.0.0 then rightly
+    /// leaves the member up, but still sends it the message that says it
+    /// was declared down, on which the member gives up its identity and
+    /// rejoins under a new generation: a healthy node's links restarted,
+    /// and what was in flight on them lost, for nothing. The timer is
+    /// dropped instead; what it would have done otherwise (declare down a
+    /// member still suspected at that incarnation) it still does.
+    fn moot(&self, t: &foca::Timer<NodeId>) -> bool {
+        let foca::Timer::ChangeSuspectToDown {
+            member_id,
+            incarnation,
+            ..
+        } = t
+        else {
+            return false;
+        };
+        !self.foca.iter_membership_state().any(|m| {
+            m.id() == member_id
+                && m.incarnation() == *incarnation
+                && m.state() == foca::State::Suspect
+        })
+    }
+
     /// The earliest foca timer.
     pub(super) fn next_timer(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _))| *at)
@@ -224,6 +248,9 @@ impl Mesh {
             let m = &mut self.membership;
             m.timers.pop();
             if let Some(t) = m.timer_events.remove(&n) {
+                if m.moot(&t) {
+                    continue;
+                }
                 let _ = m.foca.handle_timer(t, &mut m.rt);
                 self.drain_membership();
             }

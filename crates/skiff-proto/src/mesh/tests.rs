@@ -36,6 +36,9 @@ struct Sim {
     rng: StdRng,
     loss: f64,
     cut: FxHashSet<(usize, usize)>,
+    /// Stalled nodes (as by SIGSTOP): they run no timers and send nothing,
+    /// and what reaches them waits, in order, until they resume.
+    paused: FxHashMap<usize, Vec<(usize, Vec<u8>)>>,
     /// Frames delivered: (receiver, frame).
     frames: Vec<(usize, Bytes)>,
     /// Every other event, per node.
@@ -61,6 +64,7 @@ impl Sim {
             rng: StdRng::seed_from_u64(seed),
             loss: 0.0,
             cut: FxHashSet::default(),
+            paused: FxHashMap::default(),
             frames: Vec::new(),
             events: vec![Vec::new(); n],
             trace: Default::default(),
@@ -105,6 +109,9 @@ impl Sim {
 
     fn pump(&mut self) {
         for i in 0..self.nodes.len() {
+            if self.paused.contains_key(&i) {
+                continue;
+            }
             let Some(m) = self.nodes[i].as_mut() else {
                 continue;
             };
@@ -146,8 +153,9 @@ impl Sim {
             let timer = self
                 .nodes
                 .iter()
-                .flatten()
-                .filter_map(|m| m.poll_timeout())
+                .enumerate()
+                .filter(|(i, _)| !self.paused.contains_key(i))
+                .filter_map(|(_, m)| m.as_ref()?.poll_timeout())
                 .min();
             let wire = self.wire.peek().map(|Reverse((t, _))| *t);
             let Some(t) = timer.into_iter().chain(wire).min() else {
@@ -166,11 +174,16 @@ impl Sim {
                 }
                 self.wire.pop();
                 let (from, to, d) = self.flying.remove(&n).expect("in flight");
-                if let Some(m) = self.nodes[Sim::index(to)].as_mut() {
+                if let Some(held) = self.paused.get_mut(&Sim::index(to)) {
+                    held.push((from, d));
+                } else if let Some(m) = self.nodes[Sim::index(to)].as_mut() {
                     m.handle_datagram(now, addr(from), Bytes::from(d));
                 }
             }
-            for m in self.nodes.iter_mut().flatten() {
+            for (i, m) in self.nodes.iter_mut().enumerate() {
+                let Some(m) = m.as_mut().filter(|_| !self.paused.contains_key(&i)) else {
+                    continue;
+                };
                 if m.poll_timeout().is_some_and(|t| t <= now) {
                     m.handle_timeout(now);
                 }
@@ -233,6 +246,24 @@ impl Sim {
         let now = self.now;
         self.node(i)
             .set_seeds(now, &[addr(if i == 0 { 1 } else { 0 })]);
+        self.pump();
+    }
+
+    /// Stalls node `i` (see `paused`).
+    fn pause(&mut self, i: usize) {
+        self.paused.insert(i, Vec::new());
+    }
+
+    /// Node `i` goes on: it reads what waited for it, then runs its late
+    /// timers (as the node's driver does after a stall).
+    fn resume(&mut self, i: usize) {
+        let held = self.paused.remove(&i).unwrap_or_default();
+        let now = self.now;
+        for (from, d) in held {
+            self.node(i)
+                .handle_datagram(now, addr(from), Bytes::from(d));
+        }
+        self.node(i).handle_timeout(now);
         self.pump();
     }
 
@@ -814,4 +845,51 @@ fn association_packets_keep_their_alone_mark() {
     }
     let want: Vec<(u8, bool)> = (0..6).map(|k| (k, k >= 4)).collect();
     assert_eq!(marks, want);
+}
+
+/// A member suspected for a moment (stalled, as by SIGSTOP, for longer
+/// than a probe) refutes the suspicion once it runs again, and stays in
+/// the mesh as it was: not declared down, not made to rejoin under a new
+/// generation (which restarts its links and can lose what was in flight
+/// on them). foca 2.0.0 sends its "you were declared down" message when
+/// the suspicion's timer fires even if the member refuted meanwhile; the
+/// mesh must not let that through.
+#[test]
+fn a_refuted_suspicion_does_not_make_a_member_rejoin() {
+    let mut s = Sim::new(3, 12);
+    s.join_all();
+    s.run_until_converged(Duration::from_secs(20));
+    s.run(Duration::from_secs(2));
+    s.pause(2);
+    let suspected = |s: &Sim| {
+        s.events[..2]
+            .iter()
+            .flatten()
+            .any(|e| matches!(e, MeshEvent::Suspect(id) if id.addr == addr(2)))
+    };
+    let start = s.now;
+    while !suspected(&s) && s.now - start < Duration::from_secs(10) {
+        s.run(10 * MS);
+    }
+    assert!(suspected(&s), "node 2 was never suspected");
+    s.resume(2);
+    s.run(Duration::from_secs(5));
+    assert!(
+        !s.events[2]
+            .iter()
+            .any(|e| matches!(e, MeshEvent::Rejoined(_))),
+        "node 2 rejoined: {:?}",
+        s.events[2]
+    );
+    for i in 0..2 {
+        assert!(
+            !s.events[i]
+                .iter()
+                .any(|e| matches!(e, MeshEvent::Down(id) if id.addr == addr(2))),
+            "node {i} declared node 2 down: {:?}",
+            s.events[i]
+        );
+    }
+    assert_eq!(s.up_counts(), vec![2, 2, 2]);
+    assert_eq!(s.node(2).id().gen, 1, "node 2 kept its generation");
 }
