@@ -1,7 +1,7 @@
 //! Where an endpoint's driver runs (`driver=auto|task|thread`): the choice
 //! the locator and the caller's runtime make, tunnels through drivers that
-//! are tasks, an endpoint dropped right after a close, and an endpoint
-//! whose runtime went away.
+//! are tasks, an endpoint dropped right after a close or with messages
+//! still queued on a lossy path, and an endpoint whose runtime went away.
 
 use std::time::Duration;
 
@@ -146,6 +146,77 @@ async fn a_peer_sees_the_end_at_once_when_an_endpoint_is_dropped_right_after_clo
     let started = std::time::Instant::now();
     assert_eq!(tokio::time::timeout(T, reader).await.unwrap().unwrap(), 300);
     assert!(started.elapsed() < T, "ended in {:?}", started.elapsed());
+}
+
+/// Relays datagrams between one client and `server`, dropping every
+/// `nth` datagram from the client: a lossy path. Returns the address the
+/// client connects to (the server sees the relay as its peer) and the
+/// count of datagrams dropped. The relay's thread lives as long as the
+/// test process.
+fn lossy_relay(
+    server: std::net::SocketAddr,
+    nth: u64,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = sock.local_addr().unwrap();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = dropped.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        let (mut client, mut n) = (None, 0u64);
+        while let Ok((len, from)) = sock.recv_from(&mut buf) {
+            if from == server {
+                if let Some(c) = client {
+                    let _ = sock.send_to(&buf[..len], c);
+                }
+                continue;
+            }
+            client = Some(from);
+            n += 1;
+            if n % nth == 0 {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                let _ = sock.send_to(&buf[..len], server);
+            }
+        }
+    });
+    (at, dropped)
+}
+
+/// A process that drops its tunnel and its endpoint right after queueing
+/// its last messages, on a path that loses one datagram in ten: what was
+/// queued, and the end, still reach the peer, because the dropped
+/// endpoint's driver lingers to send and retransmit them (without the
+/// linger the peer would wait for its idle timeout, 30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_endpoint_delivers_what_it_queued_over_a_lossy_path() {
+    const N: u32 = 60;
+    let opts = "idle_timeout=30s";
+    let server = bind(opts).unwrap();
+    server.listen();
+    let (relay, dropped) = lossy_relay(server.local_addr(), 10);
+    let client = bind(opts).unwrap();
+    assert!(client.driver_is_task());
+    let (c, s) = tokio::join!(client.connect(relay, T), server.accept());
+    let (c, s) = (c.unwrap(), s.unwrap());
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while let Some(m) = tokio::time::timeout(T, s.recv()).await.unwrap().unwrap() {
+            assert_eq!(m, message(got));
+            got += 1;
+        }
+        got
+    });
+    for i in 0..N {
+        c.send(message(i)).await.unwrap();
+    }
+    drop(c);
+    drop(client);
+    assert_eq!(tokio::time::timeout(T, reader).await.unwrap().unwrap(), N);
+    assert!(dropped.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
 
 /// The runtime a driver task runs on shut down: the endpoint stops, and
