@@ -207,6 +207,14 @@ impl Tunnels {
             max_message: (max_payload as u64) + (64 << 10),
             idle_timeout: Duration::from_secs(15),
             window_bytes: LINK_WINDOW_BYTES,
+            // Each node sends on its own association to a peer and
+            // receives on the peer's, so a reply never travels on the
+            // association its request came by: an acknowledgement held
+            // for a reply would wait out its whole hold, and meanwhile the
+            // sender's next request, with one still unacknowledged, would
+            // go without its second copy (a single loss then waits for the
+            // probe timer).
+            delayed_ack: false,
             ..AssociationConfig::default()
         };
         Tunnels {

@@ -19,8 +19,9 @@
 //! behind it.
 //!
 //! **Copies of a lone small packet**: a request that fits one small packet
-//! (at most `COPY_MAX` payload bytes), sent while nothing else is in
-//! flight, goes out twice back to back. Losing one copy then costs nothing,
+//! (at most `COPY_MAX` payload bytes), sent while at most one other
+//! packet is in flight (`COPY_FLIGHT`: the previous request, when its
+//! acknowledgement races the reply home), goes out twice back to back. Losing one copy then costs nothing,
 //! where it would otherwise cost a probe timeout: at a loss rate `p` only
 //! `p^2` of such requests wait for the probe. The copy is the same packet
 //! (same sequence number and transmission), so it gives no RTT sample of
@@ -66,6 +67,12 @@ const MAX_BACKOFF: u32 = 16;
 /// A new packet with at most this many payload bytes, sent when nothing
 /// else is in flight, is sent twice (see the module documentation).
 pub(super) const COPY_MAX: usize = 512;
+/// A small packet is sent twice when at most this many packets, itself
+/// included, are unacknowledged: besides the lone request, the next one
+/// of a request/reply exchange whose replies come back another way (the
+/// mesh's two associations per pair of nodes), sent when the previous
+/// request's acknowledgement is still on its way.
+const COPY_FLIGHT: usize = 2;
 /// The most bytes stream writes gather into one message before a packet
 /// takes them (see the module documentation).
 pub(super) const COALESCE_MAX: usize = 1 << 20;
@@ -857,7 +864,7 @@ impl SendState {
             self.since_sreq = 0;
         }
         self.newest_asked = sreq;
-        if sreq && self.unacked == 1 && bytes <= COPY_MAX {
+        if sreq && self.unacked <= COPY_FLIGHT && bytes <= COPY_MAX {
             self.copy_due = Some(seq);
         }
         // With a packet in flight and the RTO armed, `arm` has nothing
