@@ -75,14 +75,15 @@ fi
 TMP="$(mktemp -d)"
 PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     # What the nodes warned of during the run (a member suspected, a link
     # restarted), beyond the start-up notices, so that a run that passed
-    # still says what went wrong in it.
+    # still says what went wrong in it; taken before the nodes stop (each
+    # then warns of the others leaving).
     local warned
     warned="$(grep -H ' WARN ' "$TMP"/skiff-*.log 2>/dev/null \
         | grep -v 'is not authenticated or encrypted\|max_connections lowered' || true)"
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     if [ -n "$warned" ]; then
         echo "bench/mesh.sh: the skiff nodes warned $(wc -l <<<"$warned") time(s):" >&2
         sed "s|^$TMP/||" <<<"$warned" | head -n 20 >&2
