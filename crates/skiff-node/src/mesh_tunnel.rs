@@ -215,6 +215,10 @@ impl Tunnels {
             // go without its second copy (a single loss then waits for the
             // probe timer).
             delayed_ack: false,
+            // A batch of requests (16 clients' at once) is one packet of a
+            // kilobyte or more, alone in flight: copied like a lone
+            // request, so that losing it costs nothing either.
+            copy_max: MAX_ASSOC_MTU,
             ..AssociationConfig::default()
         };
         Tunnels {

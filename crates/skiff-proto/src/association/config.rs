@@ -62,6 +62,15 @@ pub struct AssociationConfig {
     /// something on every send, so the default stays above a 4 ms kernel
     /// tick.
     pub min_pto: Duration,
+    /// A new packet of at most this many payload bytes that asks for an
+    /// acknowledgement while at most one other packet is unacknowledged
+    /// goes out twice, back to back, so that losing one copy costs nothing
+    /// instead of a probe timeout (see `send`'s module documentation).
+    /// 512 by default: a lone request. A link that carries batches of
+    /// requests raises it (the mesh's, to its packet size): the copies
+    /// happen only while the link is nearly idle, so they cost at most a
+    /// packet or two per round trip.
+    pub copy_max: usize,
     /// Send a keepalive after this long without sending (capped at a third
     /// of `idle_timeout`).
     pub keepalive: Duration,
@@ -101,6 +110,7 @@ impl Default for AssociationConfig {
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
             min_pto: Duration::from_millis(5),
+            copy_max: 512,
             keepalive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),

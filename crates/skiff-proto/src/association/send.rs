@@ -19,7 +19,7 @@
 //! behind it.
 //!
 //! **Copies of a lone small packet**: a request that fits one small packet
-//! (at most `COPY_MAX` payload bytes), sent while at most one other
+//! (at most `AssociationConfig::copy_max` payload bytes), sent while at most one other
 //! packet is in flight (`COPY_FLIGHT`: the previous request, when its
 //! acknowledgement races the reply home), goes out twice back to back. Losing one copy then costs nothing,
 //! where it would otherwise cost a probe timeout: at a loss rate `p` only
@@ -64,8 +64,9 @@ const DUPTHRESH: u64 = 3;
 const GRANULARITY: Duration = Duration::from_millis(1);
 /// Most doublings of the RTO.
 const MAX_BACKOFF: u32 = 16;
-/// A new packet with at most this many payload bytes, sent when nothing
-/// else is in flight, is sent twice (see the module documentation).
+/// The payload bytes of a small request, at most: the receiver's test for
+/// a lone request whose acknowledgement may wait for the reply
+/// (`AssociationConfig::delayed_ack`).
 pub(super) const COPY_MAX: usize = 512;
 /// A small packet is sent twice when at most this many packets, itself
 /// included, are unacknowledged: besides the lone request, the next one
@@ -391,6 +392,8 @@ pub(super) struct SendState {
     newest_asked: bool,
     /// A lone small packet to send a second copy of.
     copy_due: Option<u64>,
+    /// `AssociationConfig::copy_max`.
+    pub(super) copy_max: usize,
     /// The payload budget of the last packet filled (what a full packet
     /// carries), for Nagle's rule on gathered bytes.
     budget: usize,
@@ -480,6 +483,7 @@ impl SendState {
             tlp_memo: None,
             newest_asked: true,
             copy_due: None,
+            copy_max: COPY_MAX,
             budget: 0,
             min_pto,
             ack_delay,
@@ -864,7 +868,7 @@ impl SendState {
             self.since_sreq = 0;
         }
         self.newest_asked = sreq;
-        if sreq && self.unacked <= COPY_FLIGHT && bytes <= COPY_MAX {
+        if sreq && self.unacked <= COPY_FLIGHT && bytes <= self.copy_max {
             self.copy_due = Some(seq);
         }
         // With a packet in flight and the RTO armed, `arm` has nothing
