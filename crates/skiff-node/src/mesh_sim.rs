@@ -396,8 +396,13 @@ fn request_rounds(loss: f64, rounds: u64, batch: u64) -> Vec<Duration> {
     s.nodes[0].core.add_interest("sim.1", "");
     s.nodes[1].core.add_interest("sim.0", "");
     s.run(Duration::from_secs(3));
-    let has =
-        |s: &Sim, at: (usize, usize), k: u64| s.got.get(&at).is_some_and(|v| v.last() == Some(&k));
+    // Runs until `at` (receiver, sender) has received number `k` last.
+    let wait = |s: &mut Sim, at: (usize, usize), k: u64, t0: Instant| {
+        while s.got.get(&at).is_none_or(|v| v.last() != Some(&k)) {
+            assert!(s.now - t0 < Duration::from_secs(5), "{at:?}: {k} lost");
+            s.run(MS / 10);
+        }
+    };
     let mut times = Vec::new();
     for round in 0..rounds + 5 {
         if round == 5 {
@@ -405,25 +410,12 @@ fn request_rounds(loss: f64, rounds: u64, batch: u64) -> Vec<Duration> {
         }
         let t0 = s.now;
         let last = (round + 1) * batch - 1;
-        for k in round * batch..=last {
-            s.publish(0, k);
-        }
-        while !has(&s, (1, 0), last) {
-            assert!(
-                s.now - t0 < Duration::from_secs(5),
-                "requests up to {last} lost"
-            );
-            s.run(MS / 10);
-        }
-        for k in round * batch..=last {
-            s.publish(1, k);
-        }
-        while !has(&s, (0, 1), last) {
-            assert!(
-                s.now - t0 < Duration::from_secs(5),
-                "replies up to {last} lost"
-            );
-            s.run(MS / 10);
+        // The requests from node 0, then the replies from node 1.
+        for (from, to) in [(0, 1), (1, 0)] {
+            for k in round * batch..=last {
+                s.publish(from, k);
+            }
+            wait(&mut s, (to, from), last, t0);
         }
         if round >= 5 {
             times.push(s.now - t0);

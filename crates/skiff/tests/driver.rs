@@ -115,6 +115,17 @@ async fn thread_drivers_carry_the_same_exchange() {
     exchange("driver=thread", 500, false).await;
 }
 
+/// Reads `s` to its end (each read within `T`), each message the next of
+/// [`message`]; returns how many came.
+async fn read_in_order(s: &skiff::Tunnel) -> u32 {
+    let mut got = 0;
+    while let Some(m) = tokio::time::timeout(T, s.recv()).await.unwrap().unwrap() {
+        assert_eq!(m, message(got));
+        got += 1;
+    }
+    got
+}
+
 /// A process that closes its tunnel and drops its endpoint at once (as
 /// one that exits does) must not leave the peer waiting for its idle
 /// timeout: the dropped endpoint's driver task lingers until the close is
@@ -129,11 +140,7 @@ async fn a_peer_sees_the_end_at_once_when_an_endpoint_is_dropped_right_after_clo
     let (c, s) = tokio::join!(client.connect(server.local_addr(), T), server.accept());
     let (c, s) = (c.unwrap(), s.unwrap());
     let reader = tokio::spawn(async move {
-        let mut got = 0;
-        while let Some(m) = tokio::time::timeout(T, s.recv()).await.unwrap().unwrap() {
-            assert_eq!(m, message(got));
-            got += 1;
-        }
+        let got = read_in_order(&s).await;
         tokio::time::timeout(T, s.close()).await.unwrap().unwrap();
         got
     });
@@ -202,14 +209,7 @@ async fn a_dropped_endpoint_delivers_what_it_queued_over_a_lossy_path() {
     assert!(client.driver_is_task());
     let (c, s) = tokio::join!(client.connect(relay, T), server.accept());
     let (c, s) = (c.unwrap(), s.unwrap());
-    let reader = tokio::spawn(async move {
-        let mut got = 0;
-        while let Some(m) = tokio::time::timeout(T, s.recv()).await.unwrap().unwrap() {
-            assert_eq!(m, message(got));
-            got += 1;
-        }
-        got
-    });
+    let reader = tokio::spawn(async move { read_in_order(&s).await });
     for i in 0..N {
         c.send(message(i)).await.unwrap();
     }
