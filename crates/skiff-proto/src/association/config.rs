@@ -110,7 +110,7 @@ impl Default for AssociationConfig {
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
             min_pto: Duration::from_millis(5),
-            copy_max: 512,
+            copy_max: super::send::COPY_MAX,
             keepalive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),

@@ -248,16 +248,15 @@ impl Association {
         config.max_rto = config.max_rto.max(config.min_rto);
         config.keepalive = config.keepalive.min(config.idle_timeout / 3);
         let rtt = Rtt::new(config.initial_rto, config.min_rto, config.max_rto);
-        let mut send = SendState::new(
-            config.send_window,
-            config.send_buffer,
-            config.ack_delay,
-            config.min_pto,
-            rtt,
-        );
-        send.copy_max = config.copy_max;
         Association {
-            send,
+            send: SendState::new(
+                config.send_window,
+                config.send_buffer,
+                config.ack_delay,
+                config.min_pto,
+                config.copy_max,
+                rtt,
+            ),
             recv: RecvState::new(
                 config.recv_window,
                 config.recv_buffer,

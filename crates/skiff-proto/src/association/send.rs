@@ -19,9 +19,10 @@
 //! behind it.
 //!
 //! **Copies of a lone small packet**: a request that fits one small packet
-//! (at most `AssociationConfig::copy_max` payload bytes), sent while at most one other
-//! packet is in flight (`COPY_FLIGHT`: the previous request, when its
-//! acknowledgement races the reply home), goes out twice back to back. Losing one copy then costs nothing,
+//! (at most `AssociationConfig::copy_max` payload bytes), sent while at
+//! most one other packet is in flight (`COPY_FLIGHT`: the previous
+//! request, when its acknowledgement races the reply home), goes out twice
+//! back to back. Losing one copy then costs nothing,
 //! where it would otherwise cost a probe timeout: at a loss rate `p` only
 //! `p^2` of such requests wait for the probe. The copy is the same packet
 //! (same sequence number and transmission), so it gives no RTT sample of
@@ -64,8 +65,9 @@ const DUPTHRESH: u64 = 3;
 const GRANULARITY: Duration = Duration::from_millis(1);
 /// Most doublings of the RTO.
 const MAX_BACKOFF: u32 = 16;
-/// The payload bytes of a small request, at most: the receiver's test for
-/// a lone request whose acknowledgement may wait for the reply
+/// The payload bytes of a small request, at most: the default of
+/// `AssociationConfig::copy_max`, and the receiver's test for a lone
+/// request whose acknowledgement may wait for the reply
 /// (`AssociationConfig::delayed_ack`).
 pub(super) const COPY_MAX: usize = 512;
 /// A small packet is sent twice when at most this many packets, itself
@@ -393,7 +395,7 @@ pub(super) struct SendState {
     /// A lone small packet to send a second copy of.
     copy_due: Option<u64>,
     /// `AssociationConfig::copy_max`.
-    pub(super) copy_max: usize,
+    copy_max: usize,
     /// The payload budget of the last packet filled (what a full packet
     /// carries), for Nagle's rule on gathered bytes.
     budget: usize,
@@ -452,6 +454,7 @@ impl SendState {
         send_buffer: usize,
         ack_delay: Duration,
         min_pto: Duration,
+        copy_max: usize,
         rtt: Rtt,
     ) -> SendState {
         SendState {
@@ -483,7 +486,7 @@ impl SendState {
             tlp_memo: None,
             newest_asked: true,
             copy_due: None,
-            copy_max: COPY_MAX,
+            copy_max,
             budget: 0,
             min_pto,
             ack_delay,
@@ -1201,7 +1204,7 @@ mod tests {
             Duration::ZERO,
             Duration::from_secs(60),
         );
-        let mut s = SendState::new(64, 1 << 20, Duration::ZERO, Duration::ZERO, rtt);
+        let mut s = SendState::new(64, 1 << 20, Duration::ZERO, Duration::ZERO, COPY_MAX, rtt);
         s.peer_alloc = 64;
         s
     }
